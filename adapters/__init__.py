@@ -1,0 +1,1 @@
+"""Talking to providers: one interface (`Adapter.send`), one exception tree (`adapters.errors`)."""

@@ -1,0 +1,39 @@
+"""The adapter interface: one method that turns an `Exchange` into an `UpstreamResponse`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from adapters.exchange import Exchange
+
+
+@dataclass(slots=True)
+class UpstreamResponse:
+    """A provider's successful reply: a complete `body`, or `chunks` relayed as they arrive.
+
+    Whoever receives a streaming response must `aclose()` it, also when the client goes away
+    early: that closes the provider connection instead of reading the stream to its end.
+    """
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes | None = None
+    chunks: AsyncIterator[bytes] | None = None
+    closer: Callable[[], Awaitable[None]] | None = None
+
+    async def aclose(self) -> None:
+        if self.closer is not None:
+            closer, self.closer = self.closer, None
+            await closer()
+
+
+class Adapter(Protocol):
+    """A provider connection. `send` raises only `adapters.errors` exceptions."""
+
+    name: str
+
+    async def send(self, exchange: Exchange) -> UpstreamResponse: ...
+
+    async def aclose(self) -> None: ...

@@ -1,0 +1,89 @@
+"""Every failure brim answers with, as one exception tree.
+
+    BrimError                      status, wire type and code, message: what the client is told
+    ├── NoRoute                    404 model_not_found: no `[routes]` entry serves the model
+    └── UpstreamFailure            the provider could not give an answer; `upstream` names it
+        ├── UpstreamUnreachable    502: connection refused, DNS or TLS failure, reset
+        ├── UpstreamTimeout        504: no answer (or no next chunk) within `timeout_s`
+        ├── UpstreamProtocolError  502: the provider's reply was cut off or malformed
+        └── UpstreamHTTPError      the provider answered 4xx/5xx; `status`, `headers` and
+            │                      `body` are its own and are relayed to the client unchanged
+            ├── AuthFailed         401 / 403
+            └── RateLimited        429
+
+Adapters raise only these; `UpstreamHTTPError.from_reply` is the single place that turns a
+provider's error reply into its class. The HTTP layer renders each in the client's wire format.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class BrimError(Exception):
+    status: int = 500
+    error_type: str = "server_error"
+    code: str | None = None
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class NoRoute(BrimError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class UpstreamFailure(BrimError):
+    error_type = "upstream_error"
+
+    def __init__(self, message: str, *, upstream: str) -> None:
+        super().__init__(message)
+        self.upstream = upstream
+
+
+class UpstreamUnreachable(UpstreamFailure):
+    status = 502
+    code = "upstream_unreachable"
+
+
+class UpstreamTimeout(UpstreamFailure):
+    status = 504
+    code = "upstream_timeout"
+
+
+class UpstreamProtocolError(UpstreamFailure):
+    status = 502
+    code = "upstream_protocol_error"
+
+
+class UpstreamHTTPError(UpstreamFailure):
+    def __init__(
+        self, *, upstream: str, status: int, headers: Mapping[str, str], body: bytes
+    ) -> None:
+        super().__init__(f"upstream {upstream!r} answered HTTP {status}", upstream=upstream)
+        self.status = status
+        self.headers = headers
+        self.body = body
+
+    @classmethod
+    def from_reply(
+        cls, *, upstream: str, status: int, headers: Mapping[str, str], body: bytes
+    ) -> UpstreamHTTPError:
+        kind: type[UpstreamHTTPError] = cls
+        if status in (401, 403):
+            kind = AuthFailed
+        elif status == 429:
+            kind = RateLimited
+        return kind(upstream=upstream, status=status, headers=headers, body=body)
+
+
+class AuthFailed(UpstreamHTTPError):
+    pass
+
+
+class RateLimited(UpstreamHTTPError):
+    pass

@@ -1,0 +1,65 @@
+"""The configured upstreams, their adapters, and which one serves a model (`[routes]`)."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+
+from adapters.base import Adapter
+from adapters.config import UpstreamConfig, WireApi
+from adapters.errors import NoRoute
+from adapters.raw import RawHttpAdapter
+from adapters.translated import LitellmAdapter
+
+# Which upstream `api` values can serve a request of each client wire API.
+SERVES: dict[str, frozenset[WireApi]] = {
+    "openai.chat": frozenset({"openai", "litellm"}),
+    "openai.models": frozenset({"openai"}),
+}
+
+
+def build_adapter(name: str, config: UpstreamConfig) -> Adapter:
+    if config.api == "litellm":
+        return LitellmAdapter(name, config)
+    return RawHttpAdapter(name, config)
+
+
+class Upstreams:
+    """Adapters by upstream name, plus routing. Routes are globs tried in order, first match wins;
+    with no `[routes]` at all, each request goes to the first upstream that speaks its wire API.
+    """
+
+    def __init__(self, upstreams: Mapping[str, UpstreamConfig], routes: Mapping[str, str]) -> None:
+        self.configs = dict(upstreams)
+        self.routes = list(routes.items())
+        self.adapters: dict[str, Adapter] = {
+            name: build_adapter(name, config) for name, config in upstreams.items()
+        }
+
+    def __getitem__(self, name: str) -> Adapter:
+        return self.adapters[name]
+
+    def route(self, model: str, api: str) -> str:
+        serving = SERVES.get(api, frozenset())
+        if not self.routes:
+            for name, config in self.configs.items():
+                if config.api in serving:
+                    return name
+            raise NoRoute(f"no upstream is configured for {api} requests", param="model")
+        for pattern, name in self.routes:
+            if fnmatch.fnmatchcase(model, pattern) and self.configs[name].api in serving:
+                return name
+        raise NoRoute(
+            f"The model {model!r} does not exist or no route in brim's [routes] serves it",
+            param="model",
+        )
+
+    def first_serving(self, api: str) -> str | None:
+        """The upstream that answers model-independent requests (e.g. the model list)."""
+        serving = SERVES.get(api, frozenset())
+        candidates = [name for _, name in self.routes] or list(self.configs)
+        return next((name for name in candidates if self.configs[name].api in serving), None)
+
+    async def aclose(self) -> None:
+        for adapter in self.adapters.values():
+            await adapter.aclose()

@@ -1,0 +1,116 @@
+"""Cross-format forwarding through litellm (`api = "litellm"`): Bedrock, Vertex, and the rest.
+
+The client speaks OpenAI Chat Completions; litellm translates to the provider and back. litellm
+costs seconds and hundreds of MB to import, so it is imported on the first request that needs it
+and never by brim's start-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from multidict import CIMultiDict
+
+from adapters.base import UpstreamResponse
+from adapters.config import UpstreamConfig
+from adapters.errors import (
+    UpstreamFailure,
+    UpstreamHTTPError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from adapters.exchange import Exchange
+
+_JSON = CIMultiDict({"Content-Type": "application/json"})
+_SSE = CIMultiDict({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+
+
+def import_litellm() -> Any:
+    # Offline by default: litellm otherwise fetches its model map from the internet on import.
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    import litellm
+
+    litellm.suppress_debug_info = True
+    return litellm
+
+
+def _bearer(exchange: Exchange) -> str | None:
+    value = exchange.headers.get("Authorization", "")
+    if value.lower().startswith("bearer "):
+        return value[7:].strip() or None
+    return exchange.headers.get("x-api-key")
+
+
+class LitellmAdapter:
+    def __init__(self, name: str, config: UpstreamConfig) -> None:
+        self.name = name
+        self.config = config
+
+    async def aclose(self) -> None:
+        return None
+
+    def _failure(self, exc: Exception) -> UpstreamFailure:
+        litellm = import_litellm()
+        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        if isinstance(exc, litellm.Timeout | asyncio.TimeoutError):
+            return UpstreamTimeout(
+                f"upstream {self.name!r} did not answer within {self.config.timeout_s:g} s",
+                upstream=self.name,
+            )
+        if isinstance(exc, litellm.APIConnectionError):
+            return UpstreamUnreachable(
+                f"upstream {self.name!r} is unreachable: {message}", upstream=self.name
+            )
+        status = getattr(exc, "status_code", None)
+        if isinstance(status, int) and 400 <= status < 600:
+            error_type = "invalid_request_error" if status < 500 else "api_error"
+            body = orjson.dumps(
+                {"error": {"message": message, "type": error_type, "param": None, "code": None}}
+            )
+            return UpstreamHTTPError.from_reply(
+                upstream=self.name, status=status, headers=_JSON, body=body
+            )
+        return UpstreamProtocolError(
+            f"upstream {self.name!r} failed: {message}", upstream=self.name
+        )
+
+    async def send(self, exchange: Exchange) -> UpstreamResponse:
+        if exchange.api != "openai.chat" or exchange.body is None:
+            raise UpstreamProtocolError(
+                f"upstream {self.name!r} (litellm) serves only chat completions",
+                upstream=self.name,
+            )
+        litellm = import_litellm()
+        request = {key: value for key, value in exchange.body.items() if key != "model"}
+        key = self.config.api_key.get_secret_value() if self.config.api_key else _bearer(exchange)
+        try:
+            result = await litellm.acompletion(
+                model=f"{self.config.model_prefix}{exchange.model}",
+                api_base=self.config.base_url,
+                api_key=key,
+                timeout=self.config.timeout_s,
+                max_retries=0,
+                **request,
+            )
+        except Exception as exc:
+            raise self._failure(exc) from exc
+        if not exchange.stream:
+            return UpstreamResponse(
+                status=200, headers=_JSON, body=result.model_dump_json().encode()
+            )
+        return UpstreamResponse(
+            status=200, headers=_SSE, chunks=self._events(result), closer=result.aclose
+        )
+
+    async def _events(self, stream: Any) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stream:
+                yield b"data: " + chunk.model_dump_json(exclude_none=True).encode() + b"\n\n"
+        except Exception as exc:
+            raise self._failure(exc) from exc
+        yield b"data: [DONE]\n\n"

@@ -1,0 +1,44 @@
+"""What a stage is, and how a list of stages runs."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from adapters.base import UpstreamResponse
+from adapters.exchange import Exchange
+
+CallNext = Callable[[Exchange], Awaitable[UpstreamResponse]]
+
+
+class Stage(Protocol):
+    """One pipeline step. It may change the exchange before `call_next`, look at (or retry) what
+    comes back, or answer itself without calling `call_next` at all. It raises only
+    `adapters.errors` exceptions."""
+
+    async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse: ...
+
+
+async def _end_of_pipeline(exchange: Exchange) -> UpstreamResponse:
+    raise RuntimeError("the pipeline ended without a stage answering (is Forward last?)")
+
+
+class Pipeline:
+    def __init__(self, stages: Sequence[Stage]) -> None:
+        if not stages:
+            raise ValueError("a pipeline needs at least one stage")
+        self.stages = tuple(stages)
+        call: CallNext = _end_of_pipeline
+        for stage in reversed(self.stages):
+            call = _bind(stage, call)
+        self._entry = call
+
+    async def __call__(self, exchange: Exchange) -> UpstreamResponse:
+        return await self._entry(exchange)
+
+
+def _bind(stage: Stage, call_next: CallNext) -> CallNext:
+    async def call(exchange: Exchange) -> UpstreamResponse:
+        return await stage(exchange, call_next)
+
+    return call

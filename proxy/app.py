@@ -1,0 +1,169 @@
+"""`create_app(config)`: the aiohttp application that is brim."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import uuid
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+from aiohttp.abc import AbstractAccessLogger
+from aiohttp.typedefs import Handler
+
+from adapters.errors import BrimError
+from adapters.headers import BRIM_KEY_HEADER as BRIM_KEY
+from adapters.registry import Upstreams
+from middleware.base import Pipeline
+from middleware.pipeline import default_pipeline
+from proxy.config import BrimConfig
+from proxy.errors import (
+    InternalError,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    Unauthorized,
+    UnknownEndpoint,
+    error_response,
+)
+from proxy.keys import (
+    BRIM_KEY_HEADER,
+    CONFIG,
+    PIPELINE,
+    READINESS,
+    REQUEST_ID,
+    UPSTREAMS,
+    Readiness,
+)
+from proxy.routes import health, openai
+
+log = logging.getLogger("brim")
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+
+
+def _aiohttp_error(exc: web.HTTPException, request: web.Request) -> BrimError:
+    if exc.status == 413:
+        limit = request.app[CONFIG].server.max_body_bytes
+        return PayloadTooLarge(f"The request body exceeds this brim's limit of {limit} bytes.")
+    if exc.status == 405:
+        return MethodNotAllowed(f"{request.method} is not allowed on {request.path}.")
+    if exc.status == 404:
+        return UnknownEndpoint(f"Unknown request URL: {request.method} {request.path}.")
+    error = BrimError(exc.reason or f"HTTP {exc.status}")
+    error.status, error.error_type = exc.status, "invalid_request_error"
+    return error
+
+
+@web.middleware
+async def errors_in_wire_format(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Every error leaves as a wire-shaped reply; nothing escapes as a traceback."""
+    request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
+    request[REQUEST_ID] = request_id
+    id_header = {"x-brim-request-id": request_id}
+    try:
+        return await handler(request)
+    except BrimError as exc:
+        return error_response(exc, id_header)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(_aiohttp_error(exc, request), id_header)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        log.exception("request %s failed inside brim", request_id)
+        return error_response(
+            InternalError(f"brim failed to handle this request (request id {request_id})."),
+            id_header,
+        )
+
+
+def _presented_key(request: web.Request) -> tuple[str, str] | None:
+    """The key a client presented to brim, and the header that carried it."""
+    if value := request.headers.get(BRIM_KEY):
+        return value, BRIM_KEY
+    auth = request.headers.get("Authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip(), "Authorization"
+    if value := request.headers.get("x-api-key"):
+        return value, "x-api-key"
+    return None
+
+
+@web.middleware
+async def require_brim_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With `server.api_keys_env` set, every non-health request must present one of the keys.
+
+    The header that carried a brim key is not forwarded upstream.
+    """
+    keys = request.app[CONFIG].server.api_keys
+    if not keys or request.path in PUBLIC_PATHS:
+        return await handler(request)
+    presented = _presented_key(request)
+    if presented is None:
+        raise Unauthorized(
+            "Missing brim API key: send it as 'Authorization: Bearer <key>' or "
+            f"'{BRIM_KEY}: <key>'."
+        )
+    value, header = presented
+    if not any(hmac.compare_digest(value.encode(), k.get_secret_value().encode()) for k in keys):
+        raise Unauthorized("Incorrect brim API key provided.")
+    request[BRIM_KEY_HEADER] = header
+    return await handler(request)
+
+
+class AccessLogger(AbstractAccessLogger):
+    """One line per request: no query string, no headers, no bodies (they may hold secrets)."""
+
+    def log(self, request: web.BaseRequest, response: web.StreamResponse, time: float) -> None:
+        self.logger.info(
+            "%s %s %s %d %.1fms",
+            request.get(REQUEST_ID, "-"),
+            request.method,
+            request.path,
+            response.status,
+            time * 1000,
+        )
+
+
+def create_app(config: BrimConfig) -> web.Application:
+    app = web.Application(
+        client_max_size=config.server.max_body_bytes,
+        middlewares=[errors_in_wire_format, require_brim_key],
+    )
+    upstreams = Upstreams(config.upstreams, config.routes)
+    app[CONFIG] = config
+    app[UPSTREAMS] = upstreams
+    app[PIPELINE] = Pipeline(default_pipeline(config, upstreams))
+    app[READINESS] = Readiness()
+    app.cleanup_ctx.append(_lifecycle)
+    health.add_routes(app)
+    openai.add_routes(app)
+    return app
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    app[READINESS].ready = True
+    yield
+    app[READINESS].ready = False
+    await app[UPSTREAMS].aclose()
+
+
+async def start(config: BrimConfig, host: str, port: int) -> web.AppRunner:
+    """Start brim on `host:port` (0 for any free port) and return the running runner."""
+    runner = web.AppRunner(
+        create_app(config),
+        handler_cancellation=True,
+        access_log_class=AccessLogger,
+        shutdown_timeout=config.server.shutdown_timeout_s,
+    )
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+def bound_port(runner: web.AppRunner) -> int:
+    for address in runner.addresses:
+        if isinstance(address, tuple):
+            return int(address[1])
+    raise RuntimeError("brim is not listening on a TCP port")

@@ -1,0 +1,118 @@
+"""The `brim` command: `brim serve`, `brim check-config`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from proxy.config import BrimConfig, ConfigError, describe_config, load_config
+
+DEFAULT_CONFIG = "proxy.toml"
+
+
+def _load(path: str | None) -> BrimConfig:
+    config, warnings = load_config(path)
+    for warning in warnings:
+        print(f"brim: warning: {warning}", file=sys.stderr)
+    return config
+
+
+async def _serve(config: BrimConfig) -> None:
+    from proxy.app import bound_port, start
+
+    runner = await start(config, config.server.host, config.server.port)
+    print(f"brim listening on http://{config.server.host}:{bound_port(runner)}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve(args: argparse.Namespace) -> int:
+    config = _load(args.config)
+    server = config.server.model_copy(
+        update={
+            key: value
+            for key, value in (("host", args.host), ("port", args.port))
+            if value is not None
+        }
+    )
+    config = config.model_copy(update={"server": server})
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    asyncio.run(_serve(config))
+    return 0
+
+
+def check_config(args: argparse.Namespace) -> int:
+    config = _load(args.path)
+    print(f"{args.path}: OK", file=sys.stderr)
+    print(json.dumps(describe_config(config), indent=2, ensure_ascii=False))
+    return 0
+
+
+def find_config(explicit: str | None) -> str | None:
+    """--config, else $BRIM_CONFIG, else ./proxy.toml if there is one, else none (defaults)."""
+    if explicit:
+        return explicit
+    if from_env := os.environ.get("BRIM_CONFIG"):
+        return from_env
+    return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
+
+
+def _port(text: str) -> int:
+    port = int(text)
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0-65535)")
+    return port
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="brim", description="Keeps every LLM request inside the model's context window."
+    )
+    commands = root.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("serve", help="run the proxy")
+    run.add_argument(
+        "--config",
+        help="path to proxy.toml (default: $BRIM_CONFIG, else ./proxy.toml if present, "
+        "else built-in defaults)",
+    )
+    run.add_argument("--host", help="listen address (default 127.0.0.1)")
+    run.add_argument("--port", type=_port, help="listen port (default 8787; 0 picks a free one)")
+    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.set_defaults(func=serve)
+
+    check = commands.add_parser(
+        "check-config", help="validate a config file and print it resolved, secrets masked"
+    )
+    check.add_argument("path", nargs="?", default=DEFAULT_CONFIG)
+    check.set_defaults(func=check_config)
+    return root
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "serve":
+        args.config = find_config(args.config)
+        print(f"brim: configuration from {args.config or 'built-in defaults'}", file=sys.stderr)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(f"brim: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130

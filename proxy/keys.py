@@ -1,0 +1,26 @@
+"""`web.AppKey`s for the resources shared by brim's handlers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from adapters.registry import Upstreams
+from middleware.base import Pipeline
+from proxy.config import BrimConfig
+
+
+@dataclass(slots=True)
+class Readiness:
+    ready: bool = False
+
+
+CONFIG = web.AppKey("config", BrimConfig)
+UPSTREAMS = web.AppKey("upstreams", Upstreams)
+PIPELINE = web.AppKey("pipeline", Pipeline)
+READINESS = web.AppKey("readiness", Readiness)
+
+# Per request: brim's request id, and which header (if any) carried the client's brim key.
+REQUEST_ID = web.RequestKey("request_id", str)
+BRIM_KEY_HEADER = web.RequestKey("brim_key_header", str)

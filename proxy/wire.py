@@ -1,0 +1,97 @@
+"""Parsing and checking client request bodies (OpenAI Chat Completions so far)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
+
+from proxy.errors import InvalidRequest
+
+
+def parse_object(raw: bytes) -> dict[str, Any]:
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; expected a JSON object.")
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"The request body must be a JSON object, not {type(value).__name__}.")
+    return value
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class FunctionCall(_Open):
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCall(_Open):
+    id: StrictStr
+    type: StrictStr = "function"
+    function: FunctionCall | None = None
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Any = None
+    name: StrictStr | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_shape(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(part, dict) for part in value):
+            return value
+        raise ValueError("content must be a string, an array of content parts, or null")
+
+
+class ChatRequest(_Open):
+    model: StrictStr = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
+    stream: StrictBool | None = False
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+def _param(location: tuple[int | str, ...]) -> str:
+    text = ""
+    for part in location:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+    return text
+
+
+def check_chat(body: dict[str, Any]) -> ChatRequest:
+    """Validate a Chat Completions body; the error names the first offending parameter."""
+    try:
+        request = ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _param(first["loc"])
+        kind = "Missing required parameter" if first["type"] == "missing" else "Invalid value for"
+        detail = "" if first["type"] == "missing" else f": {first['msg']}"
+        raise InvalidRequest(f"{kind} '{param}'{detail}.", param=param) from None
+    for index, message in enumerate(request.messages):
+        if message.role == "tool" and not message.tool_call_id:
+            param = f"messages[{index}].tool_call_id"
+            raise InvalidRequest(
+                f"Missing required parameter '{param}': a tool message answers a tool call id.",
+                param=param,
+            )
+    return request

@@ -1,0 +1,220 @@
+"""A fake OpenAI-compatible provider on 127.0.0.1, and a thread that runs servers for the tests.
+
+The provider's behaviour is chosen by the request's model name, so one running provider serves
+every test: "gated-stream", "endless-stream", "broken-stream", "slow", "tools", "error-NNN".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import orjson
+from aiohttp import web
+
+T = TypeVar("T")
+
+USAGE = {"prompt_tokens": 17, "completion_tokens": 5, "total_tokens": 22}
+STREAM_PARTS = ["Hel", "lo", " wor", "ld"]
+
+
+@dataclass
+class Seen:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]
+    raw_headers: list[tuple[str, str]]
+    body: bytes
+
+
+@dataclass
+class FakeProvider:
+    requests: list[Seen] = field(default_factory=list)
+    gate: threading.Event = field(default_factory=threading.Event)
+    gate_timed_out: bool | None = None
+    stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
+    error_bodies: dict[int, bytes] = field(default_factory=dict)
+    url: str = ""
+
+    def reset(self) -> None:
+        self.requests.clear()
+        self.gate.clear()
+        self.gate_timed_out = None
+        self.stream_closed_by_peer.clear()
+        self.error_bodies.clear()
+
+    @property
+    def last(self) -> Seen:
+        return self.requests[-1]
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_get("/v1/models", self.models)
+        return app
+
+    async def _record(self, request: web.Request) -> bytes:
+        body = await request.read()
+        self.requests.append(
+            Seen(
+                method=request.method,
+                path=request.path,
+                query=request.query_string,
+                headers={k.lower(): v for k, v in request.headers.items()},
+                raw_headers=list(request.headers.items()),
+                body=body,
+            )
+        )
+        return body
+
+    async def models(self, request: web.Request) -> web.Response:
+        await self._record(request)
+        return web.json_response(
+            {"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 1}]}
+        )
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await self._record(request))
+        model: str = body["model"]
+        if model.startswith("error-"):
+            status = int(model.removeprefix("error-"))
+            payload = self.error_bodies.get(status) or orjson.dumps(
+                {
+                    "error": {
+                        "message": f"fake provider says {status}",
+                        "type": "fake_error",
+                        "param": None,
+                        "code": f"fake_{status}",
+                    }
+                }
+            )
+            return web.Response(
+                status=status,
+                body=payload,
+                content_type="application/json",
+                headers={"x-fake-error": "yes", "retry-after": "7"},
+            )
+        if model == "slow":
+            await asyncio.sleep(3)
+        if body.get("stream"):
+            return await self._stream(request, model, body)
+        message: dict[str, Any] = {"role": "assistant", "content": "pong"}
+        finish = "stop"
+        if model == "tools":
+            message = {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": "call_42",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+                    }
+                ],
+            }
+            finish = "tool_calls"
+        return web.json_response(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": 1700000000,
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+                "usage": USAGE,
+            },
+            headers={"x-upstream-header": "kept", "openai-processing-ms": "12"},
+        )
+
+    @staticmethod
+    def _chunk(model: str, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        chunk = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+    async def _stream(
+        self, request: web.Request, model: str, body: dict[str, Any]
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        try:
+            await response.write(self._chunk(model, {"role": "assistant", "content": ""}))
+            if model == "endless-stream":
+                deadline = time.monotonic() + 20
+                while time.monotonic() < deadline:
+                    await response.write(self._chunk(model, {"content": "."}))
+                    await asyncio.sleep(0.02)
+                return response
+            if model == "broken-stream":
+                await response.write(self._chunk(model, {"content": "partial"}))
+                await asyncio.sleep(0.05)
+                assert request.transport is not None
+                request.transport.close()
+                return response
+            for index, part in enumerate(STREAM_PARTS):
+                await response.write(self._chunk(model, {"content": part}))
+                if model == "gated-stream" and index == 0:
+                    opened = await asyncio.get_running_loop().run_in_executor(
+                        None, self.gate.wait, 5.0
+                    )
+                    self.gate_timed_out = not opened
+            await response.write(self._chunk(model, {}, "stop"))
+            if (body.get("stream_options") or {}).get("include_usage"):
+                usage_chunk = {
+                    "id": "chatcmpl-fake",
+                    "object": "chat.completion.chunk",
+                    "created": 1700000000,
+                    "model": model,
+                    "choices": [],
+                    "usage": USAGE,
+                }
+                await response.write(b"data: " + orjson.dumps(usage_chunk) + b"\n\n")
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+        except (ConnectionResetError, asyncio.CancelledError):
+            self.stream_closed_by_peer.set()
+            raise
+        return response
+
+
+class LoopThread:
+    """An asyncio loop in a daemon thread: servers live here while sync tests block on clients."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(5)
+
+
+async def start_app(app: web.Application, **runner_kwargs: Any) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, handler_cancellation=True, **runner_kwargs)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = next(a[1] for a in runner.addresses if isinstance(a, tuple))
+    return runner, f"http://127.0.0.1:{port}"
+
+
+def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return bool(predicate())
