@@ -1,0 +1,24 @@
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    LITELLM_LOCAL_MODEL_COST_MAP=True
+
+RUN useradd --create-home --uid 10001 brim
+WORKDIR /app
+COPY pyproject.toml README.md ./
+COPY proxy ./proxy
+COPY middleware ./middleware
+COPY adapters ./adapters
+COPY policies ./policies
+RUN pip install . && rm -rf /root/.cache
+COPY proxy.toml /etc/brim/proxy.toml
+
+USER brim
+ENV BRIM_CONFIG=/etc/brim/proxy.toml
+EXPOSE 8787
+HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
+    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8787/healthz', timeout=4)"
+CMD ["brim", "serve", "--host", "0.0.0.0"]

@@ -1,0 +1,167 @@
+"""RawHttpAdapter's mapping of transport failures and replies onto adapters.errors."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aioresponses import aioresponses
+from multidict import CIMultiDict, CIMultiDictProxy
+from pydantic import SecretStr
+
+from adapters.config import UpstreamConfig
+from adapters.errors import (
+    AuthFailed,
+    RateLimited,
+    UpstreamHTTPError,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
+from adapters.exchange import Exchange
+from adapters.raw import RawHttpAdapter
+
+URL = "https://provider.test/v1/chat/completions"
+
+
+def exchange(headers: dict[str, str] | None = None, query: str = "") -> Exchange:
+    return Exchange(
+        api="openai.chat",
+        method="POST",
+        endpoint="/chat/completions",
+        query=query,
+        model="m",
+        body={"model": "m"},
+        raw=b'{"model": "m"}',
+        headers=CIMultiDictProxy(CIMultiDict(headers or {})),
+        stream=False,
+        upstream="p",
+        request_id="r1",
+    )
+
+
+@pytest.fixture
+async def adapter() -> AsyncIterator[RawHttpAdapter]:
+    raw = RawHttpAdapter("p", UpstreamConfig(api="openai", base_url="https://provider.test/v1"))
+    yield raw
+    await raw.aclose()
+
+
+@pytest.mark.parametrize(
+    ("failure", "expected", "status"),
+    [
+        (aiohttp.ClientConnectionError("refused"), UpstreamUnreachable, 502),
+        (OSError("Name or service not known"), UpstreamUnreachable, 502),
+        (TimeoutError(), UpstreamTimeout, 504),
+        (aiohttp.ServerDisconnectedError(), UpstreamProtocolError, 502),
+    ],
+)
+async def test_transport_failures_map_to_the_tree(
+    adapter: RawHttpAdapter, failure: Exception, expected: type[Exception], status: int
+) -> None:
+    with aioresponses() as mocked:
+        mocked.post(URL, exception=failure)
+        with pytest.raises(expected) as caught:
+            await adapter.send(exchange())
+    assert caught.value.status == status  # type: ignore[attr-defined]
+    assert caught.value.upstream == "p"  # type: ignore[attr-defined]
+
+
+class Recorder:
+    """A real provider on 127.0.0.1 that answers with whatever the test sets."""
+
+    def __init__(self) -> None:
+        self.seen: list[web.Request] = []
+        self.bodies: list[bytes] = []
+        self.reply = web.json_response({})
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        self.seen.append(request)
+        self.bodies.append(await request.read())
+        return self.reply
+
+
+@pytest.fixture
+async def served(aiohttp_server: Any) -> AsyncIterator[tuple[Recorder, str]]:
+    recorder = Recorder()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", recorder.handle)
+    server = await aiohttp_server(app)
+    yield recorder, str(server.make_url("")).rstrip("/")
+
+
+def adapter_for(base_url: str, api: str = "openai", key: str | None = None) -> RawHttpAdapter:
+    config = UpstreamConfig(api=api, base_url=base_url)  # type: ignore[arg-type]
+    if key is not None:
+        config = config.model_copy(update={"api_key": SecretStr(key)})
+    return RawHttpAdapter("p", config)
+
+
+@pytest.mark.parametrize(
+    ("status", "expected"),
+    [
+        (401, AuthFailed),
+        (403, AuthFailed),
+        (429, RateLimited),
+        (400, UpstreamHTTPError),
+        (500, UpstreamHTTPError),
+    ],
+)
+async def test_error_replies_keep_status_and_body(
+    served: tuple[Recorder, str], status: int, expected: type[UpstreamHTTPError]
+) -> None:
+    recorder, base = served
+    recorder.reply = web.Response(status=status, body=b'{"error": "exact"}', headers={"x-a": "1"})
+    adapter = adapter_for(f"{base}/v1")
+    with pytest.raises(expected) as caught:
+        await adapter.send(exchange())
+    await adapter.aclose()
+    assert type(caught.value) is expected
+    assert caught.value.status == status
+    assert caught.value.body == b'{"error": "exact"}'
+    assert caught.value.headers["x-a"] == "1"
+
+
+async def test_query_string_and_headers_are_forwarded(served: tuple[Recorder, str]) -> None:
+    recorder, base = served
+    recorder.reply = web.json_response({"ok": True})
+    adapter = adapter_for(f"{base}/v1")
+    reply = await adapter.send(
+        exchange({"Authorization": "Bearer c", "Connection": "close", "X-Trace": "t"}, "beta=true")
+    )
+    await adapter.aclose()
+    assert reply.status == 200 and reply.body == b'{"ok": true}'
+    (request,) = recorder.seen
+    assert request.path_qs == "/v1/chat/completions?beta=true"
+    assert request.headers["Authorization"] == "Bearer c"
+    assert request.headers["X-Trace"] == "t"
+    assert recorder.bodies == [b'{"model": "m"}']
+
+
+async def test_anthropic_upstream_gets_its_configured_key_as_x_api_key(
+    served: tuple[Recorder, str],
+) -> None:
+    recorder, base = served
+    adapter = adapter_for(base, api="anthropic", key="sk-ant")
+    await adapter.send(exchange({"x-api-key": "client", "Authorization": "Bearer client"}))
+    await adapter.aclose()
+    (request,) = recorder.seen
+    assert request.headers["x-api-key"] == "sk-ant"
+    assert "Authorization" not in request.headers
+
+
+async def test_event_streams_are_returned_as_chunks(served: tuple[Recorder, str]) -> None:
+    recorder, base = served
+    recorder.reply = web.Response(
+        body=b"data: 1\n\ndata: [DONE]\n\n", content_type="text/event-stream"
+    )
+    adapter = adapter_for(f"{base}/v1")
+    reply = await adapter.send(exchange())
+    assert reply.body is None and reply.chunks is not None
+    received = b"".join([chunk async for chunk in reply.chunks])
+    await reply.aclose()
+    await adapter.aclose()
+    assert received == b"data: 1\n\ndata: [DONE]\n\n"

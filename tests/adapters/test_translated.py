@@ -1,0 +1,69 @@
+"""A litellm-routed upstream (`api = "litellm"`), driven by the openai SDK through brim.
+
+litellm talks to the fake provider as an OpenAI-compatible endpoint ("openai/" prefix), so the
+whole translation path runs offline.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import openai
+import orjson
+import pytest
+
+from tests.conftest import BrimFactory
+from tests.fakes import FakeProvider
+
+HELLO = [{"role": "user", "content": "ping"}]
+
+
+@pytest.fixture
+def base(brim: BrimFactory, provider: FakeProvider) -> str:
+    return brim(
+        upstreams={
+            "via-litellm": {
+                "api": "litellm",
+                "base_url": f"{provider.url}/v1",
+                "model_prefix": "openai/",
+                "timeout_s": 10,
+            }
+        }
+    )
+
+
+def test_litellm_is_not_imported_until_a_request_needs_it() -> None:
+    import subprocess
+
+    code = (
+        "import sys; from proxy.app import create_app; from proxy.config import BrimConfig;"
+        "create_app(BrimConfig(upstreams={'l': {'api': 'litellm'}}));"
+        "print('litellm' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+def test_completion_through_litellm(base: str, provider: FakeProvider) -> None:
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
+    reply = sdk.chat.completions.create(model="fake-model", messages=HELLO)  # type: ignore[arg-type]
+    assert reply.choices[0].message.content == "pong"
+    assert reply.usage is not None and reply.usage.total_tokens == 22
+    sent = orjson.loads(provider.last.body)
+    assert sent["model"] == "fake-model"
+    assert sent["messages"] == HELLO
+    assert provider.last.headers["authorization"] == "Bearer sk-client"
+
+
+def test_streaming_through_litellm(base: str) -> None:
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
+    stream = sdk.chat.completions.create(model="fake-model", messages=HELLO, stream=True)  # type: ignore[arg-type]
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == "Hello world"
+
+
+def test_litellm_errors_keep_their_status(base: str) -> None:
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
+    with pytest.raises(openai.RateLimitError) as caught:
+        sdk.chat.completions.create(model="error-429", messages=HELLO)  # type: ignore[arg-type]
+    assert "fake provider says 429" in caught.value.message

@@ -1,0 +1,105 @@
+"""The `brim` command as a user runs it: a real process, real sockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from tests.fakes import FakeProvider
+
+BRIM = str(Path(sys.executable).with_name("brim"))
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [BRIM, *args], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+    )
+
+
+@pytest.fixture
+def served(tmp_path: Path, provider: FakeProvider) -> Iterator[str]:
+    config = tmp_path / "proxy.toml"
+    config.write_text(
+        f'[upstreams.fake]\napi = "openai"\nbase_url = "{provider.url}/v1"\n'
+        '[routes]\n"fake-*" = "fake"\n'
+        "[server]\nbogus_key = 1\n"
+    )
+    process = subprocess.Popen(
+        [BRIM, "serve", "--config", str(config), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    line = process.stdout.readline()
+    match = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    assert match, (line, process.stderr.read() if process.poll() is not None else "")
+    try:
+        yield f"http://127.0.0.1:{match.group(1)}"
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        stderr = process.stderr.read()
+        assert "unknown key 'server.bogus_key'" in stderr
+        assert "sk-cli-client-key" not in stderr  # keys are never logged
+
+
+def test_serve_proxies_for_the_openai_sdk(served: str, provider: FakeProvider) -> None:
+    assert httpx.get(f"{served}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{served}/readyz").status_code == 200
+    sdk = openai.OpenAI(base_url=f"{served}/v1", api_key="sk-cli-client-key", max_retries=0)
+    reply = sdk.chat.completions.create(
+        model="fake-model", messages=[{"role": "user", "content": "hi"}]
+    )
+    assert reply.choices[0].message.content == "pong"
+    assert provider.last.headers["authorization"] == "Bearer sk-cli-client-key"
+    with pytest.raises(openai.NotFoundError):
+        sdk.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_check_config_prints_the_resolved_config_with_secrets_masked(tmp_path: Path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text(
+        '[upstreams.main]\napi = "openai"\nbase_url = "https://example.test/v1"\n'
+        'api_key_env = "CLI_TEST_UPSTREAM_KEY"\n'
+    )
+    result = run("check-config", str(config), env={"CLI_TEST_UPSTREAM_KEY": "sk-secret-987654321"})
+    assert result.returncode == 0, result.stderr
+    resolved = json.loads(result.stdout)
+    assert resolved["upstreams"]["main"]["base_url"] == "https://example.test/v1"
+    assert resolved["upstreams"]["main"]["api_key"] == "sk-…4321"
+    assert resolved["server"]["port"] == 8787
+    assert "sk-secret-987654321" not in result.stdout + result.stderr
+
+
+def test_check_config_refuses_a_bad_value_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text("[server]\nport = 99999\n")
+    result = run("check-config", str(config))
+    assert result.returncode == 2
+    assert "server.port" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_to_start_on_a_bad_value(tmp_path: Path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text('[upstreams.x]\napi = "openai"\nbase_url = "http://a"\n[routes]\n"*" = "y"\n')
+    result = run("serve", "--config", str(config), "--port", "0")
+    assert result.returncode == 2
+    assert "routes" in result.stderr and "'y'" in result.stderr
+
+
+def test_environment_override_reaches_serve(tmp_path: Path) -> None:
+    result = run("check-config", "/dev/null", env={"BRIM_SERVER__PORT": "9123"})
+    assert result.returncode == 0
+    assert json.loads(result.stdout)["server"]["port"] == 9123

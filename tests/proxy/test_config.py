@@ -1,0 +1,165 @@
+"""proxy.toml: defaults, file, environment overrides, unknown keys, bad values."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from proxy.config import BrimConfig, ConfigError, describe_config, load_config, unknown_keys
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "proxy.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_without_a_file() -> None:
+    config, warnings = load_config(None)
+    assert warnings == []
+    assert (config.server.host, config.server.port) == ("127.0.0.1", 8787)
+    assert config.server.max_body_bytes == 32 * 1024 * 1024
+    assert config.upstreams["openai"].api == "openai"
+    assert config.upstreams["openai"].base_url == "https://api.openai.com/v1"
+    assert config.upstreams["openai"].api_key is None  # the client's key is passed through
+    assert config.routes == {}
+
+
+def test_the_shipped_proxy_toml_is_valid_and_warns_about_nothing() -> None:
+    config, warnings = load_config(Path(__file__).parents[2] / "proxy.toml")
+    assert warnings == []
+    assert config.server.port == 8787
+    assert "openai" in config.upstreams
+
+
+def test_file_values_are_used(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        [server]
+        port = 9100
+        max_body_mb = 2
+
+        [upstreams.local]
+        api = "openai"
+        base_url = "http://127.0.0.1:8000/v1/"
+        timeout_s = 30
+
+        [routes]
+        "llama-*" = "local"
+        "*" = "local"
+
+        [models."llama-3"]
+        context_window = 8192
+        max_output = 1024
+        aliases = ["llama"]
+        """,
+    )
+    config, warnings = load_config(path)
+    assert warnings == []
+    assert config.server.port == 9100
+    assert list(config.upstreams) == ["local"]  # a file's upstreams replace the defaults
+    assert config.upstreams["local"].base_url == "http://127.0.0.1:8000/v1"
+    assert list(config.routes.items()) == [("llama-*", "local"), ("*", "local")]
+    assert config.models["llama-3"].context_window == 8192
+    assert config.models["llama-3"].aliases == ("llama",)
+
+
+def test_environment_overrides_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write(
+        tmp_path,
+        '[server]\nport = 9100\nhost = "0.0.0.0"\n'
+        '[upstreams.local]\napi = "openai"\nbase_url = "http://127.0.0.1:8000/v1"\n',
+    )
+    monkeypatch.setenv("BRIM_SERVER__PORT", "9000")
+    monkeypatch.setenv("BRIM_UPSTREAMS__LOCAL__TIMEOUT_S", "12.5")
+    config, _ = load_config(path)
+    assert config.server.port == 9000
+    assert config.server.host == "0.0.0.0"  # untouched keys keep the file's value
+    assert config.upstreams["local"].timeout_s == 12.5
+    assert config.upstreams["local"].base_url == "http://127.0.0.1:8000/v1"
+
+
+def test_unknown_keys_warn_by_name_and_are_not_fatal(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[server]\nport = 9100\nlisten_backlog = 5\n"
+        '[upstreams.openai]\napi = "openai"\nbase_url = "https://x.test/v1"\nregion = "eu"\n'
+        "[telemetree]\nx = 1\n",
+    )
+    config, warnings = load_config(path)
+    assert config.server.port == 9100
+    joined = "\n".join(warnings)
+    assert "'server.listen_backlog'" in joined
+    assert "'upstreams.\"openai\".region'" in joined
+    assert "'telemetree'" in joined
+    assert len(warnings) == 3
+
+
+def test_unknown_keys_does_not_flag_known_ones() -> None:
+    raw = {"server": {"port": 1}, "routes": {"*": "openai"}, "models": {"m": {"max_output": 3}}}
+    assert unknown_keys(raw, BrimConfig) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[server]\nport = 70000\n", "server.port"),
+        ('[server]\nport = "eighty"\n', "server.port"),
+        ("[server]\nmax_body_mb = -1\n", "server.max_body_mb"),
+        ('[upstreams.x]\napi = "grpc"\nbase_url = "http://a"\n', "upstreams.x.api"),
+        ('[upstreams.x]\napi = "openai"\nbase_url = "ftp://a"\n', "upstreams.x.base_url"),
+        ('[upstreams.x]\napi = "openai"\n', "base_url is required"),
+        ('[upstreams.x]\napi = "openai"\nbase_url = "http://a"\n[routes]\n"*" = "y"\n', "routes"),
+        (
+            '[upstreams.x]\napi = "openai"\nbase_url = "http://a"\napi_key_env = "NOPE_UNSET"\n',
+            "NOPE_UNSET",
+        ),
+        ('[server]\napi_keys_env = "NOPE_UNSET_KEYS"\n', "server"),
+        ("[models.m]\ncontext_window = 0\n", "models.m.context_window"),
+        ("[server\nport = 1\n", "not valid TOML"),
+    ],
+)
+def test_bad_values_refuse_and_name_the_key(tmp_path: Path, text: str, named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    assert named in str(caught.value)
+    assert str(tmp_path) in str(caught.value)
+
+
+def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BRIM_SERVER__PORT", "not-a-port")
+    with pytest.raises(ConfigError, match=r"server\.port"):
+        load_config(None)
+
+
+def test_missing_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_secrets_come_from_the_environment_and_are_masked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("UPSTREAM_KEY_FOR_TEST", "sk-live-0123456789abcdef")
+    monkeypatch.setenv("BRIM_KEYS_FOR_TEST", "brim-aaaaaaaaaaaa,brim-bbbbbbbbbbbb")
+    path = write(
+        tmp_path,
+        '[server]\napi_keys_env = "BRIM_KEYS_FOR_TEST"\n'
+        '[upstreams.x]\napi = "openai"\nbase_url = "http://a"\n'
+        'api_key_env = "UPSTREAM_KEY_FOR_TEST"\napi_key = "sk-from-file-ignored"\n',
+    )
+    config, warnings = load_config(path)
+    assert config.upstreams["x"].api_key is not None
+    assert config.upstreams["x"].api_key.get_secret_value() == "sk-live-0123456789abcdef"
+    assert [k.get_secret_value() for k in config.server.api_keys] == [
+        "brim-aaaaaaaaaaaa",
+        "brim-bbbbbbbbbbbb",
+    ]
+    assert any("api_key" in w for w in warnings)  # keys in the file are refused loudly
+    shown = repr(describe_config(config))
+    for secret in ("sk-live-0123456789abcdef", "brim-aaaaaaaaaaaa", "sk-from-file-ignored"):
+        assert secret not in shown
+    assert "sk-…cdef" in shown
+    assert secret not in repr(config)
