@@ -24,6 +24,9 @@ class UpstreamResponse:
     closer: Callable[[], Awaitable[None]] | None = None
 
     async def aclose(self) -> None:
+        chunks, self.chunks = self.chunks, None
+        if chunks is not None and hasattr(chunks, "aclose"):
+            await chunks.aclose()
         if self.closer is not None:
             closer, self.closer = self.closer, None
             await closer()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
-import orjson
 from multidict import CIMultiDictProxy
 
 # The wire API the client spoke. Named by API, not by provider: Azure and vLLM speak "openai.chat".
@@ -17,9 +15,9 @@ ClientApi = Literal["openai.chat", "openai.models"]
 class Exchange:
     """One client request as brim sees it.
 
-    `raw` holds the client's body bytes exactly as received; `body` is the same request parsed.
-    A stage that changes the request returns `with_body(new_body)`, which re-serializes; an
-    exchange nobody changed is forwarded as `raw`, byte for byte.
+    `raw` holds the body bytes to forward: the client's, exactly as received, unless a stage
+    changed the request; `body` is the same request parsed. An unchanged request is never
+    re-serialized.
     """
 
     api: ClientApi
@@ -34,8 +32,3 @@ class Exchange:
     upstream: str
     request_id: str
     user_agent: str = ""
-    changed: bool = False
-    notes: dict[str, Any] = field(default_factory=dict, compare=False)
-
-    def with_body(self, body: dict[str, Any]) -> Exchange:
-        return dataclasses.replace(self, body=body, raw=orjson.dumps(body), changed=True)

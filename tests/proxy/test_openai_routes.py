@@ -200,3 +200,26 @@ def test_upstream_breaking_off_mid_stream_ends_the_stream_with_an_error_event(
     assert "partial" in events[1]
     last = orjson.loads(events[-1].removeprefix("data: "))
     assert last["error"]["code"] == "upstream_protocol_error"
+
+
+def test_langchain_chat_openai_through_brim(brim: BrimFactory, provider: FakeProvider) -> None:
+    from langchain_openai import ChatOpenAI
+
+    llm = ChatOpenAI(model="fake-model", base_url=f"{brim()}/v1", api_key="sk-lc", max_retries=0)  # type: ignore[arg-type]
+    assert llm.invoke("ping").content == "pong"
+    assert "".join(str(chunk.content) for chunk in llm.stream("ping")) == "Hello world"
+    assert provider.last.headers["authorization"] == "Bearer sk-lc"
+
+
+def test_models_fall_back_to_the_configured_table_when_the_upstream_is_down(
+    brim: BrimFactory, closed_port: int
+) -> None:
+    base = brim(
+        upstreams={"down": {"api": "openai", "base_url": f"http://127.0.0.1:{closed_port}/v1"}},
+        models={"local-llama": {"context_window": 8192}},
+    )
+    listed = httpx.get(f"{base}/v1/models")
+    assert listed.status_code == 200
+    assert [m["id"] for m in listed.json()["data"]] == ["local-llama"]
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0)
+    assert [m.id for m in sdk.models.list()] == ["local-llama"]
