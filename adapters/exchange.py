@@ -7,8 +7,20 @@ from typing import Any, Literal
 
 from multidict import CIMultiDictProxy
 
+from policies.budget import TokenBudget
+from policies.limits import ResolvedLimits
+
 # The wire API the client spoke. Named by API, not by provider: Azure and vLLM speak "openai.chat".
 ClientApi = Literal["openai.chat", "openai.models"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What brim worked out about a request: its model's limits and its token budget."""
+
+    limits: ResolvedLimits
+    budget: TokenBudget
+    client: str | None = None  # the `[clients.NAME]` rule that matched, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,3 +44,4 @@ class Exchange:
     upstream: str
     request_id: str
     user_agent: str = ""
+    context: RequestContext | None = None

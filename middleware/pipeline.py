@@ -1,21 +1,47 @@
-"""The default stage order. Later stages (limits, guard, retry, tracing) slot in before Forward."""
+"""The default stage order: resolve limits → (guard → retry, in later releases) → forward."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 from adapters.registry import Upstreams
 from middleware.base import Stage
 from middleware.forward import Forward
+from middleware.limits import ResolveLimits
+from middleware.settings import GuardConfig
+from policies.clients import ClientRule
+from policies.limits import LimitsRegistry
+from policies.tokens import TokenCounter
 
 
 class PipelineConfig(Protocol):
     """The part of brim's configuration the pipeline reads (`proxy.config.BrimConfig` has it)."""
 
     @property
-    def models(self) -> Mapping[str, Any]: ...
+    def guard(self) -> GuardConfig: ...
+
+    @property
+    def clients(self) -> Mapping[str, ClientRule]: ...
 
 
-def default_pipeline(config: PipelineConfig, upstreams: Upstreams) -> list[Stage]:
-    return [Forward(upstreams)]
+@dataclass(frozen=True, slots=True)
+class Services:
+    """Long-lived objects the stages share: upstream connections, limits (with what was learned
+    from provider errors), and the token counter with its cache."""
+
+    upstreams: Upstreams
+    limits: LimitsRegistry
+    counter: TokenCounter
+
+
+def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
+    return [
+        ResolveLimits(
+            services.limits,
+            safety_margin=config.guard.safety_margin,
+            clients=config.clients,
+        ),
+        Forward(services.upstreams),
+    ]

@@ -16,7 +16,9 @@ from adapters.errors import BrimError
 from adapters.headers import BRIM_KEY_HEADER as BRIM_KEY
 from adapters.registry import Upstreams
 from middleware.base import Pipeline
-from middleware.pipeline import default_pipeline
+from middleware.pipeline import Services, default_pipeline
+from policies.limits import LimitsRegistry
+from policies.tokens import TokenCounter
 from proxy.config import BrimConfig
 from proxy.errors import (
     InternalError,
@@ -32,9 +34,11 @@ from proxy.keys import (
     PIPELINE,
     READINESS,
     REQUEST_ID,
+    SERVICES,
     UPSTREAMS,
     Readiness,
 )
+from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
 from proxy.routes import health, openai
 
 log = logging.getLogger("brim")
@@ -131,10 +135,11 @@ def create_app(config: BrimConfig) -> web.Application:
         client_max_size=config.server.max_body_bytes,
         middlewares=[errors_in_wire_format, require_brim_key],
     )
-    upstreams = Upstreams(config.upstreams, config.routes)
+    services = build_services(config)
     app[CONFIG] = config
-    app[UPSTREAMS] = upstreams
-    app[PIPELINE] = Pipeline(default_pipeline(config, upstreams))
+    app[SERVICES] = services
+    app[UPSTREAMS] = services.upstreams
+    app[PIPELINE] = Pipeline(default_pipeline(config, services))
     app[READINESS] = Readiness()
     app.cleanup_ctx.append(_lifecycle)
     health.add_routes(app)
@@ -142,10 +147,26 @@ def create_app(config: BrimConfig) -> web.Application:
     return app
 
 
+def build_limits(config: BrimConfig) -> LimitsRegistry:
+    return LimitsRegistry(config.models, litellm_model_map())
+
+
+def build_services(config: BrimConfig) -> Services:
+    use_bundled_tiktoken_files()
+    return Services(
+        upstreams=Upstreams(config.upstreams, config.routes),
+        limits=build_limits(config),
+        counter=TokenCounter(claude_factor=config.guard.claude_token_factor),
+    )
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    # The encodings take a moment to load: do it beside the event loop, not on a first request.
+    warming = asyncio.get_running_loop().run_in_executor(None, app[SERVICES].counter.warm)
     app[READINESS].ready = True
     yield
     app[READINESS].ready = False
+    await warming
     await app[UPSTREAMS].aclose()
 
 

@@ -13,6 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from proxy.config import BrimConfig, ConfigError, describe_config, load_config
+from proxy.inspect import (
+    InspectError,
+    inspect_request,
+    model_rows,
+    read_request,
+    render_inspection,
+    render_models,
+)
 
 DEFAULT_CONFIG = "proxy.toml"
 
@@ -72,6 +80,35 @@ def find_config(explicit: str | None) -> str | None:
     return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
 
 
+def inspect(args: argparse.Namespace) -> int:
+    from proxy.app import build_services
+
+    config = _load(find_config(args.config))
+    services = build_services(config)
+    body = read_request(args.request)
+    report = inspect_request(
+        config,
+        services.limits,
+        services.counter,
+        body,
+        model=args.model,
+        user_agent=args.user_agent or "",
+    )
+    if args.json:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        print(render_inspection(report, args.request))
+    return 0 if report["fits"] else 1
+
+
+def models(args: argparse.Namespace) -> int:
+    from proxy.app import build_limits
+
+    rows = model_rows(build_limits(_load(find_config(args.config))), args.pattern)
+    print(json.dumps(rows, indent=2) if args.json else render_models(rows))
+    return 0
+
+
 def _port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:
@@ -101,6 +138,27 @@ def parser() -> argparse.ArgumentParser:
     )
     check.add_argument("path", nargs="?", default=DEFAULT_CONFIG)
     check.set_defaults(func=check_config)
+
+    look = commands.add_parser(
+        "inspect",
+        help="show a saved request's limits, budget and token counts (exit 1 if it does not fit)",
+    )
+    look.add_argument("request", help="a Chat Completions request body, as JSON")
+    look.add_argument("--model", help="count for this model instead of the request's own")
+    look.add_argument("--config", help="proxy.toml to use (default as for serve)")
+    look.add_argument("--user-agent", help="apply the [clients] rule this User-Agent matches")
+    look.add_argument("--json", action="store_true", help="machine-readable output")
+    look.set_defaults(func=inspect)
+
+    known = commands.add_parser(
+        "models", help="resolved limits of configured and known models, with their sources"
+    )
+    known.add_argument(
+        "pattern", nargs="?", help="glob over model ids; a plain word matches anywhere"
+    )
+    known.add_argument("--config", help="proxy.toml to use (default as for serve)")
+    known.add_argument("--json", action="store_true", help="machine-readable output")
+    known.set_defaults(func=models)
     return root
 
 
@@ -113,6 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except ConfigError as exc:
         print(f"brim: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    except InspectError as exc:
+        print(f"brim: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -21,6 +21,9 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validat
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from adapters.config import FrozenModel, UpstreamConfig
+from middleware.settings import GuardConfig
+from policies.clients import ClientRule
+from policies.limits import ModelFacts
 
 ENV_PREFIX = "BRIM_"
 OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -61,13 +64,6 @@ class ServerConfig(FrozenModel):
         return int(self.max_body_mb * 1024 * 1024)
 
 
-class ModelConfig(FrozenModel):
-    context_window: int | None = Field(None, gt=0)
-    max_output: int | None = Field(None, gt=0)
-    aliases: tuple[str, ...] = ()
-    tokenizer: str | None = None
-
-
 def _default_upstreams() -> dict[str, UpstreamConfig]:
     return {
         "openai": UpstreamConfig(api="openai", base_url=OPENAI_BASE_URL),
@@ -88,7 +84,9 @@ class BrimConfig(BaseSettings):
     server: ServerConfig = ServerConfig()
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=_default_upstreams)
     routes: dict[str, str] = Field(default_factory=dict)
-    models: dict[str, ModelConfig] = Field(default_factory=dict)
+    models: dict[str, ModelFacts] = Field(default_factory=dict)
+    clients: dict[str, ClientRule] = Field(default_factory=dict)
+    guard: GuardConfig = GuardConfig()
 
     @classmethod
     def settings_customise_sources(

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from adapters.registry import Upstreams
 from middleware.base import Pipeline
+from middleware.pipeline import Services
 from proxy.config import BrimConfig
 
 
@@ -18,6 +19,7 @@ class Readiness:
 
 CONFIG = web.AppKey("config", BrimConfig)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)
+SERVICES = web.AppKey("services", Services)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READINESS = web.AppKey("readiness", Readiness)
 

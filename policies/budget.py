@@ -1,0 +1,87 @@
+"""The token budget: how many input tokens a request may carry.
+
+    effective = context_window − reserved_output − cli_overhead − ⌈safety_margin × context_window⌉
+                − allocated
+
+`reserved_output` is the request's own output limit (`max_tokens`, `max_completion_tokens`, …),
+capped at the model's max output, and only where the provider counts output against the window.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from policies.limits import ResolvedLimits
+
+DEFAULT_SAFETY_MARGIN = 0.05
+
+
+@dataclass(frozen=True, slots=True)
+class TokenBudget:
+    context_window: int
+    reserved_output: int = 0
+    cli_overhead: int = 0
+    safety_margin: float = DEFAULT_SAFETY_MARGIN
+    allocated: int = 0
+
+    def __post_init__(self) -> None:
+        if self.context_window <= 0:
+            raise ValueError(f"context_window must be positive, not {self.context_window}")
+        if not 0 <= self.safety_margin < 1:
+            raise ValueError(f"safety_margin must be in [0, 1), not {self.safety_margin}")
+        if min(self.reserved_output, self.cli_overhead, self.allocated) < 0:
+            raise ValueError("reserved output, CLI overhead and allocations cannot be negative")
+
+    @property
+    def margin_tokens(self) -> int:
+        return math.ceil(self.safety_margin * self.context_window)
+
+    def effective(self) -> int:
+        """Input tokens still available; never negative."""
+        spent = self.reserved_output + self.cli_overhead + self.margin_tokens + self.allocated
+        return max(0, self.context_window - spent)
+
+    def fits(self, tokens: int) -> bool:
+        return tokens <= self.effective()
+
+    def allocate(self, tokens: int) -> TokenBudget:
+        """A budget with `tokens` more set aside (e.g. for a fixed system prompt)."""
+        if tokens < 0:
+            raise ValueError(f"cannot allocate a negative number of tokens ({tokens})")
+        return dataclasses.replace(self, allocated=self.allocated + tokens)
+
+
+def budget_for(
+    resolved: ResolvedLimits,
+    requested_output: int | None,
+    *,
+    safety_margin: float = DEFAULT_SAFETY_MARGIN,
+    cli_overhead: int | None = None,
+) -> TokenBudget:
+    """The budget of one request. `cli_overhead` (from a client rule) overrides the model id's."""
+    limits = resolved.limits
+    reserved = 0
+    if limits.output_counts and requested_output:
+        reserved = min(requested_output, limits.max_output)
+    return TokenBudget(
+        context_window=limits.context_window,
+        reserved_output=reserved,
+        cli_overhead=resolved.cli_overhead if cli_overhead is None else cli_overhead,
+        safety_margin=safety_margin,
+    )
+
+
+OUTPUT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens")
+
+
+def requested_output(body: Mapping[str, Any]) -> int | None:
+    """The output limit a request sets for itself, in whichever wire API's spelling."""
+    for field in OUTPUT_LIMIT_FIELDS:
+        value = body.get(field)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None

@@ -1,0 +1,96 @@
+"""Image sizes from base64 data URLs (header bytes only), and what an image costs in tokens.
+
+OpenAI's rule for gpt-4o-class models: `detail: low` costs a flat 85 tokens; `high` (and `auto`,
+counted as high so the estimate errs high) scales the image to fit 2048×2048, then so its
+shorter side is at most 768, and costs 85 + 170 per 512-px tile. gpt-4o-mini bills the same tiles
+at 2833 + 5667 per tile. Remote URLs are never fetched: they are counted as a 1024×1536 image.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+import struct
+
+REMOTE_IMAGE_SIZE = (1024, 1536)
+_HEADER_BASE64_CHARS = 64 * 1024  # enough for any PNG/GIF/WebP header and most JPEG SOF markers
+
+
+def data_url_size(url: str) -> tuple[int, int] | None:
+    """(width, height) of a `data:image/...;base64,` URL, or None if it cannot be read."""
+    if not url.startswith("data:"):
+        return None
+    _, comma, payload = url.partition(",")
+    if not comma:
+        return None
+    head = payload[:_HEADER_BASE64_CHARS]
+    head = head[: len(head) - len(head) % 4]
+    try:
+        data = base64.b64decode(head, validate=False)
+    except (binascii.Error, ValueError):
+        return None
+    return image_size(data)
+
+
+def image_size(data: bytes) -> tuple[int, int] | None:
+    if data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) >= 24:
+        width, height = struct.unpack(">II", data[16:24])
+        return width, height
+    if data[:6] in (b"GIF87a", b"GIF89a") and len(data) >= 10:
+        width, height = struct.unpack("<HH", data[6:10])
+        return width, height
+    if data.startswith(b"RIFF") and data[8:12] == b"WEBP":
+        return _webp_size(data)
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg_size(data)
+    return None
+
+
+def _webp_size(data: bytes) -> tuple[int, int] | None:
+    chunk = data[12:16]
+    if chunk == b"VP8X" and len(data) >= 30:
+        width = int.from_bytes(data[24:27], "little") + 1
+        height = int.from_bytes(data[27:30], "little") + 1
+        return width, height
+    if chunk == b"VP8 " and len(data) >= 30:
+        width, height = struct.unpack("<HH", data[26:30])
+        return width & 0x3FFF, height & 0x3FFF
+    if chunk == b"VP8L" and len(data) >= 25:
+        bits = int.from_bytes(data[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    index = 2
+    while index + 9 < len(data):
+        if data[index] != 0xFF:
+            return None
+        marker = data[index + 1]
+        if marker == 0xFF:  # fill byte
+            index += 1
+            continue
+        length = int.from_bytes(data[index + 2 : index + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
+            height, width = struct.unpack(">HH", data[index + 5 : index + 9])
+            return width, height
+        index += 2 + length
+    return None
+
+
+def tile_count(width: int, height: int) -> int:
+    if width <= 0 or height <= 0:
+        return 1
+    scale = min(1.0, 2048 / max(width, height))
+    scale *= min(1.0, 768 / (min(width, height) * scale))
+    return math.ceil(width * scale / 512) * math.ceil(height * scale / 512)
+
+
+def image_tokens(url: str, detail: str | None, model: str = "") -> int:
+    base, per_tile = (2833, 5667) if "gpt-4o-mini" in model else (85, 170)
+    if detail == "low":
+        return base
+    size = data_url_size(url) if url.startswith("data:") else REMOTE_IMAGE_SIZE
+    width, height = size or REMOTE_IMAGE_SIZE
+    return base + per_tile * tile_count(width, height)

@@ -1,0 +1,240 @@
+"""Which limits apply to a model: normalisation of model ids and the resolution chain.
+
+Resolution, per figure (window, max output, tokenizer), first hit wins:
+
+1. learned from the provider's own overflow errors (`LimitsRegistry.learn`);
+2. `[models."ID"]` in proxy.toml (by id or alias);
+3. litellm's model map, then the built-in exact ids (CLI ids such as `claude:sonnet`), trying the
+   most specific spelling of the id first: `codex:gpt-4.1`, then `gpt-4.1`;
+4. the built-in model families (`gpt-4o*`, `claude-sonnet-4*`, …);
+5. `_default` (128 000 / 8 192), reported with source `default` so the caller can warn.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies import model_table
+from policies.model_map import MapEntry, ModelMap
+
+CLI_MARKER = "[cli]"
+_DATE_SUFFIX = re.compile(r"(-\d{4}-\d{2}-\d{2}|-\d{8}|@\d{8}|-v\d+:\d+)$")
+
+
+class LimitSource(StrEnum):
+    LEARNED = "learned"
+    CONFIG = "config"
+    LITELLM = "litellm"
+    BUILTIN = "built-in"
+    DEFAULT = "default"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelId:
+    """A model id taken apart: `[cli]opencode:openai/gpt-4.1` → cli opencode, provider openai,
+    name gpt-4.1. `candidates` are the spellings to look up, most specific first."""
+
+    raw: str
+    cli: str | None
+    provider: str | None
+    name: str
+    candidates: tuple[str, ...]
+
+
+def normalize_model_id(raw: str, aliases: Mapping[str, str] | None = None) -> ModelId:
+    text = raw.strip().lower()
+    marked = text.startswith(CLI_MARKER)
+    text = text.removeprefix(CLI_MARKER)
+    if aliases and text in aliases:
+        return normalize_model_id(aliases[text])
+
+    cli: str | None = None
+    rest = text
+    head, colon, tail = text.partition(":")
+    if colon and tail and "/" not in head and (marked or head in model_table.CLI_OVERHEAD):
+        cli, rest = head, tail
+
+    candidates: list[str] = [f"{cli}:{rest}"] if cli else []
+    provider: str | None = None
+    spelling = rest
+    while True:
+        candidates.append(spelling)
+        prefix, slash, remainder = spelling.partition("/")
+        if not slash or not remainder:
+            break
+        provider = provider or prefix
+        spelling = remainder
+    name = spelling
+    undated = _DATE_SUFFIX.sub("", name)
+    if undated and undated != name:
+        candidates.append(undated)
+    if aliases:
+        for candidate in list(candidates):
+            if candidate in aliases:
+                return normalize_model_id(aliases[candidate])
+    return ModelId(
+        raw=raw,
+        cli=cli,
+        provider=provider or (model_table.CLI_PROVIDER.get(cli) if cli else None),
+        name=name,
+        candidates=tuple(dict.fromkeys(candidates)),
+    )
+
+
+class ModelFacts(BaseModel):
+    """Per-model facts from `[models."ID"]`; any may be left unset."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    context_window: int | None = Field(None, gt=0)
+    max_output: int | None = Field(None, gt=0)
+    tokenizer: Literal["o200k_base", "cl100k_base", "claude"] | None = None
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelContextLimits:
+    provider: str
+    model: str
+    context_window: int
+    max_output: int
+    output_counts: bool  # the reply's tokens count against context_window
+    tokenizer: str  # "o200k_base", "cl100k_base", or "claude" (o200k_base × a calibration factor)
+
+
+@dataclass(frozen=True, slots=True)
+class ResolvedLimits:
+    model: ModelId
+    limits: ModelContextLimits
+    sources: Mapping[str, LimitSource] = field(default_factory=dict)
+    cli_overhead: int = 0
+
+    @property
+    def source(self) -> LimitSource:
+        return self.sources["context_window"]
+
+
+def provider_of(model: ModelId, entry: MapEntry | None) -> str:
+    if model.provider:
+        return model.provider
+    if entry is not None and entry.provider:
+        return entry.provider.split("-")[0]
+    name = model.name
+    if name.startswith(("gpt-", "o1", "o3", "o4", "chatgpt", "codex", "text-")):
+        return "openai"
+    if name.startswith("claude"):
+        return "anthropic"
+    if name.startswith("gemini"):
+        return "gemini"
+    return "unknown"
+
+
+def tokenizer_for(model: ModelId, provider: str) -> str:
+    name = model.name
+    if provider == "anthropic" or "claude" in name or model.cli == "claude":
+        return "claude"
+    legacy = name.startswith(("gpt-4", "gpt-3.5", "text-embedding")) and not name.startswith(
+        ("gpt-4o", "gpt-4.1", "gpt-4.5")
+    )
+    return "cl100k_base" if legacy else "o200k_base"
+
+
+class LimitsRegistry:
+    """Resolves a model id to its limits. Holds the config's facts, litellm's map and what was
+    learned from provider errors; looking up does no I/O."""
+
+    def __init__(
+        self,
+        configured: Mapping[str, ModelFacts] | None = None,
+        model_map: ModelMap | None = None,
+    ) -> None:
+        self.configured = {key.lower(): facts for key, facts in (configured or {}).items()}
+        self.aliases = {
+            alias.lower(): key for key, facts in self.configured.items() for alias in facts.aliases
+        }
+        self.model_map = model_map if model_map is not None else ModelMap.empty()
+        self.learned: dict[str, int] = {}
+
+    def normalize(self, raw: str) -> ModelId:
+        return normalize_model_id(raw, self.aliases)
+
+    def learn(self, raw: str, context_window: int) -> None:
+        """Remember the window a provider reported for this model; it wins from now on."""
+        self.learned[self.normalize(raw).candidates[0]] = context_window
+
+    def resolve(self, raw: str) -> ResolvedLimits:
+        model = self.normalize(raw)
+        sources: dict[str, LimitSource] = {}
+        window = self._first(model, "context_window", sources)
+        max_output = self._first(model, "max_output", sources)
+        entry = next(
+            (e for c in model.candidates if (e := self.model_map.get(c)) is not None), None
+        )
+        provider = provider_of(model, entry)
+
+        configured = [
+            self.configured[c].tokenizer for c in model.candidates if c in self.configured
+        ]
+        chosen = next((t for t in configured if t), None)
+        sources["tokenizer"] = LimitSource.CONFIG if chosen else LimitSource.BUILTIN
+        tokenizer: str = chosen or tokenizer_for(model, provider)
+
+        output_counts = provider not in model_table.SEPARATE_OUTPUT_PROVIDERS
+        if sources["context_window"] is LimitSource.LITELLM and any(
+            fnmatch.fnmatchcase(model.name, pattern) for pattern in model_table.INPUT_ONLY_LIMIT
+        ):
+            output_counts = False
+
+        overhead = 0
+        if model.cli is not None:
+            overhead = model_table.CLI_OVERHEAD.get(model.cli, model_table.DEFAULT_CLI_OVERHEAD)
+        limits = ModelContextLimits(
+            provider=provider,
+            model=model.candidates[0],
+            context_window=window,
+            max_output=min(max_output, window),
+            output_counts=output_counts,
+            tokenizer=tokenizer,
+        )
+        return ResolvedLimits(model=model, limits=limits, sources=sources, cli_overhead=overhead)
+
+    def _first(self, model: ModelId, figure: str, sources: dict[str, LimitSource]) -> int:
+        if figure == "context_window":
+            for candidate in model.candidates:
+                if candidate in self.learned:
+                    sources[figure] = LimitSource.LEARNED
+                    return self.learned[candidate]
+        for candidate in model.candidates:
+            configured = self.configured.get(candidate)
+            value = getattr(configured, figure) if configured else None
+            if value is not None:
+                sources[figure] = LimitSource.CONFIG
+                return int(value)
+        for candidate in model.candidates:
+            entry = self.model_map.get(candidate)
+            value = getattr(entry, figure) if entry else None
+            if value is not None:
+                sources[figure] = LimitSource.LITELLM
+                return int(value)
+            cli_facts = model_table.CLI_MODELS.get(candidate)
+            if cli_facts is not None:
+                sources[figure] = LimitSource.BUILTIN
+                return int(getattr(cli_facts, figure))
+        for pattern, facts in model_table.FAMILIES:
+            if any(fnmatch.fnmatchcase(c, pattern) for c in model.candidates):
+                sources[figure] = LimitSource.BUILTIN
+                return int(getattr(facts, figure))
+        sources[figure] = LimitSource.DEFAULT
+        return int(getattr(model_table.DEFAULT, figure))
+
+    def known_ids(self) -> list[str]:
+        """Configured ids, then the built-in exact ids, then litellm's chat models."""
+        ids = [*self.configured, *model_table.CLI_MODELS, *self.model_map.ids()]
+        return list(dict.fromkeys(ids))

@@ -1,0 +1,240 @@
+"""Exact, offline token counts of Chat Completions requests.
+
+Encodings: `o200k_base` (gpt-4o, 4.1, 4.5, 5, o-series, unknown modern models), `cl100k_base`
+(gpt-4, gpt-3.5), and `claude` — Anthropic publishes no offline tokenizer, so Claude models are
+counted with o200k_base times a calibration factor (default 1.15, erring high).
+
+The formula, per OpenAI's published accounting for chat models:
+
+    request  = Σ message + tool definitions + response_format schema + 3 (reply priming)
+    message  = 3 + tokens(role) + tokens(content) [+ tokens(name) + 1]
+               + Σ tool call: 3 + tokens(id) + tokens(name) + tokens(arguments)
+               + tokens(tool_call_id) + tokens(reasoning_content) + tokens(refusal)
+    content  = a string, or Σ parts: text → tokens(text); image_url → the tile rule in
+               `policies.images`; any other part → tokens of its JSON
+    tools    = 12 + Σ tool: 7 + tokens("name:description")
+               + (3 + Σ property: 3 + tokens("key:type:description")
+                  + enum: −3 + Σ item: 3 + tokens(item)) if it has properties
+               (nested schemas beyond flat properties: tokens of their JSON)
+
+Counts of single messages are cached by content hash, so turn N+1 of a session tokenizes only
+its new messages. `upper_bound` is free: a byte-level BPE token is at least one byte long.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import tiktoken
+from cachetools import LRUCache
+
+from policies.images import image_tokens
+
+O200K = "o200k_base"
+CL100K = "cl100k_base"
+CLAUDE = "claude"
+TOKENIZERS = (O200K, CL100K, CLAUDE)
+DEFAULT_CLAUDE_FACTOR = 1.15
+
+PER_MESSAGE = 3
+PER_NAME = 1
+REPLY_PRIMING = 3
+PER_TOOL_CALL = 3
+TOOLS_END = 12
+PER_TOOL = 7
+PROPERTIES_START = 3
+PER_PROPERTY = 3
+ENUM_START = -3
+PER_ENUM_ITEM = 3
+MAX_IMAGE_TOKENS = 2833 + 5667 * 8  # the most one image can cost under any rule counted here
+
+
+@dataclass(frozen=True, slots=True)
+class ChatCount:
+    messages: tuple[int, ...]
+    tools: int
+    response_format: int
+    priming: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.messages) + self.tools + self.response_format + self.priming
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+class TokenCounter:
+    """Counts with tiktoken. Thread-safe, so large counts can run off the event loop."""
+
+    def __init__(
+        self, *, claude_factor: float = DEFAULT_CLAUDE_FACTOR, cache_size: int = 200_000
+    ) -> None:
+        if claude_factor < 1:
+            raise ValueError(f"claude_factor must be at least 1, not {claude_factor}")
+        self.claude_factor = claude_factor
+        self._cache: LRUCache[tuple[str, bytes], int] = LRUCache(maxsize=cache_size)
+        self._lock = threading.Lock()
+        self.cache_hits = 0
+        self.cache_misses = 0
+
+    @staticmethod
+    def encoding(tokenizer: str) -> tiktoken.Encoding:
+        if tokenizer not in TOKENIZERS:
+            raise ValueError(f"unknown tokenizer {tokenizer!r}; known: {', '.join(TOKENIZERS)}")
+        return tiktoken.get_encoding(O200K if tokenizer == CLAUDE else tokenizer)
+
+    def warm(self) -> None:
+        """Load the encodings now (they take a moment), rather than on a first request."""
+        for name in (O200K, CL100K):
+            self.encoding(name).encode_ordinary("warm")
+
+    def _scale(self, tokens: int, tokenizer: str) -> int:
+        return math.ceil(tokens * self.claude_factor) if tokenizer == CLAUDE else tokens
+
+    def text(self, text: str, tokenizer: str) -> int:
+        if not text:
+            return 0
+        return self._scale(len(self.encoding(tokenizer).encode_ordinary(text)), tokenizer)
+
+    def message(self, message: Mapping[str, Any], tokenizer: str, model: str = "") -> int:
+        key = (
+            f"{tokenizer}:{model}",
+            hashlib.blake2b(orjson.dumps(message), digest_size=16).digest(),
+        )
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self.cache_hits += 1
+                return cached
+            self.cache_misses += 1
+        raw = self._message_raw(message, self.encoding(tokenizer), model)
+        counted = self._scale(raw, tokenizer)
+        with self._lock:
+            self._cache[key] = counted
+        return counted
+
+    def _message_raw(self, message: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
+        def count(value: Any) -> int:
+            return len(enc.encode_ordinary(_text(value))) if value else 0
+
+        tokens = PER_MESSAGE + count(message.get("role"))
+        if message.get("name"):
+            tokens += count(message["name"]) + PER_NAME
+        tokens += self._content_raw(message.get("content"), enc, model)
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {} if isinstance(call, Mapping) else {}
+            tokens += PER_TOOL_CALL + count(call.get("id") if isinstance(call, Mapping) else call)
+            tokens += count(function.get("name")) + count(function.get("arguments"))
+        legacy_call = message.get("function_call")
+        if isinstance(legacy_call, Mapping):
+            tokens += PER_TOOL_CALL + count(legacy_call.get("name"))
+            tokens += count(legacy_call.get("arguments"))
+        for field in ("tool_call_id", "reasoning_content", "refusal"):
+            tokens += count(message.get(field))
+        return tokens
+
+    @staticmethod
+    def _content_raw(content: Any, enc: tiktoken.Encoding, model: str) -> int:
+        if content is None:
+            return 0
+        if isinstance(content, str):
+            return len(enc.encode_ordinary(content))
+        tokens = 0
+        for part in content if isinstance(content, list) else [content]:
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "text" and isinstance(part.get("text"), str):
+                tokens += len(enc.encode_ordinary(part["text"]))
+            elif kind == "image_url" and isinstance(part.get("image_url"), Mapping):
+                image = part["image_url"]
+                tokens += image_tokens(str(image.get("url", "")), image.get("detail"), model)
+            else:
+                tokens += len(enc.encode_ordinary(_text(part)))
+        return tokens
+
+    def tools(self, tools: Iterable[Any], tokenizer: str) -> int:
+        definitions = [t.get("function", t) for t in tools if isinstance(t, Mapping)]
+        if not definitions:
+            return 0
+        enc = self.encoding(tokenizer)
+
+        def count(text: str) -> int:
+            return len(enc.encode_ordinary(text)) if text else 0
+
+        tokens = TOOLS_END
+        for function in definitions:
+            description = str(function.get("description") or "").removesuffix(".")
+            tokens += PER_TOOL + count(f"{function.get('name', '')}:{description}")
+            parameters = function.get("parameters")
+            if not isinstance(parameters, Mapping):
+                continue
+            properties = parameters.get("properties")
+            if isinstance(properties, Mapping) and properties:
+                tokens += PROPERTIES_START
+                for key, schema in properties.items():
+                    tokens += PER_PROPERTY + self._property_raw(key, schema, count)
+            rest = {k: v for k, v in parameters.items() if k not in ("type", "properties")}
+            if rest:
+                tokens += count(orjson.dumps(rest).decode())
+        return self._scale(tokens, tokenizer)
+
+    @staticmethod
+    def _property_raw(key: str, schema: Any, count: Any) -> int:
+        if not isinstance(schema, Mapping):
+            return int(count(f"{key}:{_text(schema)}"))
+        description = str(schema.get("description") or "").removesuffix(".")
+        tokens = int(count(f"{key}:{schema.get('type', '')}:{description}"))
+        enum = schema.get("enum")
+        if isinstance(enum, list):
+            tokens += ENUM_START + sum(PER_ENUM_ITEM + count(_text(item)) for item in enum)
+        rest = {k: v for k, v in schema.items() if k not in ("type", "description", "enum")}
+        if rest:  # nested objects, arrays, formats: counted as their JSON, erring high
+            tokens += int(count(orjson.dumps(rest).decode()))
+        return tokens
+
+    def chat(self, body: Mapping[str, Any], tokenizer: str, model: str = "") -> ChatCount:
+        messages = body.get("messages") or []
+        per_message = tuple(
+            self.message(m, tokenizer, model) for m in messages if isinstance(m, Mapping)
+        )
+        definitions = list(body.get("tools") or []) + list(body.get("functions") or [])
+        response_format = body.get("response_format")
+        schema_tokens = 0
+        if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+            schema_tokens = self.text(_text(response_format.get("json_schema")), tokenizer)
+        return ChatCount(
+            messages=per_message,
+            tools=self.tools(definitions, tokenizer),
+            response_format=schema_tokens,
+            priming=REPLY_PRIMING,
+        )
+
+    def upper_bound(self, raw: bytes, body: Mapping[str, Any], tokenizer: str) -> int:
+        """A bound no exact count can exceed, without tokenizing: every token is at least one
+        byte of the text, and all text is inside the body's bytes."""
+        messages: Sequence[Any] = body.get("messages") or ()
+        images = sum(
+            1
+            for m in messages
+            if isinstance(m, Mapping) and isinstance(m.get("content"), list)
+            for part in m["content"]
+            if isinstance(part, Mapping) and part.get("type") == "image_url"
+        )
+        calls = sum(len(m.get("tool_calls") or ()) for m in messages if isinstance(m, Mapping))
+        tools = len(body.get("tools") or ()) + len(body.get("functions") or ())
+        fixed = (
+            (PER_MESSAGE + PER_NAME) * len(messages)
+            + PER_TOOL_CALL * calls
+            + TOOLS_END
+            + (PER_TOOL + PROPERTIES_START) * tools
+            + REPLY_PRIMING
+            + MAX_IMAGE_TOKENS * images
+        )
+        return self._scale(len(raw) + fixed, tokenizer)

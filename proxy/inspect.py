@@ -1,0 +1,190 @@
+"""`brim inspect` and `brim models`: what brim knows about a request or a model, offline."""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import orjson
+from multidict import CIMultiDict
+
+from policies import model_table
+from policies.budget import budget_for, requested_output
+from policies.clients import match_client
+from policies.limits import LimitsRegistry, ResolvedLimits
+from policies.tokens import CLAUDE, TokenCounter
+from proxy.config import BrimConfig
+
+
+class InspectError(ValueError):
+    """The request file cannot be inspected; the message says why."""
+
+
+def read_request(path: str) -> dict[str, Any]:
+    try:
+        data = orjson.loads(Path(path).read_bytes())
+    except FileNotFoundError:
+        raise InspectError(f"{path}: no such file") from None
+    except orjson.JSONDecodeError as exc:
+        raise InspectError(f"{path}: not valid JSON: {exc}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
+        raise InspectError(f"{path}: expected a Chat Completions request with a messages list")
+    return data
+
+
+def limits_report(resolved: ResolvedLimits) -> dict[str, Any]:
+    limits = resolved.limits
+    return {
+        "model": resolved.model.raw,
+        "normalised": limits.model,
+        "cli": resolved.model.cli,
+        "provider": limits.provider,
+        "context_window": limits.context_window,
+        "max_output": limits.max_output,
+        "output_counts_against_window": limits.output_counts,
+        "tokenizer": limits.tokenizer,
+        "cli_overhead": resolved.cli_overhead,
+        "sources": {figure: str(source) for figure, source in resolved.sources.items()},
+    }
+
+
+def inspect_request(
+    config: BrimConfig,
+    registry: LimitsRegistry,
+    counter: TokenCounter,
+    body: Mapping[str, Any],
+    *,
+    model: str | None = None,
+    user_agent: str = "",
+) -> dict[str, Any]:
+    model_id = model or body.get("model")
+    if not isinstance(model_id, str) or not model_id:
+        raise InspectError("the request names no model; pass --model")
+    resolved = registry.resolve(model_id)
+    client = match_client(config.clients, user_agent, CIMultiDict())
+    budget = budget_for(
+        resolved,
+        requested_output(body),
+        safety_margin=config.guard.safety_margin,
+        cli_overhead=client[1].overhead if client else None,
+    )
+    tokenizer = resolved.limits.tokenizer
+    count = counter.chat(body, tokenizer, resolved.limits.model)
+    raw = orjson.dumps(body)
+    messages = body.get("messages") or []
+    return {
+        "limits": limits_report(resolved),
+        "client": client[0] if client else None,
+        "budget": {
+            **asdict(budget),
+            "margin_tokens": budget.margin_tokens,
+            "requested_output": requested_output(body),
+            "effective": budget.effective(),
+        },
+        "tokens": {
+            "messages": [
+                {
+                    "index": i,
+                    "role": m.get("role"),
+                    "tokens": n,
+                    "tool_calls": len(m.get("tool_calls") or ()),
+                }
+                for i, (m, n) in enumerate(zip(messages, count.messages, strict=False))
+            ],
+            "tools": count.tools,
+            "response_format": count.response_format,
+            "priming": count.priming,
+            "total": count.total,
+            "upper_bound": counter.upper_bound(raw, body, tokenizer),
+            "claude_factor": counter.claude_factor if tokenizer == CLAUDE else None,
+        },
+        "fits": budget.fits(count.total),
+    }
+
+
+def _n(value: int) -> str:
+    return f"{value:,}"
+
+
+def render_inspection(report: Mapping[str, Any], source: str) -> str:
+    limits, budget, tokens = report["limits"], report["budget"], report["tokens"]
+    sources = limits["sources"]
+    tokenizer = limits["tokenizer"]
+    if tokens["claude_factor"]:
+        tokenizer = f"claude (o200k_base × {tokens['claude_factor']:g}, calibrated estimate)"
+    cli = f", CLI {limits['cli']}" if limits["cli"] else ""
+    counts = "yes" if limits["output_counts_against_window"] else "no"
+    asks = budget["requested_output"]
+    rule = report["client"]
+    lines = [
+        f"request   {source}",
+        f"model     {limits['model']}  →  {limits['normalised']}  "
+        f"(provider {limits['provider']}{cli})",
+        f"limits    window {_n(limits['context_window'])} [{sources['context_window']}]"
+        f" · max output {_n(limits['max_output'])} [{sources['max_output']}]"
+        f" · output counts against the window: {counts}",
+        f"tokenizer {tokenizer} [{sources['tokenizer']}]",
+        "",
+        "budget",
+        f"  context window        {_n(budget['context_window']):>12}",
+        f"  − reserved output     {_n(budget['reserved_output']):>12}"
+        + (f"   (request asks {_n(asks)})" if asks else ""),
+        f"  − CLI overhead        {_n(budget['cli_overhead']):>12}"
+        + (f"   (client rule {rule})" if rule else ""),
+        f"  − safety margin {budget['safety_margin']:>4.0%}  {_n(budget['margin_tokens']):>12}",
+        f"  = effective           {_n(budget['effective']):>12}",
+        "",
+        "tokens",
+        "  #     role        tokens",
+    ]
+    for item in tokens["messages"]:
+        calls = f"   (tool calls: {item['tool_calls']})" if item["tool_calls"] else ""
+        lines.append(f"  {item['index']:<5} {item['role']!s:<10} {_n(item['tokens']):>8}{calls}")
+    bound = _n(tokens["upper_bound"])
+    lines += [
+        f"  tool definitions {_n(tokens['tools']):>12}",
+        f"  response format  {_n(tokens['response_format']):>12}",
+        f"  reply priming    {_n(tokens['priming']):>12}",
+        f"  total            {_n(tokens['total']):>12}   (free upper bound {bound})",
+        "",
+    ]
+    effective, total = budget["effective"], tokens["total"]
+    if report["fits"]:
+        share = f"{total / effective:.1%}" if effective else "-"
+        spare = _n(effective - total)
+        lines.append(f"fits: yes — {_n(total)} of {_n(effective)} ({share}), {spare} to spare")
+    else:
+        lines.append(f"fits: NO — {_n(total)} exceeds {_n(effective)} by {_n(total - effective)}")
+    return "\n".join(lines)
+
+
+def model_rows(registry: LimitsRegistry, pattern: str | None) -> list[dict[str, Any]]:
+    """Resolved limits of the configured and built-in ids, or of every known id matching
+    `pattern` (a glob; a plain word matches anywhere in the id)."""
+    if pattern is None:
+        ids = [*registry.configured, *sorted(registry.learned), *model_table.CLI_MODELS]
+    else:
+        glob = pattern.lower() if any(c in pattern for c in "*?[") else f"*{pattern.lower()}*"
+        ids = [i for i in registry.known_ids() if fnmatch.fnmatchcase(i, glob)]
+        if not ids:
+            ids = [pattern]  # not a known id: show how it resolves
+    return [limits_report(registry.resolve(model_id)) for model_id in dict.fromkeys(ids)]
+
+
+def render_models(rows: list[dict[str, Any]]) -> str:
+    header = (
+        f"{'model':<44} {'window':>10} {'max out':>9}  {'out/win':<7} {'tokenizer':<12} sources"
+    )
+    lines = [header, "-" * len(header)]
+    for row in rows:
+        sources = row["sources"]
+        overhead = f"; CLI overhead {_n(row['cli_overhead'])}" if row["cli_overhead"] else ""
+        lines.append(
+            f"{row['model']:<44} {_n(row['context_window']):>10} {_n(row['max_output']):>9}  "
+            f"{'yes' if row['output_counts_against_window'] else 'no':<7} {row['tokenizer']:<12} "
+            f"window: {sources['context_window']}, max out: {sources['max_output']}{overhead}"
+        )
+    return "\n".join(lines)
