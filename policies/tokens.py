@@ -12,10 +12,10 @@ The formula, per OpenAI's published accounting for chat models:
                + tokens(tool_call_id) + tokens(reasoning_content) + tokens(refusal)
     content  = a string, or Σ parts: text → tokens(text); image_url → the tile rule in
                `policies.images`; any other part → tokens of its JSON
-    tools    = 12 + Σ tool: 7 + tokens("name:description")
+    tools    = 12 + Σ tool: 7 (cl100k: 10) + tokens("name:description")
                + (3 + Σ property: 3 + tokens("key:type:description")
                   + enum: −3 + Σ item: 3 + tokens(item)) if it has properties
-               (nested schemas beyond flat properties: tokens of their JSON)
+               (`required` is free; other schema keys and nested schemas: tokens of their JSON)
 
 Counts of single messages are cached by content hash, so turn N+1 of a session tokenizes only
 its new messages. `upper_bound` is free: a byte-level BPE token is at least one byte long.
@@ -47,11 +47,13 @@ PER_NAME = 1
 REPLY_PRIMING = 3
 PER_TOOL_CALL = 3
 TOOLS_END = 12
-PER_TOOL = 7
+PER_TOOL = {O200K: 7, CL100K: 10, CLAUDE: 7}
 PROPERTIES_START = 3
 PER_PROPERTY = 3
 ENUM_START = -3
 PER_ENUM_ITEM = 3
+# Schema keys the provider's rendering of a tool spends no separate tokens on.
+_RENDERED_WITHOUT_TOKENS = frozenset({"type", "properties", "required", "additionalProperties"})
 MAX_IMAGE_TOKENS = 2833 + 5667 * 8  # the most one image can cost under any rule counted here
 
 
@@ -171,7 +173,7 @@ class TokenCounter:
         tokens = TOOLS_END
         for function in definitions:
             description = str(function.get("description") or "").removesuffix(".")
-            tokens += PER_TOOL + count(f"{function.get('name', '')}:{description}")
+            tokens += PER_TOOL[tokenizer] + count(f"{function.get('name', '')}:{description}")
             parameters = function.get("parameters")
             if not isinstance(parameters, Mapping):
                 continue
@@ -180,7 +182,7 @@ class TokenCounter:
                 tokens += PROPERTIES_START
                 for key, schema in properties.items():
                     tokens += PER_PROPERTY + self._property_raw(key, schema, count)
-            rest = {k: v for k, v in parameters.items() if k not in ("type", "properties")}
+            rest = {k: v for k, v in parameters.items() if k not in _RENDERED_WITHOUT_TOKENS}
             if rest:
                 tokens += count(orjson.dumps(rest).decode())
         return self._scale(tokens, tokenizer)
@@ -233,7 +235,7 @@ class TokenCounter:
             (PER_MESSAGE + PER_NAME) * len(messages)
             + PER_TOOL_CALL * calls
             + TOOLS_END
-            + (PER_TOOL + PROPERTIES_START) * tools
+            + (PER_TOOL[CL100K] + PROPERTIES_START) * tools
             + REPLY_PRIMING
             + MAX_IMAGE_TOKENS * images
         )

@@ -160,9 +160,16 @@ def build_services(config: BrimConfig) -> Services:
     )
 
 
+def _warm(counter: TokenCounter) -> None:
+    try:
+        counter.warm()
+    except Exception:  # counting will say what is wrong when it is first needed
+        log.exception("could not load the tokenizer files (is TIKTOKEN_CACHE_DIR right?)")
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     # The encodings take a moment to load: do it beside the event loop, not on a first request.
-    warming = asyncio.get_running_loop().run_in_executor(None, app[SERVICES].counter.warm)
+    warming = asyncio.get_running_loop().run_in_executor(None, _warm, app[SERVICES].counter)
     app[READINESS].ready = True
     yield
     app[READINESS].ready = False

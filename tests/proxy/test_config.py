@@ -163,3 +163,51 @@ def test_secrets_come_from_the_environment_and_are_masked(
         assert secret not in shown
     assert "sk-…cdef" in shown
     assert secret not in repr(config)
+
+
+def test_guard_clients_and_model_facts_sections(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        """
+        [guard]
+        safety_margin = 0.1
+        claude_token_factor = 1.3
+
+        [clients.claude-code]
+        user_agent = "claude-cli/*"
+        cli = "claude"
+
+        [clients.internal]
+        header = "x-agent: batch-*"
+        cli_overhead = 5000
+
+        [models."local"]
+        context_window = 32768
+        tokenizer = "cl100k_base"
+        """,
+    )
+    config, warnings = load_config(path)
+    assert warnings == []
+    assert config.guard.safety_margin == 0.1
+    assert config.guard.claude_token_factor == 1.3
+    assert config.clients["claude-code"].overhead == 60_000
+    assert config.clients["internal"].overhead == 5_000
+    assert list(config.clients) == ["claude-code", "internal"]  # file order: first match wins
+    assert config.models["local"].tokenizer == "cl100k_base"
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[guard]\nsafety_margin = 0.7\n", "guard.safety_margin"),
+        ("[guard]\nclaude_token_factor = 0.5\n", "guard.claude_token_factor"),
+        ('[clients.x]\ncli = "claude"\n', "clients.x"),
+        ('[clients.x]\nuser_agent = "a/*"\n', "cli or cli_overhead"),
+        ('[clients.x]\nheader = "no-colon"\ncli = "codex"\n', "clients.x"),
+        ('[models.m]\ntokenizer = "p99k"\n', "models.m.tokenizer"),
+    ],
+)
+def test_bad_guard_client_and_model_values_are_named(tmp_path: Path, text: str, named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    assert named in str(caught.value)

@@ -1,0 +1,178 @@
+"""The limits registry: every built-in id, every normalisation form, the resolution order."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies.limits import LimitSource, LimitsRegistry, ModelFacts, normalize_model_id
+from policies.model_map import ModelMap
+from proxy.resources import litellm_model_map
+
+TABLE = [
+    (
+        ["codex:gpt-5.2-codex", "cursor-agent:gpt-5.2-codex", "opencode:openai/gpt-5.2-codex"],
+        400_000,
+        128_000,
+    ),
+    (["codex:gpt-4.1", "cursor-agent:gpt-4.1", "opencode:openai/gpt-4.1"], 1_000_000, 32_000),
+    (
+        ["codex:o3", "codex:o4-mini", "opencode:openai/o3", "opencode:openai/o4-mini"],
+        200_000,
+        100_000,
+    ),
+    (["claude:opus", "claude:sonnet", "claude:haiku"], 200_000, 64_000),
+    (["gemini:flash"], 1_000_000, 32_000),
+    (["gemini:pro"], 1_000_000, 64_000),
+]
+OVERHEAD = {
+    "claude": 60_000,
+    "gemini": 40_000,
+    "cursor-agent": 40_000,
+    "codex": 40_000,
+    "opencode": 40_000,
+}
+
+
+@pytest.fixture(scope="module")
+def registry() -> LimitsRegistry:
+    return LimitsRegistry(model_map=litellm_model_map())
+
+
+@pytest.mark.parametrize(
+    ("model", "window", "max_output"),
+    [(model, window, out) for ids, window, out in TABLE for model in ids],
+)
+def test_every_builtin_cli_id_resolves_with_its_overhead(
+    registry: LimitsRegistry, model: str, window: int, max_output: int
+) -> None:
+    resolved = registry.resolve(model)
+    assert (resolved.limits.context_window, resolved.limits.max_output) == (window, max_output)
+    assert resolved.sources["context_window"] is LimitSource.BUILTIN
+    assert resolved.sources["max_output"] is LimitSource.BUILTIN
+    assert resolved.cli_overhead == OVERHEAD[model.split(":")[0]]
+
+
+def test_cli_marker_is_understood(registry: LimitsRegistry) -> None:
+    resolved = registry.resolve("[cli]gemini:flash")
+    assert resolved.model.cli == "gemini"
+    assert resolved.limits.context_window == 1_000_000
+    assert resolved.cli_overhead == 40_000
+    assert registry.resolve("[cli]mytool:some-model").cli_overhead == 40_000  # _default overhead
+
+
+@pytest.mark.parametrize(
+    ("model", "window", "max_output", "provider", "tokenizer"),
+    [
+        ("openai/gpt-4.1", 1_047_576, 32_768, "openai", "o200k_base"),
+        ("anthropic/claude-sonnet-4-5", 200_000, 64_000, "anthropic", "claude"),
+        ("gemini/gemini-2.5-flash", 1_048_576, 65_535, "gemini", "o200k_base"),
+        ("gpt-4o-mini", 128_000, 16_384, "openai", "o200k_base"),
+        ("gpt-4o-2024-08-06", 128_000, 16_384, "openai", "o200k_base"),
+        ("GPT-4o", 128_000, 16_384, "openai", "o200k_base"),
+        ("gpt-4", 8_192, 4_096, "openai", "cl100k_base"),
+        ("gpt-3.5-turbo", 16_385, 4_096, "openai", "cl100k_base"),
+    ],
+)
+def test_provider_prefixed_bare_and_dated_ids_come_from_litellms_map(
+    registry: LimitsRegistry,
+    model: str,
+    window: int,
+    max_output: int,
+    provider: str,
+    tokenizer: str,
+) -> None:
+    resolved = registry.resolve(model)
+    assert (resolved.limits.context_window, resolved.limits.max_output) == (window, max_output)
+    assert resolved.source is LimitSource.LITELLM
+    assert (resolved.limits.provider, resolved.limits.tokenizer) == (provider, tokenizer)
+    assert resolved.cli_overhead == 0
+
+
+def test_snapshots_unknown_to_the_map_fall_back_to_their_family(registry: LimitsRegistry) -> None:
+    resolved = registry.resolve("gpt-4o-2099-01-01")
+    assert resolved.limits.context_window == 128_000
+    assert registry.resolve("claude-3-5-sonnet-20241022").limits.max_output == 8_192
+
+
+def test_builtin_families_serve_when_the_map_is_missing() -> None:
+    offline = LimitsRegistry(model_map=ModelMap.empty())
+    cases = {
+        "gpt-4.1-mini": (1_047_576, 32_768),
+        "gpt-4o": (128_000, 16_384),
+        "o3-pro": (200_000, 100_000),
+        "claude-sonnet-4-5-20250929": (200_000, 64_000),
+        "gemini-2.5-pro": (1_048_576, 65_536),
+        "gpt-5.2": (400_000, 128_000),
+    }
+    for model, figures in cases.items():
+        resolved = offline.resolve(model)
+        assert (resolved.limits.context_window, resolved.limits.max_output) == figures, model
+        assert resolved.source is LimitSource.BUILTIN
+
+
+def test_unknown_model_gets_the_conservative_default(registry: LimitsRegistry) -> None:
+    resolved = registry.resolve("acme-llm-7")
+    assert (resolved.limits.context_window, resolved.limits.max_output) == (128_000, 8_192)
+    assert resolved.source is LimitSource.DEFAULT
+
+
+def test_colons_that_are_not_cli_prefixes_stay_in_the_name() -> None:
+    for model in ("llama3:8b", "anthropic.claude-3-5-sonnet-20241022-v2:0", "ft:gpt-4o-2024-08-06"):
+        assert normalize_model_id(model).cli is None, model
+
+
+def test_config_beats_the_map_figure_by_figure(registry: LimitsRegistry) -> None:
+    configured = LimitsRegistry({"gpt-4o": ModelFacts(context_window=50_000)}, litellm_model_map())
+    resolved = configured.resolve("openai/gpt-4o-2024-08-06")
+    assert resolved.limits.context_window == 50_000
+    assert resolved.sources["context_window"] is LimitSource.CONFIG
+    assert resolved.limits.max_output == 16_384  # not configured: still litellm's
+    assert resolved.sources["max_output"] is LimitSource.LITELLM
+
+
+def test_aliases_and_tokenizer_override() -> None:
+    registry = LimitsRegistry(
+        {
+            "local-llama": ModelFacts(
+                context_window=8_192,
+                max_output=1_024,
+                aliases=("llama", "Team-Model"),
+                tokenizer="cl100k_base",
+            )
+        }
+    )
+    for name in ("llama", "team-model", "[cli]llama"):
+        resolved = registry.resolve(name)
+        assert resolved.limits.model == "local-llama"
+        assert (resolved.limits.context_window, resolved.limits.max_output) == (8_192, 1_024)
+        assert resolved.limits.tokenizer == "cl100k_base"
+        assert resolved.sources["tokenizer"] is LimitSource.CONFIG
+
+
+def test_learned_limits_win_over_everything() -> None:
+    registry = LimitsRegistry({"gpt-4o": ModelFacts(context_window=50_000)}, litellm_model_map())
+    registry.learn("gpt-4o", 100_000)
+    resolved = registry.resolve("gpt-4o")
+    assert resolved.limits.context_window == 100_000
+    assert resolved.source is LimitSource.LEARNED
+
+
+def test_output_counting_rules(registry: LimitsRegistry) -> None:
+    assert registry.resolve("gpt-4o").limits.output_counts is True
+    assert registry.resolve("claude-sonnet-4-5").limits.output_counts is True
+    assert registry.resolve("gemini/gemini-2.5-flash").limits.output_counts is False
+    # litellm states gpt-5's 272k as a limit on the prompt alone; its reply has its own.
+    gpt5 = registry.resolve("gpt-5.2")
+    assert (gpt5.limits.context_window, gpt5.limits.output_counts) == (272_000, False)
+
+
+def test_max_output_never_exceeds_the_window() -> None:
+    registry = LimitsRegistry({"tiny": ModelFacts(context_window=1_000, max_output=4_000)})
+    assert registry.resolve("tiny").limits.max_output == 1_000
+
+
+def test_known_ids_lists_configured_builtin_and_map_ids(registry: LimitsRegistry) -> None:
+    ids = LimitsRegistry({"mine": ModelFacts(context_window=10)}, litellm_model_map()).known_ids()
+    assert ids[0] == "mine"
+    assert "claude:sonnet" in ids and "gpt-4o" in ids
+    assert len(ids) == len(set(ids))

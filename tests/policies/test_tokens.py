@@ -1,0 +1,277 @@
+"""Token counts: the API's own figures, direct tiktoken counts, the cache, the free bound."""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import struct
+import subprocess
+import sys
+from typing import Any
+
+import orjson
+import pytest
+import tiktoken
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.tokens import TokenCounter
+from proxy.resources import use_bundled_tiktoken_files
+
+use_bundled_tiktoken_files()
+O200K = tiktoken.get_encoding("o200k_base")
+
+# OpenAI's cookbook sent these to the API and printed usage.prompt_tokens: 124 on gpt-4o and
+# gpt-4o-mini, 129 on gpt-4 and gpt-3.5-turbo; with TOOLS, 101 and 105.
+JARGON = [
+    {
+        "role": "system",
+        "content": "You are a helpful, pattern-following assistant that translates corporate jargon into plain English.",
+    },
+    {
+        "role": "system",
+        "name": "example_user",
+        "content": "New synergies will help drive top-line growth.",
+    },
+    {
+        "role": "system",
+        "name": "example_assistant",
+        "content": "Things working well together will increase revenue.",
+    },
+    {
+        "role": "system",
+        "name": "example_user",
+        "content": "Let's circle back when we have more bandwidth to touch base on opportunities for increased leverage.",
+    },
+    {
+        "role": "system",
+        "name": "example_assistant",
+        "content": "Let's talk later when we're less busy about how to do better.",
+    },
+    {
+        "role": "user",
+        "content": "This late pivot means we don't have time to boil the ocean for the client deliverable.",
+    },
+]
+WEATHER = [
+    {
+        "role": "system",
+        "content": "You are a helpful assistant that can answer to questions about the weather.",
+    },
+    {"role": "user", "content": "What's the weather like in San Francisco?"},
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_current_weather",
+            "description": "Get the current weather in a given location",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "location": {
+                        "type": "string",
+                        "description": "The city and state, e.g. San Francisco, CA",
+                    },
+                    "unit": {
+                        "type": "string",
+                        "description": "The unit of temperature to return",
+                        "enum": ["celsius", "fahrenheit"],
+                    },
+                },
+                "required": ["location"],
+            },
+        },
+    }
+]
+
+
+@pytest.fixture
+def counter() -> TokenCounter:
+    return TokenCounter()
+
+
+def n(text: str) -> int:
+    return len(O200K.encode_ordinary(text))
+
+
+@pytest.mark.parametrize(("tokenizer", "api_figure"), [("o200k_base", 124), ("cl100k_base", 129)])
+def test_chat_messages_match_the_apis_prompt_tokens(
+    counter: TokenCounter, tokenizer: str, api_figure: int
+) -> None:
+    assert counter.chat({"messages": JARGON}, tokenizer).total == api_figure
+
+
+@pytest.mark.parametrize(("tokenizer", "api_figure"), [("o200k_base", 101), ("cl100k_base", 105)])
+def test_tool_definitions_match_the_apis_prompt_tokens(
+    counter: TokenCounter, tokenizer: str, api_figure: int
+) -> None:
+    assert counter.chat({"messages": WEATHER, "tools": TOOLS}, tokenizer).total == api_figure
+
+
+def test_tool_calls_tool_results_and_reasoning_are_counted(counter: TokenCounter) -> None:
+    arguments = '{"path": "src/app.py", "lines": [1, 200]}'
+    assistant = {
+        "role": "assistant",
+        "content": None,
+        "reasoning_content": "The user wants the file; read it first.",
+        "tool_calls": [
+            {
+                "id": "call_abc",
+                "type": "function",
+                "function": {"name": "read_file", "arguments": arguments},
+            }
+        ],
+    }
+    result = {"role": "tool", "tool_call_id": "call_abc", "content": "def main():\n    return 42\n"}
+    expected_assistant = (
+        3
+        + n("assistant")
+        + n("The user wants the file; read it first.")
+        + 3
+        + n("call_abc")
+        + n("read_file")
+        + n(arguments)
+    )
+    expected_result = 3 + n("tool") + n("def main():\n    return 42\n") + n("call_abc")
+    count = counter.chat({"messages": [assistant, result]}, "o200k_base")
+    assert count.messages == (expected_assistant, expected_result)
+    assert count.total == expected_assistant + expected_result + 3
+
+
+def png_data_url(width: int, height: int) -> str:
+    header = b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR" + struct.pack(">II", width, height)
+    return (
+        "data:image/png;base64,"
+        + base64.b64encode(header + b"\x08\x02\x00\x00\x00" + b"\x00" * 64).decode()
+    )
+
+
+def test_multipart_content_with_images(counter: TokenCounter) -> None:
+    message = {
+        "role": "user",
+        "content": [
+            {"type": "text", "text": "What is in these pictures?"},
+            {"type": "image_url", "image_url": {"url": png_data_url(1024, 1024), "detail": "high"}},
+            {"type": "image_url", "image_url": {"url": png_data_url(2048, 4096)}},
+            {
+                "type": "image_url",
+                "image_url": {"url": "https://example.test/cat.jpg", "detail": "low"},
+            },
+        ],
+    }
+    # OpenAI's worked examples: 1024² high = 765; 2048×4096 (auto counted as high) = 1105; low = 85.
+    expected = 3 + n("user") + n("What is in these pictures?") + 765 + 1105 + 85
+    assert counter.chat({"messages": [message]}, "o200k_base").messages == (expected,)
+
+
+def test_response_format_schema_is_counted(counter: TokenCounter) -> None:
+    schema = {
+        "name": "answer",
+        "schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+    }
+    body = {"messages": WEATHER, "response_format": {"type": "json_schema", "json_schema": schema}}
+    count = counter.chat(body, "o200k_base")
+    assert count.response_format == n(orjson.dumps(schema).decode())
+    assert (
+        count.total
+        == counter.chat({"messages": WEATHER}, "o200k_base").total + count.response_format
+    )
+
+
+def test_claude_counts_are_o200k_times_the_calibration_factor() -> None:
+    counter = TokenCounter(claude_factor=1.2)
+    text = "Claude counts with its own tokenizer; brim estimates it from o200k_base."
+    assert counter.text(text, "claude") == math.ceil(n(text) * 1.2)
+    message = {"role": "user", "content": text}
+    assert counter.message(message, "claude") == math.ceil((3 + n("user") + n(text)) * 1.2)
+    with pytest.raises(ValueError):
+        TokenCounter(claude_factor=0.9)
+
+
+def test_unknown_tokenizer_is_refused(counter: TokenCounter) -> None:
+    with pytest.raises(ValueError, match="p99k"):
+        counter.text("x", "p99k")
+
+
+def session(turns: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "You are a coding agent."}]
+    for turn in range(turns):
+        messages.append({"role": "user", "content": f"step {turn}: " + "refactor the module " * 20})
+        messages.append({"role": "assistant", "content": f"done with step {turn}"})
+    return messages
+
+
+def test_the_cache_makes_turn_n_plus_1_count_only_new_messages(counter: TokenCounter) -> None:
+    first = counter.chat({"messages": session(50)}, "o200k_base")
+    assert (counter.cache_hits, counter.cache_misses) == (0, 101)
+    again = counter.chat({"messages": session(50)}, "o200k_base")
+    assert again == first
+    assert (counter.cache_hits, counter.cache_misses) == (101, 101)
+    counter.chat({"messages": session(51)}, "o200k_base")
+    assert (counter.cache_hits, counter.cache_misses) == (202, 103)  # two new messages
+
+
+def test_the_cache_separates_tokenizers(counter: TokenCounter) -> None:
+    message = {"role": "user", "content": "naïve café ☕ 東京"}
+    assert counter.message(message, "o200k_base") != counter.message(message, "cl100k_base")
+    assert counter.cache_misses == 2
+
+
+texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=300)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    contents=st.lists(texts, min_size=1, max_size=6),
+    names=st.lists(
+        st.one_of(st.none(), st.from_regex(r"[a-z_]{1,12}", fullmatch=True)), min_size=6, max_size=6
+    ),
+    tokenizer=st.sampled_from(["o200k_base", "cl100k_base", "claude"]),
+    with_tools=st.booleans(),
+)
+def test_the_free_upper_bound_is_never_below_the_exact_count(
+    contents: list[str], names: list[str | None], tokenizer: str, with_tools: bool
+) -> None:
+    counter = TokenCounter()
+    messages: list[dict[str, Any]] = []
+    for index, content in enumerate(contents):
+        message: dict[str, Any] = {
+            "role": "user" if index % 2 == 0 else "assistant",
+            "content": content,
+        }
+        if names[index]:
+            message["name"] = names[index]
+        messages.append(message)
+    body: dict[str, Any] = {"model": "m", "messages": messages}
+    if with_tools:
+        body["tools"] = TOOLS
+    raw = orjson.dumps(body)
+    assert counter.upper_bound(raw, body, tokenizer) >= counter.chat(body, tokenizer).total
+
+
+def test_counting_never_touches_the_network(tmp_path: Any) -> None:
+    """tiktoken downloads encodings it cannot find; brim must find them in litellm's folder."""
+    code = (
+        "from proxy.resources import use_bundled_tiktoken_files; import os;"
+        "folder = use_bundled_tiktoken_files();"
+        "from policies.tokens import TokenCounter; c = TokenCounter(); c.warm();"
+        "print(c.text('hello world', 'o200k_base'), c.text('hello world', 'cl100k_base'), folder)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
+    env.update(
+        HTTPS_PROXY="http://127.0.0.1:9",
+        HTTP_PROXY="http://127.0.0.1:9",
+        https_proxy="http://127.0.0.1:9",
+        http_proxy="http://127.0.0.1:9",
+        XDG_CACHE_HOME=str(tmp_path),
+        TMPDIR=str(tmp_path),
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    first, second, folder = result.stdout.split()
+    assert (first, second) == ("2", "2")
+    assert folder.endswith("litellm/litellm_core_utils/tokenizers")

@@ -1,0 +1,95 @@
+"""`brim inspect` and `brim models`, run as a user runs them."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from tests.policies.test_tokens import TOOLS, WEATHER
+
+BRIM = str(Path(sys.executable).with_name("brim"))
+
+
+def brim(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([BRIM, *args], capture_output=True, text=True, timeout=60, cwd=cwd)
+
+
+@pytest.fixture
+def saved(tmp_path: Path) -> Path:
+    path = tmp_path / "request.json"
+    path.write_bytes(
+        orjson.dumps({"model": "gpt-4o", "max_tokens": 1_000, "messages": WEATHER, "tools": TOOLS})
+    )
+    return path
+
+
+def test_inspect_prints_limits_budget_and_counts(saved: Path) -> None:
+    result = brim("inspect", str(saved), cwd=saved.parent)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "window 128,000 [litellm]" in out
+    assert "max output 16,384 [litellm]" in out
+    assert "− reserved output            1,000" in out
+    assert "− safety margin   5%         6,400" in out
+    assert "= effective                120,600" in out
+    assert "tool definitions           " in out
+    assert "total                     101" in out  # the API's own figure for this request
+    assert "fits: yes — 101 of 120,600" in out
+
+
+def test_inspect_json_with_model_override_and_a_config(saved: Path) -> None:
+    (saved.parent / "proxy.toml").write_text(
+        '[models."tiny"]\ncontext_window = 150\nmax_output = 40\n'
+        "[guard]\nsafety_margin = 0.0\n"
+        '[clients.bot]\nuser_agent = "bot/*"\ncli_overhead = 20\n'
+    )
+    result = brim(
+        "inspect",
+        str(saved),
+        "--model",
+        "tiny",
+        "--user-agent",
+        "bot/1",
+        "--json",
+        cwd=saved.parent,
+    )
+    assert result.returncode == 1  # 101 tokens do not fit in 150 − 40 − 20 = 90
+    report = json.loads(result.stdout)
+    assert report["limits"]["sources"]["context_window"] == "config"
+    assert report["client"] == "bot"
+    assert report["budget"]["effective"] == 90
+    assert report["tokens"]["total"] == 101
+    assert [m["role"] for m in report["tokens"]["messages"]] == ["system", "user"]
+    assert report["tokens"]["upper_bound"] >= 101
+    assert report["fits"] is False
+    text = brim("inspect", str(saved), "--model", "tiny", "--user-agent", "bot/1", cwd=saved.parent)
+    assert "fits: NO — 101 exceeds 90 by 11" in text.stdout
+
+
+def test_inspect_refuses_what_is_not_a_request(tmp_path: Path) -> None:
+    (tmp_path / "bad.json").write_text("{not json")
+    result = brim("inspect", str(tmp_path / "bad.json"), cwd=tmp_path)
+    assert result.returncode == 2 and "not valid JSON" in result.stderr
+    (tmp_path / "nomodel.json").write_text('{"messages": []}')
+    result = brim("inspect", str(tmp_path / "nomodel.json"), cwd=tmp_path)
+    assert result.returncode == 2 and "--model" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_models_lists_sources(tmp_path: Path) -> None:
+    (tmp_path / "proxy.toml").write_text('[models."team-llm"]\ncontext_window = 32768\n')
+    result = brim("models", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    team = next(line for line in lines if line.startswith("team-llm"))
+    assert "32,768" in team and "window: config, max out: default" in team
+    sonnet = next(line for line in lines if line.startswith("claude:sonnet"))
+    assert "200,000" in sonnet and "64,000" in sonnet and "CLI overhead 60,000" in sonnet
+    pattern = json.loads(brim("models", "gpt-4.1*", "--json", cwd=tmp_path).stdout)
+    assert {row["model"] for row in pattern} >= {"gpt-4.1", "gpt-4.1-mini"}
+    assert all(row["sources"]["context_window"] == "litellm" for row in pattern)
