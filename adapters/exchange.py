@@ -15,12 +15,27 @@ ClientApi = Literal["openai.chat", "openai.models"]
 
 
 @dataclass(frozen=True, slots=True)
+class RequestTokens:
+    """How many input tokens a request has: always a free upper bound; the exact count when
+    the bound did not clear the budget and brim had to tokenize."""
+
+    upper_bound: int
+    exact: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RequestContext:
-    """What brim worked out about a request: its model's limits and its token budget."""
+    """What brim worked out about a request: its model's limits, its budget, its size."""
 
     limits: ResolvedLimits
     budget: TokenBudget
+    tokens: RequestTokens
     client: str | None = None  # the `[clients.NAME]` rule that matched, if any
+
+    @property
+    def fits(self) -> bool:
+        measured = self.tokens.exact if self.tokens.exact is not None else self.tokens.upper_bound
+        return self.budget.fits(measured)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,27 +1,40 @@
-"""Resolve the model's limits and the request's token budget, and attach them to the exchange."""
+"""Resolve the model's limits and the request's token budget, measure the request, and attach
+all three to the exchange.
+
+Measuring is cheap when there is room: a free byte bound settles it without tokenizing. Only a
+request whose bound exceeds its budget is counted exactly (per-message counts are cached, and
+large requests are tokenized beside the event loop, not on it).
+"""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Mapping
 
 from multidict import CIMultiDict
 
 from adapters.base import UpstreamResponse
-from adapters.exchange import Exchange, RequestContext
+from adapters.exchange import Exchange, RequestContext, RequestTokens
 from middleware.base import CallNext
-from policies.budget import budget_for, requested_output
+from policies.budget import TokenBudget, budget_for, requested_output
 from policies.clients import ClientRule, match_client
 from policies.limits import LimitSource, LimitsRegistry
+from policies.tokens import TokenCounter
 
 log = logging.getLogger("brim.limits")
+
+
+OFF_LOOP_BYTES = 256 * 1024  # count larger bodies in a worker thread
 
 
 class ResolveLimits:
     def __init__(
         self,
         registry: LimitsRegistry,
+        counter: TokenCounter,
         *,
         safety_margin: float,
         clients: Mapping[str, ClientRule],
@@ -29,11 +42,26 @@ class ResolveLimits:
         if not 0 <= safety_margin < 1:
             raise ValueError(f"safety_margin must be in [0, 1), not {safety_margin}")
         self.registry = registry
+        self.counter = counter
         self.safety_margin = safety_margin
         self.clients = dict(clients)
         self._warned: set[str] = set()
 
-    def context_for(self, exchange: Exchange) -> RequestContext:
+    async def measure(
+        self, exchange: Exchange, budget: TokenBudget, tokenizer: str
+    ) -> RequestTokens:
+        body = exchange.body or {}
+        bound = self.counter.upper_bound(exchange.raw, body, tokenizer)
+        if budget.fits(bound):
+            return RequestTokens(upper_bound=bound)
+        count = functools.partial(self.counter.chat, body, tokenizer, exchange.model)
+        if len(exchange.raw) > OFF_LOOP_BYTES:
+            exact = (await asyncio.to_thread(count)).total
+        else:
+            exact = count().total
+        return RequestTokens(upper_bound=bound, exact=exact)
+
+    async def context_for(self, exchange: Exchange) -> RequestContext:
         resolved = self.registry.resolve(exchange.model)
         if resolved.source is LimitSource.DEFAULT and exchange.model not in self._warned:
             self._warned.add(exchange.model)
@@ -53,11 +81,22 @@ class ResolveLimits:
             safety_margin=self.safety_margin,
             cli_overhead=client[1].overhead if client else None,
         )
-        return RequestContext(resolved, budget, client[0] if client else None)
+        tokens = await self.measure(exchange, budget, resolved.limits.tokenizer)
+        return RequestContext(resolved, budget, tokens, client[0] if client else None)
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        context = self.context_for(exchange)
+        context = await self.context_for(exchange)
+        if not context.fits:
+            log.info(
+                "request %s: %s tokens exceed the %d-token budget of %r",
+                exchange.request_id,
+                context.tokens.exact,
+                context.budget.effective(),
+                exchange.model,
+            )
         reply = await call_next(dataclasses.replace(exchange, context=context))
         headers = CIMultiDict(reply.headers)
         headers["x-brim-budget"] = str(context.budget.effective())
+        if context.tokens.exact is not None:
+            headers["x-brim-tokens-in"] = str(context.tokens.exact)
         return dataclasses.replace(reply, headers=headers)

@@ -40,6 +40,7 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
     return [
         ResolveLimits(
             services.limits,
+            services.counter,
             safety_margin=config.guard.safety_margin,
             clients=config.clients,
         ),

@@ -38,7 +38,8 @@ class TokenBudget:
 
     @property
     def margin_tokens(self) -> int:
-        return math.ceil(self.safety_margin * self.context_window)
+        # Rounded first, so float noise (0.07 × 100 = 7.000000000000001) costs no extra token.
+        return math.ceil(round(self.safety_margin * self.context_window, 6))
 
     def effective(self) -> int:
         """Input tokens still available; never negative."""
@@ -65,7 +66,7 @@ def budget_for(
     """The budget of one request. `cli_overhead` (from a client rule) overrides the model id's."""
     limits = resolved.limits
     reserved = 0
-    if limits.output_counts and requested_output:
+    if limits.output_counts and requested_output is not None and requested_output > 0:
         reserved = min(requested_output, limits.max_output)
     return TokenBudget(
         context_window=limits.context_window,

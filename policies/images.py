@@ -1,9 +1,10 @@
 """Image sizes from base64 data URLs (header bytes only), and what an image costs in tokens.
 
 OpenAI's rule for gpt-4o-class models: `detail: low` costs a flat 85 tokens; `high` (and `auto`,
-counted as high so the estimate errs high) scales the image to fit 2048×2048, then so its
-shorter side is at most 768, and costs 85 + 170 per 512-px tile. gpt-4o-mini bills the same tiles
-at 2833 + 5667 per tile. Remote URLs are never fetched: they are counted as a 1024×1536 image.
+counted as high so the estimate errs high) scales the image down to fit 2048×2048, then down so
+its shorter side is at most 768 (images are never scaled up), and costs 85 + 170 per 512-px
+tile. gpt-4o-mini bills the same tiles at 2833 + 5667 per tile. Remote URLs are never fetched:
+they are counted as a 1024×1536 image.
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ def data_url_size(url: str) -> tuple[int, int] | None:
     """(width, height) of a `data:image/...;base64,` URL, or None if it cannot be read."""
     if not url.startswith("data:"):
         return None
-    _, comma, payload = url.partition(",")
-    if not comma:
+    meta, comma, payload = url.partition(",")
+    if not comma or not meta.endswith(";base64"):
         return None
-    head = payload[:_HEADER_BASE64_CHARS]
+    # Line-wrapped base64 is common: drop whitespace before cutting to whole 4-char groups.
+    head = "".join(payload[: _HEADER_BASE64_CHARS * 2].split())[:_HEADER_BASE64_CHARS]
     head = head[: len(head) - len(head) % 4]
     try:
         data = base64.b64decode(head, validate=False)
@@ -64,12 +66,15 @@ def _webp_size(data: bytes) -> tuple[int, int] | None:
 
 def _jpeg_size(data: bytes) -> tuple[int, int] | None:
     index = 2
-    while index + 9 < len(data):
+    while index + 9 <= len(data):
         if data[index] != 0xFF:
             return None
         marker = data[index + 1]
         if marker == 0xFF:  # fill byte
             index += 1
+            continue
+        if 0xD0 <= marker <= 0xD7 or marker == 0x01:  # standalone markers carry no length
+            index += 2
             continue
         length = int.from_bytes(data[index + 2 : index + 4], "big")
         if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):
@@ -88,7 +93,7 @@ def tile_count(width: int, height: int) -> int:
 
 
 def image_tokens(url: str, detail: str | None, model: str = "") -> int:
-    base, per_tile = (2833, 5667) if "gpt-4o-mini" in model else (85, 170)
+    base, per_tile = (2833, 5667) if "gpt-4o-mini" in model.lower() else (85, 170)
     if detail == "low":
         return base
     size = data_url_size(url) if url.startswith("data:") else REMOTE_IMAGE_SIZE

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -15,26 +17,40 @@ from adapters.exchange import Exchange
 from middleware.limits import ResolveLimits
 from policies.clients import ClientRule
 from policies.limits import LimitSource, LimitsRegistry, ModelFacts
+from policies.tokens import ChatCount, TokenCounter
 from tests.conftest import BrimFactory
 
 
 def exchange(
     model: str, body: dict[str, Any] | None = None, user_agent: str = "", **headers: str
 ) -> Exchange:
+    full = {"model": model, "messages": [], **(body or {})}
     return Exchange(
         api="openai.chat",
         method="POST",
         endpoint="/chat/completions",
         query="",
         model=model,
-        body={"model": model, "messages": [], **(body or {})},
-        raw=b"{}",
+        body=full,
+        raw=orjson.dumps(full),
         headers=CIMultiDictProxy(CIMultiDict(headers)),
         stream=False,
         upstream="u",
         request_id="r",
         user_agent=user_agent,
     )
+
+
+class RecordingCounter(TokenCounter):
+    """Remembers which thread each exact count ran on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.threads: list[threading.Thread] = []
+
+    def chat(self, body: Any, tokenizer: str, model: str = "") -> ChatCount:
+        self.threads.append(threading.current_thread())
+        return super().chat(body, tokenizer, model)
 
 
 class Capture:
@@ -57,7 +73,7 @@ CLIENTS = {
 @pytest.fixture
 def stage() -> ResolveLimits:
     registry = LimitsRegistry({"local": ModelFacts(context_window=8_192, max_output=1_024)})
-    return ResolveLimits(registry, safety_margin=0.05, clients=CLIENTS)
+    return ResolveLimits(registry, RecordingCounter(), safety_margin=0.05, clients=CLIENTS)
 
 
 async def test_budget_counts_reserved_output_and_margin(stage: ResolveLimits) -> None:
@@ -104,7 +120,7 @@ async def test_unknown_models_warn_once(
 
 def test_invalid_margin_is_refused_at_construction() -> None:
     with pytest.raises(ValueError, match="safety_margin"):
-        ResolveLimits(LimitsRegistry(), safety_margin=1.5, clients={})
+        ResolveLimits(LimitsRegistry(), TokenCounter(), safety_margin=1.5, clients={})
 
 
 def test_budget_header_reaches_an_sdk_client(brim: BrimFactory) -> None:
@@ -127,3 +143,41 @@ def test_budget_header_reaches_an_sdk_client(brim: BrimFactory) -> None:
         },
     )
     assert streamed.headers["x-brim-budget"] == str(10_000 - 1_000)
+
+
+def chatty(words: int) -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": "lorem ipsum " * words}]}
+
+
+async def test_requests_far_below_the_budget_are_not_tokenized(stage: ResolveLimits) -> None:
+    capture = Capture()
+    reply = await stage(exchange("local", chatty(100)), capture)
+    tokens = capture.seen[0].context.tokens  # type: ignore[union-attr]
+    assert tokens.exact is None
+    assert tokens.upper_bound <= capture.seen[0].context.budget.effective()  # type: ignore[union-attr]
+    assert stage.counter.threads == []  # type: ignore[attr-defined]
+    assert "x-brim-tokens-in" not in reply.headers
+
+
+async def test_requests_near_the_budget_are_counted_exactly(stage: ResolveLimits) -> None:
+    capture = Capture()
+    body = chatty(2_000)  # ~24 KB of text: over the byte bound of a 7k budget, not over 7k tokens
+    reply = await stage(exchange("local", body), capture)
+    context = capture.seen[0].context
+    assert context is not None
+    expected = TokenCounter().chat(body, "o200k_base").total
+    assert context.tokens.exact == expected
+    assert context.tokens.upper_bound > context.budget.effective()
+    assert context.fits
+    assert reply.headers["x-brim-tokens-in"] == str(expected)
+    assert stage.counter.threads == [threading.main_thread()]  # type: ignore[attr-defined]
+
+
+async def test_large_requests_are_tokenized_off_the_event_loop(stage: ResolveLimits) -> None:
+    capture = Capture()
+    body = chatty(30_000)  # ~360 KB: counted in a worker thread
+    await stage(exchange("local", body), capture)
+    context = capture.seen[0].context
+    assert context is not None and context.tokens.exact is not None
+    assert not context.fits
+    assert stage.counter.threads and stage.counter.threads[0] is not threading.main_thread()  # type: ignore[attr-defined]
