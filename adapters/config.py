@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
@@ -12,6 +13,21 @@ WireApi = Literal["openai", "anthropic", "litellm"]
 
 class FrozenModel(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
+
+
+def secret_from_env(data: Any, env_field: str, field: str, parse: Callable[[str], Any]) -> Any:
+    """For a before-validator: `field` is only ever filled from the environment variable that
+    `env_field` names (a value for it in the file is dropped), parsed by `parse`."""
+    if not isinstance(data, dict):
+        return data
+    data = {key: value for key, value in data.items() if key != field}
+    name = data.get(env_field)
+    if name:
+        value = os.environ.get(name)
+        if not value:
+            raise ValueError(f"{env_field} names {name!r}, which is not set")
+        data[field] = parse(value)
+    return data
 
 
 class UpstreamConfig(FrozenModel):
@@ -26,16 +42,7 @@ class UpstreamConfig(FrozenModel):
     @model_validator(mode="before")
     @classmethod
     def _read_api_key(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = {k: v for k, v in data.items() if k != "api_key"}  # only ever from the env
-        if data.get("api_key_env"):
-            name = data["api_key_env"]
-            value = os.environ.get(name)
-            if not value:
-                raise ValueError(f"api_key_env names {name!r}, which is not set")
-            data = {**data, "api_key": SecretStr(value)}
-        return data
+        return secret_from_env(data, "api_key_env", "api_key", SecretStr)
 
     @field_validator("base_url")
     @classmethod

@@ -11,7 +11,6 @@ are read here, once, into `SecretStr` values.
 
 from __future__ import annotations
 
-import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -20,7 +19,7 @@ from typing import Any, get_args, get_origin
 from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from adapters.config import FrozenModel, UpstreamConfig
+from adapters.config import FrozenModel, UpstreamConfig, secret_from_env
 from middleware.settings import GuardConfig
 from policies.clients import ClientRule
 from policies.limits import ModelFacts
@@ -34,6 +33,13 @@ class ConfigError(ValueError):
     """The configuration cannot be used; the message names the key and the problem."""
 
 
+def _key_list(raw: str) -> tuple[SecretStr, ...]:
+    keys = tuple(SecretStr(key.strip()) for key in raw.split(",") if key.strip())
+    if not keys:
+        raise ValueError("the api_keys_env variable holds no key")
+    return keys
+
+
 class ServerConfig(FrozenModel):
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)
@@ -45,19 +51,7 @@ class ServerConfig(FrozenModel):
     @model_validator(mode="before")
     @classmethod
     def _read_api_keys(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = {k: v for k, v in data.items() if k != "api_keys"}  # only ever from the env
-        if data.get("api_keys_env"):
-            name = data["api_keys_env"]
-            raw = os.environ.get(name)
-            if raw is None:
-                raise ValueError(f"api_keys_env names {name!r}, which is not set")
-            keys = tuple(SecretStr(k.strip()) for k in raw.split(",") if k.strip())
-            if not keys:
-                raise ValueError(f"api_keys_env names {name!r}, which holds no key")
-            data = {**data, "api_keys": keys}
-        return data
+        return secret_from_env(data, "api_keys_env", "api_keys", _key_list)
 
     @property
     def max_body_bytes(self) -> int:
