@@ -14,6 +14,7 @@ import functools
 import logging
 from collections.abc import Mapping
 
+from cachetools import LRUCache
 from multidict import CIMultiDict
 
 from adapters.base import UpstreamResponse
@@ -45,7 +46,9 @@ class ResolveLimits:
         self.counter = counter
         self.safety_margin = safety_margin
         self.clients = dict(clients)
-        self._warned: set[str] = set()
+        self._warned: LRUCache[str, bool] = LRUCache(
+            maxsize=10_000
+        )  # bounded: ids are client input
 
     async def measure(
         self, exchange: Exchange, budget: TokenBudget, tokenizer: str
@@ -64,7 +67,7 @@ class ResolveLimits:
     async def context_for(self, exchange: Exchange) -> RequestContext:
         resolved = self.registry.resolve(exchange.model)
         if resolved.source is LimitSource.DEFAULT and exchange.model not in self._warned:
-            self._warned.add(exchange.model)
+            self._warned[exchange.model] = True
             limits = resolved.limits
             log.warning(
                 "unknown model %r: assuming a %d-token window and %d output tokens; "

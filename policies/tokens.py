@@ -93,9 +93,10 @@ class TokenCounter:
             raise ValueError(f"unknown tokenizer {tokenizer!r}; known: {', '.join(TOKENIZERS)}")
         return tiktoken.get_encoding(O200K if tokenizer == CLAUDE else tokenizer)
 
-    def warm(self) -> None:
-        """Load the encodings now (they take a moment), rather than on a first request."""
-        for name in (O200K, CL100K):
+    def warm(self, tokenizers: Iterable[str] = (O200K,)) -> None:
+        """Load encodings now (they take a moment), rather than on a first request. o200k_base
+        serves most models; cl100k_base (~30 MB more) loads when a gpt-4/3.5 request needs it."""
+        for name in tokenizers:
             self.encoding(name).encode_ordinary("warm")
 
     def _scale(self, tokens: int, tokenizer: str) -> int:

@@ -6,6 +6,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from hypothesis import settings
+
+# CI explores the same examples every run, so a red run can be reproduced; locally they vary.
+settings.register_profile("ci", derandomize=True, deadline=None)
+settings.register_profile("dev", deadline=None)
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 for _name in [name for name in os.environ if name.startswith("BRIM_")]:

@@ -65,6 +65,11 @@ def test_margin_is_rounded_up() -> None:
     assert budget.effective() == 900
 
 
+def test_float_noise_in_the_margin_costs_no_extra_token() -> None:
+    assert 0.07 * 100 > 7  # 7.000000000000001
+    assert TokenBudget(context_window=100, safety_margin=0.07).margin_tokens == 7
+
+
 def test_fits_at_the_boundary() -> None:
     budget = TokenBudget(context_window=10_000, reserved_output=1_000, safety_margin=0)
     assert budget.effective() == 9_000
@@ -234,6 +239,11 @@ def test_effective_is_bounded_and_shrinks_as_the_margin_grows(
     for budget in budgets:
         assert 0 <= budget.effective() <= window
         assert budget.effective() == max(
-            0, window - reserved - overhead - math.ceil(budget.safety_margin * window) - allocated
+            0,
+            window
+            - reserved
+            - overhead
+            - math.ceil(round(budget.safety_margin * window, 6))
+            - allocated,
         )
     assert budgets[1].effective() <= budgets[0].effective()

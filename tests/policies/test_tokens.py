@@ -256,7 +256,7 @@ def test_counting_never_touches_the_network(tmp_path: Any) -> None:
     code = (
         "from proxy.resources import use_bundled_tiktoken_files; import os;"
         "folder = use_bundled_tiktoken_files();"
-        "from policies.tokens import TokenCounter; c = TokenCounter(); c.warm();"
+        "from policies.tokens import TokenCounter; c = TokenCounter(); c.warm(['o200k_base', 'cl100k_base']);"
         "print(c.text('hello world', 'o200k_base'), c.text('hello world', 'cl100k_base'), folder)"
     )
     env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
