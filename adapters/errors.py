@@ -2,6 +2,7 @@
 
     BrimError                      status, wire type and code, message: what the client is told
     ├── NoRoute                    404 model_not_found: no `[routes]` entry serves the model
+    ├── ContextTooLarge            400 context_length_exceeded: brim could not make it fit
     └── UpstreamFailure            the provider could not give an answer; `upstream` names it
         ├── UpstreamUnreachable    502: connection refused, DNS or TLS failure, reset
         ├── UpstreamTimeout        504: no answer (or no next chunk) within `timeout_s`
@@ -35,6 +36,12 @@ class NoRoute(BrimError):
     status = 404
     error_type = "invalid_request_error"
     code = "model_not_found"
+
+
+class ContextTooLarge(BrimError):
+    status = 400
+    error_type = "invalid_request_error"
+    code = "context_length_exceeded"
 
 
 class UpstreamFailure(BrimError):

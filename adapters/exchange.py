@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import orjson
 from multidict import CIMultiDictProxy
 
 from policies.budget import TokenBudget
+from policies.compress import Outcome
 from policies.limits import ResolvedLimits
 
 # The wire API the client spoke. Named by API, not by provider: Azure and vLLM speak "openai.chat".
@@ -16,11 +20,20 @@ ClientApi = Literal["openai.chat", "openai.models"]
 
 @dataclass(frozen=True, slots=True)
 class RequestTokens:
-    """How many input tokens a request has: always a free upper bound; the exact count when
-    the bound did not clear the budget and brim had to tokenize."""
+    """How many input tokens a request has: a free upper bound, and the exact count — known
+    already, or (for a large request the bound already cleared) being counted in a worker
+    thread beside the upstream call."""
 
     upper_bound: int
     exact: int | None = None
+    pending: asyncio.Future[int] | None = field(default=None, compare=False)
+
+    async def resolve(self) -> int:
+        if self.exact is not None:
+            return self.exact
+        if self.pending is not None:
+            return await self.pending
+        return self.upper_bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +44,7 @@ class RequestContext:
     budget: TokenBudget
     tokens: RequestTokens
     client: str | None = None  # the `[clients.NAME]` rule that matched, if any
+    outcome: Outcome | None = None  # what the guard did, when it had to act
 
     @property
     def fits(self) -> bool:
@@ -60,3 +74,7 @@ class Exchange:
     request_id: str
     user_agent: str = ""
     context: RequestContext | None = None
+
+    def with_body(self, body: dict[str, Any]) -> Exchange:
+        """The same exchange carrying a changed request, serialized once, here."""
+        return dataclasses.replace(self, body=body, raw=orjson.dumps(body))

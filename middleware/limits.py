@@ -12,7 +12,8 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from cachetools import LRUCache
 from multidict import CIMultiDict
@@ -28,7 +29,12 @@ from policies.tokens import TokenCounter
 log = logging.getLogger("brim.limits")
 
 
-OFF_LOOP_BYTES = 256 * 1024  # count larger bodies in a worker thread
+async def _thread(count: Callable[[], int]) -> int:
+    return await asyncio.to_thread(count)
+
+
+INLINE_BYTES = 64 * 1024  # smaller bodies are counted on the spot: well under a millisecond
+OFF_LOOP_BYTES = 256 * 1024  # larger bodies are counted in a worker thread
 
 
 class ResolveLimits:
@@ -55,14 +61,21 @@ class ResolveLimits:
     ) -> RequestTokens:
         body = exchange.body or {}
         bound = self.counter.upper_bound(exchange.raw, body, tokenizer)
-        if budget.fits(bound):
-            return RequestTokens(upper_bound=bound)
-        count = functools.partial(self.counter.chat, body, tokenizer, exchange.model)
+        count = functools.partial(self._count, body, tokenizer, exchange.model, bound)
+        if len(exchange.raw) <= INLINE_BYTES:
+            return RequestTokens(upper_bound=bound, exact=count())
+        if budget.fits(bound):  # no decision hangs on it: count beside the upstream call
+            return RequestTokens(upper_bound=bound, pending=asyncio.ensure_future(_thread(count)))
         if len(exchange.raw) > OFF_LOOP_BYTES:
-            exact = (await asyncio.to_thread(count)).total
-        else:
-            exact = count().total
-        return RequestTokens(upper_bound=bound, exact=exact)
+            return RequestTokens(upper_bound=bound, exact=await _thread(count))
+        return RequestTokens(upper_bound=bound, exact=count())
+
+    def _count(self, body: Mapping[str, Any], tokenizer: str, model: str, bound: int) -> int:
+        try:
+            return self.counter.chat(body, tokenizer, model).total
+        except Exception:  # a count must never fail a request: the bound is still true
+            log.exception("token count failed; using the byte bound %d", bound)
+            return bound
 
     async def context_for(self, exchange: Exchange) -> RequestContext:
         resolved = self.registry.resolve(exchange.model)
@@ -100,6 +113,6 @@ class ResolveLimits:
         reply = await call_next(dataclasses.replace(exchange, context=context))
         headers = CIMultiDict(reply.headers)
         headers["x-brim-budget"] = str(context.budget.effective())
-        if context.tokens.exact is not None:
-            headers["x-brim-tokens-in"] = str(context.tokens.exact)
+        if "x-brim-tokens-in" not in headers:
+            headers["x-brim-tokens-in"] = str(await context.tokens.resolve())
         return dataclasses.replace(reply, headers=headers)

@@ -1,4 +1,4 @@
-"""The default stage order: resolve limits → (guard → retry, in later releases) → forward."""
+"""The default stage order: resolve limits → guard → (retry, in a later release) → forward."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from typing import Protocol
 from adapters.registry import Upstreams
 from middleware.base import Stage
 from middleware.forward import Forward
+from middleware.guard import Guard
 from middleware.limits import ResolveLimits
 from middleware.settings import GuardConfig
 from policies.clients import ClientRule
+from policies.compress import build_policies
 from policies.limits import LimitsRegistry
 from policies.tokens import TokenCounter
 
@@ -43,6 +45,18 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
             services.counter,
             safety_margin=config.guard.safety_margin,
             clients=config.clients,
+        ),
+        *(
+            [
+                Guard(
+                    services.counter,
+                    build_policies(config.guard.policies, config.guard.policy_settings()),
+                    low_water=config.guard.low_water,
+                    repair_pairs=config.guard.repair_pairs,
+                )
+            ]
+            if config.guard.enabled
+            else []
         ),
         Forward(services.upstreams),
     ]

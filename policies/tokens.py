@@ -241,3 +241,27 @@ class TokenCounter:
             + MAX_IMAGE_TOKENS * images
         )
         return self._scale(len(raw) + fixed, tokenizer)
+
+
+class CounterMeter:
+    """A `TokenCounter` bound to one request's tokenizer and model (the policies' `Meter`)."""
+
+    def __init__(self, counter: TokenCounter, tokenizer: str, model: str = "") -> None:
+        self.counter = counter
+        self.tokenizer = tokenizer
+        self.model = model
+        self._encoding = counter.encoding(tokenizer)
+
+    def message(self, message: Any) -> int:
+        return self.counter.message(message, self.tokenizer, self.model)
+
+    def tokens(self, text: str) -> list[int]:
+        return self._encoding.encode_ordinary(text)
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        return self._encoding.decode(list(tokens))
+
+    def fixed(self, body: Mapping[str, Any]) -> int:
+        """Everything but the messages: tool definitions, response format, reply priming."""
+        count = self.counter.chat({**body, "messages": []}, self.tokenizer, self.model)
+        return count.total

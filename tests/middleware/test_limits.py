@@ -149,35 +149,39 @@ def chatty(words: int) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": "lorem ipsum " * words}]}
 
 
-async def test_requests_far_below_the_budget_are_not_tokenized(stage: ResolveLimits) -> None:
+async def test_small_requests_are_counted_exactly_on_the_spot(stage: ResolveLimits) -> None:
     capture = Capture()
-    reply = await stage(exchange("local", chatty(100)), capture)
-    tokens = capture.seen[0].context.tokens  # type: ignore[union-attr]
-    assert tokens.exact is None
-    assert tokens.upper_bound <= capture.seen[0].context.budget.effective()  # type: ignore[union-attr]
-    assert stage.counter.threads == []  # type: ignore[attr-defined]
-    assert "x-brim-tokens-in" not in reply.headers
-
-
-async def test_requests_near_the_budget_are_counted_exactly(stage: ResolveLimits) -> None:
-    capture = Capture()
-    body = chatty(2_000)  # ~24 KB of text: over the byte bound of a 7k budget, not over 7k tokens
+    body = chatty(100)
     reply = await stage(exchange("local", body), capture)
-    context = capture.seen[0].context
-    assert context is not None
-    expected = TokenCounter().chat(body, "o200k_base").total
-    assert context.tokens.exact == expected
-    assert context.tokens.upper_bound > context.budget.effective()
-    assert context.fits
-    assert reply.headers["x-brim-tokens-in"] == str(expected)
+    tokens = capture.seen[0].context.tokens  # type: ignore[union-attr]
+    assert tokens.exact == TokenCounter().chat(body, "o200k_base").total
+    assert tokens.upper_bound >= tokens.exact
     assert stage.counter.threads == [threading.main_thread()]  # type: ignore[attr-defined]
+    assert reply.headers["x-brim-tokens-in"] == str(tokens.exact)
 
 
-async def test_large_requests_are_tokenized_off_the_event_loop(stage: ResolveLimits) -> None:
+async def test_large_requests_with_room_are_counted_beside_the_upstream_call(
+    stage: ResolveLimits,
+) -> None:
     capture = Capture()
-    body = chatty(30_000)  # ~360 KB: counted in a worker thread
+    body = chatty(10_000)  # ~120 KB, far below a 1M window: the bound clears it
+    reply = await stage(exchange("gpt-4.1", body), capture)
+    tokens = capture.seen[0].context.tokens  # type: ignore[union-attr]
+    assert tokens.exact is None and tokens.pending is not None  # forwarded before counting
+    expected = TokenCounter().chat(body, "o200k_base").total
+    assert await tokens.resolve() == expected
+    assert reply.headers["x-brim-tokens-in"] == str(expected)
+    assert stage.counter.threads[0] is not threading.main_thread()  # type: ignore[attr-defined]
+
+
+async def test_large_requests_near_the_budget_are_counted_before_forwarding(
+    stage: ResolveLimits,
+) -> None:
+    capture = Capture()
+    body = chatty(30_000)  # ~360 KB against an 8k window: a decision hangs on the count
     await stage(exchange("local", body), capture)
     context = capture.seen[0].context
     assert context is not None and context.tokens.exact is not None
+    assert context.tokens.exact == TokenCounter().chat(body, "o200k_base").total
     assert not context.fits
-    assert stage.counter.threads and stage.counter.threads[0] is not threading.main_thread()  # type: ignore[attr-defined]
+    assert stage.counter.threads[0] is not threading.main_thread()  # type: ignore[attr-defined]

@@ -1,0 +1,108 @@
+"""Making a request fit: pair repair, then the configured policies in order, to a low-water mark.
+
+    outcome = compress(dialect, messages, fixed, meter, policies, limit=..., low_water=0.85)
+
+Policies run until the request is at or under `low_water × limit` (the target), so the next
+turns of the session fit without a new cut; the last resorts inside `evict` stop at `limit`.
+The outcome says whether the result fits the limit, and what each policy did.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel
+
+from policies.clear import ClearSettings, ClearToolResults
+from policies.conversation import Conversation, Dialect, FidelityRecord, Goal, Meter, Policy
+from policies.evict import Evict, EvictSettings
+from policies.prune import PruneSettings, PruneToolResults
+from policies.truncate import Truncate, TruncateSettings
+
+# proxy.toml name → (policy class, its settings model, short name in x-brim-actions)
+REGISTRY: dict[str, tuple[Callable[[Any], Policy], type[BaseModel], str]] = {
+    "prune_tool_results": (PruneToolResults, PruneSettings, "prune"),
+    "clear_tool_results": (ClearToolResults, ClearSettings, "clear"),
+    "evict": (Evict, EvictSettings, "evict"),
+    "truncate": (Truncate, TruncateSettings, "truncate"),
+}
+DEFAULT_ORDER = tuple(REGISTRY)
+SHORT = {name: short for name, (_, _, short) in REGISTRY.items()}
+
+
+def build_policies(order: Sequence[str], settings: Mapping[str, BaseModel]) -> list[Policy]:
+    unknown = [name for name in order if name not in REGISTRY]
+    if unknown:
+        raise ValueError(f"unknown policies {unknown}; known: {', '.join(REGISTRY)}")
+    return [REGISTRY[name][0](settings.get(name)) for name in order]
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    messages: tuple[Any, ...]
+    changed: bool
+    tokens_in: int
+    tokens_out: int
+    limit: int
+    target: int
+    records: tuple[FidelityRecord, ...]
+    repairs: tuple[str, ...]
+    tried: tuple[str, ...]
+
+    @property
+    def fits(self) -> bool:
+        return self.tokens_out <= self.limit
+
+    @property
+    def actions(self) -> str:
+        """`prune:3,clear:12,evict:4` — what was done, in policy order; `none` if nothing."""
+        counts: Counter[str] = Counter(
+            SHORT.get(record.policy, record.policy)
+            for record in self.records
+            if record.action != "notice"
+        )
+        if self.repairs:
+            counts["repair"] = len(self.repairs)
+        return ",".join(f"{name}:{n}" for name, n in counts.items()) or "none"
+
+
+def compress(
+    dialect: Dialect,
+    messages: Sequence[Any],
+    fixed: int,
+    meter: Meter,
+    policies: Sequence[Policy],
+    *,
+    limit: int,
+    low_water: float,
+    repair: bool = True,
+) -> Outcome:
+    repairs: list[str] = []
+    if repair and dialect.violations(messages):
+        messages, repairs = dialect.repaired(messages)
+    conversation = Conversation.of(dialect, messages, meter, fixed)
+    tokens_in = conversation.total
+    goal = Goal(target=int(limit * low_water), limit=limit)
+    records: list[FidelityRecord] = []
+    tried: list[str] = []
+    if conversation.total > limit:
+        for policy in policies:
+            if conversation.total <= goal.target:
+                break
+            tried.append(policy.name)
+            conversation, done = policy.apply(conversation, goal, meter)
+            records += done
+    return Outcome(
+        messages=conversation.messages,
+        changed=bool(repairs or records),
+        tokens_in=tokens_in,
+        tokens_out=conversation.total,
+        limit=limit,
+        target=goal.target,
+        records=tuple(records),
+        repairs=tuple(repairs),
+        tried=tuple(tried),
+    )

@@ -1,0 +1,171 @@
+"""`evict`: remove whole units (a tool call always with its results) and leave one notice.
+
+Always kept: the system prompt and the last user message. Kept unless nothing else helps: the
+first user message and the most recent `keep_recent_turns` turns (a turn starts at a user
+message). Everything else may go, lowest value first — plain assistant chatter, then tool
+groups, then user messages — and oldest first within each class, in batches of at least
+`evict_at_least` tokens so the cut point moves only now and then as a session grows.
+
+One notice takes the place of the first removed unit: how many messages and tokens went, which
+tools had been called, and the user requests that were dropped. If the protected units alone are
+over the limit, they are released oldest first (never the system prompt or the last user
+message), and the notice itself goes if it is what does not fit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies.conversation import (
+    Conversation,
+    FidelityRecord,
+    Goal,
+    Meter,
+    Unit,
+    message_key,
+    snapped_count,
+)
+
+PRIORITY = {"system": 0, "assistant": 0, "orphan": 0, "tools": 1, "user": 2}
+QUOTE = 80
+
+
+class EvictSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    keep_recent_turns: int = Field(2, ge=0)
+    evict_at_least: int = Field(2_000, ge=0)
+    notice: bool = True
+
+
+def _quote(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= QUOTE else text[: QUOTE - 1] + "…"
+
+
+class Evict:
+    name = "evict"
+
+    def __init__(self, settings: EvictSettings | None = None) -> None:
+        self.settings = settings or EvictSettings()
+
+    def _notice_text(self, conversation: Conversation, removed: list[Unit]) -> str:
+        dialect = conversation.dialect
+        messages = conversation.messages
+        count = sum(len(unit.indices) for unit in removed)
+        tokens = sum(conversation.sizes[i] for unit in removed for i in unit.indices)
+        tools: Counter[str] = Counter()
+        names = dialect.tools_by_call(messages)
+        requests: list[str] = []
+        for unit in removed:
+            if unit.kind == "tools":
+                tools.update(
+                    names.get(call, "tool") for call in dialect.calls(messages[unit.start])
+                )
+            elif unit.kind == "user":
+                requests.append(_quote(dialect.text(messages[unit.start])))
+        parts = [
+            f"[brim removed {count} earlier messages ({tokens} tokens) to fit the context window"
+        ]
+        if tools:
+            listed = ", ".join(
+                f"{name} ×{n}" for name, n in sorted(tools.items(), key=lambda t: (-t[1], t[0]))[:8]
+            )
+            parts.append(f"; tool calls: {listed}")
+        if requests:
+            quoted = "; ".join(f'"{r}"' for r in requests[:5])
+            more = f" and {len(requests) - 5} more" if len(requests) > 5 else ""
+            parts.append(f"; user requests removed: {quoted}{more}")
+        return "".join(parts) + "]"
+
+    def _build(
+        self, conversation: Conversation, removed: list[Unit], meter: Meter, notice: bool
+    ) -> Conversation:
+        gone = {i for unit in removed for i in unit.indices}
+        inserts: dict[int, tuple[Any, int]] = {}
+        if notice and removed:
+            message = conversation.dialect.notice(self._notice_text(conversation, removed))
+            inserts[min(unit.start for unit in removed)] = (message, meter.message(message))
+        return conversation.keep(lambda i: i not in gone, inserts)
+
+    def apply(
+        self, conversation: Conversation, goal: Goal, meter: Meter
+    ) -> tuple[Conversation, list[FidelityRecord]]:
+        if conversation.total <= goal.target:
+            return conversation, []
+        units = conversation.units()
+        system = set()
+        for unit in units:
+            if unit.kind != "system":
+                break
+            system.add(unit)
+        users = [unit for unit in units if unit.kind == "user"]
+        last_user = users[-1] if users else None
+        recent_from = len(conversation.messages)
+        if self.settings.keep_recent_turns and users:
+            recent_from = users[-min(self.settings.keep_recent_turns, len(users))].start
+        optional = [
+            unit
+            for unit in units
+            if unit not in system
+            and unit != last_user
+            and (unit == (users[0] if users else None) or unit.start >= recent_from)
+        ]
+        candidates = [u for u in units if u not in system and u != last_user and u not in optional]
+        size = {unit: sum(conversation.sizes[i] for i in unit.indices) for unit in units}
+
+        def total_without(removed: list[Unit], notice: bool) -> tuple[Conversation, int]:
+            built = self._build(conversation, removed, meter, notice)
+            return built, built.total
+
+        removed: list[Unit] = []
+        notice_allowance = 0
+        result, total = conversation, conversation.total
+        for _ in range(4):  # the notice's own size is only known once it is written
+            needed = conversation.total - goal.target + notice_allowance
+            removed = []
+            for priority in (0, 1, 2):
+                group = [u for u in candidates if PRIORITY[u.kind] == priority]
+                savings = [size[u] for u in group]
+                still = needed - sum(size[u] for u in removed)
+                if still <= 0:
+                    break
+                removed += group[: snapped_count(savings, still, self.settings.evict_at_least)]
+            result, total = total_without(removed, self.settings.notice)
+            if total <= goal.target or len(removed) == len(candidates):
+                break
+            notice_allowance += total - goal.target
+
+        for unit in optional:  # last resort, oldest first: only as far as the limit demands
+            if total <= goal.limit:
+                break
+            removed.append(unit)
+            result, total = total_without(removed, self.settings.notice)
+        if total > goal.limit and self.settings.notice and removed:
+            without, smaller = total_without(removed, False)
+            if smaller <= goal.limit:
+                result, total = without, smaller
+
+        removed.sort(key=lambda unit: unit.start)
+        records = [
+            FidelityRecord(
+                self.name,
+                "evicted",
+                conversation.origin[unit.start],
+                size[unit],
+                0,
+                archive_key=message_key([conversation.messages[i] for i in unit.indices]),
+                detail=unit.kind,
+            )
+            for unit in removed
+        ]
+        notices = [i for i, origin in enumerate(result.origin) if origin == -1]
+        records += [
+            FidelityRecord(self.name, "notice", -1, 0, result.sizes[i])
+            for i in notices
+            if result.messages[i] not in conversation.messages
+        ]
+        return result, records

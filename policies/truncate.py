@@ -1,0 +1,65 @@
+"""`truncate`: cut the middle out of the largest message when one message alone is too big.
+
+Head and tail are kept (a third and two thirds: the end of a log is where the error is), with a
+marker saying how many tokens went. The largest text goes first, then the next, until the request
+reaches its target or no text is left to cut. Tool-call arguments are never cut (they must stay
+valid JSON).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from policies.conversation import Conversation, FidelityRecord, Goal, Meter, archive_key
+from policies.prune import cut_middle
+
+
+class TruncateSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    min_keep_tokens: int = Field(256, ge=16)  # what is left of a message at least
+
+
+class Truncate:
+    name = "truncate"
+
+    def __init__(self, settings: TruncateSettings | None = None) -> None:
+        self.settings = settings or TruncateSettings()
+
+    def apply(
+        self, conversation: Conversation, goal: Goal, meter: Meter
+    ) -> tuple[Conversation, list[FidelityRecord]]:
+        dialect = conversation.dialect
+        records: list[FidelityRecord] = []
+        order = sorted(range(len(conversation.messages)), key=lambda i: (-conversation.sizes[i], i))
+        for index in order:
+            excess = conversation.total - goal.target
+            if excess <= 0:
+                break
+            message = conversation.messages[index]
+            text = dialect.largest_text(message)
+            if not text:
+                continue
+            length = len(meter.tokens(text))
+            keep = max(self.settings.min_keep_tokens, length - excess - 24)  # 24: the marker
+            if keep >= length:
+                continue
+            cut, removed = cut_middle(text, keep, meter)
+            if not removed:
+                continue
+            updated = dialect.with_largest_text(message, cut)
+            size = meter.message(updated)
+            if size >= conversation.sizes[index]:
+                continue
+            records.append(
+                FidelityRecord(
+                    self.name,
+                    "truncated",
+                    conversation.origin[index],
+                    conversation.sizes[index],
+                    size,
+                    archive_key=archive_key(text),
+                )
+            )
+            conversation = conversation.replace({index: (updated, size)})
+        return conversation, records
