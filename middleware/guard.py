@@ -16,7 +16,7 @@ from adapters.base import UpstreamResponse
 from adapters.errors import ContextTooLarge
 from adapters.exchange import Exchange
 from middleware.base import CallNext
-from policies.compress import Outcome, compress
+from policies.compress import Outcome, compress_chat
 from policies.conversation import Policy
 from policies.dialects import ChatDialect
 from policies.tokens import CounterMeter, TokenCounter
@@ -57,13 +57,9 @@ class Guard:
         """What the guard does to this exchange (also used by `brim inspect`)."""
         assert exchange.context is not None and exchange.body is not None
         limits = exchange.context.limits.limits
-        meter = CounterMeter(self.counter, limits.tokenizer, exchange.model)
-        messages = exchange.body.get("messages") or []
-        return compress(
-            self.dialect,
-            messages,
-            meter.fixed(exchange.body),
-            meter,
+        return compress_chat(
+            exchange.body,
+            CounterMeter(self.counter, limits.tokenizer, exchange.model),
             self.policies,
             limit=exchange.context.budget.effective(),
             low_water=self.low_water,

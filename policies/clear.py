@@ -27,7 +27,7 @@ class ClearSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     keep: int = Field(3, ge=0)  # most recent tool results never cleared
-    clear_at_least: int = Field(4_000, ge=0)
+    clear_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
 
 
 def placeholder(tool: str, tokens: int, key: str) -> str:
@@ -71,7 +71,10 @@ class ClearToolResults:
             if updated is not message:
                 candidates.append((index, updated, meter.message(updated), keys))
         savings = [conversation.sizes[index] - size for index, _, size, _ in candidates]
-        taken = candidates[: snapped_count(savings, needed, self.settings.clear_at_least)]
+        step = self.settings.clear_at_least
+        if step is None:
+            step = max(1, goal.limit - goal.target)
+        taken = candidates[: snapped_count(savings, needed, step)]
         records = [
             FidelityRecord(
                 self.name,

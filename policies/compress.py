@@ -18,8 +18,10 @@ from pydantic import BaseModel
 
 from policies.clear import ClearSettings, ClearToolResults
 from policies.conversation import Conversation, Dialect, FidelityRecord, Goal, Meter, Policy
+from policies.dialects import ChatDialect
 from policies.evict import Evict, EvictSettings
 from policies.prune import PruneSettings, PruneToolResults
+from policies.tokens import CounterMeter
 from policies.truncate import Truncate, TruncateSettings
 
 # proxy.toml name → (policy class, its settings model, short name in x-brim-actions)
@@ -105,4 +107,26 @@ def compress(
         records=tuple(records),
         repairs=tuple(repairs),
         tried=tuple(tried),
+    )
+
+
+def compress_chat(
+    body: Mapping[str, Any],
+    meter: CounterMeter,
+    policies: Sequence[Policy],
+    *,
+    limit: int,
+    low_water: float,
+    repair: bool = True,
+) -> Outcome:
+    """`compress` for a Chat Completions body."""
+    return compress(
+        ChatDialect(),
+        body.get("messages") or [],
+        meter.fixed(body),
+        meter,
+        policies,
+        limit=limit,
+        low_water=low_water,
+        repair=repair,
     )

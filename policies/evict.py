@@ -1,8 +1,9 @@
 """`evict`: remove whole units (a tool call always with its results) and leave one notice.
 
 Always kept: the system prompt and the last user message. Kept unless nothing else helps: the
-first user message and the most recent `keep_recent_turns` turns (a turn starts at a user
-message). Everything else may go, lowest value first — plain assistant chatter, then tool
+first user message and the most recent `keep_recent_turns` turns (a turn is a user message or
+an assistant reply with its tool results: agent sessions have many turns per user message).
+Everything else may go, lowest value first — plain assistant chatter, then tool
 groups, then user messages — and oldest first within each class, in batches of at least
 `evict_at_least` tokens so the cut point moves only now and then as a session grows.
 
@@ -10,6 +11,11 @@ One notice takes the place of the first removed unit: how many messages and toke
 tools had been called, and the user requests that were dropped. If the protected units alone are
 over the limit, they are released oldest first (never the system prompt or the last user
 message), and the notice itself goes if it is what does not fit.
+
+Why batches: brim recomputes every request from the client's full history, so the cut stays put
+only while the same units are removed. Removing at least the budget's slack (limit − target) at a
+time means the following turns fit without moving the cut, about slack ÷ (2 × tokens per turn)
+turns on average — and every one of them reuses the provider's prompt cache.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ class EvictSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     keep_recent_turns: int = Field(2, ge=0)
-    evict_at_least: int = Field(2_000, ge=0)
+    evict_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
     notice: bool = True
 
 
@@ -104,9 +110,10 @@ class Evict:
             system.add(unit)
         users = [unit for unit in units if unit.kind == "user"]
         last_user = users[-1] if users else None
+        turns = [unit for unit in units if unit.kind in ("user", "assistant", "tools")]
         recent_from = len(conversation.messages)
-        if self.settings.keep_recent_turns and users:
-            recent_from = users[-min(self.settings.keep_recent_turns, len(users))].start
+        if self.settings.keep_recent_turns and turns:
+            recent_from = turns[-min(self.settings.keep_recent_turns, len(turns))].start
         optional = [
             unit
             for unit in units
@@ -121,6 +128,9 @@ class Evict:
             built = self._build(conversation, removed, meter, notice)
             return built, built.total
 
+        step = self.settings.evict_at_least
+        if step is None:
+            step = max(1, goal.limit - goal.target)
         removed: list[Unit] = []
         notice_allowance = 0
         result, total = conversation, conversation.total
@@ -133,7 +143,7 @@ class Evict:
                 still = needed - sum(size[u] for u in removed)
                 if still <= 0:
                     break
-                removed += group[: snapped_count(savings, still, self.settings.evict_at_least)]
+                removed += group[: snapped_count(savings, still, step)]
             result, total = total_without(removed, self.settings.notice)
             if total <= goal.target or len(removed) == len(candidates):
                 break

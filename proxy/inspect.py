@@ -14,8 +14,9 @@ from multidict import CIMultiDict
 from policies import model_table
 from policies.budget import budget_for, requested_output
 from policies.clients import match_client
+from policies.compress import build_policies, compress_chat
 from policies.limits import LimitsRegistry, ResolvedLimits
-from policies.tokens import CLAUDE, TokenCounter
+from policies.tokens import CLAUDE, CounterMeter, TokenCounter
 from proxy.config import BrimConfig
 
 
@@ -102,6 +103,39 @@ def inspect_request(
             "claude_factor": counter.claude_factor if tokenizer == CLAUDE else None,
         },
         "fits": budget.fits(count.total),
+        "guard": guard_report(config, counter, body, resolved, budget.effective()),
+    }
+
+
+def guard_report(
+    config: BrimConfig,
+    counter: TokenCounter,
+    body: Mapping[str, Any],
+    resolved: ResolvedLimits,
+    limit: int,
+) -> dict[str, Any]:
+    """What the guard would do to this request, as `brim serve` is configured."""
+    guard = config.guard
+    outcome = compress_chat(
+        body,
+        CounterMeter(counter, resolved.limits.tokenizer, resolved.limits.model),
+        build_policies(guard.policies, guard.policy_settings()),
+        limit=limit,
+        low_water=guard.low_water,
+        repair=guard.repair_pairs,
+    )
+    return {
+        "enabled": guard.enabled,
+        "action": "forward unchanged"
+        if not outcome.changed
+        else ("compress" if outcome.fits else "refuse (400 context_length_exceeded)"),
+        "tokens_in": outcome.tokens_in,
+        "tokens_out": outcome.tokens_out,
+        "target": outcome.target,
+        "actions": outcome.actions,
+        "tried": list(outcome.tried),
+        "repairs": list(outcome.repairs),
+        "records": [asdict(record) for record in outcome.records],
     }
 
 
@@ -151,6 +185,22 @@ def render_inspection(report: Mapping[str, Any], source: str) -> str:
         f"  total            {_n(tokens['total']):>12}   (free upper bound {bound})",
         "",
     ]
+    guard = report["guard"]
+    lines += [
+        f"guard     {guard['action']}"
+        + ("" if guard["enabled"] else "  (but [guard] enabled = false: brim would forward it)"),
+        f"  {_n(guard['tokens_in'])} → {_n(guard['tokens_out'])} tokens"
+        f" (target {_n(guard['target'])}): {guard['actions']}",
+    ]
+    for repair in guard["repairs"]:
+        lines.append(f"  repair: {repair}")
+    for record in guard["records"]:
+        where = f"message {record['index']}" if record["index"] >= 0 else "new message"
+        lines.append(
+            f"  {record['policy']:<20} {record['action']:<10} {where:<12}"
+            f" {_n(record['tokens_before']):>8} → {_n(record['tokens_after'])}"
+        )
+    lines.append("")
     effective, total = budget["effective"], tokens["total"]
     if report["fits"]:
         share = f"{total / effective:.1%}" if effective else "-"

@@ -32,9 +32,41 @@ class Seen:
     body: bytes
 
 
+STRICT_WINDOW = 8_192
+
+
+def pairing_errors(messages: list[dict[str, Any]]) -> list[str]:
+    """OpenAI's tool pairing rules, written independently of brim's dialect: after an assistant
+    message with tool_calls come exactly the tool messages answering those ids; a tool message
+    anywhere else is an error."""
+    errors: list[str] = []
+    index = 0
+    while index < len(messages):
+        message = messages[index]
+        if message.get("role") == "tool":
+            errors.append(f"messages[{index}]: tool message without a preceding tool call")
+            index += 1
+            continue
+        wanted = (
+            [c["id"] for c in message.get("tool_calls") or []]
+            if message.get("role") == "assistant"
+            else []
+        )
+        index += 1
+        answered = []
+        while index < len(messages) and messages[index].get("role") == "tool":
+            answered.append(messages[index].get("tool_call_id"))
+            index += 1
+        if sorted(answered) != sorted(wanted):
+            errors.append(f"tool calls {wanted} answered by {answered}")
+    return errors
+
+
 @dataclass
 class FakeProvider:
     requests: list[Seen] = field(default_factory=list)
+    strict_counts: list[int] = field(default_factory=list)
+    strict_rejections: list[str] = field(default_factory=list)
     gate: threading.Event = field(default_factory=threading.Event)
     gate_timed_out: bool | None = None
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
@@ -47,6 +79,8 @@ class FakeProvider:
         self.gate_timed_out = None
         self.stream_closed_by_peer.clear()
         self.error_bodies.clear()
+        self.strict_counts.clear()
+        self.strict_rejections.clear()
 
     @property
     def last(self) -> Seen:
@@ -99,6 +133,8 @@ class FakeProvider:
                 content_type="application/json",
                 headers={"x-fake-error": "yes", "retry-after": "7"},
             )
+        if model.startswith("strict-"):
+            return self._strict(body)
         if model == "slow":
             await asyncio.sleep(3)
         if body.get("stream"):
@@ -128,6 +164,68 @@ class FakeProvider:
                 "usage": USAGE,
             },
             headers={"x-upstream-header": "kept", "openai-processing-ms": "12"},
+        )
+
+    def _strict(self, body: dict[str, Any]) -> web.Response:
+        """A provider with an 8k window that refuses what OpenAI refuses, as OpenAI does."""
+        problems = pairing_errors(body["messages"])
+        if problems:
+            self.strict_rejections.append("; ".join(problems))
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "Invalid parameter: " + problems[0],
+                        "type": "invalid_request_error",
+                        "param": "messages",
+                        "code": None,
+                    }
+                },
+                status=400,
+            )
+        tokens = _STRICT_COUNTER.chat(body, "o200k_base").total
+        wanted = body.get("max_tokens") or 0
+        if tokens + wanted > STRICT_WINDOW:
+            self.strict_rejections.append(f"{tokens} + {wanted} > {STRICT_WINDOW}")
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"This model's maximum context length is {STRICT_WINDOW} tokens. However, you requested {tokens + wanted} tokens ({tokens} in the messages, {wanted} in the completion).",
+                        "type": "invalid_request_error",
+                        "param": "messages",
+                        "code": "context_length_exceeded",
+                    }
+                },
+                status=400,
+            )
+        self.strict_counts.append(tokens)
+        turn = len(self.strict_counts)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": f"Reading the next file (step {turn}).",
+            "tool_calls": [
+                {
+                    "id": f"call_{turn}",
+                    "type": "function",
+                    "function": {
+                        "name": "read_file",
+                        "arguments": orjson.dumps({"path": f"src/module_{turn}.py"}).decode(),
+                    },
+                }
+            ],
+        }
+        return web.json_response(
+            {
+                "id": f"chatcmpl-{turn}",
+                "object": "chat.completion",
+                "created": 1700000000,
+                "model": body["model"],
+                "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}],
+                "usage": {
+                    "prompt_tokens": tokens,
+                    "completion_tokens": 20,
+                    "total_tokens": tokens + 20,
+                },
+            }
         )
 
     @staticmethod
@@ -184,6 +282,21 @@ class FakeProvider:
             self.stream_closed_by_peer.set()
             raise
         return response
+
+
+class _LazyCounter:
+    def __init__(self) -> None:
+        self._counter: Any = None
+
+    def chat(self, body: dict[str, Any], tokenizer: str) -> Any:
+        if self._counter is None:
+            from policies.tokens import TokenCounter
+
+            self._counter = TokenCounter()
+        return self._counter.chat(body, tokenizer)
+
+
+_STRICT_COUNTER = _LazyCounter()
 
 
 class LoopThread:

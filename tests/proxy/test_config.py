@@ -205,6 +205,9 @@ def test_guard_clients_and_model_facts_sections(tmp_path: Path) -> None:
         ('[clients.x]\nuser_agent = "a/*"\n', "cli or cli_overhead"),
         ('[clients.x]\nheader = "no-colon"\ncli = "codex"\n', "clients.x"),
         ('[models.m]\ntokenizer = "p99k"\n', "models.m.tokenizer"),
+        ('[guard]\npolicies = ["evict", "summarize_everything"]\n', "summarize_everything"),
+        ("[guard]\nlow_water = 1.5\n", "guard.low_water"),
+        ("[guard.evict]\nkeep_recent_turns = -1\n", "guard.evict.keep_recent_turns"),
     ],
 )
 def test_bad_guard_client_and_model_values_are_named(tmp_path: Path, text: str, named: str) -> None:

@@ -93,3 +93,41 @@ def test_models_lists_sources(tmp_path: Path) -> None:
     pattern = json.loads(brim("models", "gpt-4.1*", "--json", cwd=tmp_path).stdout)
     assert {row["model"] for row in pattern} >= {"gpt-4.1", "gpt-4.1-mini"}
     assert all(row["sources"]["context_window"] == "litellm" for row in pattern)
+
+
+def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
+    (tmp_path / "proxy.toml").write_text(
+        '[models."small"]\ncontext_window = 2000\nmax_output = 100\n'
+    )
+    messages: list[dict[str, object]] = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "go"},
+    ]
+    for n in range(6):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{n}",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": "{}"},
+                    }
+                ],
+            }
+        )
+        messages.append({"role": "tool", "tool_call_id": f"c{n}", "content": "output line\n" * 200})
+    messages.append({"role": "user", "content": "why?"})
+    path = tmp_path / "big.json"
+    path.write_bytes(orjson.dumps({"model": "small", "messages": messages}))
+    result = brim("inspect", str(path), "--json", cwd=tmp_path)
+    assert result.returncode == 1  # as sent, it does not fit
+    guard = json.loads(result.stdout)["guard"]
+    assert guard["action"] == "compress"
+    assert guard["tokens_in"] > 2000 >= guard["tokens_out"]
+    assert guard["tokens_out"] <= guard["target"]
+    assert "clear:" in guard["actions"]
+    assert {r["policy"] for r in guard["records"]} >= {"clear_tool_results"}
+    text = brim("inspect", str(path), cwd=tmp_path).stdout
+    assert "guard     compress" in text and "clear_tool_results   cleared" in text

@@ -1,0 +1,224 @@
+"""compress() over generated conversations: valid, within budget, protective, deterministic."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
+from policies.dialects import ChatDialect
+from policies.tokens import CounterMeter, TokenCounter
+from proxy.resources import use_bundled_tiktoken_files
+from tests.fakes import pairing_errors
+
+use_bundled_tiktoken_files()
+COUNTER = TokenCounter()
+METER = CounterMeter(COUNTER, "o200k_base", "gpt-4o")
+DIALECT = ChatDialect()
+POLICIES = build_policies(DEFAULT_ORDER, {})
+PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAgAAAAIACAIAAAB7GkOtAAAA"
+
+words = st.lists(
+    st.sampled_from(["alpha", "beta", "gamma", "error", "line", "42", "{", "}", "é", "東京", "\n"]),
+    max_size=60,
+)
+text = words.map(" ".join)
+
+
+@st.composite
+def tool_turn(draw: Any, turn: int) -> list[dict[str, Any]]:
+    calls = draw(st.integers(1, 3))
+    ids = [f"call_{turn}_{n}" for n in range(calls)]
+    assistant: dict[str, Any] = {
+        "role": "assistant",
+        "content": draw(st.one_of(st.none(), text)),
+        "tool_calls": [
+            {
+                "id": i,
+                "type": "function",
+                "function": {
+                    "name": draw(st.sampled_from(["read_file", "grep", "bash"])),
+                    "arguments": orjson.dumps({"n": turn}).decode(),
+                },
+            }
+            for i in ids
+        ],
+    }
+    if draw(st.booleans()):
+        assistant["reasoning_content"] = draw(text)
+    results = []
+    for call_id in ids:
+        size = draw(st.sampled_from([0, 50, 400, 3000]))
+        if draw(st.booleans()):
+            body = orjson.dumps(
+                {"items": [{"n": n, "url": f"https://x/{n}", "v": None} for n in range(size // 20)]}
+            ).decode()
+        else:
+            body = "\n".join(f"log line {n}: " + "value " * 5 for n in range(size // 10))
+        results.append({"role": "tool", "tool_call_id": call_id, "content": body})
+        if draw(st.integers(0, 9)) == 0:  # a duplicated result
+            results.append({"role": "tool", "tool_call_id": call_id, "content": "again"})
+    if draw(st.integers(0, 9)) == 0 and results:  # a lost result
+        results.pop()
+    return [assistant, *results]
+
+
+@st.composite
+def conversations(draw: Any) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": draw(text) or "Be helpful."}]
+    if draw(st.booleans()):
+        messages.append({"role": "developer", "content": draw(text) or "Use tools."})
+    for turn in range(draw(st.integers(1, 14))):
+        kind = draw(
+            st.sampled_from(
+                ["user", "user-parts", "assistant", "tools", "tools", "giant", "orphan"]
+            )
+        )
+        if kind == "user":
+            messages.append({"role": "user", "content": draw(text) or "go"})
+        elif kind == "user-parts":
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": draw(text) or "look"},
+                        {
+                            "type": "image_url",
+                            "image_url": {
+                                "url": PNG,
+                                "detail": draw(st.sampled_from(["low", "high"])),
+                            },
+                        },
+                    ],
+                }
+            )
+        elif kind == "assistant":
+            messages.append(
+                {"role": "assistant", "content": draw(text) or "ok", "x_vendor": {"kept": True}}
+            )
+        elif kind == "tools":
+            messages += draw(tool_turn(turn))
+        elif kind == "giant":
+            messages.append(
+                {"role": "user", "content": "giant paste line\n" * draw(st.integers(500, 3000))}
+            )
+        else:
+            messages.append({"role": "tool", "tool_call_id": f"lost_{turn}", "content": "orphaned"})
+    messages.append({"role": "user", "content": "And now the final question?"})
+    return messages
+
+
+def run(messages: list[dict[str, Any]], limit: int, repair: bool = True) -> Outcome:
+    return compress(
+        DIALECT, messages, 3, METER, POLICIES, limit=limit, low_water=0.85, repair=repair
+    )
+
+
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(messages=conversations(), limit=st.integers(150, 12_000))
+def test_compressed_requests_are_valid_within_budget_and_keep_what_matters(
+    messages: list[dict[str, Any]], limit: int
+) -> None:
+    outcome = run(messages, limit)
+    event("refused" if not outcome.fits else ("compressed" if outcome.records else "untouched"))
+    event(f"policies run: {len(outcome.tried)}")
+    out = [dict(m) for m in outcome.messages]
+    assert DIALECT.violations(outcome.messages) == []
+    assert pairing_errors(out) == []
+    exact = COUNTER.chat({"messages": out}, "o200k_base").total
+    assert exact == outcome.tokens_out
+    if not outcome.fits:  # the guard answers 400; nothing more to check
+        return
+    assert exact <= limit
+    system = messages[0]
+    assert out[0] == system or (
+        out[0]["role"] == "system" and "cut from the middle by brim" in out[0]["content"]
+    )
+    last_user = messages[-1]
+    assert last_user in out or any(
+        "cut from the middle by brim" in str(m.get("content")) for m in out if m["role"] == "user"
+    )
+    assert run(messages, limit).messages == outcome.messages  # deterministic
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(messages=conversations())
+def test_requests_that_fit_and_pair_correctly_are_left_alone(
+    messages: list[dict[str, Any]],
+) -> None:
+    repaired, _ = DIALECT.repaired(messages)
+    outcome = run(repaired, 10_000_000)
+    assert not outcome.changed
+    assert outcome.actions == "none"
+    assert all(a is b for a, b in zip(outcome.messages, repaired, strict=True))
+
+
+def growing_session(turns: int, lines: int) -> list[list[dict[str, Any]]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a careful coding agent."},
+        {"role": "user", "content": "Find the rounding bug."},
+    ]
+    snapshots = []
+    for turn in range(turns):
+        if turn and turn % 10 == 0:
+            messages.append({"role": "user", "content": f"Also check module {turn}."})
+        snapshots.append(list(messages))
+        messages.append(
+            {
+                "role": "assistant",
+                "content": f"step {turn}",
+                "tool_calls": [
+                    {
+                        "id": f"c{turn}",
+                        "type": "function",
+                        "function": {"name": "read_file", "arguments": "{}"},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"c{turn}",
+                "content": "\n".join(f"def f_{turn}_{n}(v): return v * {n}" for n in range(lines)),
+            }
+        )
+    return snapshots
+
+
+@pytest.mark.parametrize(
+    ("window", "lines", "floor"), [(32_768, 40, 0.95), (128_000, 100, 0.95), (8_192, 120, 0.7)]
+)
+def test_the_compressed_prefix_is_kept_by_the_next_request(
+    window: int, lines: int, floor: float
+) -> None:
+    limit = int(window * 0.95) - 512
+    previous: tuple[Any, ...] | None = None
+    previous_prefix = 0
+    pairs = kept = 0
+    for snapshot in growing_session(100, lines):
+        current = run(snapshot, limit).messages
+        if previous is not None and previous_prefix:
+            shared = 0
+            while shared < min(len(previous), len(current)) and previous[shared] == current[shared]:
+                shared += 1
+            pairs += 1
+            kept += shared >= previous_prefix
+        changed = [
+            i for i, m in enumerate(current) if not any(m is original for original in snapshot)
+        ]
+        previous, previous_prefix = current, (max(changed) + 1 if changed else 0)
+    assert pairs >= 10
+    assert kept / pairs >= floor, (kept, pairs)

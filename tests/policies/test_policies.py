@@ -1,0 +1,160 @@
+"""Each policy on hand-built conversations."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from policies.clear import ClearSettings, ClearToolResults
+from policies.conversation import Conversation, Goal, snapped_count
+from policies.dialects import ChatDialect
+from policies.evict import Evict, EvictSettings
+from policies.prune import PruneSettings, PruneToolResults
+from policies.tokens import CounterMeter, TokenCounter
+from policies.truncate import Truncate
+from proxy.resources import use_bundled_tiktoken_files
+
+use_bundled_tiktoken_files()
+METER = CounterMeter(TokenCounter(), "o200k_base")
+D = ChatDialect()
+
+
+def conv(messages: list[dict[str, Any]]) -> Conversation:
+    return Conversation.of(D, messages, METER, 3)
+
+
+def tool_turn(n: int, content: str, name: str = "read_file") -> list[dict[str, Any]]:
+    return [
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": f"c{n}", "content": content},
+    ]
+
+
+LOG = "\n".join(
+    f"2026-11-22 12:00:{n:02d} INFO worker {n} processed batch {n * 7} ok" for n in range(400)
+)
+LISTING = orjson.dumps(
+    {
+        "files": [
+            {"name": f"f{n}.py", "html_url": f"https://x/{n}", "size": n, "owner": None}
+            for n in range(50)
+        ]
+    }
+).decode()
+
+
+def test_snapped_count_moves_in_batches() -> None:
+    savings = [100] * 30
+    assert snapped_count(savings, 0, 500) == 0
+    assert snapped_count(savings, 150, 500) == 5  # rounded up to the first 500-token line
+    assert snapped_count(savings, 450, 500) == 5
+    assert snapped_count(savings, 501, 500) == 10
+    assert snapped_count(savings, 10_000, 500) == 30
+    assert snapped_count(savings, 150, 0) == 2  # no batching: just enough
+
+
+def test_prune_shrinks_json_and_logs_but_spares_the_newest_turn() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        *tool_turn(1, LISTING),
+        *tool_turn(2, LOG),
+        *tool_turn(3, LOG),
+    ]
+    before = conv(messages)
+    after, records = PruneToolResults(PruneSettings(max_text_tokens=300)).apply(
+        before, Goal(0, 0), METER
+    )
+    listing = orjson.loads(after.messages[2]["content"])
+    assert len(listing["files"]) == 8 + 1 + 4 and listing["files"][8] == "… 38 more items …"
+    assert "html_url" not in listing["files"][0] and "owner" not in listing["files"][0]
+    assert "tokens cut from the middle by brim" in after.messages[4]["content"]
+    assert after.messages[4]["content"].startswith("2026-11-22 12:00:00 INFO")
+    assert after.messages[4]["content"].rstrip().endswith("processed batch 2793 ok")
+    assert after.messages[6] is messages[6]  # the newest tool turn is never pruned
+    assert [r.index for r in records] == [2, 4]
+    assert all(r.tokens_after < r.tokens_before for r in records)
+    assert (
+        after.total
+        == METER.message(after.messages[0]) + sum(METER.message(m) for m in after.messages[1:]) + 3
+    )
+    assert messages[2]["content"] == LISTING  # the input is never mutated
+
+
+def test_clear_keeps_the_most_recent_results_and_names_what_it_cleared() -> None:
+    messages = [{"role": "user", "content": "go"}]
+    for n in range(6):
+        messages += tool_turn(n, LOG, name="bash")
+    before = conv(messages)
+    after, records = ClearToolResults(ClearSettings(keep=2, clear_at_least=0)).apply(
+        before, Goal(target=before.total - 1, limit=before.total), METER
+    )
+    assert len(records) == 1  # just enough: the oldest result
+    text = after.messages[2]["content"]
+    assert text.startswith("[brim cleared this bash result (") and "sha256:" in text
+    assert records[0].archive_key and records[0].archive_key[:16] in text
+    everything, records = ClearToolResults(ClearSettings(keep=2)).apply(before, Goal(0, 0), METER)
+    assert len(records) == 4
+    assert everything.messages[-1] is messages[-1] and everything.messages[-3] is messages[-3]
+    assert D.violations(everything.messages) == []
+
+
+def test_evict_removes_old_units_whole_and_leaves_one_notice() -> None:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "first task"},
+    ]
+    for n in range(8):
+        messages += tool_turn(n, LOG[:3000], name="grep" if n % 2 else "read_file")
+        messages.append({"role": "assistant", "content": f"chatter {n} " * 40})
+        if n == 3:
+            messages.append({"role": "user", "content": "please also look at the tests"})
+    messages.append({"role": "user", "content": "final question"})
+    before = conv(messages)
+    goal = Goal(target=before.total // 3, limit=before.total // 2)
+    after, records = Evict(EvictSettings(keep_recent_turns=2, evict_at_least=0)).apply(
+        before, goal, METER
+    )
+    assert after.total <= goal.target
+    assert after.messages[:2] == tuple(messages[:2])
+    assert after.messages[-1] is messages[-1]
+    notice = after.messages[2]
+    assert notice["role"] == "system" and notice["content"].startswith("[brim removed ")
+    assert D.violations(after.messages) == []
+    evicted = [r for r in records if r.action == "evicted"]
+    kinds = [r.detail for r in evicted]
+    assert kinds.count("assistant") >= kinds.count("tools")  # chatter goes before evidence
+    assert ("tool calls: " in notice["content"]) == ("tools" in kinds)
+    assert ('"please also look at the tests"' in notice["content"]) == ("user" in kinds)
+
+
+def test_evict_degrades_but_never_drops_the_system_prompt_or_last_user_message() -> None:
+    messages = [
+        {"role": "system", "content": "sys " * 50},
+        {"role": "user", "content": "first " * 400},
+        *tool_turn(1, LOG[:4000]),
+        {"role": "user", "content": "last"},
+    ]
+    before = conv(messages)
+    minimum = METER.message(messages[0]) + METER.message(messages[-1]) + 3
+    after, _ = Evict().apply(before, Goal(target=minimum, limit=minimum), METER)
+    assert after.messages == (messages[0], messages[-1])  # the notice did not fit, so it went too
+    assert after.total == minimum
+
+
+def test_truncate_cuts_the_largest_message_keeping_head_and_tail() -> None:
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": LOG}]
+    before = conv(messages)
+    after, records = Truncate().apply(before, Goal(target=1_000, limit=1_000), METER)
+    text = after.messages[1]["content"]
+    assert after.total <= 1_000
+    assert text.startswith("2026-11-22 12:00:00") and text.rstrip().endswith("batch 2793 ok")
+    assert "tokens cut from the middle by brim" in text
+    assert records[0].tokens_before > records[0].tokens_after
+    assert after.messages[0] is messages[0]
