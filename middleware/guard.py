@@ -16,13 +16,13 @@ from adapters.base import UpstreamResponse
 from adapters.errors import ContextTooLarge
 from adapters.exchange import Exchange
 from middleware.base import CallNext
+from middleware.limits import OFF_LOOP_BYTES
 from policies.compress import Outcome, compress_chat
 from policies.conversation import Policy
 from policies.dialects import ChatDialect
 from policies.tokens import CounterMeter, TokenCounter
 
 log = logging.getLogger("brim.guard")
-OFF_LOOP_BYTES = 256 * 1024
 
 
 def _refusal(outcome: Outcome) -> ContextTooLarge:
