@@ -7,18 +7,24 @@
         ├── UpstreamUnreachable    502: connection refused, DNS or TLS failure, reset
         ├── UpstreamTimeout        504: no answer (or no next chunk) within `timeout_s`
         ├── UpstreamProtocolError  502: the provider's reply was cut off or malformed
-        └── UpstreamHTTPError      the provider answered 4xx/5xx; `status`, `headers` and
+        └── UpstreamError          the provider answered 4xx/5xx; `status`, `headers` and
             │                      `body` are its own and are relayed to the client unchanged
             ├── AuthFailed         401 / 403
-            └── RateLimited        429
+            ├── RateLimited        429
+            └── ContextOverflow    the request was too long for the model (any provider's
+                                   wording, HTTP 413, or an error as the first event of a
+                                   200 stream); `limit` / `requested` when the text states them
 
-Adapters raise only these; `UpstreamHTTPError.from_reply` is the single place that turns a
-provider's error reply into its class. The HTTP layer renders each in the client's wire format.
+Adapters raise only these; `UpstreamError.from_reply` is the single place that turns a
+provider's error reply into its class (`adapters.overflow` recognises overflows). The HTTP layer
+renders each in the client's wire format, adding any `brim_headers` (e.g. `x-brim-retries`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from adapters.overflow import Overflow, classify
 
 
 class BrimError(Exception):
@@ -30,6 +36,7 @@ class BrimError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
+        self.brim_headers: dict[str, str] = {}
 
 
 class NoRoute(BrimError):
@@ -67,11 +74,19 @@ class UpstreamProtocolError(UpstreamFailure):
     code = "upstream_protocol_error"
 
 
-class UpstreamHTTPError(UpstreamFailure):
+class UpstreamError(UpstreamFailure):
     def __init__(
-        self, *, upstream: str, status: int, headers: Mapping[str, str], body: bytes
+        self,
+        *,
+        upstream: str,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        message: str | None = None,
     ) -> None:
-        super().__init__(f"upstream {upstream!r} answered HTTP {status}", upstream=upstream)
+        super().__init__(
+            message or f"upstream {upstream!r} answered HTTP {status}", upstream=upstream
+        )
         self.status = status
         self.headers = headers
         self.body = body
@@ -79,18 +94,42 @@ class UpstreamHTTPError(UpstreamFailure):
     @classmethod
     def from_reply(
         cls, *, upstream: str, status: int, headers: Mapping[str, str], body: bytes
-    ) -> UpstreamHTTPError:
-        kind: type[UpstreamHTTPError] = cls
+    ) -> UpstreamError:
         if status in (401, 403):
-            kind = AuthFailed
-        elif status == 429:
-            kind = RateLimited
-        return kind(upstream=upstream, status=status, headers=headers, body=body)
+            return AuthFailed(upstream=upstream, status=status, headers=headers, body=body)
+        if status == 429:
+            return RateLimited(upstream=upstream, status=status, headers=headers, body=body)
+        overflow = classify(status, body)
+        if overflow is not None:
+            return ContextOverflow(
+                upstream=upstream, status=status, headers=headers, body=body, overflow=overflow
+            )
+        return cls(upstream=upstream, status=status, headers=headers, body=body)
 
 
-class AuthFailed(UpstreamHTTPError):
+class AuthFailed(UpstreamError):
     pass
 
 
-class RateLimited(UpstreamHTTPError):
+class RateLimited(UpstreamError):
     pass
+
+
+class ContextOverflow(UpstreamError):
+    def __init__(
+        self,
+        *,
+        upstream: str,
+        status: int,
+        headers: Mapping[str, str],
+        body: bytes,
+        overflow: Overflow,
+    ) -> None:
+        super().__init__(
+            upstream=upstream,
+            status=status,
+            headers=headers,
+            body=body,
+            message=f"upstream {upstream!r}: context overflow: {overflow.message}",
+        )
+        self.overflow = overflow

@@ -14,16 +14,40 @@ import aiohttp
 from adapters.base import UpstreamResponse
 from adapters.config import UpstreamConfig
 from adapters.errors import (
+    ContextOverflow,
+    UpstreamError,
     UpstreamFailure,
-    UpstreamHTTPError,
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
 from adapters.exchange import Exchange
 from adapters.headers import upstream_request_headers
+from adapters.overflow import Overflow, classify
 
 MAX_ERROR_BODY = 1024 * 1024
+MAX_PEEK = 256 * 1024
+
+
+def first_event_data(stream: bytes) -> bytes | None:
+    """The data of the first complete server-sent event that has any, else None."""
+    text = stream.replace(b"\r\n", b"\n")
+    while b"\n\n" in text:
+        event, _, text = text.partition(b"\n\n")
+        data = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
+        if data:
+            return b"\n".join(data)
+    return None
+
+
+def is_error_event(stream: bytes, data: bytes) -> bool:
+    head = stream.replace(b"\r\n", b"\n").split(b"\n\n", 1)[0]
+    if b"event: error" in head or b"event:error" in head:
+        return True
+    stripped = data.lstrip()
+    return stripped.startswith(b"{") and (
+        b'"error"' in stripped[:200] or b'"type":"error"' in stripped[:40]
+    )
 
 
 class RawHttpAdapter:
@@ -88,17 +112,18 @@ class RawHttpAdapter:
         try:
             if response.status >= 400:
                 body = await response.content.read(MAX_ERROR_BODY)
-                raise UpstreamHTTPError.from_reply(
+                raise UpstreamError.from_reply(
                     upstream=self.name,
                     status=response.status,
                     headers=response.headers,
                     body=body,
                 )
             if response.content_type == "text/event-stream":
+                peeked = await self._until_first_event(response)
                 return UpstreamResponse(
                     status=response.status,
                     headers=response.headers,
-                    chunks=self._relay(response),
+                    chunks=self._relay(response, peeked),
                     closer=_closer(response),
                 )
             body = await response.read()
@@ -111,8 +136,48 @@ class RawHttpAdapter:
         response.release()
         return UpstreamResponse(status=response.status, headers=response.headers, body=body)
 
-    async def _relay(self, response: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    async def _until_first_event(self, response: aiohttp.ClientResponse) -> list[bytes]:
+        """Read a 200 stream up to its first event with data. Some providers report a context
+        overflow there (or send an empty stream) instead of an error status; that must become a
+        `ContextOverflow` before the client is told 200. Returns the bytes read, to replay."""
+        peeked: list[bytes] = []
+        seen = b""
+        while len(seen) <= MAX_PEEK:
+            chunk = await response.content.readany()
+            if not chunk:
+                break
+            peeked.append(chunk)
+            seen += chunk
+            first = first_event_data(seen)
+            if first is None:
+                continue
+            overflow = classify(200, first) if is_error_event(seen, first) else None
+            if overflow is not None:
+                response.close()
+                raise ContextOverflow(
+                    upstream=self.name,
+                    status=response.status,
+                    headers=response.headers,
+                    body=seen,
+                    overflow=overflow,
+                )
+            return peeked
+        if not seen.strip() or first_event_data(seen + b"\n\n") is None:
+            raise ContextOverflow(
+                upstream=self.name,
+                status=response.status,
+                headers=response.headers,
+                body=seen,
+                overflow=Overflow(message="the provider sent an empty stream"),
+            )
+        return peeked
+
+    async def _relay(
+        self, response: aiohttp.ClientResponse, peeked: list[bytes]
+    ) -> AsyncIterator[bytes]:
         try:
+            for chunk in peeked:
+                yield chunk
             async for chunk in response.content.iter_any():
                 yield chunk
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:

@@ -18,16 +18,24 @@ from multidict import CIMultiDict
 from adapters.base import UpstreamResponse
 from adapters.config import UpstreamConfig
 from adapters.errors import (
+    ContextOverflow,
+    UpstreamError,
     UpstreamFailure,
-    UpstreamHTTPError,
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
 from adapters.exchange import Exchange
+from adapters.overflow import Overflow, classify
 
 _JSON = CIMultiDict({"Content-Type": "application/json"})
 _SSE = CIMultiDict({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+
+
+def _error_body(message: str, error_type: str, code: str | None) -> bytes:
+    return orjson.dumps(
+        {"error": {"message": message, "type": error_type, "param": None, "code": code}}
+    )
 
 
 def import_litellm() -> Any:
@@ -67,13 +75,19 @@ class LitellmAdapter:
                 f"upstream {self.name!r} is unreachable: {message}", upstream=self.name
             )
         status = getattr(exc, "status_code", None)
+        if isinstance(exc, litellm.ContextWindowExceededError):
+            body = _error_body(message, "invalid_request_error", "context_length_exceeded")
+            overflow = classify(400, body) or Overflow(message=message)
+            return ContextOverflow(
+                upstream=self.name, status=400, headers=_JSON, body=body, overflow=overflow
+            )
         if isinstance(status, int) and 400 <= status < 600:
             error_type = "invalid_request_error" if status < 500 else "api_error"
-            body = orjson.dumps(
-                {"error": {"message": message, "type": error_type, "param": None, "code": None}}
-            )
-            return UpstreamHTTPError.from_reply(
-                upstream=self.name, status=status, headers=_JSON, body=body
+            return UpstreamError.from_reply(
+                upstream=self.name,
+                status=status,
+                headers=_JSON,
+                body=_error_body(message, error_type, None),
             )
         return UpstreamProtocolError(
             f"upstream {self.name!r} failed: {message}", upstream=self.name

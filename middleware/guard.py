@@ -105,8 +105,9 @@ class Guard:
 def _with_headers(
     reply: UpstreamResponse, tokens_out: int, actions: str, tokens_in: int | None = None
 ) -> UpstreamResponse:
+    """Set the token and action headers, unless a later stage (a retry) already set them."""
     headers = CIMultiDict(reply.headers)
-    headers["x-brim-tokens-in"] = str(tokens_in if tokens_in is not None else tokens_out)
-    headers["x-brim-tokens-out"] = str(tokens_out)
-    headers["x-brim-actions"] = actions
+    headers.setdefault("x-brim-tokens-in", str(tokens_in if tokens_in is not None else tokens_out))
+    headers.setdefault("x-brim-tokens-out", str(tokens_out))
+    headers.setdefault("x-brim-actions", actions)
     return dataclasses.replace(reply, headers=headers)

@@ -1,4 +1,4 @@
-"""The default stage order: resolve limits → guard → (retry, in a later release) → forward."""
+"""The default stage order: resolve limits → guard → retry on overflow → forward."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from middleware.base import Stage
 from middleware.forward import Forward
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
-from middleware.settings import GuardConfig
+from middleware.retry import RetryOnOverflow
+from middleware.settings import GuardConfig, RetryConfig
 from policies.clients import ClientRule
 from policies.compress import build_policies
 from policies.limits import LimitsRegistry
@@ -27,6 +28,9 @@ class PipelineConfig(Protocol):
     @property
     def clients(self) -> Mapping[str, ClientRule]: ...
 
+    @property
+    def retry(self) -> RetryConfig: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Services:
@@ -39,24 +43,36 @@ class Services:
 
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
-    return [
+    guard = config.guard
+    policies = build_policies(guard.policies, guard.policy_settings())
+    stages: list[Stage] = [
         ResolveLimits(
             services.limits,
             services.counter,
-            safety_margin=config.guard.safety_margin,
+            safety_margin=guard.safety_margin,
             clients=config.clients,
-        ),
-        *(
-            [
-                Guard(
-                    services.counter,
-                    build_policies(config.guard.policies, config.guard.policy_settings()),
-                    low_water=config.guard.low_water,
-                    repair_pairs=config.guard.repair_pairs,
-                )
-            ]
-            if config.guard.enabled
-            else []
-        ),
-        Forward(services.upstreams),
+        )
     ]
+    if guard.enabled:
+        stages.append(
+            Guard(
+                services.counter,
+                policies,
+                low_water=guard.low_water,
+                repair_pairs=guard.repair_pairs,
+            )
+        )
+    if config.retry.enabled:
+        stages.append(
+            RetryOnOverflow(
+                services.limits,
+                services.counter,
+                policies,
+                services.upstreams.route,
+                max_attempts=config.retry.max_attempts,
+                steps=config.retry.steps,
+                safety_margin=guard.safety_margin,
+            )
+        )
+    stages.append(Forward(services.upstreams))
+    return stages

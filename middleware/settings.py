@@ -39,3 +39,18 @@ class GuardConfig(BaseModel):
 
     def policy_settings(self) -> dict[str, BaseModel]:
         return {name: getattr(self, name) for name in REGISTRY}
+
+
+class RetryConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    enabled: bool = True
+    max_attempts: int = Field(3, ge=0, le=10)
+    steps: tuple[float, ...] = (0.2, 0.3, 0.4)  # share of the first attempt's tokens to cut
+
+    @field_validator("steps")
+    @classmethod
+    def _fractions(cls, steps: tuple[float, ...]) -> tuple[float, ...]:
+        if not steps or not all(0 < step < 1 for step in steps):
+            raise ValueError("steps must be one or more fractions between 0 and 1")
+        return steps

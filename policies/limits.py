@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
+from cachetools import TTLCache
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies import model_table
@@ -97,6 +98,7 @@ class ModelFacts(BaseModel):
     max_output: int | None = Field(None, gt=0)
     tokenizer: Literal["o200k_base", "cl100k_base", "claude"] | None = None
     aliases: tuple[str, ...] = ()
+    fallbacks: tuple[str, ...] = ()  # larger-window models to try when this one overflows
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,20 +156,34 @@ class LimitsRegistry:
         self,
         configured: Mapping[str, ModelFacts] | None = None,
         model_map: ModelMap | None = None,
+        *,
+        learned_ttl_s: float = 24 * 3600,
     ) -> None:
         self.configured = {key.lower(): facts for key, facts in (configured or {}).items()}
         self.aliases = {
             alias.lower(): key for key, facts in self.configured.items() for alias in facts.aliases
         }
         self.model_map = model_map if model_map is not None else ModelMap.empty()
-        self.learned: dict[str, int] = {}
+        # What providers told us, shared by all requests; bounded, and forgotten after a day in
+        # case the provider raised the limit since.
+        self.learned: TTLCache[str, int] = TTLCache(maxsize=4_096, ttl=learned_ttl_s)
 
     def normalize(self, raw: str) -> ModelId:
         return normalize_model_id(raw, self.aliases)
 
-    def learn(self, raw: str, context_window: int) -> None:
-        """Remember the window a provider reported for this model; it wins from now on."""
-        self.learned[self.normalize(raw).candidates[0]] = context_window
+    def learn(self, raw: str, context_window: int) -> bool:
+        """Remember the window a provider reported for this model; it wins from now on.
+        Returns whether this was news (so the caller logs it once)."""
+        key = self.normalize(raw).candidates[0]
+        news = self.learned.get(key) != context_window
+        self.learned[key] = context_window
+        return news
+
+    def fallbacks(self, raw: str) -> tuple[str, ...]:
+        model = self.normalize(raw)
+        return next(
+            (self.configured[c].fallbacks for c in model.candidates if c in self.configured), ()
+        )
 
     def resolve(self, raw: str) -> ResolvedLimits:
         model = self.normalize(raw)

@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validat
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from adapters.config import FrozenModel, UpstreamConfig, secret_from_env
-from middleware.settings import GuardConfig
+from middleware.settings import GuardConfig, RetryConfig
 from policies.clients import ClientRule
 from policies.limits import ModelFacts
 
@@ -81,6 +81,7 @@ class BrimConfig(BaseSettings):
     models: dict[str, ModelFacts] = Field(default_factory=dict)
     clients: dict[str, ClientRule] = Field(default_factory=dict)
     guard: GuardConfig = GuardConfig()
+    retry: RetryConfig = RetryConfig()
 
     @classmethod
     def settings_customise_sources(

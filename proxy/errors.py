@@ -5,7 +5,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from adapters.errors import BrimError, UpstreamHTTPError
+from adapters.errors import BrimError, UpstreamError
 from adapters.headers import client_response_headers
 
 
@@ -59,13 +59,14 @@ def openai_error(exc: BrimError) -> bytes:
 
 def error_response(exc: BrimError, headers: dict[str, str] | None = None) -> web.Response:
     """The client-facing reply for `exc`. A provider's own error reply is relayed unchanged."""
-    if isinstance(exc, UpstreamHTTPError):
+    extra = {**(headers or {}), **exc.brim_headers}
+    if isinstance(exc, UpstreamError):
         relayed = client_response_headers(exc.headers)
-        relayed.update(headers or {})
+        relayed.update(extra)
         return web.Response(status=exc.status, body=exc.body, headers=relayed)
     return web.Response(
         status=exc.status,
         body=openai_error(exc),
         content_type="application/json",
-        headers=headers,
+        headers=extra,
     )

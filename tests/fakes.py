@@ -67,6 +67,7 @@ class FakeProvider:
     requests: list[Seen] = field(default_factory=list)
     strict_counts: list[int] = field(default_factory=list)
     strict_rejections: list[str] = field(default_factory=list)
+    tight_seen: list[tuple[str, int]] = field(default_factory=list)
     gate: threading.Event = field(default_factory=threading.Event)
     gate_timed_out: bool | None = None
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
@@ -81,6 +82,7 @@ class FakeProvider:
         self.error_bodies.clear()
         self.strict_counts.clear()
         self.strict_rejections.clear()
+        self.tight_seen.clear()
 
     @property
     def last(self) -> Seen:
@@ -135,6 +137,10 @@ class FakeProvider:
             )
         if model.startswith("strict-"):
             return self._strict(body)
+        if model.split("-")[0] in ("tight", "vague", "streamtight"):
+            refusal = self._tight(body, model)
+            if refusal is not None:
+                return refusal
         if model == "slow":
             await asyncio.sleep(3)
         if body.get("stream"):
@@ -165,6 +171,36 @@ class FakeProvider:
             },
             headers={"x-upstream-header": "kept", "openai-processing-ms": "12"},
         )
+
+    def _tight(self, body: dict[str, Any], model: str) -> web.StreamResponse | None:
+        """Models whose real window (the number in the name) is smaller than brim believes.
+        tight-N states its window in the error; vague-N does not; streamtight-N refuses in the
+        first event of a 200 stream. Returns None when the request fits."""
+        kind, window = model.split("-")[0], int(model.split("-")[1])
+        tokens = _STRICT_COUNTER.chat(body, "o200k_base").total
+        self.tight_seen.append((model, tokens))
+        if tokens <= window:
+            return None
+        if kind == "vague":
+            error = {
+                "message": "Request too large for this model.",
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "context_length_exceeded",
+            }
+        else:
+            error = {
+                "message": f"This model's maximum context length is {window} tokens. However, your messages resulted in {tokens} tokens. Please reduce the length of the messages.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+        if kind == "streamtight":
+            return web.Response(
+                body=b"data: " + orjson.dumps({"error": error}) + b"\n\n",
+                content_type="text/event-stream",
+            )
+        return web.json_response({"error": error}, status=400)
 
     def _strict(self, body: dict[str, Any]) -> web.Response:
         """A provider with an 8k window that refuses what OpenAI refuses, as OpenAI does."""

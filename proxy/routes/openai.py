@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from adapters.errors import UpstreamFailure, UpstreamHTTPError
+from adapters.errors import UpstreamError, UpstreamFailure
 from adapters.exchange import ClientApi, Exchange
 from proxy.errors import PayloadTooLarge
 from proxy.keys import BRIM_KEY_HEADER, CONFIG, PIPELINE, REQUEST_ID, UPSTREAMS
@@ -103,7 +103,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     )
     try:
         reply = await upstreams[name].send(exchange)
-    except UpstreamHTTPError:
+    except UpstreamError:
         raise
     except UpstreamFailure:
         if request.app[CONFIG].models:

@@ -15,8 +15,9 @@ from pydantic import SecretStr
 from adapters.config import UpstreamConfig
 from adapters.errors import (
     AuthFailed,
+    ContextOverflow,
     RateLimited,
-    UpstreamHTTPError,
+    UpstreamError,
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnreachable,
@@ -106,12 +107,12 @@ def adapter_for(base_url: str, api: str = "openai", key: str | None = None) -> R
         (401, AuthFailed),
         (403, AuthFailed),
         (429, RateLimited),
-        (400, UpstreamHTTPError),
-        (500, UpstreamHTTPError),
+        (400, UpstreamError),
+        (500, UpstreamError),
     ],
 )
 async def test_error_replies_keep_status_and_body(
-    served: tuple[Recorder, str], status: int, expected: type[UpstreamHTTPError]
+    served: tuple[Recorder, str], status: int, expected: type[UpstreamError]
 ) -> None:
     recorder, base = served
     recorder.reply = web.Response(status=status, body=b'{"error": "exact"}', headers={"x-a": "1"})
@@ -165,3 +166,47 @@ async def test_event_streams_are_returned_as_chunks(served: tuple[Recorder, str]
     await reply.aclose()
     await adapter.aclose()
     assert received == b"data: 1\n\ndata: [DONE]\n\n"
+
+
+OVERFLOW_EVENT = b'data: {"error": {"message": "This model\'s maximum context length is 4096 tokens.", "type": "invalid_request_error", "code": "context_length_exceeded"}}\n\n'
+
+
+async def test_an_overflow_as_the_first_stream_event_is_an_overflow(
+    served: tuple[Recorder, str],
+) -> None:
+    recorder, base = served
+    recorder.reply = web.Response(
+        body=b": keep-alive\n\n" + OVERFLOW_EVENT, content_type="text/event-stream"
+    )
+    adapter = adapter_for(f"{base}/v1")
+    with pytest.raises(ContextOverflow) as caught:
+        await adapter.send(exchange())
+    await adapter.aclose()
+    assert caught.value.overflow.limit == 4096
+    assert caught.value.status == 200 and caught.value.body.endswith(OVERFLOW_EVENT)
+
+
+async def test_an_empty_stream_is_treated_as_an_overflow(served: tuple[Recorder, str]) -> None:
+    recorder, base = served
+    recorder.reply = web.Response(body=b"", content_type="text/event-stream")
+    adapter = adapter_for(f"{base}/v1")
+    with pytest.raises(ContextOverflow, match="empty stream"):
+        await adapter.send(exchange())
+    await adapter.aclose()
+
+
+async def test_a_normal_stream_is_replayed_whole_after_the_check(
+    served: tuple[Recorder, str],
+) -> None:
+    recorder, base = served
+    body = (
+        b'data: {"choices": [{"delta": {"content": "an error message is fine here"}}]}\n\n' * 50
+        + b"data: [DONE]\n\n"
+    )
+    recorder.reply = web.Response(body=body, content_type="text/event-stream")
+    adapter = adapter_for(f"{base}/v1")
+    reply = await adapter.send(exchange())
+    assert reply.chunks is not None
+    assert b"".join([chunk async for chunk in reply.chunks]) == body
+    await reply.aclose()
+    await adapter.aclose()

@@ -67,3 +67,24 @@ def test_litellm_errors_keep_their_status(base: str) -> None:
     with pytest.raises(openai.RateLimitError) as caught:
         sdk.chat.completions.create(model="error-429", messages=HELLO)  # type: ignore[arg-type]
     assert "fake provider says 429" in caught.value.message
+
+
+def test_litellms_context_window_error_is_an_overflow_that_brim_survives(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    base = brim(
+        upstreams={
+            "via-litellm": {
+                "api": "litellm",
+                "base_url": f"{provider.url}/v1",
+                "model_prefix": "openai/",
+            }
+        },
+        models={"tight-3000": {"context_window": 100_000}},
+    )
+    messages = [{"role": "user", "content": "question " + "context " * 6000}]
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
+    raw = sdk.chat.completions.with_raw_response.create(model="tight-3000", messages=messages)  # type: ignore[arg-type]
+    assert raw.headers["x-brim-retries"] == "1"
+    assert raw.parse().choices[0].message.content == "pong"
+    assert [tokens <= 3_000 for _, tokens in provider.tight_seen] == [False, True]

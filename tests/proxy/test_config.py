@@ -184,6 +184,11 @@ def test_guard_clients_and_model_facts_sections(tmp_path: Path) -> None:
         [models."local"]
         context_window = 32768
         tokenizer = "cl100k_base"
+        fallbacks = ["local-128k"]
+
+        [retry]
+        max_attempts = 2
+        steps = [0.25, 0.5]
         """,
     )
     config, warnings = load_config(path)
@@ -194,6 +199,8 @@ def test_guard_clients_and_model_facts_sections(tmp_path: Path) -> None:
     assert config.clients["internal"].overhead == 5_000
     assert list(config.clients) == ["claude-code", "internal"]  # file order: first match wins
     assert config.models["local"].tokenizer == "cl100k_base"
+    assert config.models["local"].fallbacks == ("local-128k",)
+    assert (config.retry.max_attempts, config.retry.steps) == (2, (0.25, 0.5))
 
 
 @pytest.mark.parametrize(
@@ -208,6 +215,8 @@ def test_guard_clients_and_model_facts_sections(tmp_path: Path) -> None:
         ('[guard]\npolicies = ["evict", "summarize_everything"]\n', "summarize_everything"),
         ("[guard]\nlow_water = 1.5\n", "guard.low_water"),
         ("[guard.evict]\nkeep_recent_turns = -1\n", "guard.evict.keep_recent_turns"),
+        ("[retry]\nsteps = [0.2, 1.5]\n", "retry.steps"),
+        ("[retry]\nmax_attempts = 99\n", "retry.max_attempts"),
     ],
 )
 def test_bad_guard_client_and_model_values_are_named(tmp_path: Path, text: str, named: str) -> None:

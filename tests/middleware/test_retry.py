@@ -1,0 +1,168 @@
+"""Retry on the provider's own overflow: the openai SDK through brim to providers whose real
+window is smaller than brim's configured one."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from tests.conftest import BrimFactory
+from tests.fakes import FakeProvider, pairing_errors
+
+BIG = 100_000  # what brim is told the models have
+
+
+def conversation(turns: int, lines: int = 60) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Find the failing test."},
+    ]
+    for n in range(turns):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"c{n}",
+                        "type": "function",
+                        "function": {"name": "bash", "arguments": "{}"},
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"c{n}",
+                "content": "\n".join(f"test_{n}_{i} PASSED in 0.{i}s" for i in range(lines)),
+            }
+        )
+    messages.append({"role": "user", "content": "What failed?"})
+    return messages
+
+
+@pytest.fixture
+def base(brim: BrimFactory) -> str:
+    models = {
+        f"{kind}-{window}": {"context_window": BIG, "max_output": 1_000}
+        for kind in ("tight", "vague", "streamtight")
+        for window in (3_000, 8_000, 20_000, 300)
+    }
+    models["tight-3000"] = {
+        "context_window": BIG,
+        "max_output": 1_000,
+        "fallbacks": ["tight-20000"],
+    }
+    return brim(models=models, guard={"safety_margin": 0.0})
+
+
+def post(base: str, model: str, messages: list[dict[str, Any]], **extra: Any) -> httpx.Response:
+    return httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": model, "messages": messages, **extra},
+        timeout=30,
+    )
+
+
+def test_a_stated_limit_is_used_directly_and_learned_for_the_next_request(
+    base: str, provider: FakeProvider, caplog: pytest.LogCaptureFixture
+) -> None:
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0)
+    messages = conversation(12)
+    with caplog.at_level(logging.WARNING, logger="brim.retry"):
+        raw = sdk.chat.completions.with_raw_response.create(model="tight-8000", messages=messages)  # type: ignore[arg-type]
+    assert raw.parse().choices[0].message.content == "pong"
+    assert raw.headers["x-brim-retries"] == "1"
+    first, second = provider.tight_seen
+    assert first[1] > 8_000 >= second[1]  # straight to the stated window: no 20 % steps
+    assert second[1] >= 8_000 * 0.85  # …and not far below it
+    assert int(raw.headers["x-brim-tokens-out"]) == second[1]
+    assert sum("8000-token window" in r.getMessage() for r in caplog.records) == 1
+
+    provider.tight_seen.clear()
+    messages += [
+        {"role": "assistant", "content": "test_3 failed"},
+        {"role": "user", "content": "Why?"},
+    ]
+    raw = sdk.chat.completions.with_raw_response.create(model="tight-8000", messages=messages)  # type: ignore[arg-type]
+    assert raw.headers["x-brim-retries"] == "0"  # compressed up front with the learned window
+    assert len(provider.tight_seen) == 1 and provider.tight_seen[0][1] <= 8_000
+    assert raw.headers["x-brim-actions"] != "none"
+    assert int(raw.headers["x-brim-budget"]) <= 8_000
+
+
+def test_without_a_stated_limit_the_cut_grows_20_30_40_percent(
+    base: str, provider: FakeProvider
+) -> None:
+    messages = conversation(8, lines=40)  # ~4 640 tokens: only a 40 % cut gets under 3 000
+    reply = post(base, "vague-3000", messages)
+    assert reply.status_code == 200
+    assert reply.headers["x-brim-retries"] == "3"
+    counts = [tokens for _, tokens in provider.tight_seen]
+    assert len(counts) == 4
+    first = counts[0]
+    assert 3_000 / 0.7 < first < 3_000 / 0.6
+    for attempt, step in enumerate((0.2, 0.3, 0.4), start=1):
+        assert first * (1 - step) * 0.9 <= counts[attempt] <= first * (1 - step), (attempt, counts)
+    for seen in provider.requests:  # every cut kept the pairing valid
+        assert pairing_errors(orjson.loads(seen.body)["messages"]) == []
+
+
+def test_after_the_last_attempt_the_providers_error_comes_back_unchanged(
+    base: str, provider: FakeProvider
+) -> None:
+    reply = post(base, "vague-300", conversation(12))
+    assert reply.status_code == 400
+    assert reply.json()["error"] == {
+        "message": "Request too large for this model.",
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "context_length_exceeded",
+    }
+    assert reply.headers["x-brim-retries"] == "3"
+    assert len(provider.tight_seen) == 4  # the first try and three retries
+
+
+@pytest.mark.parametrize("status", [401, 429, 500])
+def test_other_errors_are_passed_through_after_one_call(
+    base: str, provider: FakeProvider, status: int
+) -> None:
+    reply = post(base, f"error-{status}", conversation(2))
+    assert reply.status_code == status
+    assert reply.json()["error"]["code"] == f"fake_{status}"
+    assert reply.headers["x-brim-retries"] == "0"
+    assert len(provider.requests) == 1
+
+
+def test_an_overflow_inside_a_200_stream_is_retried(base: str, provider: FakeProvider) -> None:
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0)
+    stream = sdk.chat.completions.create(
+        model="streamtight-8000", messages=conversation(12), stream=True
+    )  # type: ignore[arg-type]
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+    assert text == "Hello world"
+    assert [tokens <= 8_000 for _, tokens in provider.tight_seen] == [False, True]
+
+
+def test_a_fallback_model_is_tried_before_cutting(base: str, provider: FakeProvider) -> None:
+    messages = conversation(12)
+    reply = post(base, "tight-3000", messages)
+    assert reply.status_code == 200
+    assert reply.headers["x-brim-actions"] == "fallback:1"
+    assert [model for model, _ in provider.tight_seen] == ["tight-3000", "tight-20000"]
+    sent = orjson.loads(provider.requests[-1].body)
+    assert sent["model"] == "tight-20000"
+    assert sent["messages"] == messages  # nothing was cut
+
+
+def test_retry_can_be_switched_off(brim: BrimFactory, provider: FakeProvider) -> None:
+    base = brim(models={"tight-3000": {"context_window": BIG}}, retry={"enabled": False})
+    reply = post(base, "tight-3000", conversation(12))
+    assert reply.status_code == 400
+    assert len(provider.tight_seen) == 1
