@@ -11,6 +11,7 @@ import openai
 import orjson
 import pytest
 
+from tests.builders import tool_turn
 from tests.conftest import BrimFactory
 from tests.fakes import FakeProvider, pairing_errors
 
@@ -23,26 +24,8 @@ def conversation(turns: int, lines: int = 60) -> list[dict[str, Any]]:
         {"role": "user", "content": "Find the failing test."},
     ]
     for n in range(turns):
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": f"c{n}",
-                        "type": "function",
-                        "function": {"name": "bash", "arguments": "{}"},
-                    }
-                ],
-            }
-        )
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": f"c{n}",
-                "content": "\n".join(f"test_{n}_{i} PASSED in 0.{i}s" for i in range(lines)),
-            }
-        )
+        output = "\n".join(f"test_{n}_{i} PASSED in 0.{i}s" for i in range(lines))
+        messages += tool_turn(f"c{n}", output, name="bash")
     messages.append({"role": "user", "content": "What failed?"})
     return messages
 

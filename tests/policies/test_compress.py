@@ -13,6 +13,7 @@ from policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
 from policies.dialects import ChatDialect
 from policies.tokens import CounterMeter, TokenCounter
 from proxy.resources import use_bundled_tiktoken_files
+from tests.builders import tool_turn
 from tests.fakes import pairing_errors
 
 use_bundled_tiktoken_files()
@@ -30,7 +31,7 @@ text = words.map(" ".join)
 
 
 @st.composite
-def tool_turn(draw: Any, turn: int) -> list[dict[str, Any]]:
+def generated_tool_turn(draw: Any, turn: int) -> list[dict[str, Any]]:
     calls = draw(st.integers(1, 3))
     ids = [f"call_{turn}_{n}" for n in range(calls)]
     assistant: dict[str, Any] = {
@@ -101,7 +102,7 @@ def conversations(draw: Any) -> list[dict[str, Any]]:
                 {"role": "assistant", "content": draw(text) or "ok", "x_vendor": {"kept": True}}
             )
         elif kind == "tools":
-            messages += draw(tool_turn(turn))
+            messages += draw(generated_tool_turn(turn))
         elif kind == "giant":
             messages.append(
                 {"role": "user", "content": "giant paste line\n" * draw(st.integers(500, 3000))}
@@ -175,26 +176,8 @@ def growing_session(turns: int, lines: int) -> list[list[dict[str, Any]]]:
         if turn and turn % 10 == 0:
             messages.append({"role": "user", "content": f"Also check module {turn}."})
         snapshots.append(list(messages))
-        messages.append(
-            {
-                "role": "assistant",
-                "content": f"step {turn}",
-                "tool_calls": [
-                    {
-                        "id": f"c{turn}",
-                        "type": "function",
-                        "function": {"name": "read_file", "arguments": "{}"},
-                    }
-                ],
-            }
-        )
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": f"c{turn}",
-                "content": "\n".join(f"def f_{turn}_{n}(v): return v * {n}" for n in range(lines)),
-            }
-        )
+        output = "\n".join(f"def f_{turn}_{n}(v): return v * {n}" for n in range(lines))
+        messages += tool_turn(f"c{turn}", output, said=f"step {turn}")
     return snapshots
 
 

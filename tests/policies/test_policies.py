@@ -14,6 +14,7 @@ from policies.prune import PruneSettings, PruneToolResults
 from policies.tokens import CounterMeter, TokenCounter
 from policies.truncate import Truncate
 from proxy.resources import use_bundled_tiktoken_files
+from tests.builders import tool_turn as build_tool_turn
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base")
@@ -25,16 +26,7 @@ def conv(messages: list[dict[str, Any]]) -> Conversation:
 
 
 def tool_turn(n: int, content: str, name: str = "read_file") -> list[dict[str, Any]]:
-    return [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {"id": f"c{n}", "type": "function", "function": {"name": name, "arguments": "{}"}}
-            ],
-        },
-        {"role": "tool", "tool_call_id": f"c{n}", "content": content},
-    ]
+    return build_tool_turn(f"c{n}", content, name)
 
 
 LOG = "\n".join(

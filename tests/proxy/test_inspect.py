@@ -6,10 +6,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 
+from tests.builders import tool_turn
 from tests.policies.test_tokens import TOOLS, WEATHER
 
 BRIM = str(Path(sys.executable).with_name("brim"))
@@ -99,25 +101,12 @@ def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
     (tmp_path / "proxy.toml").write_text(
         '[models."small"]\ncontext_window = 2000\nmax_output = 100\n'
     )
-    messages: list[dict[str, object]] = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "go"},
     ]
     for n in range(6):
-        messages.append(
-            {
-                "role": "assistant",
-                "content": None,
-                "tool_calls": [
-                    {
-                        "id": f"c{n}",
-                        "type": "function",
-                        "function": {"name": "bash", "arguments": "{}"},
-                    }
-                ],
-            }
-        )
-        messages.append({"role": "tool", "tool_call_id": f"c{n}", "content": "output line\n" * 200})
+        messages += tool_turn(f"c{n}", "output line\n" * 200, name="bash")
     messages.append({"role": "user", "content": "why?"})
     path = tmp_path / "big.json"
     path.write_bytes(orjson.dumps({"model": "small", "messages": messages}))
