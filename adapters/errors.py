@@ -50,6 +50,10 @@ class ContextTooLarge(BrimError):
     error_type = "invalid_request_error"
     code = "context_length_exceeded"
 
+    def __init__(self, message: str, *, param: str | None = None, anthropic_message: str) -> None:
+        super().__init__(message, param=param)
+        self.anthropic_message = anthropic_message
+
 
 class UpstreamFailure(BrimError):
     error_type = "upstream_error"

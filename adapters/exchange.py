@@ -15,7 +15,7 @@ from policies.compress import Outcome
 from policies.limits import ResolvedLimits
 
 # The wire API the client spoke. Named by API, not by provider: Azure and vLLM speak "openai.chat".
-ClientApi = Literal["openai.chat", "openai.models"]
+ClientApi = Literal["openai.chat", "openai.models", "anthropic.messages", "anthropic.count_tokens"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from adapters.base import Adapter
 from adapters.config import UpstreamConfig, WireApi
@@ -15,6 +15,8 @@ from adapters.translated import LitellmAdapter
 SERVES: dict[str, frozenset[WireApi]] = {
     "openai.chat": frozenset({"openai", "litellm"}),
     "openai.models": frozenset({"openai"}),
+    "anthropic.messages": frozenset({"anthropic", "litellm"}),
+    "anthropic.count_tokens": frozenset({"anthropic", "litellm"}),
 }
 
 
@@ -25,13 +27,22 @@ def build_adapter(name: str, config: UpstreamConfig) -> Adapter:
 
 
 class Upstreams:
-    """Adapters by upstream name, plus routing. Routes are globs tried in order, first match wins;
-    with no `[routes]` at all, each request goes to the first upstream that speaks its wire API.
+    """Adapters by upstream name, plus routing. Routes are globs tried in order, each naming one
+    upstream or a list of them; the first that matches the model and speaks the client's wire API
+    wins. With no `[routes]` at all, each request goes to the first upstream that speaks its API.
     """
 
-    def __init__(self, upstreams: Mapping[str, UpstreamConfig], routes: Mapping[str, str]) -> None:
+    def __init__(
+        self,
+        upstreams: Mapping[str, UpstreamConfig],
+        routes: Mapping[str, str | Sequence[str]],
+    ) -> None:
         self.configs = dict(upstreams)
-        self.routes = list(routes.items())
+        self.routes = [
+            (pattern, name)
+            for pattern, names in routes.items()
+            for name in ([names] if isinstance(names, str) else names)
+        ]
         self.adapters: dict[str, Adapter] = {
             name: build_adapter(name, config) for name, config in upstreams.items()
         }

@@ -17,9 +17,9 @@ from adapters.errors import ContextTooLarge
 from adapters.exchange import Exchange
 from middleware.base import CallNext
 from middleware.limits import OFF_LOOP_BYTES
-from policies.compress import Outcome, compress_chat
+from policies.compress import Outcome, compress_request
 from policies.conversation import Policy
-from policies.dialects import ChatDialect
+from policies.dialects import DIALECTS
 from policies.tokens import CounterMeter, TokenCounter
 
 log = logging.getLogger("brim.guard")
@@ -27,12 +27,19 @@ log = logging.getLogger("brim.guard")
 
 def _refusal(outcome: Outcome) -> ContextTooLarge:
     tried = ", ".join(outcome.tried) or "nothing (no policy is configured)"
+    how = (
+        f"the smallest it got was {outcome.tokens_out} tokens after trying {tried}. "
+        "Shorten the conversation or start a new one."
+    )
     return ContextTooLarge(
         f"This request has {outcome.tokens_in} input tokens, over the {outcome.limit}-token "
-        f"budget brim keeps for this model, and could not be made to fit: the smallest it got "
-        f"was {outcome.tokens_out} tokens after trying {tried}. Shorten the conversation or "
-        "start a new one.",
+        f"budget brim keeps for this model, and could not be made to fit: {how}",
         param="messages",
+        # Claude Code recognises this wording and offers to compact the conversation.
+        anthropic_message=(
+            f"prompt is too long: {outcome.tokens_in} tokens > {outcome.limit} maximum "
+            f"(brim could not make it fit: {how})"
+        ),
     )
 
 
@@ -51,15 +58,14 @@ class Guard:
         self.policies = list(policies)
         self.low_water = low_water
         self.repair_pairs = repair_pairs
-        self.dialect = ChatDialect()
 
     def outcome(self, exchange: Exchange) -> Outcome:
         """What the guard does to this exchange (also used by `brim inspect`)."""
         assert exchange.context is not None and exchange.body is not None
         limits = exchange.context.limits.limits
-        return compress_chat(
+        return compress_request(
             exchange.body,
-            CounterMeter(self.counter, limits.tokenizer, exchange.model),
+            CounterMeter(self.counter, limits.tokenizer, exchange.model, exchange.api),
             self.policies,
             limit=exchange.context.budget.effective(),
             low_water=self.low_water,
@@ -71,11 +77,11 @@ class Guard:
         if not exchange.context.fits:
             return True
         return self.repair_pairs and bool(
-            self.dialect.violations(exchange.body.get("messages") or [])
+            DIALECTS[exchange.api].violations(exchange.body.get("messages") or [])
         )
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        if exchange.context is None or exchange.body is None or exchange.api != "openai.chat":
+        if exchange.context is None or exchange.body is None or exchange.api not in DIALECTS:
             return await call_next(exchange)
         if not self._needs_work(exchange):
             reply = await call_next(exchange)

@@ -61,7 +61,7 @@ class ResolveLimits:
     ) -> RequestTokens:
         body = exchange.body or {}
         bound = self.counter.upper_bound(exchange.raw, body, tokenizer)
-        count = functools.partial(self._count, body, tokenizer, exchange.model, bound)
+        count = functools.partial(self._count, exchange.api, body, tokenizer, exchange.model, bound)
         if len(exchange.raw) <= INLINE_BYTES:
             return RequestTokens(upper_bound=bound, exact=count())
         if budget.fits(bound):  # no decision hangs on it: count beside the upstream call
@@ -70,9 +70,11 @@ class ResolveLimits:
             return RequestTokens(upper_bound=bound, exact=await _thread(count))
         return RequestTokens(upper_bound=bound, exact=count())
 
-    def _count(self, body: Mapping[str, Any], tokenizer: str, model: str, bound: int) -> int:
+    def _count(
+        self, api: str, body: Mapping[str, Any], tokenizer: str, model: str, bound: int
+    ) -> int:
         try:
-            return self.counter.chat(body, tokenizer, model).total
+            return self.counter.request(api, body, tokenizer, model).total
         except Exception:  # a count must never fail a request: the bound is still true
             log.exception("token count failed; using the byte bound %d", bound)
             return bound

@@ -32,8 +32,9 @@ from adapters.exchange import Exchange, RequestContext
 from middleware.base import CallNext
 from middleware.limits import OFF_LOOP_BYTES
 from policies.budget import budget_for, requested_output
-from policies.compress import SHORT, Outcome, compress_chat
+from policies.compress import SHORT, Outcome, compress_request
 from policies.conversation import Policy
+from policies.dialects import DIALECTS
 from policies.limits import LimitsRegistry
 from policies.tokens import CounterMeter, TokenCounter
 
@@ -65,7 +66,7 @@ class RetryOnOverflow:
         self.safety_margin = safety_margin
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        if exchange.context is None or exchange.body is None or exchange.api != "openai.chat":
+        if exchange.context is None or exchange.body is None or exchange.api not in DIALECTS:
             return await call_next(exchange)
         current = exchange
         retries = 0
@@ -162,11 +163,14 @@ class RetryOnOverflow:
     ) -> Outcome | None:
         assert exchange.body is not None and exchange.context is not None
         target = self._target(exchange, overflow, retries, first, sent)
-        meter = CounterMeter(self.counter, exchange.context.limits.limits.tokenizer, exchange.model)
+        tokenizer = exchange.context.limits.limits.tokenizer
+        meter = CounterMeter(self.counter, tokenizer, exchange.model, exchange.api)
 
         def run() -> Outcome:
             assert exchange.body is not None
-            return compress_chat(exchange.body, meter, self.policies, limit=target, low_water=1.0)
+            return compress_request(
+                exchange.body, meter, self.policies, limit=target, low_water=1.0
+            )
 
         outcome = await asyncio.to_thread(run) if len(exchange.raw) > OFF_LOOP_BYTES else run()
         if not outcome.changed or outcome.tokens_out >= sent:

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from policies.clear import ClearSettings, ClearToolResults
 from policies.conversation import Conversation, Dialect, FidelityRecord, Goal, Meter, Policy
-from policies.dialects import ChatDialect
+from policies.dialects import DIALECTS
 from policies.evict import Evict, EvictSettings
 from policies.prune import PruneSettings, PruneToolResults
 from policies.tokens import CounterMeter
@@ -97,6 +97,10 @@ def compress(
             tried.append(policy.name)
             conversation, done = policy.apply(conversation, goal, meter)
             records += done
+        if dialect.violations(conversation.messages):  # e.g. Anthropic's "start with a user"
+            fixed_messages, notes = dialect.repaired(conversation.messages)
+            repairs += notes
+            conversation = Conversation.of(dialect, fixed_messages, meter, fixed)
     return Outcome(
         messages=conversation.messages,
         changed=bool(repairs or records),
@@ -110,7 +114,7 @@ def compress(
     )
 
 
-def compress_chat(
+def compress_request(
     body: Mapping[str, Any],
     meter: CounterMeter,
     policies: Sequence[Policy],
@@ -119,9 +123,9 @@ def compress_chat(
     low_water: float,
     repair: bool = True,
 ) -> Outcome:
-    """`compress` for a Chat Completions body."""
+    """`compress` for a request body of the meter's wire API."""
     return compress(
-        ChatDialect(),
+        DIALECTS[meter.api],
         body.get("messages") or [],
         meter.fixed(body),
         meter,

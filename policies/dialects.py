@@ -177,3 +177,246 @@ class ChatDialect:
             out.append(message)
         close()
         return out, done
+
+
+def _blocks(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else []
+
+
+def _block_text(block: Any) -> str:
+    if not isinstance(block, Mapping):
+        return ""
+    if block.get("type") == "text":
+        return str(block.get("text", ""))
+    if block.get("type") == "tool_result":
+        return _text_of(block.get("content"))
+    return ""
+
+
+class AnthropicDialect:
+    """Anthropic Messages: `tool_use` blocks in an assistant message are answered by
+    `tool_result` blocks (which must come first) in the very next user message; the two messages
+    form one unit. `system` is outside `messages`, so it is fixed cost. Assistant messages with
+    `thinking` / `redacted_thinking` blocks are never edited — only removed whole."""
+
+    name = "anthropic.messages"
+
+    @staticmethod
+    def role(message: Any) -> str:
+        return str(message.get("role", "")) if isinstance(message, Mapping) else ""
+
+    def calls(self, message: Any) -> list[str]:
+        if self.role(message) != "assistant":
+            return []
+        return [
+            str(block.get("id"))
+            for block in _blocks(message.get("content"))
+            if isinstance(block, Mapping) and block.get("type") == "tool_use"
+        ]
+
+    def answers(self, message: Any) -> list[str]:
+        if self.role(message) != "user":
+            return []
+        return [
+            str(block.get("tool_use_id"))
+            for block in _blocks(message.get("content"))
+            if isinstance(block, Mapping) and block.get("type") == "tool_result"
+        ]
+
+    @staticmethod
+    def thinks(message: Any) -> bool:
+        return any(
+            isinstance(block, Mapping) and block.get("type") in ("thinking", "redacted_thinking")
+            for block in _blocks(message.get("content") if isinstance(message, Mapping) else None)
+        )
+
+    def units(self, messages: Sequence[Any]) -> list[Unit]:
+        units: list[Unit] = []
+        index = 0
+        while index < len(messages):
+            message = messages[index]
+            if self.calls(message):
+                end = index + 1
+                if end < len(messages) and self.answers(messages[end]):
+                    end += 1
+                units.append(Unit("tools", index, end))
+                index = end
+                continue
+            role = self.role(message)
+            kind = (
+                "orphan"
+                if self.answers(message)
+                else ("assistant" if role == "assistant" else "user")
+            )
+            units.append(Unit(kind, index, index + 1))  # type: ignore[arg-type]
+            index += 1
+        return units
+
+    def tools_by_call(self, messages: Sequence[Any]) -> dict[str, str]:
+        names: dict[str, str] = {}
+        for message in messages:
+            if self.role(message) == "assistant":
+                for block in _blocks(message.get("content")):
+                    if isinstance(block, Mapping) and block.get("type") == "tool_use":
+                        names[str(block.get("id"))] = str(block.get("name") or "tool")
+        return names
+
+    def tool_results(self, message: Any, tools_by_call: Mapping[str, str]) -> list[ToolResult]:
+        if self.role(message) != "user" or not isinstance(message.get("content"), list):
+            return []
+        return [
+            ToolResult(
+                str(block.get("tool_use_id")),
+                tools_by_call.get(str(block.get("tool_use_id")), "tool"),
+                _text_of(block.get("content")),
+            )
+            for block in message["content"]
+            if isinstance(block, Mapping)
+            and block.get("type") == "tool_result"
+            and _text_of(block.get("content"))
+        ]
+
+    def with_tool_result(self, message: Any, call_id: str, text: str) -> Any:
+        content = [
+            {**block, "content": text}
+            if isinstance(block, Mapping)
+            and block.get("type") == "tool_result"
+            and str(block.get("tool_use_id")) == call_id
+            else block
+            for block in message["content"]
+        ]
+        return {**message, "content": content}
+
+    def text(self, message: Any) -> str:
+        if not isinstance(message, Mapping):
+            return ""
+        return "\n".join(
+            block["text"]
+            for block in _blocks(message.get("content"))
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        )
+
+    def largest_text(self, message: Any) -> str | None:
+        if not isinstance(message, Mapping) or self.thinks(message):
+            return None
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [_block_text(block) for block in _blocks(content)]
+        texts = [text for text in texts if text]
+        return max(texts, key=len) if texts else None
+
+    def with_largest_text(self, message: Any, text: str) -> Any:
+        content = message.get("content")
+        if isinstance(content, str):
+            return {**message, "content": text}
+        largest = self.largest_text(message)
+        blocks = list(content)
+        for position, block in enumerate(blocks):
+            if _block_text(block) == largest:
+                field = "text" if block.get("type") == "text" else "content"
+                blocks[position] = {**block, field: text}
+                break
+        return {**message, "content": blocks}
+
+    def notice(self, text: str) -> Any:
+        return {"role": "user", "content": text}
+
+    def placeholder_result(self, call_id: str, text: str = NO_RESULT) -> Any:
+        return {"role": "user", "content": [_result_block(call_id, text)]}
+
+    def violations(self, messages: Sequence[Any]) -> list[str]:
+        problems: list[str] = []
+        if messages and self.role(messages[0]) != "user":
+            problems.append("messages[0]: the first message must be a user message")
+        for index, message in enumerate(messages):
+            role = self.role(message)
+            if role not in ("user", "assistant"):
+                problems.append(f"messages[{index}]: role {role!r} is not user or assistant")
+            answered = self.answers(message)
+            if answered:
+                previous = messages[index - 1] if index else None
+                open_calls = self.calls(previous)
+                for call_id in answered:
+                    if call_id not in open_calls:
+                        problems.append(
+                            f"messages[{index}]: tool_result {call_id!r} answers no tool_use of the previous message"
+                        )
+                if len(set(answered)) != len(answered):
+                    problems.append(f"messages[{index}]: a tool_use is answered twice")
+                kinds = [
+                    b.get("type") for b in _blocks(message.get("content")) if isinstance(b, Mapping)
+                ]
+                if kinds[: len(answered)] != ["tool_result"] * len(answered):
+                    problems.append(f"messages[{index}]: tool_result blocks must come first")
+            calls = self.calls(message)
+            if calls:
+                following = messages[index + 1] if index + 1 < len(messages) else None
+                missing = [c for c in calls if c not in self.answers(following)]
+                if missing:
+                    problems.append(
+                        f"messages[{index}]: tool_use {missing} not answered in the next message"
+                    )
+        return problems
+
+    def repaired(self, messages: Sequence[Any]) -> tuple[list[Any], list[str]]:
+        """Drop tool_result blocks that answer nothing (and messages left empty), add a
+        placeholder result for each unanswered tool_use, put results first, start with a user."""
+        out: list[Any] = []
+        done: list[str] = []
+        for message in messages:
+            open_calls = self.calls(out[-1]) if out else []
+            if self.role(message) == "user":
+                fixed, notes = self._fix_results(message, open_calls)
+                done += notes
+                if fixed is not None:
+                    out.append(fixed)
+                continue
+            if open_calls:  # the previous assistant's tool_use got no user message after it
+                out.append({"role": "user", "content": [_result_block(c) for c in open_calls]})
+                done.append(f"added results for unanswered tool_use {open_calls}")
+            out.append(message)
+        if out and self.calls(out[-1]):
+            out.append({"role": "user", "content": [_result_block(c) for c in self.calls(out[-1])]})
+            done.append("added results for the last message's unanswered tool_use")
+        if out and self.role(out[0]) != "user":
+            out.insert(0, {"role": "user", "content": "[earlier messages were removed]"})
+            done.append("started the conversation with a user message")
+        return out, done
+
+    def _fix_results(self, message: Any, open_calls: list[str]) -> tuple[Any | None, list[str]]:
+        blocks = _blocks(message.get("content"))
+        results, others, notes, seen = [], [], [], set()
+        for block in blocks:
+            if isinstance(block, Mapping) and block.get("type") == "tool_result":
+                call_id = str(block.get("tool_use_id"))
+                if call_id in open_calls and call_id not in seen:
+                    results.append(block)
+                    seen.add(call_id)
+                else:
+                    notes.append(f"dropped tool_result {call_id!r} that answers no tool_use")
+            else:
+                others.append(block)
+        missing = [c for c in open_calls if c not in seen]
+        if missing:
+            notes.append(f"added results for unanswered tool_use {missing}")
+        results += [_result_block(c) for c in missing]
+        fixed_blocks = results + others
+        if not notes and [b.get("type") if isinstance(b, Mapping) else None for b in blocks] == [
+            b.get("type") if isinstance(b, Mapping) else None for b in fixed_blocks
+        ]:
+            return message, []
+        if not fixed_blocks:
+            return None, notes
+        if not notes:
+            notes.append("moved tool_result blocks before the other content")
+        return {**message, "content": fixed_blocks}, notes
+
+
+def _result_block(call_id: str, text: str = NO_RESULT) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": call_id, "content": text}
+
+
+DIALECTS: dict[str, Any] = {"openai.chat": ChatDialect(), "anthropic.messages": AnthropicDialect()}

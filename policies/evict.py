@@ -1,6 +1,7 @@
 """`evict`: remove whole units (a tool call always with its results) and leave one notice.
 
-Always kept: the system prompt and the last user message. Kept unless nothing else helps: the
+Always kept: the system prompt, the last user message, and the last tool call with its results
+when the conversation ends with it (an ongoing tool loop). Kept unless nothing else helps: the
 first user message and the most recent `keep_recent_turns` turns (a turn is a user message or
 an assistant reply with its tool results: agent sessions have many turns per user message).
 Everything else may go, lowest value first — plain assistant chatter, then tool
@@ -109,7 +110,14 @@ class Evict:
                 break
             system.add(unit)
         users = [unit for unit in units if unit.kind == "user"]
-        last_user = users[-1] if users else None
+        role = conversation.dialect.role
+        last_user_at = max(
+            (i for i, message in enumerate(conversation.messages) if role(message) == "user"),
+            default=-1,
+        )
+        always = {unit for unit in units if last_user_at in unit.indices}  # the last user message
+        if units and units[-1].kind == "tools":  # an ongoing tool loop: the model needs it
+            always.add(units[-1])
         turns = [unit for unit in units if unit.kind in ("user", "assistant", "tools")]
         recent_from = len(conversation.messages)
         if self.settings.keep_recent_turns and turns:
@@ -118,10 +126,10 @@ class Evict:
             unit
             for unit in units
             if unit not in system
-            and unit != last_user
+            and unit not in always
             and (unit == (users[0] if users else None) or unit.start >= recent_from)
         ]
-        candidates = [u for u in units if u not in system and u != last_user and u not in optional]
+        candidates = [u for u in units if u not in system and u not in always and u not in optional]
         size = {unit: sum(conversation.sizes[i] for i in unit.indices) for unit in units}
 
         def total_without(removed: list[Unit], notice: bool) -> tuple[Conversation, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
+import re
 import struct
 
 REMOTE_IMAGE_SIZE = (1024, 1536)
@@ -99,3 +100,35 @@ def image_tokens(url: str, detail: str | None, model: str = "") -> int:
     size = data_url_size(url) if url.startswith("data:") else REMOTE_IMAGE_SIZE
     width, height = size or REMOTE_IMAGE_SIZE
     return base + per_tile * tile_count(width, height)
+
+
+ANTHROPIC_MAX_EDGE = 1568
+ANTHROPIC_MAX_IMAGE_TOKENS = 1600
+PDF_PAGE_TOKENS = 3000  # Anthropic: a page costs 1 500-3 000 tokens (text plus its image); the top
+REMOTE_PDF_PAGES = 10  # a PDF by URL is never fetched: counted as ten pages
+
+
+def anthropic_image_tokens(source: object) -> int:
+    """Anthropic's rule: about width × height / 750, after scaling the long edge to 1568 px;
+    at most ~1 600. An image whose size cannot be read counts as the most."""
+    size = None
+    if isinstance(source, dict) and source.get("type") == "base64":
+        size = data_url_size(
+            f"data:{source.get('media_type', 'image/png')};base64,{source.get('data', '')}"
+        )
+    if size is None:
+        return ANTHROPIC_MAX_IMAGE_TOKENS
+    width, height = size
+    scale = min(1.0, ANTHROPIC_MAX_EDGE / max(width, height, 1))
+    return min(ANTHROPIC_MAX_IMAGE_TOKENS, math.ceil(width * scale * height * scale / 750))
+
+
+def pdf_tokens(source: object) -> int:
+    if isinstance(source, dict) and source.get("type") == "base64":
+        try:
+            data = base64.b64decode(str(source.get("data", "")), validate=False)
+        except (binascii.Error, ValueError):
+            data = b""
+        pages = len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", data))
+        return PDF_PAGE_TOKENS * max(1, pages)
+    return PDF_PAGE_TOKENS * REMOTE_PDF_PAGES

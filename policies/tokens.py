@@ -34,8 +34,11 @@ import orjson
 import tiktoken
 from cachetools import LRUCache
 
-from policies.images import image_tokens
+from policies.images import anthropic_image_tokens, image_tokens, pdf_tokens
 
+OPENAI = "openai.chat"
+ANTHROPIC = "anthropic.messages"
+ANTHROPIC_TOOL_PROMPT = 346  # tokens Anthropic adds to the system prompt when tools are given
 O200K = "o200k_base"
 CL100K = "cl100k_base"
 CLAUDE = "claude"
@@ -107,9 +110,12 @@ class TokenCounter:
             return 0
         return self._scale(len(self.encoding(tokenizer).encode_ordinary(text)), tokenizer)
 
-    def message(self, message: Mapping[str, Any], tokenizer: str, model: str = "") -> int:
+    def message(
+        self, message: Mapping[str, Any], tokenizer: str, model: str = "", shape: str = OPENAI
+    ) -> int:
+        """One message's tokens (cached by content); `shape` is the wire API it is written in."""
         key = (
-            f"{tokenizer}:{model}",
+            f"{shape}:{tokenizer}:{model}",
             hashlib.blake2b(orjson.dumps(message), digest_size=16).digest(),
         )
         with self._lock:
@@ -118,7 +124,11 @@ class TokenCounter:
                 self.cache_hits += 1
                 return cached
             self.cache_misses += 1
-        raw = self._message_raw(message, self.encoding(tokenizer), model)
+        encoding = self.encoding(tokenizer)
+        if shape == ANTHROPIC:
+            raw = self._anthropic_raw(message, encoding)
+        else:
+            raw = self._message_raw(message, encoding, model)
         counted = self._scale(raw, tokenizer)
         with self._lock:
             self._cache[key] = counted
@@ -161,6 +171,80 @@ class TokenCounter:
             else:
                 tokens += len(enc.encode_ordinary(_text(part)))
         return tokens
+
+    def _anthropic_raw(self, message: Mapping[str, Any], enc: tiktoken.Encoding) -> int:
+        def count(value: Any) -> int:
+            return len(enc.encode_ordinary(_text(value))) if value else 0
+
+        tokens = PER_MESSAGE + count(message.get("role"))
+        content = message.get("content")
+        if isinstance(content, str):
+            return tokens + count(content)
+        for block in content if isinstance(content, list) else ():
+            tokens += self._anthropic_block(block, count)
+        return tokens
+
+    @staticmethod
+    def _anthropic_block(block: Any, count: Any) -> int:
+        if not isinstance(block, Mapping):
+            return int(count(block))
+        kind = block.get("type")
+        if kind == "text":
+            return int(count(block.get("text")))
+        if kind == "image":
+            return anthropic_image_tokens(block.get("source"))
+        if kind == "document":
+            source = block.get("source")
+            if isinstance(source, Mapping) and source.get("type") == "text":
+                return int(count(source.get("data")))
+            return pdf_tokens(source)
+        if kind == "tool_use":
+            return PER_TOOL_CALL + int(count(block.get("name"))) + int(count(block.get("input")))
+        if kind == "tool_result":
+            inner = block.get("content")
+            parts = [{"type": "text", "text": inner}] if isinstance(inner, str) else inner or []
+            return PER_TOOL_CALL + sum(TokenCounter._anthropic_block(p, count) for p in parts)
+        if kind == "thinking":
+            return int(count(block.get("thinking")))
+        if kind == "redacted_thinking":
+            return len(str(block.get("data", ""))) // 4
+        return int(count({k: v for k, v in block.items() if k != "cache_control"}))
+
+    def messages_request(
+        self, body: Mapping[str, Any], tokenizer: str, model: str = ""
+    ) -> ChatCount:
+        """An Anthropic Messages request: messages, plus the system prompt and tool list (and
+        the tool-use prompt Anthropic adds when tools are given) as fixed cost."""
+        messages = body.get("messages") or []
+        per_message = tuple(
+            self.message(m, tokenizer, model, ANTHROPIC) for m in messages if isinstance(m, Mapping)
+        )
+        system = body.get("system")
+        system_text = (
+            system
+            if isinstance(system, str)
+            else "\n".join(str(b.get("text", "")) for b in system or [] if isinstance(b, Mapping))
+        )
+        tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
+        tool_tokens = sum(
+            self.text(_text({k: v for k, v in t.items() if k != "cache_control"}), tokenizer)
+            for t in tools
+        )
+        if tools:
+            tool_tokens += self._scale(ANTHROPIC_TOOL_PROMPT, tokenizer)
+        return ChatCount(
+            messages=per_message,
+            tools=tool_tokens + self.text(system_text, tokenizer),
+            response_format=0,
+            priming=REPLY_PRIMING,
+        )
+
+    def request(
+        self, api: str, body: Mapping[str, Any], tokenizer: str, model: str = ""
+    ) -> ChatCount:
+        if api == ANTHROPIC:
+            return self.messages_request(body, tokenizer, model)
+        return self.chat(body, tokenizer, model)
 
     def tools(self, tools: Iterable[Any], tokenizer: str) -> int:
         definitions = [t.get("function", t) for t in tools if isinstance(t, Mapping)]
@@ -228,7 +312,14 @@ class TokenCounter:
             for m in messages
             if isinstance(m, Mapping) and isinstance(m.get("content"), list)
             for part in m["content"]
-            if isinstance(part, Mapping) and part.get("type") == "image_url"
+            if isinstance(part, Mapping) and part.get("type") in ("image_url", "image")
+        )
+        documents = sum(
+            pdf_tokens(part.get("source"))
+            for m in messages
+            if isinstance(m, Mapping) and isinstance(m.get("content"), list)
+            for part in m["content"]
+            if isinstance(part, Mapping) and part.get("type") == "document"
         )
         calls = sum(len(m.get("tool_calls") or ()) for m in messages if isinstance(m, Mapping))
         tools = len(body.get("tools") or ()) + len(body.get("functions") or ())
@@ -239,6 +330,8 @@ class TokenCounter:
             + (PER_TOOL[CL100K] + PROPERTIES_START) * tools
             + REPLY_PRIMING
             + MAX_IMAGE_TOKENS * images
+            + documents
+            + ANTHROPIC_TOOL_PROMPT
         )
         return self._scale(len(raw) + fixed, tokenizer)
 
@@ -246,14 +339,17 @@ class TokenCounter:
 class CounterMeter:
     """A `TokenCounter` bound to one request's tokenizer and model (the policies' `Meter`)."""
 
-    def __init__(self, counter: TokenCounter, tokenizer: str, model: str = "") -> None:
+    def __init__(
+        self, counter: TokenCounter, tokenizer: str, model: str = "", api: str = OPENAI
+    ) -> None:
         self.counter = counter
         self.tokenizer = tokenizer
         self.model = model
+        self.api = api
         self._encoding = counter.encoding(tokenizer)
 
     def message(self, message: Any) -> int:
-        return self.counter.message(message, self.tokenizer, self.model)
+        return self.counter.message(message, self.tokenizer, self.model, self.api)
 
     def tokens(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)
@@ -263,5 +359,5 @@ class CounterMeter:
 
     def fixed(self, body: Mapping[str, Any]) -> int:
         """Everything but the messages: tool definitions, response format, reply priming."""
-        count = self.counter.chat({**body, "messages": []}, self.tokenizer, self.model)
+        count = self.counter.request(self.api, {**body, "messages": []}, self.tokenizer, self.model)
         return count.total

@@ -26,6 +26,7 @@ from proxy.errors import (
     PayloadTooLarge,
     Unauthorized,
     UnknownEndpoint,
+    Wire,
     error_response,
 )
 from proxy.keys import (
@@ -39,10 +40,10 @@ from proxy.keys import (
     Readiness,
 )
 from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
-from proxy.routes import health, openai
+from proxy.routes import anthropic, health, openai
 
 log = logging.getLogger("brim")
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/readyz"})
 
 
 def _aiohttp_error(exc: web.HTTPException, request: web.Request) -> BrimError:
@@ -64,14 +65,15 @@ async def errors_in_wire_format(request: web.Request, handler: Handler) -> web.S
     request_id = request.headers.get("x-request-id") or uuid.uuid4().hex
     request[REQUEST_ID] = request_id
     id_header = {"x-brim-request-id": request_id}
+    wire = wire_of(request.path)
     try:
         return await handler(request)
     except BrimError as exc:
-        return error_response(exc, id_header)
+        return error_response(exc, id_header, wire)
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(_aiohttp_error(exc, request), id_header)
+        return error_response(_aiohttp_error(exc, request), id_header, wire)
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -79,7 +81,13 @@ async def errors_in_wire_format(request: web.Request, handler: Handler) -> web.S
         return error_response(
             InternalError(f"brim failed to handle this request (request id {request_id})."),
             id_header,
+            wire,
         )
+
+
+def wire_of(path: str) -> Wire:
+    """Which wire format a client on this path expects its errors in."""
+    return "anthropic" if path.startswith(("/v1/messages", "/messages")) else "openai"
 
 
 def _presented_key(request: web.Request) -> tuple[str, str] | None:
@@ -144,6 +152,7 @@ def create_app(config: BrimConfig) -> web.Application:
     app.cleanup_ctx.append(_lifecycle)
     health.add_routes(app)
     openai.add_routes(app)
+    anthropic.add_routes(app)
     return app
 
 

@@ -77,7 +77,7 @@ class BrimConfig(BaseSettings):
 
     server: ServerConfig = ServerConfig()
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=_default_upstreams)
-    routes: dict[str, str] = Field(default_factory=dict)
+    routes: dict[str, str | tuple[str, ...]] = Field(default_factory=dict)
     models: dict[str, ModelFacts] = Field(default_factory=dict)
     clients: dict[str, ClientRule] = Field(default_factory=dict)
     guard: GuardConfig = GuardConfig()
@@ -98,13 +98,14 @@ class BrimConfig(BaseSettings):
     def _routes_name_upstreams(self) -> BrimConfig:
         if not self.upstreams:
             raise ValueError("at least one upstream is required")
-        for pattern, name in self.routes.items():
-            if name not in self.upstreams:
-                known = ", ".join(sorted(self.upstreams))
-                raise ValueError(
-                    f'routes."{pattern}" names upstream {name!r}, which is not defined '
-                    f"(defined: {known})"
-                )
+        for pattern, names in self.routes.items():
+            for name in [names] if isinstance(names, str) else names:
+                if name not in self.upstreams:
+                    known = ", ".join(sorted(self.upstreams))
+                    raise ValueError(
+                        f'routes."{pattern}" names upstream {name!r}, which is not defined '
+                        f"(defined: {known})"
+                    )
         return self
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import orjson
 from aiohttp import web
 
-from adapters.errors import BrimError, UpstreamError
+from adapters.errors import BrimError, ContextTooLarge, UpstreamError
 from adapters.headers import client_response_headers
 
 
@@ -57,16 +59,39 @@ def openai_error(exc: BrimError) -> bytes:
     )
 
 
-def error_response(exc: BrimError, headers: dict[str, str] | None = None) -> web.Response:
-    """The client-facing reply for `exc`. A provider's own error reply is relayed unchanged."""
+# Anthropic's error types by HTTP status (https://docs.anthropic.com/en/api/errors).
+ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error(exc: BrimError) -> bytes:
+    message = exc.anthropic_message if isinstance(exc, ContextTooLarge) else exc.message
+    kind = ANTHROPIC_TYPES.get(exc.status, "api_error")
+    return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+
+
+Wire = Literal["openai", "anthropic"]
+
+
+def error_response(
+    exc: BrimError, headers: dict[str, str] | None = None, wire: Wire = "openai"
+) -> web.Response:
+    """The client-facing reply for `exc`, in the client's wire format. A provider's own error
+    reply is relayed unchanged."""
     extra = {**(headers or {}), **exc.brim_headers}
     if isinstance(exc, UpstreamError):
         relayed = client_response_headers(exc.headers)
         relayed.update(extra)
         return web.Response(status=exc.status, body=exc.body, headers=relayed)
+    body = anthropic_error(exc) if wire == "anthropic" else openai_error(exc)
     return web.Response(
-        status=exc.status,
-        body=openai_error(exc),
-        content_type="application/json",
-        headers=extra,
+        status=exc.status, body=body, content_type="application/json", headers=extra
     )

@@ -14,7 +14,7 @@ from multidict import CIMultiDict
 from policies import model_table
 from policies.budget import budget_for, requested_output
 from policies.clients import match_client
-from policies.compress import build_policies, compress_chat
+from policies.compress import build_policies, compress_request
 from policies.limits import LimitsRegistry, ResolvedLimits
 from policies.tokens import CLAUDE, CounterMeter, TokenCounter
 from proxy.config import BrimConfig
@@ -22,6 +22,22 @@ from proxy.config import BrimConfig
 
 class InspectError(ValueError):
     """The request file cannot be inspected; the message says why."""
+
+
+ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "image", "document", "thinking"})
+
+
+def wire_api_of(body: Mapping[str, Any]) -> str:
+    """Which wire API a saved request is written in: Anthropic Messages has a top-level
+    `system`, or content blocks only it has; anything else is read as Chat Completions."""
+    if "system" in body:
+        return "anthropic.messages"
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        for block in content if isinstance(content, list) else []:
+            if isinstance(block, Mapping) and block.get("type") in ANTHROPIC_BLOCKS:
+                return "anthropic.messages"
+    return "openai.chat"
 
 
 def read_request(path: str) -> dict[str, Any]:
@@ -73,7 +89,8 @@ def inspect_request(
         cli_overhead=client[1].overhead if client else None,
     )
     tokenizer = resolved.limits.tokenizer
-    count = counter.chat(body, tokenizer, resolved.limits.model)
+    api = wire_api_of(body)
+    count = counter.request(api, body, tokenizer, resolved.limits.model)
     raw = orjson.dumps(body)
     messages = body.get("messages") or []
     return {
@@ -102,8 +119,9 @@ def inspect_request(
             "upper_bound": counter.upper_bound(raw, body, tokenizer),
             "claude_factor": counter.claude_factor if tokenizer == CLAUDE else None,
         },
+        "api": api,
         "fits": budget.fits(count.total),
-        "guard": guard_report(config, counter, body, resolved, budget.effective()),
+        "guard": guard_report(config, counter, body, resolved, budget.effective(), api),
     }
 
 
@@ -113,12 +131,13 @@ def guard_report(
     body: Mapping[str, Any],
     resolved: ResolvedLimits,
     limit: int,
+    api: str,
 ) -> dict[str, Any]:
     """What the guard would do to this request, as `brim serve` is configured."""
     guard = config.guard
-    outcome = compress_chat(
+    outcome = compress_request(
         body,
-        CounterMeter(counter, resolved.limits.tokenizer, resolved.limits.model),
+        CounterMeter(counter, resolved.limits.tokenizer, resolved.limits.model, api),
         build_policies(guard.policies, guard.policy_settings()),
         limit=limit,
         low_water=guard.low_water,
@@ -154,7 +173,7 @@ def render_inspection(report: Mapping[str, Any], source: str) -> str:
     asks = budget["requested_output"]
     rule = report["client"]
     lines = [
-        f"request   {source}",
+        f"request   {source} ({report['api']})",
         f"model     {limits['model']}  →  {limits['normalised']}  "
         f"(provider {limits['provider']}{cli})",
         f"limits    window {_n(limits['context_window'])} [{sources['context_window']}]"

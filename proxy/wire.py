@@ -95,3 +95,43 @@ def check_chat(body: dict[str, Any]) -> ChatRequest:
                 param=param,
             )
     return request
+
+
+class AnthropicBlock(_Open):
+    type: StrictStr
+
+
+class AnthropicMessage(_Open):
+    role: Literal["user", "assistant"]
+    content: StrictStr | list[AnthropicBlock]
+
+
+class MessagesRequest(_Open):
+    model: StrictStr = Field(min_length=1)
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    system: StrictStr | list[AnthropicBlock] | None = None
+    stream: StrictBool | None = False
+
+
+class CountTokensRequest(MessagesRequest):
+    max_tokens: int | None = Field(None, ge=1)  # type: ignore[assignment]
+
+
+def _anthropic_param(location: tuple[int | str, ...]) -> str:
+    # Anthropic names parameters with dots: messages.0.content.1.type
+    parts = [str(part) for part in location if str(part) not in ("str", "list[AnthropicBlock]")]
+    return ".".join(parts)
+
+
+def check_messages(body: dict[str, Any], *, counting: bool = False) -> MessagesRequest:
+    """Validate an Anthropic Messages body; the error names the first offending field."""
+    model = CountTokensRequest if counting else MessagesRequest
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = _anthropic_param(first["loc"])
+        if first["type"] == "missing":
+            raise InvalidRequest(f"{param}: Field required", param=param) from None
+        raise InvalidRequest(f"{param}: {first['msg']}", param=param) from None

@@ -17,6 +17,11 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response({"status": "starting or stopping"}, status=503)
 
 
+async def root(request: web.Request) -> web.Response:
+    return web.Response(text="brim\n")  # Claude Code probes HEAD / and GET / before it starts
+
+
 def add_routes(app: web.Application) -> None:
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.router.add_get("/", root)  # aiohttp answers HEAD for every GET route

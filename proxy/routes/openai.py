@@ -3,59 +3,12 @@
 from __future__ import annotations
 
 from aiohttp import web
-from multidict import CIMultiDict, CIMultiDictProxy
 
 from adapters.errors import UpstreamError, UpstreamFailure
-from adapters.exchange import ClientApi, Exchange
-from proxy.errors import PayloadTooLarge
-from proxy.keys import BRIM_KEY_HEADER, CONFIG, PIPELINE, REQUEST_ID, UPSTREAMS
+from proxy.keys import CONFIG, PIPELINE, UPSTREAMS
 from proxy.relay import relay
+from proxy.routes.common import make_exchange, read_body
 from proxy.wire import check_chat, parse_object
-
-
-async def read_body(request: web.Request) -> bytes:
-    limit = request.app[CONFIG].server.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(
-            f"The request body is {request.content_length} bytes; this brim accepts at most "
-            f"{limit} bytes (server.max_body_mb)."
-        )
-    return await request.read()  # aiohttp enforces the same limit on chunked bodies
-
-
-def forwardable_headers(request: web.Request) -> CIMultiDictProxy[str]:
-    headers = CIMultiDict(request.headers)
-    brim_key_header = request.get(BRIM_KEY_HEADER)
-    if brim_key_header:
-        headers.popall(brim_key_header, None)
-    return CIMultiDictProxy(headers)
-
-
-def _exchange(
-    request: web.Request,
-    *,
-    api: ClientApi,
-    endpoint: str,
-    model: str,
-    body: dict[str, object] | None,
-    raw: bytes,
-    stream: bool,
-    upstream: str,
-) -> Exchange:
-    return Exchange(
-        api=api,
-        method=request.method,
-        endpoint=endpoint,
-        query=request.query_string,
-        model=model,
-        body=body,
-        raw=raw,
-        headers=forwardable_headers(request),
-        stream=stream,
-        upstream=upstream,
-        request_id=request[REQUEST_ID],
-        user_agent=request.headers.get("User-Agent", ""),
-    )
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -63,7 +16,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     body = parse_object(raw)
     chat = check_chat(body)
     upstream = request.app[UPSTREAMS].route(chat.model, "openai.chat")
-    exchange = _exchange(
+    exchange = make_exchange(
         request,
         api="openai.chat",
         endpoint="/chat/completions",
@@ -91,7 +44,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     name = upstreams.first_serving("openai.models")
     if name is None:
         return _configured_models(request)
-    exchange = _exchange(
+    exchange = make_exchange(
         request,
         api="openai.models",
         endpoint="/models",
