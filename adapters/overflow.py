@@ -25,6 +25,7 @@ class Overflow:
     message: str
     limit: int | None = None  # the window the provider states
     requested: int | None = None  # the provider's count of what was sent
+    counts_output: bool = False  # the provider says input and max_tokens share the window
 
 
 def _n(text: str) -> int:
@@ -122,6 +123,9 @@ PATTERNS: list[tuple[re.Pattern[str], int | None, int | None]] = [
 ]
 
 
+_SHARED_WINDOW = re.compile(r"input length and `?max_tokens`? exceed|in the completion", re.I)
+
+
 def _messages(payload: Any) -> list[str]:
     """Every message-like string in a provider's error body, outermost first."""
     found: list[str] = []
@@ -172,6 +176,7 @@ def classify(status: int, body: bytes | str) -> Overflow | None:
                     message=text,
                     limit=_n(limit) if limit else field_limit,
                     requested=_n(requested) if requested else field_requested,
+                    counts_output=bool(_SHARED_WINDOW.search(text)),
                 )
     code = _field(payload, "code", "type")
     if isinstance(code, str) and code in OVERFLOW_CODES:

@@ -28,11 +28,16 @@ from adapters.errors import (
 from adapters.exchange import Exchange
 from adapters.overflow import Overflow, classify
 
+# Messages fields only Anthropic itself accepts; another provider behind litellm would refuse them.
+ANTHROPIC_ONLY_FIELDS = ("context_management", "container", "mcp_servers", "betas")
 _JSON = CIMultiDict({"Content-Type": "application/json"})
 _SSE = CIMultiDict({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
 
 
-def _error_body(message: str, error_type: str, code: str | None) -> bytes:
+def _error_body(message: str, error_type: str, code: str | None, api: str) -> bytes:
+    """An error in the client's own wire shape (litellm's exceptions carry no body)."""
+    if api.startswith("anthropic"):
+        return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
     return orjson.dumps(
         {"error": {"message": message, "type": error_type, "param": None, "code": code}}
     )
@@ -44,6 +49,9 @@ def import_litellm() -> Any:
     import litellm
 
     litellm.suppress_debug_info = True
+    # Messages requests to OpenAI-family models go to chat/completions, which every
+    # OpenAI-compatible server has, rather than to the Responses API, which few do.
+    litellm.use_chat_completions_url_for_anthropic_messages = True
     return litellm
 
 
@@ -62,7 +70,7 @@ class LitellmAdapter:
     async def aclose(self) -> None:
         return None
 
-    def _failure(self, exc: Exception) -> UpstreamFailure:
+    def _failure(self, exc: Exception, api: str = "openai.chat") -> UpstreamFailure:
         litellm = import_litellm()
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         if isinstance(exc, litellm.Timeout | asyncio.TimeoutError):
@@ -76,7 +84,7 @@ class LitellmAdapter:
             )
         status = getattr(exc, "status_code", None)
         if isinstance(exc, litellm.ContextWindowExceededError):
-            body = _error_body(message, "invalid_request_error", "context_length_exceeded")
+            body = _error_body(message, "invalid_request_error", "context_length_exceeded", api)
             overflow = classify(400, body) or Overflow(message=message)
             return ContextOverflow(
                 upstream=self.name, status=400, headers=_JSON, body=body, overflow=overflow
@@ -87,16 +95,18 @@ class LitellmAdapter:
                 upstream=self.name,
                 status=status,
                 headers=_JSON,
-                body=_error_body(message, error_type, None),
+                body=_error_body(message, error_type, None, api),
             )
         return UpstreamProtocolError(
             f"upstream {self.name!r} failed: {message}", upstream=self.name
         )
 
     async def send(self, exchange: Exchange) -> UpstreamResponse:
+        if exchange.api == "anthropic.messages" and exchange.body is not None:
+            return await self._messages(exchange)
         if exchange.api != "openai.chat" or exchange.body is None:
             raise UpstreamProtocolError(
-                f"upstream {self.name!r} (litellm) serves only chat completions",
+                f"upstream {self.name!r} (litellm) serves chat completions and messages only",
                 upstream=self.name,
             )
         litellm = import_litellm()
@@ -120,6 +130,45 @@ class LitellmAdapter:
         return UpstreamResponse(
             status=200, headers=_SSE, chunks=self._events(result), closer=result.aclose
         )
+
+    async def _messages(self, exchange: Exchange) -> UpstreamResponse:
+        """An Anthropic Messages request served by any provider litellm knows (so Claude Code
+        can run on another provider's model). Anthropic-only fields are left out."""
+        assert exchange.body is not None
+        litellm = import_litellm()
+        request = {
+            key: value
+            for key, value in exchange.body.items()
+            if key not in ("model", *ANTHROPIC_ONLY_FIELDS)
+        }
+        key = self.config.api_key.get_secret_value() if self.config.api_key else _bearer(exchange)
+        try:
+            result = await litellm.anthropic.messages.acreate(
+                model=f"{self.config.model_prefix}{exchange.model}",
+                api_base=self.config.base_url,
+                api_key=key,
+                timeout=self.config.timeout_s,
+                **request,
+            )
+        except Exception as exc:
+            raise self._failure(exc, exchange.api) from exc
+        if not exchange.stream:
+            return UpstreamResponse(status=200, headers=_JSON, body=orjson.dumps(result))
+        return UpstreamResponse(status=200, headers=_SSE, chunks=self._anthropic_events(result))
+
+    async def _anthropic_events(self, stream: Any) -> AsyncIterator[bytes]:
+        try:
+            async for event in stream:
+                if isinstance(event, bytes | bytearray):
+                    yield bytes(event)
+                elif isinstance(event, str):
+                    yield event.encode()
+                else:
+                    data = event if isinstance(event, dict) else event.model_dump()
+                    yield f"event: {data.get('type', 'message')}\n".encode()
+                    yield b"data: " + orjson.dumps(data) + b"\n\n"
+        except Exception as exc:
+            raise self._failure(exc, "anthropic.messages") from exc
 
     async def _events(self, stream: Any) -> AsyncIterator[bytes]:
         try:

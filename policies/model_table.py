@@ -83,5 +83,7 @@ DEFAULT = Facts(128_000, 8_192)
 
 # Families whose published "max input" is a limit on the prompt alone (the reply has its own).
 INPUT_ONLY_LIMIT = ("gpt-5*",)
-# Providers that limit input and output separately.
-SEPARATE_OUTPUT_PROVIDERS = frozenset({"gemini", "vertex_ai", "google"})
+# Providers that limit input and output separately. Anthropic counts the prompt against the
+# window and `max_tokens` apart from it — except on models whose error says "input length and
+# `max_tokens` exceed context limit", which the retry stage then honours.
+SEPARATE_OUTPUT_PROVIDERS = frozenset({"gemini", "vertex_ai", "google", "anthropic"})

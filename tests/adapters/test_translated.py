@@ -88,3 +88,39 @@ def test_litellms_context_window_error_is_an_overflow_that_brim_survives(
     assert raw.headers["x-brim-retries"] == "1"
     assert raw.parse().choices[0].message.content == "pong"
     assert [tokens <= 3_000 for _, tokens in provider.tight_seen] == [False, True]
+
+
+def test_anthropic_messages_served_by_another_provider_through_litellm(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    import anthropic
+
+    base = brim(
+        upstreams={
+            "via-litellm": {
+                "api": "litellm",
+                "base_url": f"{provider.url}/v1",
+                "model_prefix": "openai/",
+            }
+        }
+    )
+    sdk = anthropic.Anthropic(base_url=base, api_key="sk-client", max_retries=0)
+    reply = sdk.messages.create(
+        model="fake-model",
+        max_tokens=100,
+        system="Be brief.",
+        messages=[{"role": "user", "content": "ping"}],
+        extra_body={"context_management": {"edits": []}},
+    )
+    assert reply.content[0].text == "pong"  # type: ignore[union-attr]
+    sent = orjson.loads(provider.last.body)  # litellm spoke Chat Completions to the provider
+    assert sent["model"] == "fake-model"
+    assert sent["messages"][0] == {"role": "system", "content": "Be brief."}
+    assert "context_management" not in sent
+    text = ""
+    with sdk.messages.stream(
+        model="fake-model", max_tokens=100, messages=[{"role": "user", "content": "ping"}]
+    ) as stream:
+        for chunk in stream.text_stream:
+            text += chunk
+    assert text == "Hello world"

@@ -159,7 +159,7 @@ def test_learned_limits_win_over_everything() -> None:
 
 def test_output_counting_rules(registry: LimitsRegistry) -> None:
     assert registry.resolve("gpt-4o").limits.output_counts is True
-    assert registry.resolve("claude-sonnet-4-5").limits.output_counts is True
+    assert registry.resolve("claude-sonnet-4-5").limits.output_counts is False  # max_tokens apart
     assert registry.resolve("gemini/gemini-2.5-flash").limits.output_counts is False
     # litellm states gpt-5's 272k as a limit on the prompt alone; its reply has its own.
     gpt5 = registry.resolve("gpt-5.2")
