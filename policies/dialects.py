@@ -10,6 +10,10 @@ from policies.conversation import ToolResult, Unit
 NO_RESULT = "[no result was recorded for this tool call]"
 
 
+def _role(message: Any) -> str:
+    return str(message.get("role", "")) if isinstance(message, Mapping) else ""
+
+
 def _text_of(content: Any) -> str:
     if isinstance(content, str):
         return content
@@ -29,9 +33,7 @@ class ChatDialect:
 
     name = "openai.chat"
 
-    @staticmethod
-    def role(message: Any) -> str:
-        return str(message.get("role", "")) if isinstance(message, Mapping) else ""
+    role = staticmethod(_role)
 
     def calls(self, message: Any) -> list[str]:
         if self.role(message) != "assistant":
@@ -203,9 +205,7 @@ class AnthropicDialect:
 
     name = "anthropic.messages"
 
-    @staticmethod
-    def role(message: Any) -> str:
-        return str(message.get("role", "")) if isinstance(message, Mapping) else ""
+    role = staticmethod(_role)
 
     def calls(self, message: Any) -> list[str]:
         if self.role(message) != "assistant":

@@ -19,6 +19,7 @@ for _name in [name for name in os.environ if name.startswith("BRIM_")]:
 
 from proxy.app import bound_port, start  # noqa: E402
 from proxy.config import BrimConfig  # noqa: E402
+from tests.fake_anthropic import FakeAnthropic  # noqa: E402
 from tests.fakes import FakeProvider, LoopThread, start_app  # noqa: E402
 
 
@@ -42,6 +43,21 @@ def _provider(loop_thread: LoopThread) -> Iterator[FakeProvider]:
 def provider(_provider: FakeProvider) -> FakeProvider:
     _provider.reset()
     return _provider
+
+
+@pytest.fixture(scope="session")
+def _anthropic_fake(loop_thread: LoopThread) -> Iterator[FakeAnthropic]:
+    fake = FakeAnthropic()
+    runner, url = loop_thread.run(start_app(fake.app()))
+    fake.url = url
+    yield fake
+    loop_thread.run(runner.cleanup())
+
+
+@pytest.fixture
+def anthropic_fake(_anthropic_fake: FakeAnthropic) -> FakeAnthropic:
+    _anthropic_fake.reset()
+    return _anthropic_fake
 
 
 def fake_upstream(provider: FakeProvider, **extra: Any) -> dict[str, Any]:

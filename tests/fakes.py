@@ -62,6 +62,18 @@ def pairing_errors(messages: list[dict[str, Any]]) -> list[str]:
     return errors
 
 
+async def record(request: web.Request) -> Seen:
+    """What a fake provider saw of a request: everything, body as raw bytes."""
+    return Seen(
+        method=request.method,
+        path=request.path,
+        query=request.query_string,
+        headers={k.lower(): v for k, v in request.headers.items()},
+        raw_headers=list(request.headers.items()),
+        body=await request.read(),
+    )
+
+
 @dataclass
 class FakeProvider:
     requests: list[Seen] = field(default_factory=list)
@@ -95,18 +107,9 @@ class FakeProvider:
         return app
 
     async def _record(self, request: web.Request) -> bytes:
-        body = await request.read()
-        self.requests.append(
-            Seen(
-                method=request.method,
-                path=request.path,
-                query=request.query_string,
-                headers={k.lower(): v for k, v in request.headers.items()},
-                raw_headers=list(request.headers.items()),
-                body=body,
-            )
-        )
-        return body
+        seen = await record(request)
+        self.requests.append(seen)
+        return seen.body
 
     async def models(self, request: web.Request) -> web.Response:
         await self._record(request)

@@ -120,3 +120,44 @@ def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
     assert {r["policy"] for r in guard["records"]} >= {"clear_tool_results"}
     text = brim("inspect", str(path), cwd=tmp_path).stdout
     assert "guard     compress" in text and "clear_tool_results   cleared" in text
+
+
+def test_inspect_reads_anthropic_messages_requests(tmp_path: Path) -> None:
+    (tmp_path / "proxy.toml").write_text('[models."claude-small"]\ncontext_window = 3000\n')
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "fix it"}]
+    for n in range(6):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [{"type": "tool_use", "id": f"t{n}", "name": "bash", "input": {}}],
+            }
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": f"t{n}",
+                        "content": "output line\n" * 150,
+                    }
+                ],
+            }
+        )
+    path = tmp_path / "claude.json"
+    path.write_bytes(
+        orjson.dumps(
+            {
+                "model": "claude-small",
+                "max_tokens": 1000,
+                "system": "You are Claude Code.",
+                "messages": messages,
+            }
+        )
+    )
+    report = json.loads(brim("inspect", str(path), "--json", cwd=tmp_path).stdout)
+    assert report["api"] == "anthropic.messages"
+    assert report["limits"]["tokenizer"] == "claude"
+    assert report["budget"]["reserved_output"] == 0  # Anthropic counts max_tokens apart
+    assert report["guard"]["action"] == "compress"
+    assert report["guard"]["tokens_out"] <= report["budget"]["effective"]

@@ -1,0 +1,250 @@
+"""The Anthropic Messages dialect: units, validity, repair — and compression of generated
+Messages conversations (parallel tool uses, thinking, images, cache_control)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import struct
+from typing import Any
+
+import orjson
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
+from policies.dialects import NO_RESULT, AnthropicDialect
+from policies.tokens import ANTHROPIC, CounterMeter, TokenCounter
+from proxy.resources import use_bundled_tiktoken_files
+
+use_bundled_tiktoken_files()
+D = AnthropicDialect()
+COUNTER = TokenCounter()
+METER = CounterMeter(COUNTER, "claude", "claude-sonnet-4-5", ANTHROPIC)
+POLICIES = build_policies(DEFAULT_ORDER, {})
+
+
+def use(call_id: str, name: str = "read_file") -> dict[str, Any]:
+    return {"type": "tool_use", "id": call_id, "name": name, "input": {"path": "a.py"}}
+
+
+def result(call_id: str, content: Any = "ok") -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": call_id, "content": content}
+
+
+def thinking(text: str) -> dict[str, Any]:
+    return {
+        "type": "thinking",
+        "thinking": text,
+        "signature": hashlib.sha256(text.encode()).hexdigest()[:32],
+    }
+
+
+def png(width: int, height: int) -> dict[str, Any]:
+    header = (
+        b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR"
+        + struct.pack(">II", width, height)
+        + b"\x08\x02\x00\x00\x00"
+    )
+    return {
+        "type": "image",
+        "source": {
+            "type": "base64",
+            "media_type": "image/png",
+            "data": base64.b64encode(header).decode(),
+        },
+    }
+
+
+def test_a_tool_unit_spans_the_assistant_turn_and_the_next_user_message() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [thinking("plan"), use("a"), use("b")]},
+        {
+            "role": "user",
+            "content": [result("a"), result("b"), {"type": "text", "text": "and hurry"}],
+        },
+        {"role": "assistant", "content": "done"},
+    ]
+    assert [(u.kind, u.start, u.end) for u in D.units(messages)] == [
+        ("user", 0, 1),
+        ("tools", 1, 3),
+        ("assistant", 3, 4),
+    ]
+    assert D.violations(messages) == []
+    assert D.tools_by_call(messages) == {"a": "read_file", "b": "read_file"}
+    assert D.largest_text(messages[1]) is None  # a thinking turn is never edited
+
+
+def test_violations_follow_anthropics_rules() -> None:
+    assert D.violations([{"role": "assistant", "content": "hi"}]) == [
+        "messages[0]: the first message must be a user message"
+    ]
+    unanswered = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [use("a")]},
+        {"role": "user", "content": "next"},
+    ]
+    assert D.violations(unanswered) == [
+        "messages[1]: tool_use ['a'] not answered in the next message"
+    ]
+    orphan = [{"role": "user", "content": [result("x")]}]
+    assert D.violations(orphan) == [
+        "messages[0]: tool_result 'x' answers no tool_use of the previous message"
+    ]
+    late = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [use("a")]},
+        {"role": "user", "content": [{"type": "text", "text": "t"}, result("a")]},
+    ]
+    assert D.violations(late) == ["messages[2]: tool_result blocks must come first"]
+
+
+def test_repair_is_minimal() -> None:
+    broken = [
+        {"role": "assistant", "content": [use("a"), use("b")]},
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "look"}, result("a"), result("ghost")],
+        },
+        {"role": "assistant", "content": [use("c")]},
+    ]
+    fixed, done = D.repaired(broken)
+    assert D.violations(fixed) == []
+    assert fixed[0] == {"role": "user", "content": "[earlier messages were removed]"}
+    assert fixed[2]["content"] == [
+        result("a"),
+        result("b", NO_RESULT),
+        {"type": "text", "text": "look"},
+    ]
+    assert fixed[4] == {"role": "user", "content": [result("c", NO_RESULT)]}
+    assert fixed[1] is broken[0] and fixed[3] is broken[2]
+    assert len(done) == 4
+
+
+def test_images_count_by_anthropics_rule() -> None:
+    base = COUNTER.message(
+        {"role": "user", "content": [{"type": "text", "text": "x"}]}, "o200k_base", shape=ANTHROPIC
+    )
+    with_image = COUNTER.message(
+        {"role": "user", "content": [{"type": "text", "text": "x"}, png(1000, 750)]},
+        "o200k_base",
+        shape=ANTHROPIC,
+    )
+    assert with_image - base == 1000  # 1000 × 750 / 750
+    huge = COUNTER.message(
+        {"role": "user", "content": [png(8000, 8000)]}, "o200k_base", shape=ANTHROPIC
+    )
+    assert (
+        huge - COUNTER.message({"role": "user", "content": []}, "o200k_base", shape=ANTHROPIC)
+        == 1600
+    )
+
+
+def test_system_prompt_and_tools_are_fixed_cost() -> None:
+    body = {
+        "system": [
+            {
+                "type": "text",
+                "text": "You are Claude Code. " * 500,
+                "cache_control": {"type": "ephemeral"},
+            }
+        ],
+        "tools": [{"name": "bash", "description": "run", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    count = COUNTER.messages_request(body, "claude")
+    assert count.tools > 3_000  # the long system prompt and the tool prompt are fixed cost
+    assert METER.fixed(body) == count.tools + count.priming
+
+
+words = st.lists(
+    st.sampled_from(["alpha", "beta", "error", "line", "42", "é", "東京", "\n"]), max_size=50
+).map(" ".join)
+
+
+@st.composite
+def conversations(draw: Any) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": draw(words) or "start"}]
+    for turn in range(draw(st.integers(1, 12))):
+        kind = draw(st.sampled_from(["text", "tools", "tools", "image", "giant"]))
+        if kind == "tools":
+            ids = [f"toolu_{turn}_{n}" for n in range(draw(st.integers(1, 3)))]
+            content: list[Any] = [thinking(draw(words) or "hm")] if draw(st.booleans()) else []
+            content += [use(i, draw(st.sampled_from(["read_file", "bash"]))) for i in ids]
+            messages.append({"role": "assistant", "content": content})
+            results: list[Any] = []
+            for i in ids:
+                size = draw(st.sampled_from([0, 40, 400, 2000]))
+                body = "\n".join(f"line {n}: output " * 3 for n in range(size // 10))
+                block = result(
+                    i, body if draw(st.booleans()) else [{"type": "text", "text": body or "."}]
+                )
+                if draw(st.booleans()):
+                    block["cache_control"] = {"type": "ephemeral"}
+                results.append(block)
+            if draw(st.integers(0, 5)) == 0:
+                results.append({"type": "text", "text": draw(words) or "also this"})
+            messages.append({"role": "user", "content": results})
+        else:
+            messages.append({"role": "assistant", "content": draw(words) or "ok"})
+            if kind == "image":
+                messages.append(
+                    {
+                        "role": "user",
+                        "content": [
+                            {"type": "text", "text": "see"},
+                            png(draw(st.integers(10, 3000)), draw(st.integers(10, 3000))),
+                        ],
+                    }
+                )
+            elif kind == "giant":
+                messages.append(
+                    {"role": "user", "content": "pasted log line\n" * draw(st.integers(300, 2000))}
+                )
+            else:
+                messages.append({"role": "user", "content": draw(words) or "next"})
+    return messages
+
+
+def run(messages: list[dict[str, Any]], limit: int) -> Outcome:
+    return compress(D, messages, 50, METER, POLICIES, limit=limit, low_water=0.85)
+
+
+@settings(
+    max_examples=100,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(messages=conversations(), limit=st.integers(200, 15_000))
+def test_compressed_messages_are_valid_within_budget_and_keep_thinking_intact(
+    messages: list[dict[str, Any]], limit: int
+) -> None:
+    outcome = run(messages, limit)
+    event("refused" if not outcome.fits else ("compressed" if outcome.records else "untouched"))
+    out = list(outcome.messages)
+    assert D.violations(out) == []
+    assert (
+        COUNTER.messages_request({"messages": out}, "claude").total + 50 == outcome.tokens_out + 3
+    )
+    for message in out:  # thinking turns are the client's own, byte for byte
+        if D.thinks(message):
+            assert any(orjson.dumps(message) == orjson.dumps(original) for original in messages)
+    if not outcome.fits:
+        return
+    assert outcome.tokens_out <= limit
+    last = messages[-1]
+    assert last in out or any("cut from the middle by brim" in str(m.get("content")) for m in out)
+    assert run(messages, limit).messages == outcome.messages
+
+
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(messages=conversations())
+def test_messages_that_fit_are_left_alone(messages: list[dict[str, Any]]) -> None:
+    outcome = run(messages, 10_000_000)
+    assert not outcome.changed
+    assert all(a is b for a, b in zip(outcome.messages, messages, strict=True))
