@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -52,6 +53,24 @@ class RequestContext:
         return self.budget.fits(measured)
 
 
+@dataclass(slots=True)
+class RequestReport:
+    """What happened to one request, written by the stages as they act and read once at the
+    end for traces, metrics, the audit log and status. Every copy of an exchange shares it."""
+
+    started: float = field(default_factory=time.perf_counter)
+    upstream_seconds: float = 0.0
+    upstream_calls: int = 0
+    context: RequestContext | None = None
+    outcome: Outcome | None = None  # the guard's
+    retries: int = 0
+    overflow_messages: list[str] = field(default_factory=list)
+    retry_outcomes: list[Outcome] = field(default_factory=list)
+    fallbacks: list[str] = field(default_factory=list)
+    archive_keys: list[str] = field(default_factory=list)
+    usage: dict[str, int] = field(default_factory=dict)  # from the provider's reply
+
+
 @dataclass(frozen=True, slots=True)
 class Exchange:
     """One client request as brim sees it.
@@ -74,6 +93,7 @@ class Exchange:
     request_id: str
     user_agent: str = ""
     context: RequestContext | None = None
+    report: RequestReport = field(default_factory=RequestReport, compare=False)
 
     def with_body(self, body: dict[str, Any]) -> Exchange:
         """The same exchange carrying a changed request, serialized once, here."""

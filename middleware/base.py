@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from opentelemetry.trace import Tracer
+
 from adapters.base import UpstreamResponse
 from adapters.exchange import Exchange
 
@@ -24,21 +26,33 @@ async def _end_of_pipeline(exchange: Exchange) -> UpstreamResponse:
 
 
 class Pipeline:
-    def __init__(self, stages: Sequence[Stage]) -> None:
+    """Runs the stages in order. With a tracer, every stage after the first (which opens the
+    request's span) runs in a child span of its own."""
+
+    def __init__(self, stages: Sequence[Stage], tracer: Tracer | None = None) -> None:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
         self.stages = tuple(stages)
         call: CallNext = _end_of_pipeline
-        for stage in reversed(self.stages):
-            call = _bind(stage, call)
+        for position, stage in reversed(list(enumerate(self.stages))):
+            call = _bind(stage, call, tracer if position else None)
         self._entry = call
 
     async def __call__(self, exchange: Exchange) -> UpstreamResponse:
         return await self._entry(exchange)
 
 
-def _bind(stage: Stage, call_next: CallNext) -> CallNext:
-    async def call(exchange: Exchange) -> UpstreamResponse:
-        return await stage(exchange, call_next)
+def _bind(stage: Stage, call_next: CallNext, tracer: Tracer | None) -> CallNext:
+    if tracer is None:
 
-    return call
+        async def call(exchange: Exchange) -> UpstreamResponse:
+            return await stage(exchange, call_next)
+
+        return call
+    name = f"brim {type(stage).__name__}"
+
+    async def traced(exchange: Exchange) -> UpstreamResponse:
+        with tracer.start_as_current_span(name):
+            return await stage(exchange, call_next)
+
+    return traced

@@ -15,6 +15,7 @@ from multidict import CIMultiDict
 from adapters.base import UpstreamResponse
 from adapters.errors import ContextTooLarge
 from adapters.exchange import Exchange
+from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.limits import OFF_LOOP_BYTES
 from policies.compress import Outcome, compress_request
@@ -51,6 +52,7 @@ class Guard:
         *,
         low_water: float,
         repair_pairs: bool,
+        archive: ContentArchive | None = None,
     ) -> None:
         if not 0 < low_water <= 1:
             raise ValueError(f"low_water must be in (0, 1], not {low_water}")
@@ -58,6 +60,7 @@ class Guard:
         self.policies = list(policies)
         self.low_water = low_water
         self.repair_pairs = repair_pairs
+        self.archive = archive
 
     def outcome(self, exchange: Exchange) -> Outcome:
         """What the guard does to this exchange (also used by `brim inspect`)."""
@@ -92,9 +95,11 @@ class Guard:
             outcome = await asyncio.to_thread(self.outcome, exchange)
         else:
             outcome = self.outcome(exchange)
+        exchange.report.outcome = outcome
         if not outcome.fits:
             log.info("request %s refused: %s", exchange.request_id, outcome.actions)
             raise _refusal(outcome)
+        await keep_originals(self.archive, outcome, exchange)
         if outcome.repairs:
             log.warning(
                 "request %s: repaired tool pairing: %s",
@@ -106,6 +111,16 @@ class Guard:
         context = dataclasses.replace(exchange.context, outcome=outcome)
         reply = await call_next(dataclasses.replace(changed, context=context))
         return _with_headers(reply, outcome.tokens_out, outcome.actions, outcome.tokens_in)
+
+
+async def keep_originals(
+    archive: ContentArchive | None, outcome: Outcome, exchange: Exchange
+) -> None:
+    """Store what the policies removed, under the keys their records name, before it goes."""
+    items = [(r.archive_key, r.original) for r in outcome.records if r.archive_key and r.original]
+    exchange.report.archive_keys += [key for key, _ in items]
+    if archive is not None and items:
+        await asyncio.to_thread(archive.put_many, items)
 
 
 def _with_headers(

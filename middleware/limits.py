@@ -104,6 +104,7 @@ class ResolveLimits:
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         context = await self.context_for(exchange)
+        exchange.report.context = context
         if not context.fits:
             log.info(
                 "request %s: %s tokens exceed the %d-token budget of %r",

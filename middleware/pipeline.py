@@ -1,4 +1,4 @@
-"""The default stage order: resolve limits → guard → retry on overflow → forward."""
+"""The default stage order: observe → resolve limits → guard → retry on overflow → forward."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from adapters.registry import Upstreams
+from middleware.archive import ContentArchive
+from middleware.audit import AuditLog
 from middleware.base import Stage
 from middleware.forward import Forward
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
+from middleware.observe import Observe
 from middleware.retry import RetryOnOverflow
 from middleware.settings import GuardConfig, RetryConfig
+from middleware.telemetry import StatusBoard, Telemetry
 from policies.clients import ClientRule
 from policies.compress import build_policies
 from policies.limits import LimitsRegistry
@@ -35,23 +39,28 @@ class PipelineConfig(Protocol):
 @dataclass(frozen=True, slots=True)
 class Services:
     """Long-lived objects the stages share: upstream connections, limits (with what was learned
-    from provider errors), and the token counter with its cache."""
+    from provider errors), the token counter with its cache, and what reports on it all."""
 
     upstreams: Upstreams
     limits: LimitsRegistry
     counter: TokenCounter
+    telemetry: Telemetry
+    status: StatusBoard
+    audit: AuditLog | None = None
+    archive: ContentArchive | None = None
 
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
     guard = config.guard
     policies = build_policies(guard.policies, guard.policy_settings())
     stages: list[Stage] = [
+        Observe(services.telemetry, services.status, services.audit, warn_at=guard.warn_at),
         ResolveLimits(
             services.limits,
             services.counter,
             safety_margin=guard.safety_margin,
             clients=config.clients,
-        )
+        ),
     ]
     if guard.enabled:
         stages.append(
@@ -60,6 +69,7 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 policies,
                 low_water=guard.low_water,
                 repair_pairs=guard.repair_pairs,
+                archive=services.archive,
             )
         )
     if config.retry.enabled:
@@ -72,7 +82,8 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 max_attempts=config.retry.max_attempts,
                 steps=config.retry.steps,
                 safety_margin=guard.safety_margin,
+                archive=services.archive,
             )
         )
-    stages.append(Forward(services.upstreams))
+    stages.append(Forward(services.upstreams, services.telemetry.tracer))
     return stages

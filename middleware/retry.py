@@ -29,7 +29,9 @@ from multidict import CIMultiDict
 from adapters.base import UpstreamResponse
 from adapters.errors import ContextOverflow, NoRoute, UpstreamFailure
 from adapters.exchange import Exchange, RequestContext
+from middleware.archive import ContentArchive
 from middleware.base import CallNext
+from middleware.guard import keep_originals
 from middleware.limits import OFF_LOOP_BYTES
 from policies.budget import budget_for, requested_output
 from policies.compress import SHORT, Outcome, compress_request
@@ -52,6 +54,7 @@ class RetryOnOverflow:
         max_attempts: int,
         steps: Sequence[float],
         safety_margin: float,
+        archive: ContentArchive | None = None,
     ) -> None:
         if max_attempts < 0:
             raise ValueError(f"max_attempts cannot be negative ({max_attempts})")
@@ -64,6 +67,7 @@ class RetryOnOverflow:
         self.max_attempts = max_attempts
         self.steps = tuple(steps)
         self.safety_margin = safety_margin
+        self.archive = archive
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         if exchange.context is None or exchange.body is None or exchange.api not in DIALECTS:
@@ -78,19 +82,24 @@ class RetryOnOverflow:
                 reply = await call_next(current)
             except ContextOverflow as overflow:
                 self._learn(current.model, overflow)
+                exchange.report.overflow_messages.append(overflow.overflow.message)
                 sent = await self._tokens_sent(current)
                 first_tokens = first_tokens or sent
                 if retries >= self.max_attempts:
                     raise self._final(overflow, retries) from None
                 retries += 1
+                exchange.report.retries = retries
                 switched = self._fallback(current, fallbacks)
                 if switched is not None:
+                    exchange.report.fallbacks.append(switched.model)
                     current = switched
                     continue
                 cut = await self._cut(current, overflow, retries, first_tokens, sent)
                 if cut is None:
                     raise self._final(overflow, retries - 1) from None
                 cuts.append(cut)
+                exchange.report.retry_outcomes.append(cut)
+                await keep_originals(self.archive, cut, exchange)
                 current = self._with_outcome(current, cut)
                 continue
             except UpstreamFailure as failure:

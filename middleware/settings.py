@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from policies.budget import DEFAULT_SAFETY_MARGIN
@@ -19,6 +21,7 @@ class GuardConfig(BaseModel):
     enabled: bool = True
     safety_margin: float = Field(DEFAULT_SAFETY_MARGIN, ge=0, lt=0.5)
     low_water: float = Field(0.85, gt=0.1, le=1.0)
+    warn_at: float = Field(0.8, gt=0, le=1.0)  # x-brim-context-warning above this usage
     repair_pairs: bool = True
     claude_token_factor: float = Field(DEFAULT_CLAUDE_FACTOR, ge=1, le=3)
     policies: tuple[str, ...] = DEFAULT_ORDER
@@ -54,3 +57,33 @@ class RetryConfig(BaseModel):
         if not steps or not all(0 < step < 1 for step in steps):
             raise ValueError("steps must be one or more fractions between 0 and 1")
         return steps
+
+
+class TelemetryConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    service_name: str = "brim"
+    traces: Literal["none", "console", "otlp"] = "none"
+    otlp_endpoint: str = "http://127.0.0.1:4318"  # OTLP/HTTP; /v1/traces and /v1/metrics
+    sample_ratio: float = Field(1.0, ge=0, le=1)
+    prometheus: bool = True  # GET /metrics
+    otlp_metrics: bool = False
+    otlp_metrics_interval_s: float = Field(60, gt=0)
+    capture_content: bool = False  # put message bodies on spans: off unless you need it
+
+
+class AuditConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    path: str | None = None  # unset: no audit log
+    max_mb: float = Field(10, gt=0)
+    backups: int = Field(5, ge=0)
+
+
+class ArchiveConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    enabled: bool = False
+    dir: str = "~/.local/state/brim/archive"
+    ttl_hours: float = Field(72, gt=0)
+    cleanup_interval_s: float = Field(600, gt=0)

@@ -57,7 +57,7 @@ class ClearToolResults:
             if dialect.tool_results(message, names)
         ]
         eligible = results[: max(0, len(results) - self.settings.keep)]
-        candidates: list[tuple[int, Any, int, list[str]]] = []
+        candidates: list[tuple[int, Any, int, list[tuple[str, str]]]] = []
         for index in eligible:
             message = conversation.messages[index]
             updated, keys = message, []
@@ -67,7 +67,7 @@ class ClearToolResults:
                 text = placeholder(result.tool, tokens, key)
                 if len(text) < len(result.text):
                     updated = dialect.with_tool_result(updated, result.call_id, text)
-                    keys.append(key)
+                    keys.append((key, result.text))
             if updated is not message:
                 candidates.append((index, updated, meter.message(updated), keys))
         savings = [conversation.sizes[index] - size for index, _, size, _ in candidates]
@@ -82,9 +82,11 @@ class ClearToolResults:
                 conversation.origin[index],
                 conversation.sizes[index],
                 size,
-                archive_key=keys[0] if keys else None,
+                archive_key=key,
+                original=original,
             )
             for index, _, size, keys in taken
+            for key, original in keys
         ]
         changes = {index: (updated, size) for index, updated, size, _ in taken}
         return conversation.replace(changes), records

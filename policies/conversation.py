@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import orjson
@@ -54,6 +54,7 @@ class FidelityRecord:
     tokens_after: int
     archive_key: str | None = None
     detail: str = ""
+    original: str | None = field(default=None, repr=False, compare=False)  # what the key names
 
 
 class Dialect(Protocol):

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
@@ -177,6 +178,7 @@ class Evict:
                 0,
                 archive_key=message_key([conversation.messages[i] for i in unit.indices]),
                 detail=unit.kind,
+                original=orjson.dumps([conversation.messages[i] for i in unit.indices]).decode(),
             )
             for unit in removed
         ]

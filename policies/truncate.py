@@ -59,6 +59,7 @@ class Truncate:
                     conversation.sizes[index],
                     size,
                     archive_key=archive_key(text),
+                    original=text,
                 )
             )
             conversation = conversation.replace({index: (updated, size)})

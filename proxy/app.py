@@ -6,17 +6,21 @@ import asyncio
 import hmac
 import logging
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.typedefs import Handler
+from opentelemetry.sdk.trace import SpanProcessor
 
 from adapters.errors import BrimError
 from adapters.headers import BRIM_KEY_HEADER as BRIM_KEY
 from adapters.registry import Upstreams
+from middleware.archive import ContentArchive
+from middleware.audit import AuditLog
 from middleware.base import Pipeline
 from middleware.pipeline import Services, default_pipeline
+from middleware.telemetry import StatusBoard
 from policies.limits import LimitsRegistry
 from policies.tokens import TokenCounter
 from proxy.config import BrimConfig
@@ -33,6 +37,7 @@ from proxy.keys import (
     BRIM_KEY_HEADER,
     CONFIG,
     PIPELINE,
+    PROVIDERS,
     READINESS,
     REQUEST_ID,
     SERVICES,
@@ -40,10 +45,11 @@ from proxy.keys import (
     Readiness,
 )
 from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
-from proxy.routes import anthropic, health, openai
+from proxy.routes import admin, anthropic, health, openai
+from proxy.telemetry import Providers, build_providers
 
 log = logging.getLogger("brim")
-PUBLIC_PATHS = frozenset({"/", "/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics"})
 
 
 def _aiohttp_error(exc: web.HTTPException, request: web.Request) -> BrimError:
@@ -109,7 +115,7 @@ async def require_brim_key(request: web.Request, handler: Handler) -> web.Stream
     The header that carried a brim key is not forwarded upstream.
     """
     keys = request.app[CONFIG].server.api_keys
-    if not keys or request.path in PUBLIC_PATHS:
+    if not keys or request.path in PUBLIC_PATHS or request.path.startswith("/admin/"):
         return await handler(request)
     presented = _presented_key(request)
     if presented is None:
@@ -138,21 +144,27 @@ class AccessLogger(AbstractAccessLogger):
         )
 
 
-def create_app(config: BrimConfig) -> web.Application:
+def create_app(
+    config: BrimConfig, *, span_processors: Sequence[SpanProcessor] = ()
+) -> web.Application:
+    """The brim application. `span_processors` add trace exporters (tests use an in-memory one)."""
     app = web.Application(
         client_max_size=config.server.max_body_bytes,
         middlewares=[errors_in_wire_format, require_brim_key],
     )
-    services = build_services(config)
+    providers = build_providers(config.telemetry, span_processors)
+    services = build_services(config, providers)
     app[CONFIG] = config
     app[SERVICES] = services
+    app[PROVIDERS] = providers
     app[UPSTREAMS] = services.upstreams
-    app[PIPELINE] = Pipeline(default_pipeline(config, services))
+    app[PIPELINE] = Pipeline(default_pipeline(config, services), providers.telemetry.tracer)
     app[READINESS] = Readiness()
     app.cleanup_ctx.append(_lifecycle)
     health.add_routes(app)
     openai.add_routes(app)
     anthropic.add_routes(app)
+    admin.add_routes(app)
     return app
 
 
@@ -160,12 +172,31 @@ def build_limits(config: BrimConfig) -> LimitsRegistry:
     return LimitsRegistry(config.models, litellm_model_map())
 
 
-def build_services(config: BrimConfig) -> Services:
+def build_services(config: BrimConfig, providers: Providers | None = None) -> Services:
     use_bundled_tiktoken_files()
+    providers = providers or build_providers(
+        config.telemetry.model_copy(update={"prometheus": False})
+    )
+    limits = build_limits(config)
+    providers.telemetry.watch_learned_limits(lambda: dict(limits.learned))
+    audit = None
+    if config.audit.path:
+        audit = AuditLog(
+            config.audit.path,
+            max_bytes=int(config.audit.max_mb * 1024 * 1024),
+            backups=config.audit.backups,
+        )
+    archive = None
+    if config.archive.enabled:
+        archive = ContentArchive(config.archive.dir, config.archive.ttl_hours)
     return Services(
         upstreams=Upstreams(config.upstreams, config.routes),
-        limits=build_limits(config),
+        limits=limits,
         counter=TokenCounter(claude_factor=config.guard.claude_token_factor),
+        telemetry=providers.telemetry,
+        status=StatusBoard(),
+        audit=audit,
+        archive=archive,
     )
 
 
@@ -176,20 +207,43 @@ def _warm(counter: TokenCounter) -> None:
         log.exception("could not load the tokenizer files (is TIKTOKEN_CACHE_DIR right?)")
 
 
+async def _expire_archive(archive: ContentArchive, interval_s: float) -> None:
+    while True:
+        try:
+            removed = await asyncio.to_thread(archive.cleanup)
+            if removed:
+                log.info("archive: removed %d expired files", removed)
+        except Exception:
+            log.exception("archive cleanup failed")
+        await asyncio.sleep(interval_s)
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    services = app[SERVICES]
     # The encodings take a moment to load: do it beside the event loop, not on a first request.
-    warming = asyncio.get_running_loop().run_in_executor(None, _warm, app[SERVICES].counter)
+    warming = asyncio.get_running_loop().run_in_executor(None, _warm, services.counter)
+    cleaner = None
+    if services.archive is not None:
+        interval = app[CONFIG].archive.cleanup_interval_s
+        cleaner = asyncio.create_task(_expire_archive(services.archive, interval))
     app[READINESS].ready = True
     yield
     app[READINESS].ready = False
+    if cleaner is not None:
+        cleaner.cancel()
     await warming
     await app[UPSTREAMS].aclose()
+    if services.audit is not None:
+        services.audit.close()
+    await asyncio.to_thread(app[PROVIDERS].shutdown)
 
 
-async def start(config: BrimConfig, host: str, port: int) -> web.AppRunner:
+async def start(
+    config: BrimConfig, host: str, port: int, *, span_processors: Sequence[SpanProcessor] = ()
+) -> web.AppRunner:
     """Start brim on `host:port` (0 for any free port) and return the running runner."""
     runner = web.AppRunner(
-        create_app(config),
+        create_app(config, span_processors=span_processors),
         handler_cancellation=True,
         access_log_class=AccessLogger,
         shutdown_timeout=config.server.shutdown_timeout_s,

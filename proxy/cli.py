@@ -109,6 +109,23 @@ def models(args: argparse.Namespace) -> int:
     return 0
 
 
+def archive(args: argparse.Namespace) -> int:
+    from middleware.archive import ContentArchive
+
+    config = _load(find_config(args.config))
+    store = ContentArchive(config.archive.dir, config.archive.ttl_hours)
+    try:
+        content = store.get(args.key)
+    except ValueError as exc:
+        print(f"brim: {exc}", file=sys.stderr)
+        return 2
+    if content is None:
+        print(f"brim: nothing is archived under {args.key} (or it has expired)", file=sys.stderr)
+        return 1
+    sys.stdout.write(content)
+    return 0
+
+
 def _port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:
@@ -159,6 +176,13 @@ def parser() -> argparse.ArgumentParser:
     known.add_argument("--config", help="proxy.toml to use (default as for serve)")
     known.add_argument("--json", action="store_true", help="machine-readable output")
     known.set_defaults(func=models)
+
+    kept = commands.add_parser("archive", help="the content archive")
+    kept_commands = kept.add_subparsers(dest="archive_command", required=True)
+    get = kept_commands.add_parser("get", help="print the original archived under a sha256 key")
+    get.add_argument("key", help="the key from an audit line or a placeholder (64 hex digits)")
+    get.add_argument("--config", help="proxy.toml to use (default as for serve)")
+    get.set_defaults(func=archive)
     return root
 
 

@@ -20,7 +20,13 @@ from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validat
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from adapters.config import FrozenModel, UpstreamConfig, secret_from_env
-from middleware.settings import GuardConfig, RetryConfig
+from middleware.settings import (
+    ArchiveConfig,
+    AuditConfig,
+    GuardConfig,
+    RetryConfig,
+    TelemetryConfig,
+)
 from policies.clients import ClientRule
 from policies.limits import ModelFacts
 
@@ -45,13 +51,16 @@ class ServerConfig(FrozenModel):
     port: int = Field(8787, ge=0, le=65535)
     max_body_mb: float = Field(32, gt=0)
     api_keys_env: str | None = None
+    admin_keys_env: str | None = None  # keys for /admin/*; unset: the admin endpoints are off
     shutdown_timeout_s: float = Field(10, ge=0)
     api_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)
+    admin_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)
 
     @model_validator(mode="before")
     @classmethod
     def _read_api_keys(cls, data: Any) -> Any:
-        return secret_from_env(data, "api_keys_env", "api_keys", _key_list)
+        data = secret_from_env(data, "api_keys_env", "api_keys", _key_list)
+        return secret_from_env(data, "admin_keys_env", "admin_keys", _key_list)
 
     @property
     def max_body_bytes(self) -> int:
@@ -82,6 +91,9 @@ class BrimConfig(BaseSettings):
     clients: dict[str, ClientRule] = Field(default_factory=dict)
     guard: GuardConfig = GuardConfig()
     retry: RetryConfig = RetryConfig()
+    telemetry: TelemetryConfig = TelemetryConfig()
+    audit: AuditConfig = AuditConfig()
+    archive: ArchiveConfig = ArchiveConfig()
 
     @classmethod
     def settings_customise_sources(
@@ -177,6 +189,7 @@ def describe_config(config: BrimConfig) -> dict[str, Any]:
     """The resolved configuration as plain data, with every secret masked."""
     data = config.model_dump(mode="json")
     data["server"]["api_keys"] = [mask_secret(key) for key in config.server.api_keys]
+    data["server"]["admin_keys"] = [mask_secret(key) for key in config.server.admin_keys]
     for name, upstream in config.upstreams.items():
         data["upstreams"][name]["api_key"] = (
             mask_secret(upstream.api_key)

@@ -10,6 +10,7 @@ from adapters.registry import Upstreams
 from middleware.base import Pipeline
 from middleware.pipeline import Services
 from proxy.config import BrimConfig
+from proxy.telemetry import Providers
 
 
 @dataclass(slots=True)
@@ -20,6 +21,7 @@ class Readiness:
 CONFIG = web.AppKey("config", BrimConfig)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)
 SERVICES = web.AppKey("services", Services)
+PROVIDERS = web.AppKey("providers", Providers)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READINESS = web.AppKey("readiness", Readiness)
 

@@ -75,10 +75,10 @@ def brim(loop_thread: LoopThread, provider: FakeProvider) -> Iterator[BrimFactor
     """
     runners = []
 
-    def make(**sections: Any) -> str:
+    def make(span_processors: Any = (), **sections: Any) -> str:
         sections.setdefault("upstreams", {"fake": fake_upstream(provider)})
         config = BrimConfig(**sections)
-        runner = loop_thread.run(start(config, "127.0.0.1", 0))
+        runner = loop_thread.run(start(config, "127.0.0.1", 0, span_processors=span_processors))
         runners.append(runner)
         return f"http://127.0.0.1:{bound_port(runner)}"
 

@@ -1,0 +1,74 @@
+"""`GET /metrics` (Prometheus), and the admin endpoints: `GET /admin/status`,
+`GET /admin/archive/{key}`. The admin endpoints need a key from `[server] admin_keys_env`
+(`Authorization: Bearer <key>` or `x-brim-admin-key`) and are off when none is configured."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from adapters.errors import BrimError
+from proxy.errors import Unauthorized, UnknownEndpoint
+from proxy.keys import CONFIG, PROVIDERS, SERVICES
+
+ADMIN_KEY_HEADER = "x-brim-admin-key"
+
+
+class AdminDisabled(BrimError):
+    status = 403
+    error_type = "permission_error"
+    code = "admin_disabled"
+
+
+def require_admin(request: web.Request) -> None:
+    keys = request.app[CONFIG].server.admin_keys
+    if not keys:
+        raise AdminDisabled("The admin endpoints are off: set [server] admin_keys_env to use them.")
+    presented = request.headers.get(ADMIN_KEY_HEADER, "")
+    auth = request.headers.get("Authorization", "")
+    if not presented and auth.lower().startswith("bearer "):
+        presented = auth[7:].strip()
+    if not any(
+        hmac.compare_digest(presented.encode(), k.get_secret_value().encode()) for k in keys
+    ):
+        raise Unauthorized("A valid admin key is required.")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    registry = request.app[PROVIDERS].registry
+    if registry is None:
+        raise UnknownEndpoint("Prometheus metrics are off ([telemetry] prometheus = false).")
+    body = await asyncio.to_thread(generate_latest, registry)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+async def status(request: web.Request) -> web.Response:
+    require_admin(request)
+    services = request.app[SERVICES]
+    snapshot = services.status.snapshot()
+    snapshot["learned_limits"] = dict(services.limits.learned)
+    return web.json_response(snapshot)
+
+
+async def archived(request: web.Request) -> web.Response:
+    require_admin(request)
+    archive = request.app[SERVICES].archive
+    if archive is None:
+        raise UnknownEndpoint("The content archive is off ([archive] enabled = false).")
+    key = request.match_info["key"]
+    try:
+        content = await asyncio.to_thread(archive.get, key)
+    except ValueError as exc:
+        raise UnknownEndpoint(str(exc)) from None
+    if content is None:
+        raise UnknownEndpoint(f"Nothing is archived under {key[:16]}… (or it has expired).")
+    return web.Response(text=content, content_type="text/plain")
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/admin/status", status)
+    app.router.add_get("/admin/archive/{key}", archived)
