@@ -37,6 +37,7 @@ class UpstreamConfig(FrozenModel):
     timeout_s: float = Field(600, gt=0)
     connect_timeout_s: float = Field(10, gt=0)
     model_prefix: str = ""
+    proxy_from_env: bool = False  # honour HTTP(S)_PROXY / NO_PROXY / .netrc (costs per request)
     api_key: SecretStr | None = Field(default=None, exclude=True)
 
     @model_validator(mode="before")

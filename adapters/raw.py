@@ -70,7 +70,7 @@ class RawHttpAdapter:
                     sock_read=self.config.timeout_s,
                 ),
                 auto_decompress=True,
-                trust_env=True,
+                trust_env=self.config.proxy_from_env,
             )
         return self._session
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
-from opentelemetry.trace import Tracer
+from opentelemetry.trace import NoOpTracer, Tracer
 
 from adapters.base import UpstreamResponse
 from adapters.exchange import Exchange
@@ -33,6 +33,8 @@ class Pipeline:
         if not stages:
             raise ValueError("a pipeline needs at least one stage")
         self.stages = tuple(stages)
+        if isinstance(tracer, NoOpTracer):
+            tracer = None  # no spans to record: no wrappers either
         call: CallNext = _end_of_pipeline
         for position, stage in reversed(list(enumerate(self.stages))):
             call = _bind(stage, call, tracer if position else None)

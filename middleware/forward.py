@@ -11,7 +11,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from adapters.base import UpstreamResponse
+from adapters.base import Adapter, UpstreamResponse
 from adapters.exchange import Exchange
 from adapters.registry import Upstreams
 from middleware.base import CallNext
@@ -26,6 +26,8 @@ class Forward:
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         adapter = self.upstreams[exchange.upstream]
+        if isinstance(self.tracer, trace.NoOpTracer):  # not tracing: a client traceparent
+            return await self._timed(adapter, exchange)  # passes through as it came
         with self.tracer.start_as_current_span(
             f"upstream {exchange.upstream}",
             kind=SpanKind.CLIENT,
@@ -39,11 +41,15 @@ class Forward:
                     headers.popall(key, None)
                 headers.update(carrier)
                 exchange = dataclasses.replace(exchange, headers=CIMultiDictProxy(headers))
-            started = time.perf_counter()
-            try:
-                reply = await adapter.send(exchange)
-                span.set_attribute("http.response.status_code", reply.status)
-                return reply
-            finally:
-                exchange.report.upstream_seconds += time.perf_counter() - started
-                exchange.report.upstream_calls += 1
+            reply = await self._timed(adapter, exchange)
+            span.set_attribute("http.response.status_code", reply.status)
+            return reply
+
+    @staticmethod
+    async def _timed(adapter: Adapter, exchange: Exchange) -> UpstreamResponse:
+        started = time.perf_counter()
+        try:
+            return await adapter.send(exchange)
+        finally:
+            exchange.report.upstream_seconds += time.perf_counter() - started
+            exchange.report.upstream_calls += 1

@@ -80,7 +80,8 @@ class Observe:
         self.warn_at = warn_at
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        parent = PROPAGATOR.extract(carrier=dict(exchange.headers))
+        tracing = not isinstance(self.telemetry.tracer, trace.NoOpTracer)
+        parent = PROPAGATOR.extract(carrier=dict(exchange.headers)) if tracing else None
         body = exchange.body or {}
         attributes: dict[str, Any] = {
             "gen_ai.operation.name": "chat",
@@ -98,7 +99,7 @@ class Observe:
         span = self.telemetry.tracer.start_span(
             f"chat {exchange.model}", context=parent, kind=SpanKind.SERVER, attributes=attributes
         )
-        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        token = otel_context.attach(trace.set_span_in_context(span, parent)) if tracing else None
         report = exchange.report
         try:
             reply = await call_next(exchange)
@@ -112,7 +113,8 @@ class Observe:
             self._finish(span, exchange, report, "error", error)
             raise
         finally:
-            otel_context.detach(token)
+            if token is not None:
+                otel_context.detach(token)
         outcome = self._outcome(report)
         reply = dataclasses.replace(reply, headers=self._usage_headers(reply, report))
         if reply.chunks is None:

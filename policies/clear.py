@@ -63,7 +63,7 @@ class ClearToolResults:
             updated, keys = message, []
             for result in dialect.tool_results(message, names):
                 key = archive_key(result.text)
-                tokens = len(meter.tokens(result.text))
+                tokens = conversation.sizes[index]  # the message it is in: near enough, and free
                 text = placeholder(result.tool, tokens, key)
                 if len(text) < len(result.text):
                     updated = dialect.with_tool_result(updated, result.call_id, text)

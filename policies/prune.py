@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import hashlib
 import re
+import threading
 from typing import Any
 
 import orjson
+from cachetools import LRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import Conversation, FidelityRecord, Goal, Meter
@@ -60,6 +63,9 @@ class PruneToolResults:
 
     def __init__(self, settings: PruneSettings | None = None) -> None:
         self.settings = settings or PruneSettings()
+        # A result is pruned the same way every turn; remember it instead of re-tokenizing.
+        self._pruned: LRUCache[tuple[str, bytes], str] = LRUCache(maxsize=20_000)
+        self._lock = threading.Lock()
 
     def _noise(self, key: str) -> bool:
         return any(
@@ -84,11 +90,28 @@ class PruneToolResults:
             return f"[{len(value)} characters of base64 data removed by brim]"
         return value
 
-    def pruned_text(self, text: str, meter: Meter) -> str:
+    def pruned_text(self, text: str, meter: Meter, at_most: int | None = None) -> str:
+        """`text` pruned. `at_most` bounds its tokens when the caller knows it (its message's
+        size): a text that cannot be over `max_text_tokens` is not tokenized to find out."""
+        key = (
+            getattr(meter, "tokenizer", ""),
+            hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(),
+        )
+        with self._lock:
+            cached = self._pruned.get(key)
+        if cached is None:
+            cached = self._prune(text, meter, at_most)
+            with self._lock:
+                self._pruned[key] = cached
+        return cached
+
+    def _prune(self, text: str, meter: Meter, at_most: int | None) -> str:
         stripped = text.strip()
         if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
             with contextlib.suppress(orjson.JSONDecodeError):
                 text = orjson.dumps(self._shrink(orjson.loads(stripped))).decode()
+        if at_most is not None and at_most <= self.settings.max_text_tokens:
+            return text
         return cut_middle(text, self.settings.max_text_tokens, meter)[0]
 
     def apply(
@@ -106,7 +129,7 @@ class PruneToolResults:
                 continue
             updated = message
             for result in dialect.tool_results(message, names):
-                pruned = self.pruned_text(result.text, meter)
+                pruned = self.pruned_text(result.text, meter, conversation.sizes[index])
                 if pruned != result.text:
                     updated = dialect.with_tool_result(updated, result.call_id, pruned)
             if updated is message:

@@ -85,7 +85,7 @@ class TokenCounter:
         if claude_factor < 1:
             raise ValueError(f"claude_factor must be at least 1, not {claude_factor}")
         self.claude_factor = claude_factor
-        self._cache: LRUCache[tuple[str, bytes], int] = LRUCache(maxsize=cache_size)
+        self._cache: LRUCache[tuple[str, int, int], int] = LRUCache(maxsize=cache_size)
         self._lock = threading.Lock()
         self.cache_hits = 0
         self.cache_misses = 0
@@ -94,7 +94,12 @@ class TokenCounter:
     def encoding(tokenizer: str) -> tiktoken.Encoding:
         if tokenizer not in TOKENIZERS:
             raise ValueError(f"unknown tokenizer {tokenizer!r}; known: {', '.join(TOKENIZERS)}")
-        return tiktoken.get_encoding(O200K if tokenizer == CLAUDE else tokenizer)
+        encoding = tiktoken.get_encoding(O200K if tokenizer == CLAUDE else tokenizer)
+        # tiktoken keeps a Python copy of the rank table (~35 MB for o200k) beside the Rust one
+        # it encodes with; only pickling reads it, and brim never pickles an encoding.
+        if getattr(encoding, "_mergeable_ranks", None):
+            encoding._mergeable_ranks = {}
+        return encoding
 
     def warm(self, tokenizers: Iterable[str] = (O200K,)) -> None:
         """Load encodings now (they take a moment), rather than on a first request. o200k_base
@@ -114,10 +119,10 @@ class TokenCounter:
         self, message: Mapping[str, Any], tokenizer: str, model: str = "", shape: str = OPENAI
     ) -> int:
         """One message's tokens (cached by content); `shape` is the wire API it is written in."""
-        key = (
-            f"{shape}:{tokenizer}:{model}",
-            hashlib.blake2b(orjson.dumps(message), digest_size=16).digest(),
-        )
+        # In-process cache: Python's own hash of the serialized message (and its length) is
+        # several times faster than a cryptographic digest, and collisions are negligible here.
+        serialized = orjson.dumps(message)
+        key = (f"{shape}:{tokenizer}:{model}", len(serialized), hash(serialized))
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -347,6 +352,15 @@ class CounterMeter:
         self.model = model
         self.api = api
         self._encoding = counter.encoding(tokenizer)
+        self._text_sizes: LRUCache[bytes, int] = LRUCache(maxsize=50_000)
+
+    def text_tokens(self, text: str) -> int:
+        """Tokens of a text, cached by content (tool results are measured again every turn)."""
+        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+        size = self._text_sizes.get(key)
+        if size is None:
+            size = self._text_sizes[key] = len(self._encoding.encode_ordinary(text))
+        return size
 
     def message(self, message: Any) -> int:
         return self.counter.message(message, self.tokenizer, self.model, self.api)

@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from proxy.config import BrimConfig, ConfigError, describe_config, load_config
@@ -60,8 +60,17 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    asyncio.run(_serve(config))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        runner.run(_serve(config))
     return 0
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    try:
+        import uvloop  # the faster event loop where it is installed (Linux and macOS)
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def check_config(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from opentelemetry import trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -70,8 +71,10 @@ def build_providers(
             )
         )
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
+    exporting = config.traces != "none" or bool(extra_span_processors)
     telemetry = Telemetry(
-        tracer=tracer_provider.get_tracer("brim"),
+        # With nowhere to send spans, a no-op tracer makes them free instead of merely unsent.
+        tracer=tracer_provider.get_tracer("brim") if exporting else trace.NoOpTracer(),
         meter=meter_provider.get_meter("brim"),
         capture_content=config.capture_content,
     )

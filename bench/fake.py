@@ -1,0 +1,81 @@
+"""A fast fake OpenAI-compatible provider for the benchmarks: `python -m bench.fake --port P`.
+
+Answers every chat request at once with a fixed reply (or a five-chunk stream), so what the
+bench measures is the proxies, not the provider.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import orjson
+from aiohttp import web
+
+REPLY = orjson.dumps(
+    {
+        "id": "chatcmpl-bench",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "fake-model",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "pong"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
+    }
+)
+CHUNKS = [
+    b"data: "
+    + orjson.dumps(
+        {
+            "id": "chatcmpl-bench",
+            "object": "chat.completion.chunk",
+            "created": 1700000000,
+            "model": "fake-model",
+            "choices": [{"index": 0, "delta": {"content": part}, "finish_reason": None}],
+        }
+    )
+    + b"\n\n"
+    for part in ("Hel", "lo", " wor", "ld", "!")
+] + [b"data: [DONE]\n\n"]
+
+
+async def chat(request: web.Request) -> web.StreamResponse:
+    body = await request.read()
+    if b'"stream":true' not in body.replace(b" ", b""):
+        return web.Response(body=REPLY, content_type="application/json")
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    for chunk in CHUNKS:
+        await response.write(chunk)
+    return response
+
+
+async def models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_get("/v1/models", models)
+    web.run_app(
+        app, host="127.0.0.1", port=args.port, access_log=None, print=lambda *_: None, backlog=1024
+    )
+
+
+if __name__ == "__main__":
+    main()

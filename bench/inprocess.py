@@ -1,0 +1,163 @@
+"""The guard and compression, measured in process: no network, just brim's own work."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from adapters.base import UpstreamResponse
+from adapters.exchange import Exchange
+from middleware.guard import Guard
+from middleware.limits import ResolveLimits
+from policies.compress import DEFAULT_ORDER, build_policies, compress_request
+from policies.limits import LimitsRegistry, ModelFacts
+from policies.tokens import CounterMeter, TokenCounter
+from proxy.resources import use_bundled_tiktoken_files
+
+WORDS = [
+    "def",
+    "return",
+    "value",
+    "config",
+    "error",
+    "path",
+    "result",
+    "json",
+    "line",
+    "self",
+    "import",
+    "the",
+    "a",
+]
+
+
+def agent_session(tool_calls: int, tokens_per_result: int, seed: int = 7) -> list[dict[str, Any]]:
+    """A coding-agent history: a system prompt, a task, then tool calls with varied output."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent. Use the tools. " * 40},
+        {"role": "user", "content": "Find and fix the bug in the billing module."},
+    ]
+    for n in range(tool_calls):
+        words = [WORDS[(n * 7 + i * 13 + seed) % len(WORDS)] for i in range(tokens_per_result)]
+        lines = [" ".join(words[i : i + 12]) for i in range(0, len(words), 12)]
+        messages.append(
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {
+                        "id": f"call_{n}",
+                        "type": "function",
+                        "function": {
+                            "name": "read_file",
+                            "arguments": orjson.dumps({"path": f"src/m{n}.py"}).decode(),
+                        },
+                    }
+                ],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"call_{n}",
+                "content": f"# module {n}\n" + "\n".join(lines),
+            }
+        )
+    return messages
+
+
+def _exchange(body: dict[str, Any]) -> Exchange:
+    raw = orjson.dumps(body)
+    return Exchange(
+        api="openai.chat",
+        method="POST",
+        endpoint="/chat/completions",
+        query="",
+        model=body["model"],
+        body=body,
+        raw=raw,
+        headers=CIMultiDictProxy(CIMultiDict()),
+        stream=False,
+        upstream="fake",
+        request_id="bench",
+    )
+
+
+async def _answer(exchange: Exchange) -> UpstreamResponse:
+    return UpstreamResponse(status=200, headers={}, body=b"{}")
+
+
+async def guard_added_ms(counter: TokenCounter, body: dict[str, Any], window: int) -> float:
+    registry = LimitsRegistry({body["model"]: ModelFacts(context_window=window, max_output=8_192)})
+    limits = ResolveLimits(registry, counter, safety_margin=0.05, clients={})
+    guard = Guard(counter, build_policies(DEFAULT_ORDER, {}), low_water=0.85, repair_pairs=True)
+
+    async def guarded(exchange: Exchange) -> UpstreamResponse:
+        return await guard(exchange, _answer)
+
+    started = time.perf_counter()
+    reply = await limits(_exchange(body), guarded)
+    elapsed = (time.perf_counter() - started) * 1000
+    assert reply.headers["x-brim-actions"] == "none", reply.headers
+    return elapsed
+
+
+def guard_fitting(tool_calls: int, tokens_per_result: int) -> dict[str, Any]:
+    use_bundled_tiktoken_files()
+    counter = TokenCounter()
+    counter.warm()
+    messages = agent_session(tool_calls, tokens_per_result)
+    body = {"model": "big-model", "messages": messages}
+    tokens = counter.chat(body, "o200k_base").total
+    counter = TokenCounter()  # cold: nothing cached
+    counter.warm()
+    cold = asyncio.run(guard_added_ms(counter, body, tokens * 2))
+    next_turn = {
+        "model": "big-model",
+        "messages": [
+            *messages,
+            {"role": "assistant", "content": "Found it."},
+            {"role": "user", "content": "Fix it."},
+        ],
+    }
+    warm = asyncio.run(guard_added_ms(counter, next_turn, tokens * 2))
+    return {
+        "tokens": tokens,
+        "tool_calls": tool_calls,
+        "cold_ms": round(cold, 2),
+        "warm_ms": round(warm, 2),
+    }
+
+
+def compression(tool_calls: int, tokens_per_result: int, budget: int) -> dict[str, Any]:
+    use_bundled_tiktoken_files()
+    counter = TokenCounter()
+    counter.warm()
+    policies = build_policies(DEFAULT_ORDER, {})
+    messages = agent_session(tool_calls, tokens_per_result)
+    meter = CounterMeter(counter, "o200k_base", "big-model")
+    body = {"model": "big-model", "messages": messages}
+    started = time.perf_counter()
+    cold = compress_request(body, meter, policies, limit=budget, low_water=0.85)
+    cold_ms = (time.perf_counter() - started) * 1000
+    later = {
+        "model": "big-model",
+        "messages": [*messages, {"role": "user", "content": "and then?"}],
+    }
+    started = time.perf_counter()
+    warm = compress_request(later, meter, policies, limit=budget, low_water=0.85)
+    warm_ms = (time.perf_counter() - started) * 1000
+    assert cold.fits and warm.fits
+    return {
+        "tokens_in": cold.tokens_in,
+        "tokens_out": cold.tokens_out,
+        "budget": budget,
+        "tool_calls": tool_calls,
+        "actions": cold.actions,
+        "cold_ms": round(cold_ms, 1),
+        "warm_ms": round(warm_ms, 1),
+    }

@@ -1,0 +1,109 @@
+"""Latency and throughput over HTTP, from this process to the processes under test."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Iterator, Mapping
+
+import aiohttp
+import orjson
+
+BODY = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "ping"}]})
+STREAM_BODY = orjson.dumps(
+    {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "ping"}]}
+)
+HEADERS = {"Content-Type": "application/json", "Authorization": "Bearer sk-bench"}
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
+
+
+def summary(milliseconds: list[float]) -> dict[str, float]:
+    return {
+        "n": len(milliseconds),
+        "p50_ms": round(percentile(milliseconds, 0.50), 3),
+        "p99_ms": round(percentile(milliseconds, 0.99), 3),
+        "mean_ms": round(statistics.fmean(milliseconds), 3),
+    }
+
+
+async def one(session: aiohttp.ClientSession, url: str, stream: bool) -> float:
+    started = time.perf_counter()
+    async with session.post(
+        f"{url}/chat/completions", data=STREAM_BODY if stream else BODY, headers=HEADERS
+    ) as reply:
+        if reply.status != 200:
+            raise RuntimeError(f"{url}: HTTP {reply.status}: {(await reply.read())[:200]!r}")
+        if stream:
+            await reply.content.readany()  # time to first byte of the body
+            elapsed = time.perf_counter() - started
+            await reply.read()
+            return elapsed * 1000
+        await reply.read()
+    return (time.perf_counter() - started) * 1000
+
+
+def _session(connections: int) -> aiohttp.ClientSession:
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=connections, force_close=False)
+    )
+
+
+async def sequential(
+    targets: Mapping[str, str], requests: int, stream: bool
+) -> dict[str, list[float]]:
+    """One request at a time, the targets interleaved so drift hits all of them alike."""
+    results: dict[str, list[float]] = {name: [] for name in targets}
+    sessions = {name: _session(1) for name in targets}
+    try:
+        for name, url in targets.items():  # warm up connections and caches
+            for _ in range(min(100, requests)):
+                await one(sessions[name], url, stream)
+        names = list(targets)
+        for index in range(requests):
+            for name in names[index % len(names) :] + names[: index % len(names)]:
+                results[name].append(await one(sessions[name], targets[name], stream))
+    finally:
+        for session in sessions.values():
+            await session.close()
+    return results
+
+
+async def concurrent(
+    targets: Mapping[str, str], requests: int, concurrency: int, stream: bool
+) -> dict[str, list[float]]:
+    """`concurrency` requests in flight; targets take turns in rounds."""
+    results: dict[str, list[float]] = {name: [] for name in targets}
+    for _ in range(3):
+        for name, url in targets.items():
+            async with _session(concurrency) as session:
+                queue = iter(range(requests // 3))
+                workers = (
+                    _drain(queue, session, url, stream, results[name]) for _ in range(concurrency)
+                )
+                await asyncio.gather(*workers)
+    return results
+
+
+async def _drain(
+    queue: Iterator[int], session: aiohttp.ClientSession, url: str, stream: bool, into: list[float]
+) -> None:
+    for _ in queue:
+        into.append(await one(session, url, stream))
+
+
+async def throughput(url: str, requests: int, concurrency: int) -> tuple[float, float]:
+    """Requests per second at `concurrency`, and the wall time taken."""
+    async with _session(concurrency) as session:
+        queue = iter(range(requests))
+        sink: list[float] = []
+        started = time.perf_counter()
+        await asyncio.gather(
+            *(_drain(queue, session, url, False, sink) for _ in range(concurrency))
+        )
+        wall = time.perf_counter() - started
+    return requests / wall, wall

@@ -1,0 +1,56 @@
+"""The bench, at tiny sizes, so it cannot rot (the real run is `python -m bench`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from bench import inprocess
+
+
+def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
+    out = tmp_path / "results.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench",
+            "--quick",
+            "--no-litellm",
+            "--out",
+            str(out),
+            "--dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert set(report["latency"]) == {
+        f"{kind}/{mode}"
+        for kind in ("plain", "stream_ttfb")
+        for mode in ("sequential", "c32", "c256")
+    }
+    for figures in report["latency"].values():
+        assert figures["direct"]["n"] > 0 and figures["brim"]["n"] == figures["direct"]["n"]
+        assert figures["brim"]["p50_ms"] > 0
+    assert report["throughput"]["rps"] > 0
+    assert (
+        report["guard_fitting"]["warm_ms"] > 0
+        and report["compression"]["tokens_out"] <= report["compression"]["budget"]
+    )
+    assert report["startup"]["plain"]["ready_s"] < 30
+    assert "throughput through brim" in result.stdout
+
+
+def test_the_agent_session_builder_makes_valid_tool_pairs() -> None:
+    from tests.fakes import pairing_errors
+
+    messages = inprocess.agent_session(5, 40)
+    assert len(messages) == 2 + 2 * 5
+    assert pairing_errors(messages) == []
