@@ -9,21 +9,44 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Sequence
+from typing import Any
 
+import orjson
 from multidict import CIMultiDict
 
 from adapters.base import UpstreamResponse
 from adapters.errors import ContextTooLarge
 from adapters.exchange import Exchange
+from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.limits import OFF_LOOP_BYTES
+from middleware.summarize import Summarizer, transcript
 from policies.compress import Outcome, compress_request
-from policies.conversation import Policy
+from policies.conversation import FidelityRecord, Policy, archive_key
 from policies.dialects import DIALECTS
 from policies.tokens import CounterMeter, TokenCounter
 
 log = logging.getLogger("brim.guard")
+
+
+NOTICE_PREFIX = "[brim removed "
+SUMMARY_HEADER = "[brim: a summary of earlier messages, removed to fit the context window]\n"
+
+
+def _notice_at(messages: Sequence[Any]) -> int | None:
+    for index, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str) and content.startswith(NOTICE_PREFIX):
+            return index
+    return None
+
+
+def _task_of(messages: Sequence[Any]) -> str:
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "user":
+            return transcript([message]).removeprefix("user: ")[:2_000]
+    return ""
 
 
 def _refusal(outcome: Outcome) -> ContextTooLarge:
@@ -53,6 +76,8 @@ class Guard:
         low_water: float,
         repair_pairs: bool,
         archive: ContentArchive | None = None,
+        summarizer: Summarizer | None = None,
+        summary_deadline_s: float = 30.0,
     ) -> None:
         if not 0 < low_water <= 1:
             raise ValueError(f"low_water must be in (0, 1], not {low_water}")
@@ -61,6 +86,8 @@ class Guard:
         self.low_water = low_water
         self.repair_pairs = repair_pairs
         self.archive = archive
+        self.summarizer = summarizer
+        self.summary_deadline_s = summary_deadline_s
 
     def outcome(self, exchange: Exchange) -> Outcome:
         """What the guard does to this exchange (also used by `brim inspect`)."""
@@ -83,6 +110,65 @@ class Guard:
             DIALECTS[exchange.api].violations(exchange.body.get("messages") or [])
         )
 
+    async def _summarized(self, exchange: Exchange, outcome: Outcome) -> Outcome:
+        """Evict's notice replaced by a summary of what it removed, when one can be made in
+        time and fits; otherwise the outcome as it was."""
+        assert self.summarizer is not None and exchange.body is not None
+        assert exchange.context is not None
+        at = _notice_at(outcome.messages)
+        evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
+        if at is None or not evicted:
+            return outcome
+        dialect = DIALECTS[exchange.api]
+        meter = CounterMeter(
+            self.counter, exchange.context.limits.limits.tokenizer, exchange.model, exchange.api
+        )
+        notice_tokens = meter.message(outcome.messages[at])
+        rest = outcome.tokens_out - notice_tokens
+        room = outcome.target - rest if outcome.target - rest >= 128 else outcome.limit - rest
+        if room < 128:
+            return outcome
+        removed = [m for r in evicted for m in orjson.loads(r.original or "[]")]
+        content = transcript(removed)
+        credentials = {k: v for k, v in exchange.headers.items() if k.lower() in CREDENTIAL_HEADERS}
+        try:
+            summary = await asyncio.wait_for(
+                self.summarizer.summarize(
+                    content, room - 48, _task_of(exchange.body.get("messages") or []), credentials
+                ),
+                self.summary_deadline_s,
+            )
+        except TimeoutError:
+            log.warning(
+                "request %s: summarizer slower than %ss",
+                exchange.request_id,
+                self.summary_deadline_s,
+            )
+            return outcome
+        if summary is None:
+            return outcome
+        message = dialect.notice(SUMMARY_HEADER + summary.text)
+        size = meter.message(message)
+        if rest + size > outcome.limit:
+            return outcome
+        detail = f"{summary.level} by {summary.provider}" + (
+            ", cached" if summary.cache_hit else ""
+        )
+        record = FidelityRecord(
+            "summarize",
+            "summarized",
+            -1,
+            sum(r.tokens_before for r in evicted),
+            size,
+            archive_key=archive_key(content),
+            detail=detail + (", truncated" if summary.truncated else ""),
+            original=content,
+        )
+        messages = (*outcome.messages[:at], message, *outcome.messages[at + 1 :])
+        return dataclasses.replace(
+            outcome, messages=messages, tokens_out=rest + size, records=(*outcome.records, record)
+        )
+
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         if exchange.context is None or exchange.body is None or exchange.api not in DIALECTS:
             return await call_next(exchange)
@@ -95,10 +181,13 @@ class Guard:
             outcome = await asyncio.to_thread(self.outcome, exchange)
         else:
             outcome = self.outcome(exchange)
-        exchange.report.outcome = outcome
         if not outcome.fits:
+            exchange.report.outcome = outcome
             log.info("request %s refused: %s", exchange.request_id, outcome.actions)
             raise _refusal(outcome)
+        if self.summarizer is not None and any(r.action == "evicted" for r in outcome.records):
+            outcome = await self._summarized(exchange, outcome)
+        exchange.report.outcome = outcome
         await keep_originals(self.archive, outcome, exchange)
         if outcome.repairs:
             log.warning(

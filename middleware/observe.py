@@ -243,6 +243,17 @@ class Observe:
                     },
                 )
                 removed[policy] += max(0, before - after)
+            for record in stage_outcome.records:
+                if record.policy == "summarize":
+                    span.add_event(
+                        "brim.summarized",
+                        {
+                            "brim.summary": record.detail,
+                            "brim.tokens.before": record.tokens_before,
+                            "brim.tokens.after": record.tokens_after,
+                            "brim.archive_key": record.archive_key or "",
+                        },
+                    )
             if stage_outcome.repairs:
                 span.add_event(
                     "brim.pairs.repaired",

@@ -15,7 +15,8 @@ from middleware.guard import Guard
 from middleware.limits import ResolveLimits
 from middleware.observe import Observe
 from middleware.retry import RetryOnOverflow
-from middleware.settings import GuardConfig, RetryConfig
+from middleware.settings import GuardConfig, RetryConfig, SummarizeConfig
+from middleware.summarize import Summarizer
 from middleware.telemetry import StatusBoard, Telemetry
 from policies.clients import ClientRule
 from policies.compress import build_policies
@@ -35,6 +36,9 @@ class PipelineConfig(Protocol):
     @property
     def retry(self) -> RetryConfig: ...
 
+    @property
+    def summarize(self) -> SummarizeConfig: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Services:
@@ -48,6 +52,7 @@ class Services:
     status: StatusBoard
     audit: AuditLog | None = None
     archive: ContentArchive | None = None
+    summarizer: Summarizer | None = None
 
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
@@ -70,6 +75,8 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 low_water=guard.low_water,
                 repair_pairs=guard.repair_pairs,
                 archive=services.archive,
+                summarizer=services.summarizer,
+                summary_deadline_s=config.summarize.deadline_s,
             )
         )
     if config.retry.enabled:

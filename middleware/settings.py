@@ -87,3 +87,33 @@ class ArchiveConfig(BaseModel):
     dir: str = "~/.local/state/brim/archive"
     ttl_hours: float = Field(72, gt=0)
     cleanup_interval_s: float = Field(600, gt=0)
+
+
+class SummarizeConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    enabled: bool = False  # it costs a model call on the requests that need it
+    provider: str | None = None  # a cheap, fast model, routed like any other
+    providers: tuple[str, ...] = ()  # fallbacks, in order
+    timeout_s: float = Field(120, gt=0)
+    max_retries: int = Field(2, ge=0, le=10)
+    retry_delay_s: float = Field(3, ge=0)
+    deadline_s: float = Field(30, gt=0)  # slower than this: go on with evict's notice
+    cache: bool = True
+    cache_ttl_hours: float = Field(24, gt=0)
+    prompt_version: Literal["v1"] = "v1"
+    truncate_fallback: bool = True
+
+    @field_validator("provider")
+    @classmethod
+    def _named(cls, provider: str | None) -> str | None:
+        return provider.strip() or None if provider is not None else None
+
+    def chain(self) -> tuple[str, ...]:
+        return tuple(p for p in (self.provider, *self.providers) if p)
+
+
+class CacheConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    url: str | None = None  # e.g. "redis://127.0.0.1:6379/0": share summaries between instances

@@ -32,7 +32,7 @@ REGISTRY: dict[str, tuple[Callable[[Any], Policy], type[BaseModel], str]] = {
     "truncate": (Truncate, TruncateSettings, "truncate"),
 }
 DEFAULT_ORDER = tuple(REGISTRY)
-SHORT = {name: short for name, (_, _, short) in REGISTRY.items()}
+SHORT = {name: short for name, (_, _, short) in REGISTRY.items()} | {"summarize": "summarize"}
 
 
 def build_policies(order: Sequence[str], settings: Mapping[str, BaseModel]) -> list[Policy]:

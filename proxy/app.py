@@ -20,9 +20,16 @@ from middleware.archive import ContentArchive
 from middleware.audit import AuditLog
 from middleware.base import Pipeline
 from middleware.pipeline import Services, default_pipeline
+from middleware.summarize import (
+    MemoryCache,
+    RedisCache,
+    Summarizer,
+    SummaryCache,
+    upstream_caller,
+)
 from middleware.telemetry import StatusBoard
 from policies.limits import LimitsRegistry
-from policies.tokens import TokenCounter
+from policies.tokens import CounterMeter, TokenCounter
 from proxy.config import BrimConfig
 from proxy.errors import (
     InternalError,
@@ -189,14 +196,43 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
     archive = None
     if config.archive.enabled:
         archive = ContentArchive(config.archive.dir, config.archive.ttl_hours)
+    upstreams = Upstreams(config.upstreams, config.routes)
+    counter = TokenCounter(claude_factor=config.guard.claude_token_factor)
     return Services(
-        upstreams=Upstreams(config.upstreams, config.routes),
+        upstreams=upstreams,
         limits=limits,
-        counter=TokenCounter(claude_factor=config.guard.claude_token_factor),
+        counter=counter,
         telemetry=providers.telemetry,
         status=StatusBoard(),
         audit=audit,
         archive=archive,
+        summarizer=build_summarizer(config, upstreams, counter, limits),
+    )
+
+
+def build_summarizer(
+    config: BrimConfig, upstreams: Upstreams, counter: TokenCounter, limits: LimitsRegistry
+) -> Summarizer | None:
+    settings = config.summarize
+    if not settings.enabled:
+        return None
+    cache: SummaryCache | None = None
+    if settings.cache:
+        if config.cache.url:
+            cache = RedisCache(config.cache.url, settings.cache_ttl_hours)
+        else:
+            cache = MemoryCache(settings.cache_ttl_hours)
+    return Summarizer(
+        upstream_caller(upstreams),
+        settings.chain(),
+        CounterMeter(counter, "o200k_base"),
+        limits,
+        cache,
+        max_retries=settings.max_retries,
+        retry_delay_s=settings.retry_delay_s,
+        timeout_s=settings.timeout_s,
+        prompt_version=settings.prompt_version,
+        truncate_fallback=settings.truncate_fallback,
     )
 
 
@@ -235,6 +271,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[UPSTREAMS].aclose()
     if services.audit is not None:
         services.audit.close()
+    cache = services.summarizer.cache if services.summarizer else None
+    if isinstance(cache, RedisCache):
+        await cache.aclose()
     await asyncio.to_thread(app[PROVIDERS].shutdown)
 
 

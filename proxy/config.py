@@ -23,8 +23,10 @@ from adapters.config import FrozenModel, UpstreamConfig, secret_from_env
 from middleware.settings import (
     ArchiveConfig,
     AuditConfig,
+    CacheConfig,
     GuardConfig,
     RetryConfig,
+    SummarizeConfig,
     TelemetryConfig,
 )
 from policies.clients import ClientRule
@@ -94,6 +96,8 @@ class BrimConfig(BaseSettings):
     telemetry: TelemetryConfig = TelemetryConfig()
     audit: AuditConfig = AuditConfig()
     archive: ArchiveConfig = ArchiveConfig()
+    summarize: SummarizeConfig = SummarizeConfig()
+    cache: CacheConfig = CacheConfig()
 
     @classmethod
     def settings_customise_sources(
@@ -105,6 +109,12 @@ class BrimConfig(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _summarizer_named(self) -> BrimConfig:
+        if self.summarize.enabled and not self.summarize.chain():
+            raise ValueError("summarize.provider is required when summarize.enabled is true")
+        return self
 
     @model_validator(mode="after")
     def _routes_name_upstreams(self) -> BrimConfig:

@@ -80,6 +80,7 @@ class FakeProvider:
     strict_counts: list[int] = field(default_factory=list)
     strict_rejections: list[str] = field(default_factory=list)
     tight_seen: list[tuple[str, int]] = field(default_factory=list)
+    summarizer_calls: list[str] = field(default_factory=list)
     gate: threading.Event = field(default_factory=threading.Event)
     gate_timed_out: bool | None = None
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
@@ -95,6 +96,7 @@ class FakeProvider:
         self.strict_counts.clear()
         self.strict_rejections.clear()
         self.tight_seen.clear()
+        self.summarizer_calls.clear()
 
     @property
     def last(self) -> Seen:
@@ -140,6 +142,8 @@ class FakeProvider:
             )
         if model.startswith("strict-"):
             return self._strict(body)
+        if model.startswith("summarizer-"):
+            return await self._summarize(body, model)
         if model.split("-")[0] in ("tight", "vague", "streamtight"):
             refusal = self._tight(body, model)
             if refusal is not None:
@@ -173,6 +177,32 @@ class FakeProvider:
                 "usage": USAGE,
             },
             headers={"x-upstream-header": "kept", "openai-processing-ms": "12"},
+        )
+
+    async def _summarize(self, body: dict[str, Any], model: str) -> web.Response:
+        """summarizer-good keeps FACT lines and the first words; summarizer-verbose ignores the
+        first level asked; summarizer-down always fails."""
+        self.summarizer_calls.append(model)
+        if model == "summarizer-down":
+            return web.json_response(
+                {"error": {"message": "down", "type": "server_error"}}, status=500
+            )
+        system, text = body["messages"][0]["content"], body["messages"][1]["content"]
+        if model == "summarizer-verbose" and "Condense" in system:
+            summary = text
+        else:
+            facts = [line for line in text.splitlines() if "FACT" in line]
+            words = text.split()[: max(8, body["max_tokens"] // 4)]
+            summary = "\n".join([*facts, " ".join(words)])
+        message = {"role": "assistant", "content": summary}
+        return web.json_response(
+            {
+                "id": "s",
+                "object": "chat.completion",
+                "created": 1,
+                "model": model,
+                "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
+            }
         )
 
     def _tight(self, body: dict[str, Any], model: str) -> web.StreamResponse | None:
@@ -370,3 +400,11 @@ def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
             return True
         time.sleep(0.02)
     return bool(predicate())
+
+
+def free_port_for_tests() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

@@ -1,0 +1,282 @@
+"""Summaries instead of forgetting: what `evict` removed, condensed by a cheap model.
+
+Levels: condensed (~50 % of the original), key_points (~25 %), headline (~10 %). The first level
+whose share fits the room is tried; a summary still over its target is made again at the next
+level, and past the last one it is cut (`truncate_fallback`). An input larger than the summarizer
+model's own window is summarized in chunks, then the chunk summaries together (map-reduce).
+
+Providers are tried in order, each with retries; if every one fails the caller gets None and the
+request goes on with evict's notice — a summarizer failure never fails a request. Summaries are
+cached by content, conversation context, level, provider and prompt version, so the next turn of
+the same session reuses the very same bytes (and the provider's prompt cache stays warm).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import orjson
+from cachetools import TTLCache
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from adapters.exchange import Exchange
+from adapters.registry import Upstreams
+from policies.limits import LimitsRegistry
+from policies.prune import cut_middle
+from policies.tokens import CounterMeter
+
+log = logging.getLogger("brim.summarize")
+
+LEVELS: dict[str, float] = {"condensed": 0.5, "key_points": 0.25, "headline": 0.1}
+INSTRUCTIONS = {
+    "condensed": "Condense it to about half its length, keeping every fact that matters.",
+    "key_points": "Reduce it to its key points as a short bulleted list.",
+    "headline": "Reduce it to a few lines: the essential facts and open tasks only.",
+}
+PROMPT_V1 = (
+    "You summarize an earlier part of a conversation between a user and an AI assistant (with "
+    "its tool calls and results), so the assistant can continue without it. Keep facts, "
+    "decisions, names, numbers, file paths, errors, and tasks still open. Do not add anything. "
+    "The conversation's task: {task}\n\n{instruction}"
+)
+PROMPTS = {"v1": PROMPT_V1}
+
+# (provider model id, messages, max_tokens, the client's credential headers) -> the summary text
+CallModel = Callable[[str, list[dict[str, str]], int, Mapping[str, str]], Awaitable[str]]
+
+
+class SummaryCache(Protocol):
+    async def get(self, key: str) -> str | None: ...
+
+    async def set(self, key: str, value: str) -> None: ...
+
+
+class MemoryCache:
+    def __init__(self, ttl_hours: float, size: int = 10_000) -> None:
+        self._entries: TTLCache[str, str] = TTLCache(maxsize=size, ttl=ttl_hours * 3600)
+
+    async def get(self, key: str) -> str | None:
+        return self._entries.get(key)
+
+    async def set(self, key: str, value: str) -> None:
+        self._entries[key] = value
+
+
+class RedisCache:
+    """Shared by every brim instance that points at the same Redis."""
+
+    def __init__(self, url: str, ttl_hours: float) -> None:
+        import redis.asyncio as redis
+
+        self._client: Any = redis.from_url(url)
+        self._ttl = int(ttl_hours * 3600)
+
+    async def get(self, key: str) -> str | None:
+        value = await self._client.get(f"brim:summary:{key}")
+        return value.decode() if isinstance(value, bytes) else value
+
+    async def set(self, key: str, value: str) -> None:
+        await self._client.set(f"brim:summary:{key}", value, ex=self._ttl)
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    text: str
+    level: str
+    provider: str
+    tokens_before: int
+    tokens_after: int
+    cache_hit: bool
+    truncated: bool = False
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Summarizer:
+    def __init__(
+        self,
+        call: CallModel,
+        providers: Sequence[str],
+        meter: CounterMeter,
+        registry: LimitsRegistry,
+        cache: SummaryCache | None,
+        *,
+        max_retries: int = 2,
+        retry_delay_s: float = 3.0,
+        timeout_s: float = 120.0,
+        prompt_version: str = "v1",
+        truncate_fallback: bool = True,
+    ) -> None:
+        if not providers:
+            raise ValueError("a summarizer needs at least one provider")
+        if prompt_version not in PROMPTS:
+            raise ValueError(f"unknown prompt_version {prompt_version!r}; known: {list(PROMPTS)}")
+        self.call = call
+        self.providers = list(providers)
+        self.meter = meter
+        self.registry = registry
+        self.cache = cache
+        self.max_retries = max_retries
+        self.retry_delay_s = retry_delay_s
+        self.timeout_s = timeout_s
+        self.prompt_version = prompt_version
+        self.truncate_fallback = truncate_fallback
+        self._headers: dict[str, str] = {}
+
+    async def summarize(
+        self, text: str, target: int, task: str, headers: Mapping[str, str] | None = None
+    ) -> Summary | None:
+        """`text` in at most `target` tokens, or None if no provider could make one."""
+        self._headers = dict(headers or {})
+        size = self.meter.text_tokens(text)
+        if size <= target:
+            return None
+        level = next((name for name, share in LEVELS.items() if size * share <= target), "headline")
+        for provider in self.providers:
+            try:
+                return await self._with(provider, text, size, target, task, level)
+            except Exception as exc:
+                log.warning("summarizer %r failed: %s", provider, exc or type(exc).__name__)
+        log.warning("every summarizer failed; keeping the eviction notice")
+        return None
+
+    async def _with(
+        self, provider: str, text: str, size: int, target: int, task: str, level: str
+    ) -> Summary:
+        key = "|".join(
+            (_digest(text), _digest(task), level, provider, self.prompt_version, str(target))
+        )
+        if self.cache is not None and (cached := await self.cache.get(key)) is not None:
+            return Summary(cached, level, provider, size, self.meter.text_tokens(cached), True)
+        levels = list(LEVELS)
+        summary = ""
+        for name in levels[levels.index(level) :]:
+            level = name
+            summary = await self._reduce(provider, text, task, level, target)
+            if self.meter.text_tokens(summary) <= target:
+                break
+        truncated = False
+        if self.meter.text_tokens(summary) > target:
+            if not self.truncate_fallback:
+                raise ValueError(f"the summary stays over {target} tokens at every level")
+            summary, _ = cut_middle(summary, max(16, target - 24), self.meter)
+            truncated = True
+        if self.cache is not None:
+            await self.cache.set(key, summary)
+        return Summary(
+            summary, level, provider, size, self.meter.text_tokens(summary), False, truncated
+        )
+
+    async def _reduce(self, provider: str, text: str, task: str, level: str, target: int) -> str:
+        """Map-reduce when `text` is larger than the summarizer's own window allows."""
+        window = self.registry.resolve(provider).limits.context_window
+        chunk_tokens = max(256, int(window * 0.6))
+        tokens = self.meter.tokens(text)
+        if len(tokens) <= chunk_tokens:
+            return await self._once(provider, text, task, level, target)
+        chunks = [
+            self.meter.decode(tokens[i : i + chunk_tokens])
+            for i in range(0, len(tokens), chunk_tokens)
+        ]
+        share = max(64, target // len(chunks))
+        parts = await asyncio.gather(*(self._once(provider, c, task, level, share) for c in chunks))
+        joined = "\n\n".join(parts)
+        return (
+            await self._reduce(provider, joined, task, level, target)
+            if self.meter.text_tokens(joined) > target
+            else joined
+        )
+
+    async def _once(self, provider: str, text: str, task: str, level: str, target: int) -> str:
+        prompt = PROMPTS[self.prompt_version].format(
+            task=task or "(not stated)", instruction=INSTRUCTIONS[level]
+        )
+        messages = [{"role": "system", "content": prompt}, {"role": "user", "content": text}]
+        last: Exception | None = None
+        for attempt in range(self.max_retries + 1):
+            try:
+                call = self.call(provider, messages, max(64, target), self._headers)
+                return await asyncio.wait_for(call, self.timeout_s)
+            except Exception as exc:  # retried, then the caller moves to the next provider
+                last = exc
+                if attempt < self.max_retries:
+                    await asyncio.sleep(self.retry_delay_s)
+        assert last is not None
+        raise last
+
+
+def transcript(messages: Sequence[Any]) -> str:
+    """Removed messages as plain text for the summarizer: who said what, which tools were called
+    with what, and what they returned."""
+    lines: list[str] = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        role = str(message.get("role", ""))
+        content = message.get("content")
+        if isinstance(content, str) and content:
+            lines.append(f"{role}: {content}")
+        for block in content if isinstance(content, list) else []:
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text" and block.get("text"):
+                lines.append(f"{role}: {block['text']}")
+            elif kind == "tool_use":
+                arguments = orjson.dumps(block.get("input")).decode()
+                lines.append(f"{role} called {block.get('name')}({arguments})")
+            elif kind == "tool_result":
+                inner = block.get("content")
+                text = (
+                    inner
+                    if isinstance(inner, str)
+                    else " ".join(
+                        str(b.get("text", "")) for b in inner or [] if isinstance(b, dict)
+                    )
+                )
+                lines.append(f"tool result: {text}")
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {} if isinstance(call, dict) else {}
+            lines.append(f"{role} called {function.get('name')}({function.get('arguments')})")
+    return "\n".join(lines)
+
+
+def upstream_caller(upstreams: Upstreams) -> CallModel:
+    """Summaries made by a model behind one of brim's own upstreams (litellm reaches any other)."""
+
+    async def call(
+        provider: str, messages: list[dict[str, str]], max_tokens: int, headers: Mapping[str, str]
+    ) -> str:
+        name = upstreams.route(provider, "openai.chat")
+        body = {"model": provider, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+        request_headers = CIMultiDict({"Content-Type": "application/json", **headers})
+        exchange = Exchange(
+            api="openai.chat",
+            method="POST",
+            endpoint="/chat/completions",
+            query="",
+            model=provider,
+            body=body,
+            raw=orjson.dumps(body),
+            headers=CIMultiDictProxy(request_headers),
+            stream=False,
+            upstream=name,
+            request_id="brim-summary",
+        )
+        reply = await upstreams[name].send(exchange)
+        content = orjson.loads(reply.body or b"{}")["choices"][0]["message"]["content"]
+        if not isinstance(content, str) or not content.strip():
+            raise ValueError(f"{provider} returned no summary text")
+        return content
+
+    return call

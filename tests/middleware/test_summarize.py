@@ -1,0 +1,259 @@
+"""Summarization: levels, map-reduce, the provider chain, the cache (memory and a real Redis),
+and end to end a fact from an evicted turn that survives in the summary."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from middleware import summarize as summarize_module
+from middleware.summarize import MemoryCache, RedisCache, Summarizer
+from policies.limits import LimitsRegistry, ModelFacts
+from policies.tokens import CounterMeter, TokenCounter
+from proxy.resources import use_bundled_tiktoken_files
+from tests.builders import tool_turn
+from tests.conftest import BrimFactory
+from tests.fakes import FakeProvider, free_port_for_tests
+
+use_bundled_tiktoken_files()
+METER = CounterMeter(TokenCounter(), "o200k_base")
+LONG = "\n".join(
+    f"step {n}: the build ran the integration suite and wrote its report" for n in range(300)
+)
+
+
+class FakeModel:
+    """Answers like a summarizer; `verbose` ignores the first level; `failing` names providers
+    that always fail."""
+
+    def __init__(self, verbose: bool = False, failing: tuple[str, ...] = ()) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.verbose = verbose
+        self.failing = failing
+
+    async def __call__(
+        self,
+        provider: str,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        headers: Mapping[str, str],
+    ) -> str:
+        self.calls.append((provider, max_tokens))
+        if provider in self.failing:
+            raise RuntimeError(f"{provider} is down")
+        if self.verbose and "Condense" in messages[0]["content"]:
+            return messages[1]["content"]
+        return " ".join(messages[1]["content"].split()[: max_tokens // 3])
+
+
+def summarizer(
+    model: FakeModel,
+    providers: tuple[str, ...] = ("cheap",),
+    cache: Any = None,
+    window: int = 100_000,
+    **options: Any,
+) -> Summarizer:
+    registry = LimitsRegistry({p: ModelFacts(context_window=window) for p in providers})
+    return Summarizer(model, providers, METER, registry, cache, retry_delay_s=0, **options)
+
+
+def test_the_level_steps_down_when_a_summary_is_still_too_long() -> None:
+    model = FakeModel(verbose=True)
+    size = METER.text_tokens(LONG)
+    target = int(size * 0.6)  # condensed (~50 %) should fit, so that is where it starts
+    summary = asyncio.run(summarizer(model).summarize(LONG, target, "task"))
+    assert summary is not None
+    assert summary.level == "key_points" and summary.tokens_after <= target
+    assert len(model.calls) == 2  # condensed came back too long; key_points did not
+
+
+def test_past_the_last_level_the_summary_is_cut() -> None:
+    class Stubborn(FakeModel):
+        async def __call__(
+            self,
+            provider: str,
+            messages: list[dict[str, str]],
+            max_tokens: int,
+            headers: Mapping[str, str],
+        ) -> str:
+            self.calls.append((provider, max_tokens))
+            return messages[1]["content"]
+
+    model = Stubborn()
+    summary = asyncio.run(summarizer(model).summarize(LONG, 500, "task"))
+    assert summary is not None and summary.truncated and summary.tokens_after <= 500
+    assert "cut from the middle by brim" in summary.text
+    with pytest.raises(ValueError):
+        asyncio.run(
+            summarizer(Stubborn(), truncate_fallback=False)._with(
+                "cheap", LONG, 4000, 500, "t", "headline"
+            )
+        )
+
+
+def test_inputs_larger_than_the_summarizers_window_are_map_reduced() -> None:
+    model = FakeModel()
+    summary = asyncio.run(summarizer(model, window=1_000).summarize(LONG, 1_200, "task"))
+    assert summary is not None
+    assert len(model.calls) >= 5  # several chunks, then the summary of their summaries
+    assert summary.tokens_after <= 1_200
+
+
+def test_a_failing_provider_is_retried_then_the_next_one_serves() -> None:
+    model = FakeModel(failing=("primary",))
+    summary = asyncio.run(
+        summarizer(model, ("primary", "backup"), max_retries=2).summarize(LONG, 2_000, "task")
+    )
+    assert summary is not None and summary.provider == "backup"
+    assert [p for p, _ in model.calls] == ["primary", "primary", "primary", "backup"]
+
+
+def test_when_every_provider_fails_there_is_no_summary() -> None:
+    model = FakeModel(failing=("a", "b"))
+    assert (
+        asyncio.run(summarizer(model, ("a", "b"), max_retries=1).summarize(LONG, 2_000, "task"))
+        is None
+    )
+
+
+def test_the_cache_serves_the_same_bytes_and_misses_on_any_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    model = FakeModel()
+    cache = MemoryCache(ttl_hours=1)
+    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task"))
+    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task"))
+    assert first is not None and again is not None
+    assert again.cache_hit and again.text == first.text and len(model.calls) == 1
+    asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "another task"))
+    assert len(model.calls) == 2
+    asyncio.run(summarizer(model, ("other",), cache=cache).summarize(LONG, 2_000, "task"))
+    assert len(model.calls) == 3
+    monkeypatch.setitem(summarize_module.PROMPTS, "v2", summarize_module.PROMPT_V1 + " ")
+    asyncio.run(summarizer(model, cache=cache, prompt_version="v2").summarize(LONG, 2_000, "task"))
+    assert len(model.calls) == 4
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed (.ci/run installs it)")
+        pytest.skip("redis-server is not installed")
+    port = free_port_for_tests()
+    process = subprocess.Popen(
+        [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with __import__("socket").create_connection(("127.0.0.1", port), timeout=0.2):
+                    break
+            except OSError:
+                time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_two_brim_instances_share_summaries_through_redis(redis_url: str) -> None:
+    async def run() -> tuple[Any, Any, int]:
+        model = FakeModel()
+        first_cache, second_cache = RedisCache(redis_url, 1), RedisCache(redis_url, 1)
+        first = await summarizer(model, cache=first_cache).summarize(LONG, 2_000, "task")
+        second = await summarizer(model, cache=second_cache).summarize(LONG, 2_000, "task")
+        await first_cache.aclose()
+        await second_cache.aclose()
+        return first, second, len(model.calls)
+
+    first, second, calls = asyncio.run(run())
+    assert calls == 1 and second.cache_hit and second.text == first.text
+
+
+def test_a_fact_from_an_evicted_turn_survives_in_the_summary(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    base = brim(
+        models={"strict-8k": {"context_window": 8_192, "max_output": 1_024}},
+        guard={"policies": ["evict", "truncate"]},  # evict straight away: this is about summaries
+        summarize={
+            "enabled": True,
+            "provider": "summarizer-down",
+            "providers": ["summarizer-good"],
+            "max_retries": 0,
+            "retry_delay_s": 0,
+        },
+    )
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0)
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Deploy the service."},
+    ]
+    messages += tool_turn(
+        "c0",
+        "FACT: the staging database password rotates every Tuesday at 06:00 UTC\n"
+        + "config line\n" * 300,
+    )
+    actions: list[str] = []
+    for turn in range(1, 9):
+        messages += tool_turn(
+            f"c{turn}", "\n".join(f"log {turn}.{i}: deploy step output text" for i in range(150))
+        )
+        messages.append({"role": "user", "content": f"continue ({turn})"})
+        raw = sdk.chat.completions.with_raw_response.create(
+            model="strict-8k", messages=messages, max_tokens=256
+        )  # type: ignore[arg-type]
+        actions.append(raw.headers["x-brim-actions"])
+    assert provider.strict_rejections == []
+    assert any("summarize" in a for a in actions), actions
+    sent = orjson.loads(provider.requests[-1].body)["messages"]
+    summaries = [
+        m["content"]
+        for m in sent
+        if m["role"] == "system" and m["content"].startswith("[brim: a summary")
+    ]
+    assert len(summaries) == 1 and "password rotates every Tuesday" in summaries[0]
+    assert "summarizer-down" in provider.summarizer_calls  # the failing primary was tried first
+    calls_before = len([c for c in provider.summarizer_calls if c == "summarizer-good"])
+    httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "strict-8k", "messages": messages, "max_tokens": 256},
+    )
+    assert orjson.loads(provider.requests[-1].body)["messages"] == sent  # same bytes again…
+    assert (
+        len([c for c in provider.summarizer_calls if c == "summarizer-good"]) == calls_before
+    )  # …from the cache
+
+
+def test_a_summarizer_failure_never_fails_the_request(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    base = brim(
+        models={"strict-8k": {"context_window": 8_192}},
+        guard={"policies": ["evict", "truncate"]},
+        summarize={"enabled": True, "provider": "summarizer-down", "max_retries": 0},
+    )
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for turn in range(12):
+        messages += tool_turn(f"c{turn}", "output line\n" * 400)
+    messages.append({"role": "user", "content": "so?"})
+    reply = httpx.post(
+        f"{base}/v1/chat/completions", json={"model": "strict-8k", "messages": messages}
+    )
+    assert reply.status_code == 200 and "evict" in reply.headers["x-brim-actions"]
+    sent = orjson.loads(provider.requests[-1].body)["messages"]
+    assert any(str(m.get("content", "")).startswith("[brim removed") for m in sent)
