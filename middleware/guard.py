@@ -21,9 +21,9 @@ from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.limits import OFF_LOOP_BYTES
-from middleware.summarize import Summarizer, transcript
+from middleware.summarize import Summarizer, Summary, transcript
 from policies.compress import Outcome, compress_request
-from policies.conversation import FidelityRecord, Policy, archive_key
+from policies.conversation import Dialect, FidelityRecord, Policy, archive_key
 from policies.dialects import DIALECTS
 from policies.tokens import CounterMeter, TokenCounter
 
@@ -32,6 +32,7 @@ log = logging.getLogger("brim.guard")
 
 NOTICE_PREFIX = "[brim removed "
 SUMMARY_HEADER = "[brim: a summary of earlier messages, removed to fit the context window]\n"
+RESULT_HEADER = "[brim: a summary of this tool result, too large for the context window]\n"
 
 
 def _notice_at(messages: Sequence[Any]) -> int | None:
@@ -47,6 +48,13 @@ def _task_of(messages: Sequence[Any]) -> str:
         if isinstance(message, dict) and message.get("role") == "user":
             return transcript([message]).removeprefix("user: ")[:2_000]
     return ""
+
+
+def _detail(summary: Summary) -> str:
+    flags = [
+        flag for flag, on in (("cached", summary.cache_hit), ("truncated", summary.truncated)) if on
+    ]
+    return f"{summary.level} by {summary.provider}" + "".join(f", {flag}" for flag in flags)
 
 
 def _refusal(outcome: Outcome) -> ContextTooLarge:
@@ -110,50 +118,52 @@ class Guard:
             DIALECTS[exchange.api].violations(exchange.body.get("messages") or [])
         )
 
+    def _summary_inputs(
+        self, exchange: Exchange
+    ) -> tuple[Dialect, CounterMeter, str, dict[str, str]]:
+        """The dialect, a meter, the conversation's task, and the client's credentials (for
+        summarizers behind pass-through upstreams)."""
+        assert exchange.body is not None and exchange.context is not None
+        meter = CounterMeter(
+            self.counter, exchange.context.limits.limits.tokenizer, exchange.model, exchange.api
+        )
+        credentials = {k: v for k, v in exchange.headers.items() if k.lower() in CREDENTIAL_HEADERS}
+        task = _task_of(exchange.body.get("messages") or [])
+        return DIALECTS[exchange.api], meter, task, credentials
+
+    async def _summary(
+        self, text: str, target: int, task: str, credentials: dict[str, str]
+    ) -> Summary | None:
+        """A summary within the deadline, or None (the caller keeps what it had)."""
+        assert self.summarizer is not None
+        try:
+            return await asyncio.wait_for(
+                self.summarizer.summarize(text, target, task, credentials), self.summary_deadline_s
+            )
+        except TimeoutError:
+            log.warning("summarizer slower than %ss: going on without it", self.summary_deadline_s)
+            return None
+
     async def _summarized(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """Evict's notice replaced by a summary of what it removed, when one can be made in
         time and fits; otherwise the outcome as it was."""
-        assert self.summarizer is not None and exchange.body is not None
-        assert exchange.context is not None
         at = _notice_at(outcome.messages)
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
         if at is None or not evicted:
             return outcome
-        dialect = DIALECTS[exchange.api]
-        meter = CounterMeter(
-            self.counter, exchange.context.limits.limits.tokenizer, exchange.model, exchange.api
-        )
-        notice_tokens = meter.message(outcome.messages[at])
-        rest = outcome.tokens_out - notice_tokens
+        dialect, meter, task, credentials = self._summary_inputs(exchange)
+        rest = outcome.tokens_out - meter.message(outcome.messages[at])
         room = outcome.target - rest if outcome.target - rest >= 128 else outcome.limit - rest
         if room < 128:
             return outcome
-        removed = [m for r in evicted for m in orjson.loads(r.original or "[]")]
-        content = transcript(removed)
-        credentials = {k: v for k, v in exchange.headers.items() if k.lower() in CREDENTIAL_HEADERS}
-        try:
-            summary = await asyncio.wait_for(
-                self.summarizer.summarize(
-                    content, room - 48, _task_of(exchange.body.get("messages") or []), credentials
-                ),
-                self.summary_deadline_s,
-            )
-        except TimeoutError:
-            log.warning(
-                "request %s: summarizer slower than %ss",
-                exchange.request_id,
-                self.summary_deadline_s,
-            )
-            return outcome
+        content = transcript([m for r in evicted for m in orjson.loads(r.original or "[]")])
+        summary = await self._summary(content, room - 48, task, credentials)
         if summary is None:
             return outcome
         message = dialect.notice(SUMMARY_HEADER + summary.text)
         size = meter.message(message)
         if rest + size > outcome.limit:
             return outcome
-        detail = f"{summary.level} by {summary.provider}" + (
-            ", cached" if summary.cache_hit else ""
-        )
         record = FidelityRecord(
             "summarize",
             "summarized",
@@ -161,12 +171,56 @@ class Guard:
             sum(r.tokens_before for r in evicted),
             size,
             archive_key=archive_key(content),
-            detail=detail + (", truncated" if summary.truncated else ""),
+            detail=_detail(summary),
             original=content,
         )
         messages = (*outcome.messages[:at], message, *outcome.messages[at + 1 :])
         return dataclasses.replace(
             outcome, messages=messages, tokens_out=rest + size, records=(*outcome.records, record)
+        )
+
+    async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
+        """A tool result `truncate` had to cut, summarized into the same room instead."""
+        dialect, meter, task, credentials = self._summary_inputs(exchange)
+        messages = list(outcome.messages)
+        records = list(outcome.records)
+        total = outcome.tokens_out
+        names = dialect.tools_by_call(messages)
+        for record in outcome.records:
+            if not record.detail.startswith("tool_result:") or not record.original:
+                continue
+            call_id = record.detail.removeprefix("tool_result:")
+            holders = [
+                i
+                for i, message in enumerate(messages)
+                if any(r.call_id == call_id for r in dialect.tool_results(message, names))
+            ]
+            if not holders:
+                continue
+            at = holders[0]
+            before = meter.message(messages[at])
+            summary = await self._summary(record.original, max(64, before - 64), task, credentials)
+            if summary is None:
+                continue
+            updated = dialect.with_tool_result(messages[at], call_id, RESULT_HEADER + summary.text)
+            size = meter.message(updated)
+            if total - before + size > outcome.limit:
+                continue
+            messages[at], total = updated, total - before + size
+            records.append(
+                FidelityRecord(
+                    "summarize",
+                    "summarized",
+                    record.index,
+                    record.tokens_before,
+                    size,
+                    archive_key=record.archive_key,
+                    detail=f"tool result {call_id}: {_detail(summary)}",
+                    original=record.original,
+                )
+            )
+        return dataclasses.replace(
+            outcome, messages=tuple(messages), tokens_out=total, records=tuple(records)
         )
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
@@ -187,6 +241,10 @@ class Guard:
             raise _refusal(outcome)
         if self.summarizer is not None and any(r.action == "evicted" for r in outcome.records):
             outcome = await self._summarized(exchange, outcome)
+        if self.summarizer is not None and any(
+            r.detail.startswith("tool_result:") for r in outcome.records
+        ):
+            outcome = await self._summarized_results(exchange, outcome)
         exchange.report.outcome = outcome
         await keep_originals(self.archive, outcome, exchange)
         if outcome.repairs:

@@ -51,6 +51,8 @@ class Truncate:
             size = meter.message(updated)
             if size >= conversation.sizes[index]:
                 continue
+            names = dialect.tools_by_call(conversation.messages)
+            result = next((r for r in dialect.tool_results(message, names) if r.text == text), None)
             records.append(
                 FidelityRecord(
                     self.name,
@@ -59,6 +61,7 @@ class Truncate:
                     conversation.sizes[index],
                     size,
                     archive_key=archive_key(text),
+                    detail=f"tool_result:{result.call_id}" if result else "",
                     original=text,
                 )
             )

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ for _name in [name for name in os.environ if name.startswith("BRIM_")]:
 from proxy.app import bound_port, start  # noqa: E402
 from proxy.config import BrimConfig  # noqa: E402
 from tests.fake_anthropic import FakeAnthropic  # noqa: E402
-from tests.fakes import FakeProvider, LoopThread, start_app  # noqa: E402
+from tests.fakes import FakeProvider, LoopThread, free_port, start_app  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -89,6 +88,4 @@ def brim(loop_thread: LoopThread, provider: FakeProvider) -> Iterator[BrimFactor
 
 @pytest.fixture
 def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_port()

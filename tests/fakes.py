@@ -402,7 +402,8 @@ def wait_for(predicate: Any, timeout: float = 5.0) -> bool:
     return bool(predicate())
 
 
-def free_port_for_tests() -> int:
+def free_port() -> int:
+    """A port nothing listens on (now)."""
     import socket
 
     with socket.socket() as sock:

@@ -23,7 +23,7 @@ from policies.tokens import CounterMeter, TokenCounter
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn
 from tests.conftest import BrimFactory
-from tests.fakes import FakeProvider, free_port_for_tests
+from tests.fakes import FakeProvider, free_port
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base")
@@ -151,7 +151,7 @@ def redis_url() -> Iterator[str]:
         if os.environ.get("CI"):
             pytest.fail("redis-server is not installed (.ci/run installs it)")
         pytest.skip("redis-server is not installed")
-    port = free_port_for_tests()
+    port = free_port()
     process = subprocess.Popen(
         [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
         stdout=subprocess.DEVNULL,
@@ -257,3 +257,27 @@ def test_a_summarizer_failure_never_fails_the_request(
     assert reply.status_code == 200 and "evict" in reply.headers["x-brim-actions"]
     sent = orjson.loads(provider.requests[-1].body)["messages"]
     assert any(str(m.get("content", "")).startswith("[brim removed") for m in sent)
+
+
+def test_a_tool_result_too_large_to_keep_is_summarized_instead_of_cut(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    base = brim(
+        models={"strict-8k": {"context_window": 8_192, "max_output": 1_024}},
+        guard={"policies": ["truncate"]},
+        summarize={"enabled": True, "provider": "summarizer-good", "max_retries": 0},
+    )
+    log = "\n".join(f"worker {i}: processed batch without errors" for i in range(2_000))
+    messages = [
+        {"role": "user", "content": "Why did the job fail?"},
+        *tool_turn("c0", log + "\nFACT: batch 1999 failed on a disk quota\n", name="bash"),
+    ]
+    reply = httpx.post(
+        f"{base}/v1/chat/completions", json={"model": "strict-8k", "messages": messages}
+    )
+    assert reply.status_code == 200
+    assert "summarize:1" in reply.headers["x-brim-actions"]
+    sent = orjson.loads(provider.requests[-1].body)["messages"]
+    result = sent[-1]["content"]
+    assert result.startswith("[brim: a summary of this tool result") and "disk quota" in result
+    assert provider.strict_rejections == []
