@@ -208,7 +208,11 @@ class Observe:
         context = report.context
         tokens_out = self._tokens_out(report)
         tokens_in = report.outcome.tokens_in if report.outcome else tokens_out
-        attributes: dict[str, Any] = {"brim.outcome": outcome, "brim.retries": report.retries}
+        attributes: dict[str, Any] = {
+            "brim.outcome": outcome,
+            "brim.retries": report.retries,
+            "brim.upstream_calls": report.upstream_calls,
+        }
         if context is not None:
             attributes["brim.budget"] = context.budget.effective()
             attributes["brim.context_window"] = context.limits.limits.context_window
@@ -308,6 +312,7 @@ class Observe:
                 "budget": context.budget.effective() if context else None,
                 "actions": attributes["brim.actions"],
                 "retries": report.retries,
+                "fallbacks": report.fallbacks,
                 "archive_keys": report.archive_keys,
             }
             self.status.recent.append(event)
