@@ -16,7 +16,14 @@ from policies.compress import Outcome
 from policies.limits import ResolvedLimits
 
 # The wire API the client spoke. Named by API, not by provider: Azure and vLLM speak "openai.chat".
-ClientApi = Literal["openai.chat", "openai.models", "anthropic.messages", "anthropic.count_tokens"]
+ClientApi = Literal[
+    "openai.chat",
+    "openai.models",
+    "openai.responses",
+    "openai.input_tokens",
+    "anthropic.messages",
+    "anthropic.count_tokens",
+]
 
 
 @dataclass(frozen=True, slots=True)

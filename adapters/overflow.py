@@ -132,7 +132,7 @@ def _messages(payload: Any) -> list[str]:
     if isinstance(payload, str):
         found.append(payload)
     elif isinstance(payload, Mapping):
-        for key in ("message", "error", "detail", "msg", "type", "code", "status"):
+        for key in ("message", "error", "response", "detail", "msg", "type", "code", "status"):
             if key in payload:
                 found += _messages(payload[key])
     elif isinstance(payload, list):

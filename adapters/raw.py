@@ -29,13 +29,17 @@ MAX_ERROR_BODY = 1024 * 1024
 MAX_PEEK = 256 * 1024
 
 
+# Events that open a stream before anything happens (OpenAI Responses); an error comes after them.
+PREAMBLE = (b'"response.created"', b'"response.in_progress"', b'"response.queued"')
+
+
 def first_event_data(stream: bytes) -> bytes | None:
-    """The data of the first complete server-sent event that has any, else None."""
+    """The data of the first complete server-sent event that has any (past a preamble)."""
     text = stream.replace(b"\r\n", b"\n")
     while b"\n\n" in text:
         event, _, text = text.partition(b"\n\n")
         data = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
-        if data:
+        if data and not any(marker in data[0][:80] for marker in PREAMBLE):
             return b"\n".join(data)
     return None
 
@@ -45,6 +49,8 @@ def is_error_event(stream: bytes, data: bytes) -> bool:
     if b"event: error" in head or b"event:error" in head:
         return True
     stripped = data.lstrip()
+    if b'"response.failed"' in stripped[:80]:
+        return True
     return stripped.startswith(b"{") and (
         b'"error"' in stripped[:200] or b'"type":"error"' in stripped[:40]
     )

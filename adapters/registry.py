@@ -15,6 +15,8 @@ from adapters.translated import LitellmAdapter
 SERVES: dict[str, frozenset[WireApi]] = {
     "openai.chat": frozenset({"openai", "litellm"}),
     "openai.models": frozenset({"openai"}),
+    "openai.responses": frozenset({"openai"}),
+    "openai.input_tokens": frozenset({"openai"}),
     "anthropic.messages": frozenset({"anthropic", "litellm"}),
     "anthropic.count_tokens": frozenset({"anthropic", "litellm"}),
 }

@@ -24,7 +24,7 @@ from middleware.limits import OFF_LOOP_BYTES
 from middleware.summarize import Summarizer, Summary, transcript
 from policies.compress import Outcome, compress_request
 from policies.conversation import Dialect, FidelityRecord, Policy, archive_key
-from policies.dialects import DIALECTS
+from policies.dialects import DIALECTS, conversation_of, with_conversation
 from policies.tokens import CounterMeter, TokenCounter
 
 log = logging.getLogger("brim.guard")
@@ -115,7 +115,7 @@ class Guard:
         if not exchange.context.fits:
             return True
         return self.repair_pairs and bool(
-            DIALECTS[exchange.api].violations(exchange.body.get("messages") or [])
+            DIALECTS[exchange.api].violations(conversation_of(exchange.api, exchange.body))
         )
 
     def _summary_inputs(
@@ -128,7 +128,7 @@ class Guard:
             self.counter, exchange.context.limits.limits.tokenizer, exchange.model, exchange.api
         )
         credentials = {k: v for k, v in exchange.headers.items() if k.lower() in CREDENTIAL_HEADERS}
-        task = _task_of(exchange.body.get("messages") or [])
+        task = _task_of(conversation_of(exchange.api, exchange.body))
         return DIALECTS[exchange.api], meter, task, credentials
 
     async def _summary(
@@ -253,7 +253,7 @@ class Guard:
                 exchange.request_id,
                 "; ".join(outcome.repairs),
             )
-        body = {**exchange.body, "messages": list(outcome.messages)}
+        body = with_conversation(exchange.api, exchange.body, outcome.messages)
         changed = exchange.with_body(body)
         context = dataclasses.replace(exchange.context, outcome=outcome)
         reply = await call_next(dataclasses.replace(changed, context=context))

@@ -36,7 +36,7 @@ from middleware.limits import OFF_LOOP_BYTES
 from policies.budget import budget_for, requested_output
 from policies.compress import SHORT, Outcome, compress_request
 from policies.conversation import Policy
-from policies.dialects import DIALECTS
+from policies.dialects import DIALECTS, with_conversation
 from policies.limits import LimitsRegistry
 from policies.tokens import CounterMeter, TokenCounter
 
@@ -200,7 +200,7 @@ class RetryOnOverflow:
     @staticmethod
     def _with_outcome(exchange: Exchange, outcome: Outcome) -> Exchange:
         assert exchange.body is not None and exchange.context is not None
-        body = {**exchange.body, "messages": list(outcome.messages)}
+        body = with_conversation(exchange.api, exchange.body, outcome.messages)
         context: RequestContext = dataclasses.replace(exchange.context, outcome=outcome)
         return dataclasses.replace(exchange.with_body(body), context=context)
 

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from policies.clear import ClearSettings, ClearToolResults
 from policies.conversation import Conversation, Dialect, FidelityRecord, Goal, Meter, Policy
-from policies.dialects import DIALECTS
+from policies.dialects import DIALECTS, conversation_of
 from policies.evict import Evict, EvictSettings
 from policies.prune import PruneSettings, PruneToolResults
 from policies.tokens import CounterMeter
@@ -126,7 +126,7 @@ def compress_request(
     """`compress` for a request body of the meter's wire API."""
     return compress(
         DIALECTS[meter.api],
-        body.get("messages") or [],
+        conversation_of(meter.api, body),
         meter.fixed(body),
         meter,
         policies,

@@ -420,3 +420,208 @@ def _result_block(call_id: str, text: str = NO_RESULT) -> dict[str, Any]:
 
 
 DIALECTS: dict[str, Any] = {"openai.chat": ChatDialect(), "anthropic.messages": AnthropicDialect()}
+
+
+CALL_TYPES = {"function_call", "custom_tool_call", "local_shell_call"}
+OUTPUT_OF = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "local_shell_call": "local_shell_call_output",
+}
+OUTPUT_TYPES = set(OUTPUT_OF.values())
+
+
+def _kind(item: Any) -> str:
+    if not isinstance(item, Mapping):
+        return ""
+    return str(item.get("type") or ("message" if "role" in item else ""))
+
+
+def _output_text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, Mapping):
+        return str(output.get("output") or output.get("text") or "")
+    return _text_of(output)
+
+
+class ResponsesDialect:
+    """OpenAI Responses `input` items: `function_call` (and custom / local shell calls) answered
+    by the output item with the same `call_id`, somewhere later; a calling block (reasoning items
+    and calls) with the outputs that follow is one unit. `reasoning` items — `encrypted_content`
+    never touched — stay with the item after them. `instructions` is fixed cost."""
+
+    name = "openai.responses"
+
+    def role(self, item: Any) -> str:
+        kind = _kind(item)
+        if kind == "message":
+            return str(item.get("role", "user"))
+        if kind in OUTPUT_TYPES:
+            return "tool"
+        return "assistant" if kind in CALL_TYPES or kind == "reasoning" else kind
+
+    def calls(self, item: Any) -> list[str]:
+        return [str(item.get("call_id"))] if _kind(item) in CALL_TYPES else []
+
+    def answers(self, item: Any) -> list[str]:
+        return [str(item.get("call_id"))] if _kind(item) in OUTPUT_TYPES else []
+
+    def units(self, items: Sequence[Any]) -> list[Unit]:
+        units: list[Unit] = []
+        index = 0
+        while index < len(items):
+            kind = _kind(items[index])
+            if kind in ("reasoning", *CALL_TYPES):
+                end = index
+                while end < len(items) and _kind(items[end]) in ("reasoning", *CALL_TYPES):
+                    end += 1
+                has_calls = any(_kind(items[i]) in CALL_TYPES for i in range(index, end))
+                if not has_calls:  # reasoning before a message: kept (or dropped) together
+                    end = min(end + 1, len(items))
+                    units.append(Unit("assistant", index, end))
+                    index = end
+                    continue
+                while end < len(items) and _kind(items[end]) in OUTPUT_TYPES:
+                    end += 1
+                units.append(Unit("tools", index, end))
+                index = end
+                continue
+            role = self.role(items[index])
+            unit_kind = {
+                "system": "system",
+                "developer": "system",
+                "user": "user",
+                "assistant": "assistant",
+                "tool": "orphan",
+            }.get(role, "assistant")
+            units.append(Unit(unit_kind, index, index + 1))  # type: ignore[arg-type]
+            index += 1
+        return units
+
+    def tools_by_call(self, items: Sequence[Any]) -> dict[str, str]:
+        return {
+            str(item.get("call_id")): str(item.get("name") or _kind(item))
+            for item in items
+            if _kind(item) in CALL_TYPES
+        }
+
+    def tool_results(self, item: Any, tools_by_call: Mapping[str, str]) -> list[ToolResult]:
+        if _kind(item) not in OUTPUT_TYPES:
+            return []
+        call_id = str(item.get("call_id"))
+        return [
+            ToolResult(
+                call_id, tools_by_call.get(call_id, "tool"), _output_text(item.get("output"))
+            )
+        ]
+
+    def with_tool_result(self, item: Any, call_id: str, text: str) -> Any:
+        return {**item, "output": text}
+
+    def text(self, item: Any) -> str:
+        return _text_of(item.get("content")) if _kind(item) == "message" else ""
+
+    def largest_text(self, item: Any) -> str | None:
+        kind = _kind(item)
+        if kind in OUTPUT_TYPES:
+            return _output_text(item.get("output")) or None
+        if kind != "message":
+            return None
+        content = item.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [
+            str(p.get("text")) for p in content or [] if isinstance(p, Mapping) and p.get("text")
+        ]
+        return max(texts, key=len) if texts else None
+
+    def with_largest_text(self, item: Any, text: str) -> Any:
+        if _kind(item) in OUTPUT_TYPES:
+            return {**item, "output": text}
+        content = item.get("content")
+        if isinstance(content, str):
+            return {**item, "content": text}
+        largest = self.largest_text(item)
+        parts = list(content)
+        for position, part in enumerate(parts):
+            if isinstance(part, Mapping) and part.get("text") == largest:
+                parts[position] = {**part, "text": text}
+                break
+        return {**item, "content": parts}
+
+    def notice(self, text: str) -> Any:
+        return {"type": "message", "role": "developer", "content": text}
+
+    def placeholder_result(
+        self, call_id: str, text: str = NO_RESULT, kind: str = "function_call"
+    ) -> Any:
+        return {
+            "type": OUTPUT_OF.get(kind, "function_call_output"),
+            "call_id": call_id,
+            "output": text,
+        }
+
+    def violations(self, items: Sequence[Any]) -> list[str]:
+        problems: list[str] = []
+        called: dict[str, int] = {}
+        answered: set[str] = set()
+        for index, item in enumerate(items):
+            for call_id in self.calls(item):
+                called[call_id] = index
+            for call_id in self.answers(item):
+                if call_id not in called:
+                    problems.append(f"input[{index}]: output for {call_id!r} has no earlier call")
+                elif call_id in answered:
+                    problems.append(f"input[{index}]: {call_id!r} is answered twice")
+                answered.add(call_id)
+        for call_id, index in called.items():
+            if call_id not in answered:
+                problems.append(f"input[{index}]: no tool output found for call {call_id!r}")
+        return problems
+
+    def repaired(self, items: Sequence[Any]) -> tuple[list[Any], list[str]]:
+        """Outputs with no earlier call are dropped; a call with no output gets a placeholder
+        right after its calling block."""
+        answered = {c for item in items for c in self.answers(item)}
+        out: list[Any] = []
+        done: list[str] = []
+        called: set[str] = set()
+        seen: set[str] = set()
+        pending: list[tuple[str, str]] = []
+        for item in items:
+            kind = _kind(item)
+            if kind not in ("reasoning", *CALL_TYPES, *OUTPUT_TYPES) and pending:
+                out += [self.placeholder_result(c, kind=k) for c, k in pending]
+                done += [f"added an output for call {c!r}" for c, _ in pending]
+                pending = []
+            if kind in OUTPUT_TYPES:
+                call_id = str(item.get("call_id"))
+                if call_id not in called or call_id in seen:
+                    done.append(f"dropped an output for {call_id!r} that answers no earlier call")
+                    continue
+                seen.add(call_id)
+            for call_id in self.calls(item):
+                called.add(call_id)
+                if call_id not in answered:
+                    pending.append((call_id, kind))
+            out.append(item)
+        out += [self.placeholder_result(c, kind=k) for c, k in pending]
+        done += [f"added an output for call {c!r}" for c, _ in pending]
+        return out, done
+
+
+DIALECTS["openai.responses"] = ResponsesDialect()
+CONVERSATION_FIELD = {"openai.responses": "input"}
+
+
+def conversation_of(api: str, body: Mapping[str, Any]) -> list[Any]:
+    """The request's conversation (messages, or Responses `input` items) as a list."""
+    value = body.get(CONVERSATION_FIELD.get(api, "messages"))
+    if isinstance(value, str):
+        return [{"type": "message", "role": "user", "content": value}]
+    return list(value) if isinstance(value, list) else []
+
+
+def with_conversation(api: str, body: Mapping[str, Any], items: Sequence[Any]) -> dict[str, Any]:
+    return {**body, CONVERSATION_FIELD.get(api, "messages"): list(items)}

@@ -34,10 +34,12 @@ import orjson
 import tiktoken
 from cachetools import LRUCache
 
+from policies.dialects import with_conversation
 from policies.images import anthropic_image_tokens, image_tokens, pdf_tokens
 
 OPENAI = "openai.chat"
 ANTHROPIC = "anthropic.messages"
+RESPONSES = "openai.responses"
 ANTHROPIC_TOOL_PROMPT = 346  # tokens Anthropic adds to the system prompt when tools are given
 O200K = "o200k_base"
 CL100K = "cl100k_base"
@@ -132,6 +134,8 @@ class TokenCounter:
         encoding = self.encoding(tokenizer)
         if shape == ANTHROPIC:
             raw = self._anthropic_raw(message, encoding)
+        elif shape == RESPONSES:
+            raw = self._responses_raw(message, encoding, model)
         else:
             raw = self._message_raw(message, encoding, model)
         counted = self._scale(raw, tokenizer)
@@ -215,6 +219,57 @@ class TokenCounter:
             return len(str(block.get("data", ""))) // 4
         return int(count({k: v for k, v in block.items() if k != "cache_control"}))
 
+    def _responses_raw(self, item: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
+        def count(value: Any) -> int:
+            return len(enc.encode_ordinary(_text(value))) if value else 0
+
+        kind = item.get("type") or "message"
+        tokens = PER_MESSAGE
+        if kind == "message":
+            tokens += count(item.get("role"))
+            content = item.get("content")
+            if isinstance(content, str):
+                return tokens + count(content)
+            for part in content if isinstance(content, list) else ():
+                if not isinstance(part, Mapping):
+                    continue
+                if part.get("type") == "input_image":
+                    tokens += image_tokens(
+                        str(part.get("image_url") or ""), part.get("detail"), model
+                    )
+                else:
+                    tokens += count(part.get("text") or part.get("refusal"))
+            return tokens
+        if kind == "reasoning":
+            summary = " ".join(
+                str(s.get("text", "")) for s in item.get("summary") or [] if isinstance(s, Mapping)
+            )
+            return tokens + count(summary) + len(str(item.get("encrypted_content") or "")) // 4
+        tokens += count(item.get("name")) + count(item.get("arguments")) + count(item.get("input"))
+        tokens += count(item.get("action")) + count(item.get("call_id"))
+        output = item.get("output")
+        return tokens + (
+            count(output) if isinstance(output, str) else count(_text(output)) if output else 0
+        )
+
+    def responses_request(
+        self, body: Mapping[str, Any], tokenizer: str, model: str = ""
+    ) -> ChatCount:
+        """A Responses request: its `input` items, plus `instructions` and tools as fixed cost."""
+        value = body.get("input")
+        items = (
+            [{"type": "message", "role": "user", "content": value}]
+            if isinstance(value, str)
+            else value or []
+        )
+        per_item = tuple(
+            self.message(i, tokenizer, model, RESPONSES) for i in items if isinstance(i, Mapping)
+        )
+        tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
+        fixed = self.text(str(body.get("instructions") or ""), tokenizer)
+        fixed += self.tools(tools, tokenizer) if tools else 0
+        return ChatCount(messages=per_item, tools=fixed, response_format=0, priming=REPLY_PRIMING)
+
     def messages_request(
         self, body: Mapping[str, Any], tokenizer: str, model: str = ""
     ) -> ChatCount:
@@ -249,6 +304,8 @@ class TokenCounter:
     ) -> ChatCount:
         if api == ANTHROPIC:
             return self.messages_request(body, tokenizer, model)
+        if api == RESPONSES:
+            return self.responses_request(body, tokenizer, model)
         return self.chat(body, tokenizer, model)
 
     def tools(self, tools: Iterable[Any], tokenizer: str) -> int:
@@ -312,6 +369,8 @@ class TokenCounter:
         """A bound no exact count can exceed, without tokenizing: every token is at least one
         byte of the text, and all text is inside the body's bytes."""
         messages: Sequence[Any] = body.get("messages") or ()
+        if not messages and isinstance(body.get("input"), list):
+            messages = body["input"]  # Responses items
         images = sum(
             1
             for m in messages
@@ -373,5 +432,5 @@ class CounterMeter:
 
     def fixed(self, body: Mapping[str, Any]) -> int:
         """Everything but the messages: tool definitions, response format, reply priming."""
-        count = self.counter.request(self.api, {**body, "messages": []}, self.tokenizer, self.model)
-        return count.total
+        bare = with_conversation(self.api, body, [])
+        return self.counter.request(self.api, bare, self.tokenizer, self.model).total

@@ -135,3 +135,21 @@ def check_messages(body: dict[str, Any], *, counting: bool = False) -> MessagesR
         if first["type"] == "missing":
             raise InvalidRequest(f"{param}: Field required", param=param) from None
         raise InvalidRequest(f"{param}: {first['msg']}", param=param) from None
+
+
+class ResponsesRequest(_Open):
+    model: StrictStr = Field(min_length=1)
+    input: StrictStr | list[dict[str, Any]] | None = None
+    stream: StrictBool | None = False
+    max_output_tokens: int | None = Field(None, ge=1)
+
+
+def check_responses(body: dict[str, Any]) -> ResponsesRequest:
+    try:
+        return ResponsesRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        location = tuple(p for p in first["loc"] if not str(p).startswith(("str", "list[")))
+        param = _param(location)
+        kind = "Missing required parameter" if first["type"] == "missing" else "Invalid value for"
+        raise InvalidRequest(f"{kind} '{param}'.", param=param) from None

@@ -74,6 +74,26 @@ async def record(request: web.Request) -> Seen:
     )
 
 
+def responses_errors(items: list[dict[str, Any]]) -> list[str]:
+    """OpenAI's rule for Responses input, written apart from brim's dialect: every output has an
+    earlier call with its call_id, and every call has an output."""
+    calls: set[str] = set()
+    outputs: set[str] = set()
+    errors: list[str] = []
+    for index, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind in ("function_call", "custom_tool_call", "local_shell_call"):
+            calls.add(item["call_id"])
+        elif kind.endswith("_call_output"):
+            if item["call_id"] not in calls:
+                errors.append(
+                    f"input[{index}]: No tool call found for output with call_id {item['call_id']}"
+                )
+            outputs.add(item["call_id"])
+    errors += [f"No tool output found for function call {c}." for c in sorted(calls - outputs)]
+    return errors
+
+
 @dataclass
 class FakeProvider:
     requests: list[Seen] = field(default_factory=list)
@@ -105,6 +125,7 @@ class FakeProvider:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/responses", self.responses)
         app.router.add_get("/v1/models", self.models)
         return app
 
@@ -178,6 +199,142 @@ class FakeProvider:
             },
             headers={"x-upstream-header": "kept", "openai-processing-ms": "12"},
         )
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """OpenAI Responses. resp-N has an N-token window; respstream-N refuses inside a 200
+        stream (`response.failed`), the way the real API can."""
+        body = orjson.loads(await self._record(request))
+        model: str = body["model"]
+        items = body.get("input") or []
+        problems = responses_errors(items if isinstance(items, list) else [])
+        if problems:
+            self.strict_rejections.append("; ".join(problems))
+            return web.json_response(
+                {
+                    "error": {
+                        "message": problems[0],
+                        "type": "invalid_request_error",
+                        "param": "input",
+                        "code": None,
+                    }
+                },
+                status=400,
+            )
+        tokens = _STRICT_COUNTER.request("openai.responses", body, "o200k_base").total
+        window = (
+            int(model.split("-")[1]) if "-" in model and model.split("-")[1].isdigit() else None
+        )
+        if window is not None and tokens > window:
+            self.tight_seen.append((model, tokens))
+            error = {
+                "message": "Your input exceeds the context window of this model. Please adjust your input and try again.",
+                "type": "invalid_request_error",
+                "param": "input",
+                "code": "context_length_exceeded",
+            }
+            if model.startswith("respstream-"):
+                created = {
+                    "type": "response.created",
+                    "sequence_number": 0,
+                    "response": {
+                        "id": "resp_x",
+                        "object": "response",
+                        "status": "in_progress",
+                        "model": model,
+                        "output": [],
+                    },
+                }
+                failed = {
+                    "type": "response.failed",
+                    "sequence_number": 1,
+                    "response": {
+                        "id": "resp_x",
+                        "object": "response",
+                        "status": "failed",
+                        "model": model,
+                        "output": [],
+                        "error": error,
+                    },
+                }
+                text = (
+                    b"event: response.created\ndata: "
+                    + orjson.dumps(created)
+                    + b"\n\nevent: response.failed\ndata: "
+                    + orjson.dumps(failed)
+                    + b"\n\n"
+                )
+                return web.Response(body=text, content_type="text/event-stream")
+            return web.json_response({"error": error}, status=400)
+        self.tight_seen.append((model, tokens))
+        self.strict_counts.append(tokens)
+        turn = len(self.strict_counts)
+        if body.get("tools"):
+            output: list[dict[str, Any]] = [
+                {
+                    "type": "function_call",
+                    "id": f"fc_{turn}",
+                    "call_id": f"call_{turn}",
+                    "name": body["tools"][0]["name"],
+                    "arguments": orjson.dumps({"cmd": f"cat f{turn}.py"}).decode(),
+                    "status": "completed",
+                }
+            ]
+        else:
+            output = [
+                {
+                    "type": "message",
+                    "id": f"msg_{turn}",
+                    "role": "assistant",
+                    "status": "completed",
+                    "content": [{"type": "output_text", "text": "pong", "annotations": []}],
+                }
+            ]
+        response = {
+            "id": f"resp_{turn}",
+            "object": "response",
+            "created_at": 1700000000,
+            "status": "completed",
+            "model": model,
+            "output": output,
+            "parallel_tool_calls": True,
+            "tool_choice": "auto",
+            "tools": [],
+            "usage": {"input_tokens": tokens, "output_tokens": 5, "total_tokens": tokens + 5},
+        }
+        if not body.get("stream"):
+            return web.json_response(response)
+        events = [
+            {
+                "type": "response.created",
+                "response": {**response, "status": "in_progress", "output": []},
+            },
+            {"type": "response.output_item.added", "output_index": 0, "item": output[0]},
+            *(
+                [
+                    {
+                        "type": "response.output_text.delta",
+                        "item_id": output[0]["id"],
+                        "output_index": 0,
+                        "content_index": 0,
+                        "delta": "pong",
+                    }
+                ]
+                if output[0]["type"] == "message"
+                else []
+            ),
+            {"type": "response.output_item.done", "output_index": 0, "item": output[0]},
+            {"type": "response.completed", "response": response},
+        ]
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        for number, event in enumerate(events):
+            await stream.write(
+                f"event: {event['type']}\ndata: ".encode()
+                + orjson.dumps({**event, "sequence_number": number})
+                + b"\n\n"
+            )
+        await stream.write_eof()
+        return stream
 
     async def _summarize(self, body: dict[str, Any], model: str) -> web.Response:
         """summarizer-good keeps FACT lines and the first words; summarizer-verbose ignores the
@@ -358,11 +515,14 @@ class _LazyCounter:
         self._counter: Any = None
 
     def chat(self, body: dict[str, Any], tokenizer: str) -> Any:
+        return self.request("openai.chat", body, tokenizer)
+
+    def request(self, api: str, body: dict[str, Any], tokenizer: str) -> Any:
         if self._counter is None:
             from policies.tokens import TokenCounter
 
             self._counter = TokenCounter()
-        return self._counter.chat(body, tokenizer)
+        return self._counter.request(api, body, tokenizer)
 
 
 _STRICT_COUNTER = _LazyCounter()

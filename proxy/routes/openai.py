@@ -8,7 +8,7 @@ from adapters.errors import UpstreamError, UpstreamFailure
 from proxy.keys import CONFIG, PIPELINE, UPSTREAMS
 from proxy.relay import relay
 from proxy.routes.common import make_exchange, read_body
-from proxy.wire import check_chat, parse_object
+from proxy.wire import check_chat, check_responses, parse_object
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -27,6 +27,48 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         upstream=upstream,
     )
     reply = await request.app[PIPELINE](exchange)
+    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    """OpenAI Responses (Codex CLI). With `previous_response_id` the provider holds the earlier
+    turns: brim counts and guards only what the request itself carries."""
+    raw = await read_body(request)
+    body = parse_object(raw)
+    checked = check_responses(body)
+    upstream = request.app[UPSTREAMS].route(checked.model, "openai.responses")
+    exchange = make_exchange(
+        request,
+        api="openai.responses",
+        endpoint="/responses",
+        model=checked.model,
+        body=body,
+        raw=raw,
+        stream=bool(checked.stream),
+        upstream=upstream,
+    )
+    reply = await request.app[PIPELINE](exchange)
+    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
+
+
+async def input_tokens(request: web.Request) -> web.StreamResponse:
+    """Forwarded: the provider's own count of a Responses request."""
+    raw = await read_body(request)
+    body = parse_object(raw)
+    checked = check_responses(body)
+    upstreams = request.app[UPSTREAMS]
+    name = upstreams.route(checked.model, "openai.input_tokens")
+    exchange = make_exchange(
+        request,
+        api="openai.input_tokens",
+        endpoint="/responses/input_tokens",
+        model=checked.model,
+        body=body,
+        raw=raw,
+        stream=False,
+        upstream=name,
+    )
+    reply = await upstreams[name].send(exchange)
     return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
 
 
@@ -69,3 +111,5 @@ def add_routes(app: web.Application) -> None:
     for prefix in ("/v1", ""):
         app.router.add_post(f"{prefix}/chat/completions", chat_completions)
         app.router.add_get(f"{prefix}/models", list_models)
+        app.router.add_post(f"{prefix}/responses", responses)
+        app.router.add_post(f"{prefix}/responses/input_tokens", input_tokens)
