@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-WireApi = Literal["openai", "anthropic", "litellm"]
+WireApi = Literal["openai", "anthropic", "gemini", "litellm"]
 
 
 class FrozenModel(BaseModel):

@@ -50,9 +50,17 @@ class ContextTooLarge(BrimError):
     error_type = "invalid_request_error"
     code = "context_length_exceeded"
 
-    def __init__(self, message: str, *, param: str | None = None, anthropic_message: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        anthropic_message: str,
+        gemini_message: str | None = None,
+    ) -> None:
         super().__init__(message, param=param)
         self.anthropic_message = anthropic_message
+        self.gemini_message = gemini_message or message
 
 
 class UpstreamFailure(BrimError):

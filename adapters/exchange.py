@@ -23,6 +23,8 @@ ClientApi = Literal[
     "openai.input_tokens",
     "anthropic.messages",
     "anthropic.count_tokens",
+    "gemini.generate",
+    "gemini.count_tokens",
 ]
 
 

@@ -54,6 +54,8 @@ def upstream_request_headers(
     if api_key is not None:
         if api == "anthropic":
             headers["x-api-key"] = api_key
+        elif api == "gemini":
+            headers["x-goog-api-key"] = api_key
         else:
             headers["Authorization"] = f"Bearer {api_key}"
     return headers

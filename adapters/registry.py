@@ -17,6 +17,8 @@ SERVES: dict[str, frozenset[WireApi]] = {
     "openai.models": frozenset({"openai"}),
     "openai.responses": frozenset({"openai"}),
     "openai.input_tokens": frozenset({"openai"}),
+    "gemini.generate": frozenset({"gemini"}),
+    "gemini.count_tokens": frozenset({"gemini"}),
     "anthropic.messages": frozenset({"anthropic", "litellm"}),
     "anthropic.count_tokens": frozenset({"anthropic", "litellm"}),
 }

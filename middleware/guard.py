@@ -72,6 +72,10 @@ def _refusal(outcome: Outcome) -> ContextTooLarge:
             f"prompt is too long: {outcome.tokens_in} tokens > {outcome.limit} maximum "
             f"(brim could not make it fit: {how})"
         ),
+        gemini_message=(
+            f"The input token count ({outcome.tokens_in}) exceeds the maximum number of tokens "
+            f"allowed ({outcome.limit}). brim could not make it fit: {how}"
+        ),
     )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import orjson
+
 from policies.conversation import ToolResult, Unit
 
 NO_RESULT = "[no result was recorded for this tool call]"
@@ -625,3 +627,221 @@ def conversation_of(api: str, body: Mapping[str, Any]) -> list[Any]:
 
 def with_conversation(api: str, body: Mapping[str, Any], items: Sequence[Any]) -> dict[str, Any]:
     return {**body, CONVERSATION_FIELD.get(api, "messages"): list(items)}
+
+
+def _parts(item: Any) -> list[Any]:
+    parts = item.get("parts") if isinstance(item, Mapping) else None
+    return list(parts) if isinstance(parts, list) else []
+
+
+class GeminiDialect:
+    """Gemini generateContent `contents`: a `model` turn's `functionCall` parts are answered by
+    the `functionResponse` parts of the very next `user` turn (by `id` where present, else by
+    name, in order); the two turns are one unit. `thought` parts and `thoughtSignature`s are never
+    edited. `systemInstruction` and `tools` are fixed cost."""
+
+    name = "gemini.generate"
+
+    @staticmethod
+    def role(item: Any) -> str:
+        return str(item.get("role", "user")) if isinstance(item, Mapping) else ""
+
+    @staticmethod
+    def _call_key(call: Mapping[str, Any]) -> str:
+        return str(call.get("id") or call.get("name") or "")
+
+    def calls(self, item: Any) -> list[str]:
+        if self.role(item) != "model":
+            return []
+        return [
+            self._call_key(p["functionCall"])
+            for p in _parts(item)
+            if isinstance(p, Mapping) and isinstance(p.get("functionCall"), Mapping)
+        ]
+
+    def answers(self, item: Any) -> list[str]:
+        if self.role(item) != "user":
+            return []
+        return [
+            self._call_key(p["functionResponse"])
+            for p in _parts(item)
+            if isinstance(p, Mapping) and isinstance(p.get("functionResponse"), Mapping)
+        ]
+
+    def units(self, items: Sequence[Any]) -> list[Unit]:
+        units: list[Unit] = []
+        index = 0
+        while index < len(items):
+            if self.calls(items[index]):
+                end = (
+                    index + 2
+                    if index + 1 < len(items) and self.answers(items[index + 1])
+                    else index + 1
+                )
+                units.append(Unit("tools", index, end))
+                index = end
+                continue
+            kind = (
+                "orphan"
+                if self.answers(items[index])
+                else ("assistant" if self.role(items[index]) == "model" else "user")
+            )
+            units.append(Unit(kind, index, index + 1))  # type: ignore[arg-type]
+            index += 1
+        return units
+
+    def tools_by_call(self, items: Sequence[Any]) -> dict[str, str]:
+        return {
+            self._call_key(p["functionCall"]): str(p["functionCall"].get("name", "tool"))
+            for item in items
+            for p in _parts(item)
+            if isinstance(p, Mapping) and isinstance(p.get("functionCall"), Mapping)
+        }
+
+    def tool_results(self, item: Any, tools_by_call: Mapping[str, str]) -> list[ToolResult]:
+        results = []
+        for part in _parts(item) if self.role(item) == "user" else []:
+            response = part.get("functionResponse") if isinstance(part, Mapping) else None
+            if isinstance(response, Mapping):
+                text = (
+                    orjson.dumps(response.get("response")).decode()
+                    if not isinstance(response.get("response"), str)
+                    else str(response.get("response"))
+                )
+                results.append(
+                    ToolResult(self._call_key(response), str(response.get("name", "tool")), text)
+                )
+        return results
+
+    def with_tool_result(self, item: Any, call_id: str, text: str) -> Any:
+        parts = [
+            {**p, "functionResponse": {**p["functionResponse"], "response": {"output": text}}}
+            if isinstance(p, Mapping)
+            and isinstance(p.get("functionResponse"), Mapping)
+            and self._call_key(p["functionResponse"]) == call_id
+            else p
+            for p in _parts(item)
+        ]
+        return {**item, "parts": parts}
+
+    def text(self, item: Any) -> str:
+        return "\n".join(
+            str(p["text"])
+            for p in _parts(item)
+            if isinstance(p, Mapping) and isinstance(p.get("text"), str) and not p.get("thought")
+        )
+
+    def largest_text(self, item: Any) -> str | None:
+        if any(
+            isinstance(p, Mapping) and (p.get("thought") or p.get("thoughtSignature"))
+            for p in _parts(item)
+        ):
+            return None
+        texts = [
+            str(p["text"])
+            for p in _parts(item)
+            if isinstance(p, Mapping) and isinstance(p.get("text"), str)
+        ]
+        return max(texts, key=len) if texts else None
+
+    def with_largest_text(self, item: Any, text: str) -> Any:
+        largest = self.largest_text(item)
+        parts = _parts(item)
+        for position, part in enumerate(parts):
+            if isinstance(part, Mapping) and part.get("text") == largest:
+                parts[position] = {**part, "text": text}
+                break
+        return {**item, "parts": parts}
+
+    def notice(self, text: str) -> Any:
+        return {"role": "user", "parts": [{"text": text}]}
+
+    def placeholder_result(self, call_id: str, text: str = NO_RESULT) -> Any:
+        return {
+            "role": "user",
+            "parts": [{"functionResponse": {"name": call_id, "response": {"output": text}}}],
+        }
+
+    def violations(self, items: Sequence[Any]) -> list[str]:
+        problems: list[str] = []
+        for index, item in enumerate(items):
+            if self.role(item) not in ("user", "model"):
+                problems.append(f"contents[{index}]: role must be user or model")
+            answered = self.answers(item)
+            if answered:
+                previous = self.calls(items[index - 1]) if index else []
+                if sorted(answered) != sorted(previous):
+                    problems.append(
+                        f"contents[{index}]: function responses {answered} do not answer the calls {previous} of the turn before"
+                    )
+            calls = self.calls(item)
+            if calls:
+                following = self.answers(items[index + 1]) if index + 1 < len(items) else []
+                if sorted(following) != sorted(calls):
+                    problems.append(
+                        f"contents[{index}]: function calls {calls} are not answered by the next turn"
+                    )
+        return problems
+
+    def repaired(self, items: Sequence[Any]) -> tuple[list[Any], list[str]]:
+        """Responses that answer nothing dropped; unanswered calls given a placeholder."""
+        out: list[Any] = []
+        done: list[str] = []
+        for item in items:
+            open_calls = self.calls(out[-1]) if out else []
+            answered = self.answers(item)
+            if answered or open_calls:
+                kept = [
+                    p
+                    for p in _parts(item)
+                    if not (
+                        isinstance(p, Mapping)
+                        and isinstance(p.get("functionResponse"), Mapping)
+                        and self._call_key(p["functionResponse"]) not in open_calls
+                    )
+                ]
+                have = [
+                    self._call_key(p["functionResponse"])
+                    for p in kept
+                    if isinstance(p, Mapping) and isinstance(p.get("functionResponse"), Mapping)
+                ]
+                missing = [c for c in open_calls if c not in have]
+                if len(kept) != len(_parts(item)):
+                    done.append("dropped function responses that answer no call")
+                if missing and self.role(item) == "user":
+                    kept = [
+                        *(
+                            {"functionResponse": {"name": c, "response": {"output": NO_RESULT}}}
+                            for c in missing
+                        ),
+                        *kept,
+                    ]
+                    done.append(f"added responses for unanswered calls {missing}")
+                elif missing:  # the next turn is not the user's: answer in a turn of our own
+                    out.append({"role": "user", "parts": [_no_response(c) for c in missing]})
+                    done.append(f"added responses for unanswered calls {missing}")
+                if not kept:
+                    continue
+                item = {**item, "parts": kept} if kept != _parts(item) else item
+            out.append(item)
+        if out and self.calls(out[-1]):
+            missing = self.calls(out[-1])
+            out.append(
+                {
+                    "role": "user",
+                    "parts": [
+                        {"functionResponse": {"name": c, "response": {"output": NO_RESULT}}}
+                        for c in missing
+                    ],
+                }
+            )
+            done.append(f"added responses for unanswered calls {missing}")
+        return out, done
+
+
+def _no_response(call: str, text: str = NO_RESULT) -> dict[str, Any]:
+    return {"functionResponse": {"name": call, "response": {"output": text}}}
+
+
+DIALECTS["gemini.generate"] = GeminiDialect()
+CONVERSATION_FIELD["gemini.generate"] = "contents"

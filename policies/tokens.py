@@ -40,6 +40,8 @@ from policies.images import anthropic_image_tokens, image_tokens, pdf_tokens
 OPENAI = "openai.chat"
 ANTHROPIC = "anthropic.messages"
 RESPONSES = "openai.responses"
+GEMINI = "gemini.generate"
+GEMINI_IMAGE_TOKENS = 258  # Gemini bills an image (up to 384 px a side) as 258 tokens
 ANTHROPIC_TOOL_PROMPT = 346  # tokens Anthropic adds to the system prompt when tools are given
 O200K = "o200k_base"
 CL100K = "cl100k_base"
@@ -136,6 +138,8 @@ class TokenCounter:
             raw = self._anthropic_raw(message, encoding)
         elif shape == RESPONSES:
             raw = self._responses_raw(message, encoding, model)
+        elif shape == GEMINI:
+            raw = self._gemini_raw(message, encoding)
         else:
             raw = self._message_raw(message, encoding, model)
         counted = self._scale(raw, tokenizer)
@@ -252,6 +256,37 @@ class TokenCounter:
             count(output) if isinstance(output, str) else count(_text(output)) if output else 0
         )
 
+    @staticmethod
+    def _gemini_raw(item: Mapping[str, Any], enc: tiktoken.Encoding) -> int:
+        def count(value: Any) -> int:
+            return len(enc.encode_ordinary(_text(value))) if value else 0
+
+        tokens = PER_MESSAGE + count(item.get("role"))
+        for part in item.get("parts") or ():
+            if not isinstance(part, Mapping):
+                continue
+            if "text" in part:
+                tokens += count(part.get("text"))
+            elif "functionCall" in part or "functionResponse" in part:
+                tokens += PER_TOOL_CALL + count(
+                    part.get("functionCall") or part.get("functionResponse")
+                )
+            elif "inlineData" in part or "fileData" in part:
+                tokens += GEMINI_IMAGE_TOKENS
+            else:
+                tokens += count(part)
+        return tokens
+
+    def gemini_request(self, body: Mapping[str, Any], tokenizer: str, model: str = "") -> ChatCount:
+        """A generateContent request: `contents`; `systemInstruction` and tools as fixed cost."""
+        items = [i for i in body.get("contents") or [] if isinstance(i, Mapping)]
+        per_item = tuple(self.message(i, tokenizer, model, GEMINI) for i in items)
+        system = body.get("systemInstruction") or body.get("system_instruction") or {}
+        fixed = self.text(_text(system), tokenizer) if system else 0
+        if body.get("tools"):
+            fixed += self.text(_text(body["tools"]), tokenizer)
+        return ChatCount(messages=per_item, tools=fixed, response_format=0, priming=REPLY_PRIMING)
+
     def responses_request(
         self, body: Mapping[str, Any], tokenizer: str, model: str = ""
     ) -> ChatCount:
@@ -306,6 +341,8 @@ class TokenCounter:
             return self.messages_request(body, tokenizer, model)
         if api == RESPONSES:
             return self.responses_request(body, tokenizer, model)
+        if api == GEMINI:
+            return self.gemini_request(body, tokenizer, model)
         return self.chat(body, tokenizer, model)
 
     def tools(self, tools: Iterable[Any], tokenizer: str) -> int:
@@ -371,12 +408,20 @@ class TokenCounter:
         messages: Sequence[Any] = body.get("messages") or ()
         if not messages and isinstance(body.get("input"), list):
             messages = body["input"]  # Responses items
+        if not messages and isinstance(body.get("contents"), list):
+            messages = body["contents"]  # Gemini turns
         images = sum(
             1
             for m in messages
             if isinstance(m, Mapping) and isinstance(m.get("content"), list)
             for part in m["content"]
             if isinstance(part, Mapping) and part.get("type") in ("image_url", "image")
+        ) + sum(
+            1
+            for m in messages
+            if isinstance(m, Mapping)
+            for part in m.get("parts") or ()
+            if isinstance(part, Mapping) and ("inlineData" in part or "fileData" in part)
         )
         documents = sum(
             pdf_tokens(part.get("source"))

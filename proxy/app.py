@@ -52,7 +52,7 @@ from proxy.keys import (
     Readiness,
 )
 from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
-from proxy.routes import admin, anthropic, health, openai
+from proxy.routes import admin, anthropic, gemini, health, openai
 from proxy.telemetry import Providers, build_providers
 
 log = logging.getLogger("brim")
@@ -100,7 +100,11 @@ async def errors_in_wire_format(request: web.Request, handler: Handler) -> web.S
 
 def wire_of(path: str) -> Wire:
     """Which wire format a client on this path expects its errors in."""
-    return "anthropic" if path.startswith(("/v1/messages", "/messages")) else "openai"
+    if path.startswith(("/v1/messages", "/messages")):
+        return "anthropic"
+    if path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path):
+        return "gemini"
+    return "openai"
 
 
 def _presented_key(request: web.Request) -> tuple[str, str] | None:
@@ -171,6 +175,7 @@ def create_app(
     health.add_routes(app)
     openai.add_routes(app)
     anthropic.add_routes(app)
+    gemini.add_routes(app)
     admin.add_routes(app)
     return app
 

@@ -35,6 +35,7 @@ from policies.limits import ModelFacts
 ENV_PREFIX = "BRIM_"
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
+GEMINI_BASE_URL = "https://generativelanguage.googleapis.com"
 
 
 class ConfigError(ValueError):
@@ -73,6 +74,7 @@ def _default_upstreams() -> dict[str, UpstreamConfig]:
     return {
         "openai": UpstreamConfig(api="openai", base_url=OPENAI_BASE_URL),
         "anthropic": UpstreamConfig(api="anthropic", base_url=ANTHROPIC_BASE_URL),
+        "gemini": UpstreamConfig(api="gemini", base_url=GEMINI_BASE_URL),
     }
 
 

@@ -78,7 +78,28 @@ def anthropic_error(exc: BrimError) -> bytes:
     return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
 
 
-Wire = Literal["openai", "anthropic"]
+# Google's error statuses by HTTP status, for Gemini clients.
+GEMINI_STATUSES = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    405: "INVALID_ARGUMENT",
+    413: "INVALID_ARGUMENT",
+    429: "RESOURCE_EXHAUSTED",
+    502: "UNAVAILABLE",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def gemini_error(exc: BrimError) -> bytes:
+    message = exc.gemini_message if isinstance(exc, ContextTooLarge) else exc.message
+    status = GEMINI_STATUSES.get(exc.status, "INTERNAL")
+    return orjson.dumps({"error": {"code": exc.status, "message": message, "status": status}})
+
+
+Wire = Literal["openai", "anthropic", "gemini"]
 
 
 def error_response(
@@ -91,7 +112,8 @@ def error_response(
         relayed = client_response_headers(exc.headers)
         relayed.update(extra)
         return web.Response(status=exc.status, body=exc.body, headers=relayed)
-    body = anthropic_error(exc) if wire == "anthropic" else openai_error(exc)
+    render = {"anthropic": anthropic_error, "gemini": gemini_error}.get(wire, openai_error)
+    body = render(exc)
     return web.Response(
         status=exc.status, body=body, content_type="application/json", headers=extra
     )

@@ -153,3 +153,23 @@ def check_responses(body: dict[str, Any]) -> ResponsesRequest:
         param = _param(location)
         kind = "Missing required parameter" if first["type"] == "missing" else "Invalid value for"
         raise InvalidRequest(f"{kind} '{param}'.", param=param) from None
+
+
+class GeminiContent(_Open):
+    role: Literal["user", "model"] | None = None
+    parts: list[dict[str, Any]] = Field(min_length=1)
+
+
+class GenerateRequest(_Open):
+    contents: list[GeminiContent] = Field(min_length=1)
+
+
+def check_gemini(body: dict[str, Any]) -> GenerateRequest:
+    try:
+        return GenerateRequest.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(part) for part in first["loc"])
+        raise InvalidRequest(
+            f"Invalid JSON payload: {param}: {first['msg']}", param=param
+        ) from None

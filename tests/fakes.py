@@ -74,6 +74,46 @@ async def record(request: web.Request) -> Seen:
     )
 
 
+def gemini_errors(contents: list[dict[str, Any]]) -> list[str]:
+    """Gemini's rule, apart from brim's dialect: a turn of function responses comes right after
+    the model turn with as many function calls, names matching."""
+    errors: list[str] = []
+    for index, turn in enumerate(contents):
+        names = sorted(
+            p["functionResponse"]["name"] for p in turn.get("parts", []) if "functionResponse" in p
+        )
+        calls = (
+            sorted(
+                p["functionCall"]["name"]
+                for p in contents[index - 1].get("parts", [])
+                if "functionCall" in p
+            )
+            if index
+            else []
+        )
+        if names and names != calls:
+            errors.append(
+                f"Please ensure that function response turn comes immediately after a function call turn (contents[{index}])."
+            )
+        following = contents[index + 1] if index + 1 < len(contents) else None
+        own_calls = sorted(
+            p["functionCall"]["name"] for p in turn.get("parts", []) if "functionCall" in p
+        )
+        if own_calls and (
+            following is None
+            or sorted(
+                p["functionResponse"]["name"]
+                for p in following.get("parts", [])
+                if "functionResponse" in p
+            )
+            != own_calls
+        ):
+            errors.append(
+                f"Please ensure that the number of function response parts is equal to the number of function call parts (contents[{index}])."
+            )
+    return errors
+
+
 def responses_errors(items: list[dict[str, Any]]) -> list[str]:
     """OpenAI's rule for Responses input, written apart from brim's dialect: every output has an
     earlier call with its call_id, and every call has an output."""
@@ -126,6 +166,7 @@ class FakeProvider:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/responses", self.responses)
+        app.router.add_post("/v1beta/models/{target}", self.gemini)
         app.router.add_get("/v1/models", self.models)
         return app
 
@@ -333,6 +374,65 @@ class FakeProvider:
                 + orjson.dumps({**event, "sequence_number": number})
                 + b"\n\n"
             )
+        await stream.write_eof()
+        return stream
+
+    async def gemini(self, request: web.Request) -> web.StreamResponse:
+        """Gemini. gem-N has an N-token window and says so in its error, as Gemini does;
+        gemstream-N refuses inside a 200 stream."""
+        body = orjson.loads(await self._record(request))
+        model, _, method = request.match_info["target"].rpartition(":")
+        tokens = _STRICT_COUNTER.request("gemini.generate", body, "o200k_base").total
+        if method == "countTokens":
+            return web.json_response({"totalTokens": tokens})
+        problems = gemini_errors(body.get("contents") or [])
+        if problems:
+            self.strict_rejections.append("; ".join(problems))
+            return web.json_response(
+                {"error": {"code": 400, "message": problems[0], "status": "INVALID_ARGUMENT"}},
+                status=400,
+            )
+        window = int(model.split("-")[1]) if model.split("-")[-1].isdigit() else None
+        self.tight_seen.append((model, tokens))
+        if window is not None and tokens > window:
+            error = {
+                "error": {
+                    "code": 400,
+                    "message": f"The input token count ({tokens}) exceeds the maximum number of tokens allowed ({window}).",
+                    "status": "INVALID_ARGUMENT",
+                }
+            }
+            if model.startswith("gemstream-"):
+                return web.Response(
+                    body=b"data: " + orjson.dumps(error) + b"\r\n\r\n",
+                    content_type="text/event-stream",
+                )
+            return web.json_response(error, status=400)
+        self.strict_counts.append(tokens)
+        turn = len(self.strict_counts)
+        if body.get("tools"):
+            name = body["tools"][0]["functionDeclarations"][0]["name"]
+            parts: list[dict[str, Any]] = [
+                {"text": "Let me look.", "thought": True, "thoughtSignature": f"sig{turn}"},
+                {"functionCall": {"name": name, "args": {"path": f"f{turn}.py"}}},
+            ]
+        else:
+            parts = [{"text": "pong"}]
+        reply = {
+            "candidates": [
+                {"content": {"role": "model", "parts": parts}, "finishReason": "STOP", "index": 0}
+            ],
+            "usageMetadata": {
+                "promptTokenCount": tokens,
+                "candidatesTokenCount": 3,
+                "totalTokenCount": tokens + 3,
+            },
+        }
+        if method != "streamGenerateContent":
+            return web.json_response(reply)
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        await stream.write(b"data: " + orjson.dumps(reply) + b"\r\n\r\n")
         await stream.write_eof()
         return stream
 

@@ -1,0 +1,47 @@
+"""Gemini generateContent (Gemini CLI): `POST /v1beta/models/{model}:generateContent`,
+`:streamGenerateContent` (`?alt=sse`) and `:countTokens`. The key travels in `x-goog-api-key`
+or `?key=`, both forwarded (or replaced by the upstream's configured key)."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from adapters.exchange import ClientApi
+from proxy.errors import UnknownEndpoint
+from proxy.keys import PIPELINE, UPSTREAMS
+from proxy.relay import relay
+from proxy.routes.common import make_exchange, read_body
+from proxy.wire import check_gemini, parse_object
+
+METHODS = ("generateContent", "streamGenerateContent", "countTokens")
+
+
+async def models(request: web.Request) -> web.StreamResponse:
+    model, _, method = request.match_info["target"].rpartition(":")
+    if method not in METHODS or not model:
+        raise UnknownEndpoint(f"Unknown method {method!r}; brim serves {', '.join(METHODS)}.")
+    raw = await read_body(request)
+    body = parse_object(raw)
+    check_gemini(body)
+    api: ClientApi = "gemini.count_tokens" if method == "countTokens" else "gemini.generate"
+    upstreams = request.app[UPSTREAMS]
+    exchange = make_exchange(
+        request,
+        api=api,
+        endpoint=f"/v1beta/models/{model}:{method}",
+        model=model,
+        body=body,
+        raw=raw,
+        stream=method == "streamGenerateContent",
+        upstream=upstreams.route(model, api),
+    )
+    if api == "gemini.count_tokens":
+        reply = await upstreams[exchange.upstream].send(exchange)
+    else:
+        reply = await request.app[PIPELINE](exchange)
+    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/v1beta/models/{target}", models)
+    app.router.add_post("/v1/models/{target}", models)
