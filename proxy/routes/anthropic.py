@@ -12,9 +12,9 @@ import orjson
 from aiohttp import web
 
 from adapters.errors import UpstreamError
-from proxy.keys import PIPELINE, SERVICES, UPSTREAMS
+from proxy.keys import SERVICES, UPSTREAMS
 from proxy.relay import relay
-from proxy.routes.common import make_exchange, read_body
+from proxy.routes.common import make_exchange, proxied, read_body
 from proxy.wire import check_messages, parse_object
 
 MESSAGES: Final = "anthropic.messages"
@@ -24,7 +24,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request)
     body = parse_object(raw)
     checked = check_messages(body)
-    exchange = make_exchange(
+    return await proxied(
         request,
         api=MESSAGES,
         endpoint="/v1/messages",
@@ -32,10 +32,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
         body=body,
         raw=raw,
         stream=bool(checked.stream),
-        upstream=request.app[UPSTREAMS].route(checked.model, MESSAGES),
     )
-    reply = await request.app[PIPELINE](exchange)
-    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
 
 
 async def count_tokens(request: web.Request) -> web.StreamResponse:

@@ -7,7 +7,8 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from adapters.exchange import ClientApi, Exchange
 from proxy.errors import PayloadTooLarge
-from proxy.keys import BRIM_KEY_HEADER, CONFIG, REQUEST_ID
+from proxy.keys import BRIM_KEY_HEADER, CONFIG, PIPELINE, REQUEST_ID, UPSTREAMS
+from proxy.relay import relay
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -53,3 +54,34 @@ def make_exchange(
         request_id=request[REQUEST_ID],
         user_agent=request.headers.get("User-Agent", ""),
     )
+
+
+async def proxied(
+    request: web.Request,
+    *,
+    api: ClientApi,
+    endpoint: str,
+    model: str,
+    body: dict[str, object],
+    raw: bytes,
+    stream: bool = False,
+    through_pipeline: bool = True,
+) -> web.StreamResponse:
+    """Route the request, run it through the pipeline (or straight to the upstream, for
+    endpoints that only count), and relay the reply."""
+    upstreams = request.app[UPSTREAMS]
+    exchange = make_exchange(
+        request,
+        api=api,
+        endpoint=endpoint,
+        model=model,
+        body=body,
+        raw=raw,
+        stream=stream,
+        upstream=upstreams.route(model, api),
+    )
+    if through_pipeline:
+        reply = await request.app[PIPELINE](exchange)
+    else:
+        reply = await upstreams[exchange.upstream].send(exchange)
+    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})

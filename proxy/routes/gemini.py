@@ -8,9 +8,7 @@ from aiohttp import web
 
 from adapters.exchange import ClientApi
 from proxy.errors import UnknownEndpoint
-from proxy.keys import PIPELINE, UPSTREAMS
-from proxy.relay import relay
-from proxy.routes.common import make_exchange, read_body
+from proxy.routes.common import proxied, read_body
 from proxy.wire import check_gemini, parse_object
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
@@ -24,8 +22,7 @@ async def models(request: web.Request) -> web.StreamResponse:
     body = parse_object(raw)
     check_gemini(body)
     api: ClientApi = "gemini.count_tokens" if method == "countTokens" else "gemini.generate"
-    upstreams = request.app[UPSTREAMS]
-    exchange = make_exchange(
+    return await proxied(
         request,
         api=api,
         endpoint=f"/v1beta/models/{model}:{method}",
@@ -33,13 +30,8 @@ async def models(request: web.Request) -> web.StreamResponse:
         body=body,
         raw=raw,
         stream=method == "streamGenerateContent",
-        upstream=upstreams.route(model, api),
+        through_pipeline=api == "gemini.generate",
     )
-    if api == "gemini.count_tokens":
-        reply = await upstreams[exchange.upstream].send(exchange)
-    else:
-        reply = await request.app[PIPELINE](exchange)
-    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
 
 
 def add_routes(app: web.Application) -> None:

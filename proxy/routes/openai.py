@@ -5,9 +5,9 @@ from __future__ import annotations
 from aiohttp import web
 
 from adapters.errors import UpstreamError, UpstreamFailure
-from proxy.keys import CONFIG, PIPELINE, UPSTREAMS
+from proxy.keys import CONFIG, UPSTREAMS
 from proxy.relay import relay
-from proxy.routes.common import make_exchange, read_body
+from proxy.routes.common import make_exchange, proxied, read_body
 from proxy.wire import check_chat, check_responses, parse_object
 
 
@@ -15,8 +15,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request)
     body = parse_object(raw)
     chat = check_chat(body)
-    upstream = request.app[UPSTREAMS].route(chat.model, "openai.chat")
-    exchange = make_exchange(
+    return await proxied(
         request,
         api="openai.chat",
         endpoint="/chat/completions",
@@ -24,10 +23,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         body=body,
         raw=raw,
         stream=bool(chat.stream),
-        upstream=upstream,
     )
-    reply = await request.app[PIPELINE](exchange)
-    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
@@ -36,8 +32,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request)
     body = parse_object(raw)
     checked = check_responses(body)
-    upstream = request.app[UPSTREAMS].route(checked.model, "openai.responses")
-    exchange = make_exchange(
+    return await proxied(
         request,
         api="openai.responses",
         endpoint="/responses",
@@ -45,10 +40,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
         body=body,
         raw=raw,
         stream=bool(checked.stream),
-        upstream=upstream,
     )
-    reply = await request.app[PIPELINE](exchange)
-    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
 
 
 async def input_tokens(request: web.Request) -> web.StreamResponse:
@@ -56,20 +48,15 @@ async def input_tokens(request: web.Request) -> web.StreamResponse:
     raw = await read_body(request)
     body = parse_object(raw)
     checked = check_responses(body)
-    upstreams = request.app[UPSTREAMS]
-    name = upstreams.route(checked.model, "openai.input_tokens")
-    exchange = make_exchange(
+    return await proxied(
         request,
         api="openai.input_tokens",
         endpoint="/responses/input_tokens",
         model=checked.model,
         body=body,
         raw=raw,
-        stream=False,
-        upstream=name,
+        through_pipeline=False,
     )
-    reply = await upstreams[name].send(exchange)
-    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
 
 
 def _configured_models(request: web.Request) -> web.Response:
