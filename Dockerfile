@@ -18,6 +18,9 @@ COPY proxy.toml /etc/brim/proxy.toml
 
 USER brim
 ENV BRIM_CONFIG=/etc/brim/proxy.toml
+# Inside the container brim listens on 0.0.0.0, reachable only where you publish the port.
+# Publishing it beyond this machine? Set BRIM_SERVER__API_KEYS_ENV and drop this line.
+ENV BRIM_SERVER__ALLOW_UNAUTHENTICATED=true
 EXPOSE 8787
 HEALTHCHECK --interval=30s --timeout=5s --start-period=10s --retries=3 \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8787/healthz', timeout=4)"

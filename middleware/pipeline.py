@@ -13,6 +13,7 @@ from middleware.base import Stage
 from middleware.forward import Forward
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
+from middleware.loops import LoopBreaker
 from middleware.observe import Observe
 from middleware.retry import RetryOnOverflow
 from middleware.settings import GuardConfig, RetryConfig, SummarizeConfig
@@ -60,6 +61,11 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
     policies = build_policies(guard.policies, guard.policy_settings())
     stages: list[Stage] = [
         Observe(services.telemetry, services.status, services.audit, warn_at=guard.warn_at),
+        *(
+            [LoopBreaker(limit=guard.loop_limit, window_s=guard.loop_window_s)]
+            if guard.loop_limit
+            else []
+        ),
         ResolveLimits(
             services.limits,
             services.counter,

@@ -22,6 +22,8 @@ class GuardConfig(BaseModel):
     safety_margin: float = Field(DEFAULT_SAFETY_MARGIN, ge=0, lt=0.5)
     low_water: float = Field(0.85, gt=0.1, le=1.0)
     warn_at: float = Field(0.8, gt=0, le=1.0)  # x-brim-context-warning above this usage
+    loop_limit: int = Field(5, ge=0)  # identical failures before brim answers 429 itself (0: off)
+    loop_window_s: float = Field(120, gt=0)
     repair_pairs: bool = True
     claude_token_factor: float = Field(DEFAULT_CLAUDE_FACTOR, ge=1, le=3)
     policies: tuple[str, ...] = DEFAULT_ORDER

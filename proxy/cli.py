@@ -57,6 +57,7 @@ def serve(args: argparse.Namespace) -> int:
         }
     )
     config = config.model_copy(update={"server": server})
+    refuse_open_without_keys(config)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -71,6 +72,22 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     except ImportError:
         return None
     return uvloop.new_event_loop
+
+
+LOOPBACK = ("127.", "::1", "localhost")
+
+
+def refuse_open_without_keys(config: BrimConfig) -> None:
+    """Bound beyond loopback, anyone who can reach brim spends your provider keys: require
+    `api_keys_env`, or an explicit `allow_unauthenticated = true`."""
+    server = config.server
+    if server.host.startswith(LOOPBACK) or server.api_keys or server.allow_unauthenticated:
+        return
+    raise ConfigError(
+        f"server.host: {server.host!r} is reachable from other machines and no api_keys are "
+        "set; set server.api_keys_env (or BRIM_SERVER__API_KEYS_ENV), or "
+        "server.allow_unauthenticated = true if that is really what you want"
+    )
 
 
 def check_config(args: argparse.Namespace) -> int:

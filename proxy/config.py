@@ -55,6 +55,7 @@ class ServerConfig(FrozenModel):
     max_body_mb: float = Field(32, gt=0)
     api_keys_env: str | None = None
     admin_keys_env: str | None = None  # keys for /admin/*; unset: the admin endpoints are off
+    allow_unauthenticated: bool = False  # serve beyond loopback without api_keys (say so here)
     shutdown_timeout_s: float = Field(10, ge=0)
     api_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)
     admin_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)

@@ -103,3 +103,9 @@ def test_environment_override_reaches_serve(tmp_path: Path) -> None:
     result = run("check-config", "/dev/null", env={"BRIM_SERVER__PORT": "9123"})
     assert result.returncode == 0
     assert json.loads(result.stdout)["server"]["port"] == 9123
+
+
+def test_serve_refuses_to_listen_beyond_loopback_without_keys(tmp_path: Path) -> None:
+    result = run("serve", "--host", "0.0.0.0", "--port", "0", "--config", "/dev/null")
+    assert result.returncode == 2
+    assert "server.host" in result.stderr and "api_keys_env" in result.stderr

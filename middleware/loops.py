@@ -1,0 +1,61 @@
+"""Stop a client that sends the same failing request over and over.
+
+Agents in a compaction or retry loop have been seen sending one failing request a thousand times
+in minutes, each one a paid provider call. After `limit` identical failures (same body, same
+client, same credentials) within `window_s` of each other, brim answers 429 itself — in the
+client's wire format — instead of calling the provider again. One success clears the count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from cachetools import TTLCache
+
+from adapters.base import UpstreamResponse
+from adapters.errors import BrimError
+from adapters.exchange import Exchange
+from adapters.headers import CREDENTIAL_HEADERS
+from middleware.base import CallNext
+
+
+class RepeatedFailure(BrimError):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "brim_repeated_failure"
+
+
+class LoopBreaker:
+    def __init__(self, *, limit: int, window_s: float) -> None:
+        if limit < 1 or window_s <= 0:
+            raise ValueError("limit must be at least 1 and window_s positive")
+        self.limit = limit
+        self.window_s = window_s
+        self._failures: TTLCache[bytes, int] = TTLCache(maxsize=50_000, ttl=window_s)
+
+    @staticmethod
+    def _key(exchange: Exchange) -> bytes:
+        digest = hashlib.blake2b(digest_size=16)
+        digest.update(exchange.raw)
+        digest.update(exchange.endpoint.encode())
+        digest.update(exchange.user_agent.encode())
+        for name in sorted(CREDENTIAL_HEADERS):
+            digest.update(exchange.headers.get(name, "").encode())
+        return digest.digest()
+
+    async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
+        key = self._key(exchange)
+        failures = self._failures.get(key, 0)
+        if failures >= self.limit:
+            raise RepeatedFailure(
+                f"This exact request has failed {failures} times in a row (each within "
+                f"{self.window_s:g} s of the last); brim stopped sending it to the provider to "
+                "protect your quota. Change the request, or wait and try again."
+            )
+        try:
+            reply = await call_next(exchange)
+        except BrimError:
+            self._failures[key] = failures + 1
+            raise
+        self._failures.pop(key, None)
+        return reply
