@@ -184,6 +184,8 @@ class FakeProvider:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await self._record(request))
         model: str = body["model"]
+        if model == "garbage":
+            return web.Response(body=b"{not json at all", content_type="application/json")
         if model.startswith("error-"):
             status = int(model.removeprefix("error-"))
             payload = self.error_bodies.get(status) or orjson.dumps(
@@ -577,6 +579,10 @@ class FakeProvider:
                 while time.monotonic() < deadline:
                     await response.write(self._chunk(model, {"content": "."}))
                     await asyncio.sleep(0.02)
+                return response
+            if model == "stalled-stream":
+                await response.write(self._chunk(model, {"content": "first"}))
+                await asyncio.sleep(5)
                 return response
             if model == "broken-stream":
                 await response.write(self._chunk(model, {"content": "partial"}))

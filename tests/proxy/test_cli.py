@@ -109,3 +109,35 @@ def test_serve_refuses_to_listen_beyond_loopback_without_keys(tmp_path: Path) ->
     result = run("serve", "--host", "0.0.0.0", "--port", "0", "--config", "/dev/null")
     assert result.returncode == 2
     assert "server.host" in result.stderr and "api_keys_env" in result.stderr
+
+
+def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path, provider: FakeProvider) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text(
+        f'[upstreams.fake]\napi = "openai"\nbase_url = "{provider.url}/v1"\n[server]\nshutdown_timeout_s = 15\n'
+    )
+    process = subprocess.Popen(
+        [BRIM, "serve", "--config", str(config), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    port = re.search(r":(\d+)", process.stdout.readline()).group(1)  # type: ignore[union-attr]
+    with httpx.stream(
+        "POST",
+        f"http://127.0.0.1:{port}/v1/chat/completions",
+        json={
+            "model": "gated-stream",
+            "messages": [{"role": "user", "content": "hi"}],
+            "stream": True,
+        },
+        timeout=30,
+    ) as reply:
+        chunks = reply.iter_bytes()
+        received = next(chunks)
+        process.send_signal(signal.SIGTERM)  # brim is asked to stop while the stream is open
+        provider.gate.set()
+        received += b"".join(chunks)
+    assert b"data: [DONE]" in received  # the stream finished
+    assert process.wait(timeout=20) == 0
