@@ -54,3 +54,17 @@ def test_the_agent_session_builder_makes_valid_tool_pairs() -> None:
     messages = inprocess.agent_session(5, 40)
     assert len(messages) == 2 + 2 * 5
     assert pairing_errors(messages) == []
+
+
+def test_the_soak_runs_short_and_clean() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.soak", "--streams", "30", "--seconds", "3"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[1],
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["brim"]["errors"] == 0 and report["brim"]["requests"] > 100
+    assert report["rss_mb"]["max"] < 400

@@ -320,26 +320,47 @@ def test_no_key_appears_in_logs_spans_metrics_or_the_audit_log(
     headers = {
         "Authorization": f"Bearer {CANARY}",
         "x-api-key": CANARY,
+        "api-key": CANARY,
+        "x-goog-api-key": CANARY,
+        "x-brim-api-key": CANARY,
         "User-Agent": "canary-client/1.0",
     }
+    replies: list[str] = []
     with caplog.at_level(logging.DEBUG):
         for model, messages in (
             ("small", big_session()),
             ("tight-3000", [{"role": "user", "content": "y " * 5000}]),
             ("fake-model", HELLO),
             ("error-429", HELLO),
+            ("fake-model", "not a list"),
         ):
-            httpx.post(
-                f"{base}/v1/chat/completions",
+            reply = httpx.post(
+                f"{base}/v1/chat/completions?key={CANARY}",
                 json={"model": model, "messages": messages},
                 headers=headers,
             )
+            replies.append(reply.text + str(dict(reply.headers)))
+        replies.append(
+            httpx.post(
+                f"{base}/v1beta/models/gem-x:generateContent?key={CANARY}",
+                json={"contents": []},
+                headers=headers,
+            ).text
+        )
+        replies.append(
+            httpx.post(f"{base}/v1/messages?key={CANARY}", content=b"{broken", headers=headers).text
+        )
         metrics_text = httpx.get(f"{base}/metrics").text
     assert (
         provider.requests[-1].headers["authorization"] == f"Bearer {CANARY}"
     )  # it did go upstream
     places = {
-        "logs": "\n".join(f"{r.getMessage()} {r.args}" for r in caplog.records),
+        # Everything brim's process logs, less the test's own HTTP client (httpx logs its URLs).
+        "logs": "\n".join(
+            f"{r.getMessage()} {r.args}"
+            for r in caplog.records
+            if not r.name.startswith(("httpx", "httpcore"))
+        ),
         "spans": orjson.dumps(
             [
                 {
@@ -352,6 +373,7 @@ def test_no_key_appears_in_logs_spans_metrics_or_the_audit_log(
         ).decode(),
         "metrics": metrics_text,
         "audit": audit.read_text(),
+        "replies": "\n".join(replies),
     }
     assert places["audit"] and places["spans"] != "[]"
     for where, text in places.items():

@@ -31,7 +31,7 @@ def base(brim: BrimFactory, provider: FakeProvider) -> str:
             "claude": {"api": "anthropic", "base_url": "http://127.0.0.1:9"},
             "gemini": {"api": "gemini", "base_url": provider.url},
         },
-        server={"max_body_mb": 8},
+        server={"max_body_mb": 32},
     )
 
 
@@ -115,7 +115,7 @@ def test_wrong_fields_are_named(
 def test_large_and_many(base: str, provider: FakeProvider) -> None:
     too_big = httpx.post(
         f"{base}/v1/chat/completions",
-        content=b"x" * (9 * 1024 * 1024),
+        content=b"x" * (50 * 1024 * 1024),
         headers={"content-type": "application/json"},
     )
     assert too_big.status_code == 413 and shaped("openai", too_big)
@@ -128,6 +128,14 @@ def test_large_and_many(base: str, provider: FakeProvider) -> None:
     reply = httpx.post(f"{base}/v1/chat/completions", json=one_big, timeout=60)
     assert reply.status_code == 200  # cut to fit the default 128k budget, then sent
     assert len(orjson.loads(provider.last.body)["messages"][0]["content"]) < 5_000_000
+
+
+def test_a_wrong_content_type_is_still_read_as_json(base: str, provider: FakeProvider) -> None:
+    body = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]})
+    reply = httpx.post(
+        f"{base}/v1/chat/completions", content=body, headers={"content-type": "text/plain"}
+    )
+    assert reply.status_code == 200 and provider.last.body == body
 
 
 def test_broken_pairings_and_broken_images_are_never_sent_broken(

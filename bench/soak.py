@@ -1,0 +1,105 @@
+"""`python -m bench.soak`: concurrent streams through brim for a while, loopback only, bounded
+in streams and seconds. Reports errors, time-to-first-byte (direct and through brim) and brim's
+RSS over the run (it should stay flat).
+
+    python -m bench.soak                         # 500 streams for 60 s
+    python -m bench.soak --streams 50 --seconds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+
+from bench import load, procs
+
+
+async def _streams(url: str, streams: int, seconds: float, rss: Any = None) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors: list[str] = []
+    samples: list[tuple[float, float]] = []
+    deadline = time.monotonic() + seconds
+    started = time.monotonic()
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < deadline:
+            try:
+                latencies.append(await load.one(session, url, True))
+            except Exception as exc:
+                errors.append(type(exc).__name__)
+
+    async def sampler() -> None:
+        while time.monotonic() < deadline:
+            samples.append((round(time.monotonic() - started, 1), rss()))
+            await asyncio.sleep(1)
+
+    connector = aiohttp.TCPConnector(limit=streams)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        jobs = [worker(session) for _ in range(streams)]
+        await asyncio.gather(*jobs, *([sampler()] if rss else []))
+    return {
+        "requests": len(latencies),
+        "errors": len(errors),
+        "error_kinds": sorted(set(errors)),
+        **load.summary(latencies or [0.0]),
+        "rss_mb": samples,
+    }
+
+
+def soak(streams: int, seconds: float) -> dict[str, Any]:
+    fake = procs.start_fake()
+    brim = procs.start_brim(fake.url, Path(tempfile.mkdtemp(prefix="brim-soak-")))
+    try:
+        direct = asyncio.run(_streams(fake.url, streams, max(1.0, seconds / 6)))
+        through = asyncio.run(_streams(brim.url, streams, seconds, brim.rss_mb))
+    finally:
+        brim.stop()
+        fake.stop()
+    rss = [mb for _, mb in through["rss_mb"]]
+    later = [mb for t, mb in through["rss_mb"] if t >= min(10, seconds / 2)]
+    return {
+        "streams": streams,
+        "seconds": seconds,
+        "direct": {k: direct[k] for k in ("requests", "errors", "p50_ms", "p99_ms")},
+        "brim": {k: through[k] for k in ("requests", "errors", "error_kinds", "p50_ms", "p99_ms")},
+        "added_p99_ms": round(through["p99_ms"] - direct["p99_ms"], 2),
+        "rss_mb": {
+            "first": rss[0] if rss else None,
+            "from_10s": later[0] if later else None,
+            "last": rss[-1] if rss else None,
+            "max": max(rss) if rss else None,
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.soak",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--streams", type=int, default=500)
+    parser.add_argument("--seconds", type=float, default=60)
+    args = parser.parse_args(argv)
+    if not 1 <= args.streams <= 2_000 or not 1 <= args.seconds <= 600:
+        parser.error("streams must be 1-2000 and seconds 1-600 (this is a bounded loopback test)")
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
+    report = soak(args.streams, args.seconds)
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode())
+    return 0 if report["brim"]["errors"] == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
