@@ -34,8 +34,9 @@ class UpstreamConfig(FrozenModel):
     api: WireApi
     base_url: str | None = None
     api_key_env: str | None = None
-    timeout_s: float = Field(600, gt=0)
+    timeout_s: float = Field(600, gt=0)  # the wait for the reply to start, and between chunks
     connect_timeout_s: float = Field(10, gt=0)
+    max_duration_s: float = Field(3600, gt=0)  # the longest one request may take, streaming too
     model_prefix: str = ""
     proxy_from_env: bool = False  # honour HTTP(S)_PROXY / NO_PROXY / .netrc (costs per request)
     api_key: SecretStr | None = Field(default=None, exclude=True)

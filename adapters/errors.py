@@ -4,9 +4,13 @@
     ├── NoRoute                    404 model_not_found: no `[routes]` entry serves the model
     ├── ContextTooLarge            400 context_length_exceeded: brim could not make it fit
     └── UpstreamFailure            the provider could not give an answer; `upstream` names it
-        ├── UpstreamUnreachable    502: connection refused, DNS or TLS failure, reset
-        ├── UpstreamTimeout        504: no answer (or no next chunk) within `timeout_s`
-        ├── UpstreamProtocolError  502: the provider's reply was cut off or malformed
+        ├── UpstreamUnreachable    502: connection refused, DNS or TLS failure, reset before
+        │                          any answer
+        ├── UpstreamTimeout        504: no answer (or no next chunk) within `timeout_s`, no
+        │                          connection within `connect_timeout_s`, or the whole request
+        │                          (stream included) longer than `max_duration_s`
+        ├── UpstreamProtocolError  502: the provider's reply was cut off, or a success whose
+        │                          body is not JSON (named by type and size, never echoed)
         └── UpstreamError          the provider answered 4xx/5xx; `status`, `headers` and
             │                      `body` are its own and are relayed to the client unchanged
             ├── AuthFailed         401 / 403
@@ -145,3 +149,11 @@ class ContextOverflow(UpstreamError):
             message=f"upstream {upstream!r}: context overflow: {overflow.message}",
         )
         self.overflow = overflow
+
+
+def past_max_duration(upstream: str, max_duration_s: float) -> UpstreamTimeout:
+    return UpstreamTimeout(
+        f"upstream {upstream!r} was cut off: its reply took longer than max_duration_s "
+        f"({max_duration_s:g} s)",
+        upstream=upstream,
+    )

@@ -6,10 +6,10 @@ and closed by `aclose()`.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
+import orjson
 
 from adapters.base import UpstreamResponse
 from adapters.config import UpstreamConfig
@@ -20,6 +20,7 @@ from adapters.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnreachable,
+    past_max_duration,
 )
 from adapters.exchange import Exchange
 from adapters.headers import upstream_request_headers
@@ -71,7 +72,7 @@ class RawHttpAdapter:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
                 timeout=aiohttp.ClientTimeout(
-                    total=None,
+                    total=self.config.max_duration_s,  # per request, its body or stream included
                     sock_connect=self.config.connect_timeout_s,
                     sock_read=self.config.timeout_s,
                 ),
@@ -85,18 +86,44 @@ class RawHttpAdapter:
             await self._session.close()
             self._session = None
 
-    def _failure(self, exc: BaseException) -> UpstreamFailure:
-        if isinstance(exc, asyncio.TimeoutError):
+    def _failure(self, exc: BaseException, *, answered: bool) -> UpstreamFailure:
+        """The documented failure for a transport error; `answered`: the headers had arrived."""
+        name, config = self.name, self.config
+        # aiohttp raises ConnectionTimeoutError for sock_connect, SocketTimeoutError (both
+        # ServerTimeoutError) for sock_read, and a plain TimeoutError when `total` runs out.
+        if isinstance(exc, aiohttp.ConnectionTimeoutError):
             return UpstreamTimeout(
-                f"upstream {self.name!r} did not answer within {self.config.timeout_s:g} s",
-                upstream=self.name,
+                f"upstream {name!r} could not be connected to within connect_timeout_s "
+                f"({config.connect_timeout_s:g} s)",
+                upstream=name,
             )
-        if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+        if isinstance(exc, aiohttp.ServerTimeoutError):
+            waited = "sent no next chunk" if answered else "did not answer"
+            return UpstreamTimeout(
+                f"upstream {name!r} {waited} within timeout_s ({config.timeout_s:g} s)",
+                upstream=name,
+            )
+        if isinstance(exc, TimeoutError):
+            return past_max_duration(name, config.max_duration_s)
+        if answered or isinstance(
+            exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError
+        ):
             return UpstreamProtocolError(
-                f"upstream {self.name!r} broke off its reply: {exc}", upstream=self.name
+                f"upstream {name!r} broke off its reply: {exc or type(exc).__name__}",
+                upstream=name,
             )
         return UpstreamUnreachable(
-            f"upstream {self.name!r} is unreachable: {exc or type(exc).__name__}",
+            f"upstream {name!r} is unreachable: {exc or type(exc).__name__}", upstream=name
+        )
+
+    def _not_json(self, response: aiohttp.ClientResponse, body: bytes) -> UpstreamProtocolError:
+        """A 2xx reply that should be JSON and is not. Names what came, never what it said: a
+        body may hold the user's content."""
+        kind = response.content_type if "Content-Type" in response.headers else "no content type"
+        hint = "; is base_url right?" if kind in ("text/html", "application/xhtml+xml") else ""
+        return UpstreamProtocolError(
+            f"upstream {self.name!r} answered HTTP {response.status} with a body that is not "
+            f"JSON ({kind}, {len(body)} bytes){hint}",
             upstream=self.name,
         )
 
@@ -113,7 +140,7 @@ class RawHttpAdapter:
                 exchange.method, url, data=data, headers=headers, allow_redirects=False
             )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise self._failure(exc) from exc
+            raise self._failure(exc, answered=False) from exc
 
         try:
             if response.status >= 400:
@@ -135,11 +162,13 @@ class RawHttpAdapter:
             body = await response.read()
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             response.close()
-            raise self._failure(exc) from exc
+            raise self._failure(exc, answered=True) from exc
         except BaseException:
             response.close()
             raise
         response.release()
+        if _should_be_json(response, exchange, body) and not _parses(body):
+            raise self._not_json(response, body)
         return UpstreamResponse(status=response.status, headers=response.headers, body=body)
 
     async def _until_first_event(self, response: aiohttp.ClientResponse) -> list[bytes]:
@@ -187,9 +216,31 @@ class RawHttpAdapter:
             async for chunk in response.content.iter_any():
                 yield chunk
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise self._failure(exc) from exc
+            raise self._failure(exc, answered=True) from exc
         finally:
             response.close()
+
+
+SSE_FIELDS = (b"data:", b"event:", b":", b"id:", b"retry:")
+
+
+def _should_be_json(response: aiohttp.ClientResponse, exchange: Exchange, body: bytes) -> bool:
+    """Every endpoint brim forwards to answers a success with JSON (chat, responses, messages,
+    token counts, generateContent, models). Exceptions: a reply without a body, and a stream
+    asked for and sent under the wrong content type (it still reads as a stream)."""
+    if not 200 <= response.status < 300 or response.status in (204, 205):
+        return False
+    if exchange.method == "HEAD" and not body:
+        return False
+    return not (exchange.stream and body.lstrip().startswith(SSE_FIELDS))
+
+
+def _parses(body: bytes) -> bool:
+    try:
+        orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    return True
 
 
 def _closer(response: aiohttp.ClientResponse) -> Callable[[], Awaitable[None]]:

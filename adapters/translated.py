@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import orjson
@@ -24,6 +24,7 @@ from adapters.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnreachable,
+    past_max_duration,
 )
 from adapters.exchange import Exchange
 from adapters.overflow import Overflow, classify
@@ -112,15 +113,21 @@ class LitellmAdapter:
         litellm = import_litellm()
         request = {key: value for key, value in exchange.body.items() if key != "model"}
         key = self.config.api_key.get_secret_value() if self.config.api_key else _bearer(exchange)
+        deadline = self._deadline()
         try:
-            result = await litellm.acompletion(
-                model=f"{self.config.model_prefix}{exchange.model}",
-                api_base=self.config.base_url,
-                api_key=key,
-                timeout=self.config.timeout_s,
-                max_retries=0,
-                **request,
+            result = await self._within(
+                litellm.acompletion(
+                    model=f"{self.config.model_prefix}{exchange.model}",
+                    api_base=self.config.base_url,
+                    api_key=key,
+                    timeout=self.config.timeout_s,
+                    max_retries=0,
+                    **request,
+                ),
+                deadline,
             )
+        except UpstreamFailure:
+            raise
         except Exception as exc:
             raise self._failure(exc) from exc
         if not exchange.stream:
@@ -128,8 +135,24 @@ class LitellmAdapter:
                 status=200, headers=_JSON, body=result.model_dump_json().encode()
             )
         return UpstreamResponse(
-            status=200, headers=_SSE, chunks=self._events(result), closer=result.aclose
+            status=200, headers=_SSE, chunks=self._events(result, deadline), closer=result.aclose
         )
+
+    def _deadline(self) -> float:
+        return asyncio.get_running_loop().time() + self.config.max_duration_s
+
+    async def _within(self, call: Awaitable[Any], deadline: float) -> Any:
+        """`call`, cut off at `deadline` (litellm's own `timeout` bounds each read, not the
+        whole request)."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        try:
+            return await asyncio.wait_for(call, max(0.0, remaining))
+        except TimeoutError:
+            raise past_max_duration(self.name, self.config.max_duration_s) from None
+
+    def _check(self, deadline: float) -> None:
+        if asyncio.get_running_loop().time() > deadline:
+            raise past_max_duration(self.name, self.config.max_duration_s)
 
     async def _messages(self, exchange: Exchange) -> UpstreamResponse:
         """An Anthropic Messages request served by any provider litellm knows (so Claude Code
@@ -142,23 +165,32 @@ class LitellmAdapter:
             if key not in ("model", *ANTHROPIC_ONLY_FIELDS)
         }
         key = self.config.api_key.get_secret_value() if self.config.api_key else _bearer(exchange)
+        deadline = self._deadline()
         try:
-            result = await litellm.anthropic.messages.acreate(
-                model=f"{self.config.model_prefix}{exchange.model}",
-                api_base=self.config.base_url,
-                api_key=key,
-                timeout=self.config.timeout_s,
-                **request,
+            result = await self._within(
+                litellm.anthropic.messages.acreate(
+                    model=f"{self.config.model_prefix}{exchange.model}",
+                    api_base=self.config.base_url,
+                    api_key=key,
+                    timeout=self.config.timeout_s,
+                    **request,
+                ),
+                deadline,
             )
+        except UpstreamFailure:
+            raise
         except Exception as exc:
             raise self._failure(exc, exchange.api) from exc
         if not exchange.stream:
             return UpstreamResponse(status=200, headers=_JSON, body=orjson.dumps(result))
-        return UpstreamResponse(status=200, headers=_SSE, chunks=self._anthropic_events(result))
+        return UpstreamResponse(
+            status=200, headers=_SSE, chunks=self._anthropic_events(result, deadline)
+        )
 
-    async def _anthropic_events(self, stream: Any) -> AsyncIterator[bytes]:
+    async def _anthropic_events(self, stream: Any, deadline: float) -> AsyncIterator[bytes]:
         try:
             async for event in stream:
+                self._check(deadline)
                 if isinstance(event, bytes | bytearray):
                     yield bytes(event)
                 elif isinstance(event, str):
@@ -167,13 +199,18 @@ class LitellmAdapter:
                     data = event if isinstance(event, dict) else event.model_dump()
                     yield f"event: {data.get('type', 'message')}\n".encode()
                     yield b"data: " + orjson.dumps(data) + b"\n\n"
+        except UpstreamFailure:
+            raise
         except Exception as exc:
             raise self._failure(exc, "anthropic.messages") from exc
 
-    async def _events(self, stream: Any) -> AsyncIterator[bytes]:
+    async def _events(self, stream: Any, deadline: float) -> AsyncIterator[bytes]:
         try:
             async for chunk in stream:
+                self._check(deadline)
                 yield b"data: " + chunk.model_dump_json(exclude_none=True).encode() + b"\n\n"
+        except UpstreamFailure:
+            raise
         except Exception as exc:
             raise self._failure(exc) from exc
         yield b"data: [DONE]\n\n"

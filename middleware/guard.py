@@ -15,7 +15,7 @@ import orjson
 from multidict import CIMultiDict
 
 from adapters.base import UpstreamResponse
-from adapters.errors import ContextTooLarge
+from adapters.errors import BrimError, ContextTooLarge
 from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
@@ -77,6 +77,11 @@ def _refusal(outcome: Outcome) -> ContextTooLarge:
             f"allowed ({outcome.limit}). brim could not make it fit: {how}"
         ),
     )
+
+
+class NothingLeftToSend(BrimError):
+    status = 400
+    error_type = "invalid_request_error"
 
 
 class Guard:
@@ -239,6 +244,11 @@ class Guard:
             outcome = await asyncio.to_thread(self.outcome, exchange)
         else:
             outcome = self.outcome(exchange)
+        if not outcome.messages:
+            raise NothingLeftToSend(
+                "Nothing is left to send: every message was a tool result that answers no tool "
+                f"call ({'; '.join(outcome.repairs)})."
+            )
         if not outcome.fits:
             exchange.report.outcome = outcome
             log.info("request %s refused: %s", exchange.request_id, outcome.actions)

@@ -3,12 +3,15 @@
 Agents in a compaction or retry loop have been seen sending one failing request a thousand times
 in minutes, each one a paid provider call. After `limit` identical failures (same body, same
 client, same credentials) within `window_s` of each other, brim answers 429 itself — in the
-client's wire format — instead of calling the provider again. One success clears the count.
+client's wire format, with `retry-after` set to when the block lifts — instead of calling the
+provider again. The block lifts `window_s` after the last real failure; one success clears it.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
+import time
 
 from cachetools import TTLCache
 
@@ -31,7 +34,8 @@ class LoopBreaker:
             raise ValueError("limit must be at least 1 and window_s positive")
         self.limit = limit
         self.window_s = window_s
-        self._failures: TTLCache[bytes, int] = TTLCache(maxsize=50_000, ttl=window_s)
+        # key → (failures, when the last one happened)
+        self._failures: TTLCache[bytes, tuple[int, float]] = TTLCache(maxsize=50_000, ttl=window_s)
 
     @staticmethod
     def _key(exchange: Exchange) -> bytes:
@@ -45,17 +49,20 @@ class LoopBreaker:
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         key = self._key(exchange)
-        failures = self._failures.get(key, 0)
+        failures, last = self._failures.get(key, (0, 0.0))
         if failures >= self.limit:
-            raise RepeatedFailure(
+            wait_s = max(1, math.ceil(self.window_s - (time.monotonic() - last)))
+            stopped = RepeatedFailure(
                 f"This exact request has failed {failures} times in a row (each within "
                 f"{self.window_s:g} s of the last); brim stopped sending it to the provider to "
-                "protect your quota. Change the request, or wait and try again."
+                f"protect your quota. Change the request, or retry in {wait_s} s."
             )
+            stopped.brim_headers["retry-after"] = str(wait_s)
+            raise stopped
         try:
             reply = await call_next(exchange)
         except BrimError:
-            self._failures[key] = failures + 1
+            self._failures[key] = (failures + 1, time.monotonic())
             raise
         self._failures.pop(key, None)
         return reply

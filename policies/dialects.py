@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -26,6 +26,31 @@ def _text_of(content: Any) -> str:
             if isinstance(part, Mapping) and isinstance(part.get("text"), str)
         )
     return ""
+
+
+def _repeats(ids: Sequence[str]) -> list[str]:
+    """Ids that occur more than once, in order of their first repeat."""
+    seen: set[str] = set()
+    repeated: list[str] = []
+    for item in ids:
+        if item in seen and item not in repeated:
+            repeated.append(item)
+        seen.add(item)
+    return repeated
+
+
+def _first_of_each(items: Sequence[Any], id_of: Callable[[Any], str | None]) -> list[Any]:
+    """`items` without those whose id (`id_of(item)`, None for items without one) came before."""
+    seen: set[str] = set()
+    kept = []
+    for item in items:
+        key = id_of(item)
+        if key is not None and key in seen:
+            continue
+        if key is not None:
+            seen.add(key)
+        kept.append(item)
+    return kept
 
 
 class ChatDialect:
@@ -146,14 +171,17 @@ class ChatDialect:
             if pending:
                 problems.append(f"messages[{index}]: tool calls {pending} have no result")
             calls = self.calls(message)
-            pending, answered, in_group = list(calls), set(), bool(calls)
+            if repeated := _repeats(calls):
+                problems.append(f"messages[{index}]: tool call ids {repeated} repeat")
+            pending, answered, in_group = list(dict.fromkeys(calls)), set(), bool(calls)
         if pending:
             problems.append(f"end of messages: tool calls {pending} have no result")
         return problems
 
     def repaired(self, messages: Sequence[Any]) -> tuple[list[Any], list[str]]:
         """The smallest change that makes the pairing valid: orphan or duplicate results are
-        dropped, unanswered calls get a short placeholder result. Returns what was done."""
+        dropped, a call repeating an id in its message is dropped, unanswered calls get a short
+        placeholder result. Returns what was done."""
         out: list[Any] = []
         done: list[str] = []
         pending: list[str] = []
@@ -177,6 +205,9 @@ class ChatDialect:
                 continue
             close()
             calls = self.calls(message)
+            if repeated := _repeats(calls):
+                message = {**message, "tool_calls": _first_of_each(message["tool_calls"], _call_id)}
+                done.append(f"dropped repeated tool calls {repeated}")
             pending, in_group = list(dict.fromkeys(calls)), bool(calls)
             out.append(message)
         close()
@@ -354,6 +385,8 @@ class AnthropicDialect:
                 if kinds[: len(answered)] != ["tool_result"] * len(answered):
                     problems.append(f"messages[{index}]: tool_result blocks must come first")
             calls = self.calls(message)
+            if repeated := _repeats(calls):
+                problems.append(f"messages[{index}]: tool_use ids {repeated} repeat")
             if calls:
                 following = messages[index + 1] if index + 1 < len(messages) else None
                 missing = [c for c in calls if c not in self.answers(following)]
@@ -364,8 +397,10 @@ class AnthropicDialect:
         return problems
 
     def repaired(self, messages: Sequence[Any]) -> tuple[list[Any], list[str]]:
-        """Drop tool_result blocks that answer nothing (and messages left empty), add a
-        placeholder result for each unanswered tool_use, put results first, start with a user."""
+        """Drop tool_result blocks that answer nothing (and messages left empty) and tool_use
+        blocks repeating an id in their message (not in thinking turns: those are never edited),
+        add a placeholder result for each unanswered tool_use, put results first, start with a
+        user."""
         out: list[Any] = []
         done: list[str] = []
         for message in messages:
@@ -379,6 +414,10 @@ class AnthropicDialect:
             if open_calls:  # the previous assistant's tool_use got no user message after it
                 out.append({"role": "user", "content": [_result_block(c) for c in open_calls]})
                 done.append(f"added results for unanswered tool_use {open_calls}")
+            if (repeated := _repeats(self.calls(message))) and not self.thinks(message):
+                blocks = _first_of_each(_blocks(message.get("content")), _tool_use_id)
+                message = {**message, "content": blocks}
+                done.append(f"dropped repeated tool_use {repeated}")
             out.append(message)
         if out and self.calls(out[-1]):
             out.append({"role": "user", "content": [_result_block(c) for c in self.calls(out[-1])]})
@@ -415,6 +454,16 @@ class AnthropicDialect:
         if not notes:
             notes.append("moved tool_result blocks before the other content")
         return {**message, "content": fixed_blocks}, notes
+
+
+def _call_id(call: Any) -> str | None:
+    return str(call["id"]) if isinstance(call, Mapping) and call.get("id") is not None else None
+
+
+def _tool_use_id(block: Any) -> str | None:
+    if isinstance(block, Mapping) and block.get("type") == "tool_use":
+        return str(block.get("id"))
+    return None
 
 
 def _result_block(call_id: str, text: str = NO_RESULT) -> dict[str, Any]:

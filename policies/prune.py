@@ -21,6 +21,7 @@ from cachetools import LRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import Conversation, FidelityRecord, Goal, Meter
+from policies.nesting import SAFE_DEPTH, nests_deeper_than
 
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
 
@@ -109,7 +110,10 @@ class PruneToolResults:
         stripped = text.strip()
         if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
             with contextlib.suppress(orjson.JSONDecodeError):
-                text = orjson.dumps(self._shrink(orjson.loads(stripped))).decode()
+                parsed = orjson.loads(stripped)
+                # Deeper JSON than brim can write back stays text (and may lose its middle).
+                if not nests_deeper_than(parsed, SAFE_DEPTH):
+                    text = orjson.dumps(self._shrink(parsed)).decode()
         if at_most is not None and at_most <= self.settings.max_text_tokens:
             return text
         return cut_middle(text, self.settings.max_text_tokens, meter)[0]

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from opentelemetry.sdk.trace import SpanProcessor
 
@@ -32,6 +33,7 @@ from policies.limits import LimitsRegistry
 from policies.tokens import CounterMeter, TokenCounter
 from proxy.config import BrimConfig
 from proxy.errors import (
+    HeadersTooLarge,
     InternalError,
     MethodNotAllowed,
     PayloadTooLarge,
@@ -57,6 +59,7 @@ from proxy.telemetry import Providers, build_providers
 
 log = logging.getLogger("brim")
 PUBLIC_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics"})
+PARSER_LINE_CAP = 1024 * 1024
 
 
 def _aiohttp_error(exc: web.HTTPException, request: web.Request) -> BrimError:
@@ -96,6 +99,52 @@ async def errors_in_wire_format(request: web.Request, handler: Handler) -> web.S
             id_header,
             wire,
         )
+
+
+@web.middleware
+async def header_limits(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """`server.max_header_kb` and `server.max_headers`, answered in the client's wire format and
+    naming the header, never its value (which may be a credential). aiohttp's own parser limits
+    sit far above these; see `PARSER_LINE_CAP`."""
+    server = request.app[CONFIG].server
+    limit = server.max_header_kb * 1024
+    headers = request.raw_headers
+    if len(headers) > server.max_headers:
+        raise HeadersTooLarge(
+            f"The request has {len(headers)} header lines; this brim accepts at most "
+            f"{server.max_headers} (server.max_headers)."
+        )
+    if len(request.raw_path) > limit:
+        raise HeadersTooLarge(
+            f"The request URL is {len(request.raw_path)} bytes long; this brim accepts at most "
+            f"{limit} (server.max_header_kb)."
+        )
+    for name, value in headers:
+        if len(name) + len(value) > limit:
+            raise HeadersTooLarge(
+                f"The request header {name.decode('latin-1')!r} is {len(value)} bytes long; this "
+                f"brim accepts header lines of at most {limit} bytes (server.max_header_kb)."
+            )
+    return await handler(request)
+
+
+class ParseErrorsWithoutBytes(logging.Filter):
+    """aiohttp logs a request it cannot parse with up to 100 bytes of the offending line, which
+    may be an `Authorization` header. Keep the kind of error, drop the bytes and traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = "rejected a malformed HTTP request (%s)"
+            record.args = (type(exc).__name__,)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _hide_parse_error_bytes() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, ParseErrorsWithoutBytes) for f in server_log.filters):
+        server_log.addFilter(ParseErrorsWithoutBytes())
 
 
 def wire_of(path: str) -> Wire:
@@ -161,7 +210,7 @@ def create_app(
     """The brim application. `span_processors` add trace exporters (tests use an in-memory one)."""
     app = web.Application(
         client_max_size=config.server.max_body_bytes,
-        middlewares=[errors_in_wire_format, require_brim_key],
+        middlewares=[errors_in_wire_format, header_limits, require_brim_key],
     )
     providers = build_providers(config.telemetry, span_processors)
     services = build_services(config, providers)
@@ -291,7 +340,13 @@ async def start(
         handler_cancellation=True,
         access_log_class=AccessLogger,
         shutdown_timeout=config.server.shutdown_timeout_s,
+        # aiohttp's parser answers past its limits with a plain-text 400 that quotes the line;
+        # brim's own, lower limits (`header_limits`) answer first, in the client's format.
+        max_line_size=max(PARSER_LINE_CAP, 2 * config.server.max_header_kb * 1024),
+        max_field_size=max(PARSER_LINE_CAP, 2 * config.server.max_header_kb * 1024),
+        max_headers=max(1024, 2 * config.server.max_headers),
     )
+    _hide_parse_error_bytes()
     await runner.setup()
     # A deep accept queue: at hundreds of concurrent clients the default 128 drops SYNs, and
     # each drop costs the client a one-second retransmit.

@@ -31,6 +31,7 @@ from middleware.settings import (
 )
 from policies.clients import ClientRule
 from policies.limits import ModelFacts
+from policies.nesting import SAFE_DEPTH
 
 ENV_PREFIX = "BRIM_"
 OPENAI_BASE_URL = "https://api.openai.com/v1"
@@ -53,6 +54,9 @@ class ServerConfig(FrozenModel):
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)
     max_body_mb: float = Field(32, gt=0)
+    max_header_kb: int = Field(8, ge=1, le=1024)  # the request line and each header line
+    max_headers: int = Field(128, ge=16, le=4096)
+    max_json_depth: int = Field(SAFE_DEPTH, ge=8, le=200)  # orjson writes at most 254 levels
     api_keys_env: str | None = None
     admin_keys_env: str | None = None  # keys for /admin/*; unset: the admin endpoints are off
     allow_unauthenticated: bool = False  # serve beyond loopback without api_keys (say so here)

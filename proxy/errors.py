@@ -7,7 +7,7 @@ from typing import Literal
 import orjson
 from aiohttp import web
 
-from adapters.errors import BrimError, ContextTooLarge, UpstreamError
+from adapters.errors import BrimError, ContextTooLarge, UpstreamError, UpstreamProtocolError
 from adapters.headers import client_response_headers
 
 
@@ -40,6 +40,12 @@ class MethodNotAllowed(BrimError):
     code = "method_not_allowed"
 
 
+class HeadersTooLarge(BrimError):
+    status = 431
+    error_type = "invalid_request_error"
+    code = "request_header_too_large"
+
+
 class InternalError(BrimError):
     status = 500
     error_type = "server_error"
@@ -68,6 +74,7 @@ ANTHROPIC_TYPES = {
     405: "invalid_request_error",
     413: "request_too_large",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     529: "overloaded_error",
 }
 
@@ -87,6 +94,7 @@ GEMINI_STATUSES = {
     405: "INVALID_ARGUMENT",
     413: "INVALID_ARGUMENT",
     429: "RESOURCE_EXHAUSTED",
+    431: "INVALID_ARGUMENT",
     502: "UNAVAILABLE",
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
@@ -102,12 +110,31 @@ def gemini_error(exc: BrimError) -> bytes:
 Wire = Literal["openai", "anthropic", "gemini"]
 
 
+def _empty_stream(exc: UpstreamError) -> UpstreamProtocolError:
+    """A 200 stream that ended before any event (llama.cpp's answer to an over-long prompt),
+    still empty after any retries: relaying it would give the client a success with nothing in
+    it, so it becomes a 502 that says what happened."""
+    retries = int(exc.brim_headers.get("x-brim-retries", "0"))
+    tried = (
+        f"; it still did after brim cut the request and retried {retries} times" if retries else ""
+    )
+    error = UpstreamProtocolError(
+        f"upstream {exc.upstream!r} answered with an empty stream, which is how llama.cpp's "
+        f"server reports a prompt longer than its context{tried}.",
+        upstream=exc.upstream,
+    )
+    error.brim_headers = exc.brim_headers
+    return error
+
+
 def error_response(
     exc: BrimError, headers: dict[str, str] | None = None, wire: Wire = "openai"
 ) -> web.Response:
     """The client-facing reply for `exc`, in the client's wire format. A provider's own error
     reply is relayed unchanged."""
     extra = {**(headers or {}), **exc.brim_headers}
+    if isinstance(exc, UpstreamError) and exc.status < 400 and b"data:" not in exc.body:
+        exc = _empty_stream(exc)
     if isinstance(exc, UpstreamError):
         relayed = client_response_headers(exc.headers)
         relayed.update(extra)

@@ -1,42 +1,113 @@
-"""Turning an `UpstreamResponse` into the client's reply, streaming chunk by chunk."""
+"""Turning an `UpstreamResponse` into the client's reply, streaming as the bytes arrive (whole
+events: an event split across reads is passed on once its end is in)."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 import orjson
 from aiohttp import web
 
 from adapters.base import UpstreamResponse
 from adapters.errors import UpstreamFailure
+from adapters.exchange import ClientApi
 from adapters.headers import client_response_headers
+from proxy.errors import anthropic_error, gemini_error, openai_error
 
 log = logging.getLogger("brim.relay")
 
+# Where a server-sent event ends: a line ending followed by an empty line (LF, CRLF or CR).
+EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r", b"\n\r\n")
+MAX_HELD = 1024 * 1024
+SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
 
-def _sse_error(exc: UpstreamFailure) -> bytes:
-    error = {"message": exc.message, "type": exc.error_type, "param": None, "code": exc.code}
-    return b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+def sse_error(exc: UpstreamFailure, api: ClientApi, last_event: bytes = b"") -> bytes:
+    """The event that tells a client its stream broke off, in the shape its own SDK reads as an
+    error: Anthropic's `error` event, the Responses API's `error` event, Google's error object,
+    or the `{"error": {...}}` chunk of Chat Completions."""
+    if api.startswith("anthropic."):
+        return b"event: error\ndata: " + anthropic_error(exc) + b"\n\n"
+    if api.startswith("gemini."):
+        return b"data: " + gemini_error(exc) + b"\r\n\r\n"
+    if api == "openai.responses":
+        numbers = SEQUENCE.findall(last_event)
+        event = {
+            "type": "error",
+            "code": exc.code,
+            "message": exc.message,
+            "param": None,
+            "sequence_number": int(numbers[-1]) + 1 if numbers else 0,
+        }
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+    return b"data: " + openai_error(exc) + b"\n\n"
+
+
+class EventCut:
+    """Holds back the unfinished tail of a stream until its event is complete, so that an error
+    event is never glued onto half an event (a client cannot read half an event anyway)."""
+
+    def __init__(self) -> None:
+        self.held = b""
+        self.last = b""  # the last complete events passed on
+        self.clean = True  # everything passed on ended at an event boundary
+
+    def complete(self, chunk: bytes) -> bytes:
+        """What of the stream so far can go to the client now."""
+        data = self.held + chunk if self.held else chunk
+        boundary = True
+        if data.endswith(EVENT_ENDS):
+            end = len(data)
+        else:
+            end, start = 0, max(0, len(self.held) - 3)
+            for sep in EVENT_ENDS:
+                at = data.rfind(sep, start)
+                if at >= 0:
+                    end = max(end, at + len(sep))
+            if len(data) - end > MAX_HELD:  # not event-shaped after all: pass it on as it is
+                end, boundary = len(data), False
+        ready, self.held = data[:end], data[end:]
+        if ready:
+            self.last, self.clean = ready, boundary
+        return ready
+
+    def error(self, exc: UpstreamFailure, api: ClientApi) -> bytes:
+        """The error event, in place of whatever unfinished event was held back."""
+        self.held = b""
+        prefix = b"" if self.clean else b"\n\n"
+        return prefix + sse_error(exc, api, self.last)
 
 
 async def relay(
-    request: web.Request, reply: UpstreamResponse, extra_headers: dict[str, str]
+    request: web.Request,
+    reply: UpstreamResponse,
+    extra_headers: dict[str, str],
+    *,
+    api: ClientApi,
 ) -> web.StreamResponse:
+    """Relay `reply` to the client that spoke `api`; a stream that breaks off ends with an error
+    event in that API's shape."""
     headers = client_response_headers(reply.headers)
     headers.update(extra_headers)
     if reply.chunks is None:
         return web.Response(status=reply.status, body=reply.body, headers=headers)
 
     response = web.StreamResponse(status=reply.status, headers=headers)
+    cut = EventCut()
     try:
         await response.prepare(request)
         try:
             async for chunk in reply.chunks:
-                await response.write(chunk)
+                ready = cut.complete(chunk)
+                if ready:
+                    await response.write(ready)
+            if cut.held:  # the provider ended inside an event: relay what it sent
+                await response.write(cut.held)
         except UpstreamFailure as exc:
             # Headers are gone already: tell the client in-stream, the way providers do.
             log.warning("stream from %s broke off: %s", exc.upstream, exc.message)
-            await response.write(_sse_error(exc))
+            await response.write(cut.error(exc, api))
         await response.write_eof()
     except ConnectionResetError:
         log.info("client went away mid-stream; closing the upstream request")

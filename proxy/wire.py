@@ -15,10 +15,11 @@ from pydantic import (
     field_validator,
 )
 
+from policies.nesting import SAFE_DEPTH, nests_deeper_than
 from proxy.errors import InvalidRequest
 
 
-def parse_object(raw: bytes) -> dict[str, Any]:
+def parse_object(raw: bytes, *, max_depth: int = SAFE_DEPTH) -> dict[str, Any]:
     if not raw.strip():
         raise InvalidRequest("The request body is empty; expected a JSON object.")
     try:
@@ -27,6 +28,11 @@ def parse_object(raw: bytes) -> dict[str, Any]:
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidRequest(f"The request body must be a JSON object, not {type(value).__name__}.")
+    if nests_deeper_than(value, max_depth):
+        raise InvalidRequest(
+            f"The request body nests objects and arrays more than {max_depth} levels deep "
+            "(brim's depth limit, server.max_json_depth)."
+        )
     return value
 
 
@@ -130,7 +136,8 @@ def check_messages(body: dict[str, Any], *, counting: bool = False) -> MessagesR
     try:
         return model.model_validate(body)
     except ValidationError as exc:
-        first = exc.errors()[0]
+        # Of a union's failed branches, the one that got deepest names the real problem.
+        first = max(exc.errors(), key=lambda error: len(error["loc"]))
         param = _anthropic_param(first["loc"])
         if first["type"] == "missing":
             raise InvalidRequest(f"{param}: Field required", param=param) from None
@@ -149,10 +156,12 @@ def check_responses(body: dict[str, Any]) -> ResponsesRequest:
         return ResponsesRequest.model_validate(body)
     except ValidationError as exc:
         first = exc.errors()[0]
-        location = tuple(p for p in first["loc"] if not str(p).startswith(("str", "list[")))
+        # Union members appear in the location as tags ("str", "list[...]"); fields do not.
+        location = tuple(p for p in first["loc"] if p != "str" and not str(p).startswith("list["))
         param = _param(location)
-        kind = "Missing required parameter" if first["type"] == "missing" else "Invalid value for"
-        raise InvalidRequest(f"{kind} '{param}'.", param=param) from None
+        if first["type"] == "missing":
+            raise InvalidRequest(f"Missing required parameter '{param}'.", param=param) from None
+        raise InvalidRequest(f"Invalid value for '{param}': {first['msg']}.", param=param) from None
 
 
 class GeminiContent(_Open):

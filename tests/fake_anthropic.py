@@ -126,6 +126,8 @@ def _assistant_errors(index: int, blocks: list[Any], following: Any) -> list[str
     uses = [b.get("id") for b in _of_type(blocks, "tool_use")]
     if not uses:
         return []
+    if len(set(uses)) != len(uses):
+        return [f"messages.{index}: `tool_use` ids must be unique"]
     answered: set[Any] = set()
     if isinstance(following, dict) and following.get("role") == "user":
         answered = {b.get("tool_use_id") for b in _of_type(_blocks(following), "tool_result")}

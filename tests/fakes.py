@@ -2,16 +2,24 @@
 
 The provider's behaviour is chosen by the request's model name, so one running provider serves
 every test: "gated-stream", "endless-stream", "broken-stream", "slow", "tools", "error-NNN".
+Faults (tests/adapters/test_faults.py), on Chat Completions and Anthropic Messages alike:
+"error-NNN", "garbage" (a 200 that is not JSON), "html-page", "empty-stream", "hang" (no answer
+for 30 s), and streams that stall ("stalled-stream", also on Responses and Gemini), break off
+("broken-stream", a FIN), are reset ("reset-stream", an RST in the middle of an event) or never
+end ("endless-stream"). `in_flight` counts the requests whose handler is still running: back to
+0 means brim closed (or finished) every upstream request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
 from aiohttp import web
@@ -20,6 +28,9 @@ T = TypeVar("T")
 
 USAGE = {"prompt_tokens": 17, "completion_tokens": 5, "total_tokens": 22}
 STREAM_PARTS = ["Hel", "lo", " wor", "ld"]
+HTML_PAGE = b"<!doctype html><html><head><title>Welcome</title></head><body>Hi</body></html>"
+
+Wire = Literal["chat", "messages"]
 
 
 @dataclass
@@ -145,6 +156,7 @@ class FakeProvider:
     gate_timed_out: bool | None = None
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
     error_bodies: dict[int, bytes] = field(default_factory=dict)
+    in_flight: int = 0
     url: str = ""
 
     def reset(self) -> None:
@@ -163,8 +175,18 @@ class FakeProvider:
         return self.requests[-1]
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        @web.middleware
+        async def count_in_flight(request: web.Request, handler: Any) -> web.StreamResponse:
+            self.in_flight += 1
+            try:
+                response: web.StreamResponse = await handler(request)
+                return response
+            finally:  # also when brim drops the connection: handler_cancellation is on
+                self.in_flight -= 1
+
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[count_in_flight])
         app.router.add_post("/v1/chat/completions", self.chat)
+        app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/responses", self.responses)
         app.router.add_post("/v1beta/models/{target}", self.gemini)
         app.router.add_get("/v1/models", self.models)
@@ -181,14 +203,19 @@ class FakeProvider:
             {"object": "list", "data": [{"id": "fake-model", "object": "model", "created": 1}]}
         )
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
-        body = orjson.loads(await self._record(request))
-        model: str = body["model"]
+    async def _fault(self, model: str, wire: Wire) -> web.StreamResponse | None:
+        """The reply of a fault model that fails before any stream starts; None for others."""
         if model == "garbage":
             return web.Response(body=b"{not json at all", content_type="application/json")
+        if model == "html-page":
+            return web.Response(body=HTML_PAGE, content_type="text/html")
+        if model == "empty-stream":  # llama.cpp's server does this on a context overflow
+            return web.Response(body=b"", content_type="text/event-stream")
+        if model == "hang":
+            await asyncio.sleep(30)
         if model.startswith("error-"):
             status = int(model.removeprefix("error-"))
-            payload = self.error_bodies.get(status) or orjson.dumps(
+            error: dict[str, Any] = (
                 {
                     "error": {
                         "message": f"fake provider says {status}",
@@ -197,13 +224,51 @@ class FakeProvider:
                         "code": f"fake_{status}",
                     }
                 }
+                if wire == "chat"
+                else {
+                    "type": "error",
+                    "error": {
+                        "type": "overloaded_error" if status == 529 else "api_error",
+                        "message": f"fake provider says {status}",
+                    },
+                }
             )
             return web.Response(
                 status=status,
-                body=payload,
+                body=self.error_bodies.get(status) or orjson.dumps(error),
                 content_type="application/json",
                 headers={"x-fake-error": "yes", "retry-after": "7"},
             )
+        return None
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """Anthropic Messages with the fault models of `chat`, in Anthropic's shapes."""
+        body = orjson.loads(await self._record(request))
+        model: str = body["model"]
+        fault = await self._fault(model, "messages")
+        if fault is not None:
+            return fault
+        if body.get("stream"):
+            return await self._stream(request, model, body, "messages")
+        return web.json_response(
+            {
+                "id": "msg_fake",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [{"type": "text", "text": "pong"}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 17, "output_tokens": 5},
+            }
+        )
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await self._record(request))
+        model: str = body["model"]
+        fault = await self._fault(model, "chat")
+        if fault is not None:
+            return fault
         if model.startswith("strict-"):
             return self._strict(body)
         if model.startswith("summarizer-"):
@@ -248,6 +313,15 @@ class FakeProvider:
         stream (`response.failed`), the way the real API can."""
         body = orjson.loads(await self._record(request))
         model: str = body["model"]
+        if model == "stalled-stream":
+            return await self._stall(
+                request,
+                [
+                    {"type": "response.created", "response": {"id": "resp_s", "output": []}},
+                    {"type": "response.in_progress", "response": {"id": "resp_s", "output": []}},
+                    {"type": "response.output_text.delta", "item_id": "m", "delta": "first"},
+                ],
+            )
         items = body.get("input") or []
         problems = responses_errors(items if isinstance(items, list) else [])
         if problems:
@@ -384,6 +458,11 @@ class FakeProvider:
         gemstream-N refuses inside a 200 stream."""
         body = orjson.loads(await self._record(request))
         model, _, method = request.match_info["target"].rpartition(":")
+        if model == "stalled-stream":
+            parts = [{"text": "first"}]
+            return await self._stall(
+                request, [{"candidates": [{"content": {"role": "model", "parts": parts}}]}]
+            )
         tokens = _STRICT_COUNTER.request("gemini.generate", body, "o200k_base").total
         if method == "countTokens":
             return web.json_response({"totalTokens": tokens})
@@ -436,6 +515,19 @@ class FakeProvider:
         await stream.prepare(request)
         await stream.write(b"data: " + orjson.dumps(reply) + b"\r\n\r\n")
         await stream.write_eof()
+        return stream
+
+    async def _stall(
+        self, request: web.Request, events: list[dict[str, Any]]
+    ) -> web.StreamResponse:
+        """A stream that sends `events` (Responses-style when they have a type), then stalls."""
+        stream = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await stream.prepare(request)
+        for number, event in enumerate(events):
+            data = orjson.dumps({**event, "sequence_number": number} if "type" in event else event)
+            kind = f"event: {event['type']}\n".encode() if "type" in event else b""
+            await stream.write(kind + b"data: " + data + b"\n\n")
+        await asyncio.sleep(5)
         return stream
 
     async def _summarize(self, body: dict[str, Any], model: str) -> web.Response:
@@ -567,53 +659,103 @@ class FakeProvider:
         }
         return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
+    @staticmethod
+    def _event(kind: str, data: dict[str, Any]) -> bytes:
+        return f"event: {kind}\ndata: ".encode() + orjson.dumps({"type": kind, **data}) + b"\n\n"
+
+    def _text(self, wire: Wire, model: str, text: str) -> bytes:
+        if wire == "chat":
+            return self._chunk(model, {"content": text})
+        delta = {"type": "text_delta", "text": text}
+        return self._event("content_block_delta", {"index": 0, "delta": delta})
+
+    def _opening(self, wire: Wire, model: str) -> bytes:
+        if wire == "chat":
+            return self._chunk(model, {"role": "assistant", "content": ""})
+        message = {
+            "id": "msg_fake",
+            "type": "message",
+            "role": "assistant",
+            "model": model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": 17, "output_tokens": 1},
+        }
+        block = {"type": "text", "text": ""}
+        return self._event("message_start", {"message": message}) + self._event(
+            "content_block_start", {"index": 0, "content_block": block}
+        )
+
+    def _closing(self, wire: Wire, model: str, body: dict[str, Any]) -> bytes:
+        if wire == "messages":
+            return (
+                self._event("content_block_stop", {"index": 0})
+                + self._event(
+                    "message_delta",
+                    {
+                        "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                        "usage": {"output_tokens": 5},
+                    },
+                )
+                + self._event("message_stop", {})
+            )
+        closing = self._chunk(model, {}, "stop")
+        if (body.get("stream_options") or {}).get("include_usage"):
+            usage_chunk = {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion.chunk",
+                "created": 1700000000,
+                "model": model,
+                "choices": [],
+                "usage": USAGE,
+            }
+            closing += b"data: " + orjson.dumps(usage_chunk) + b"\n\n"
+        return closing + b"data: [DONE]\n\n"
+
     async def _stream(
-        self, request: web.Request, model: str, body: dict[str, Any]
+        self, request: web.Request, model: str, body: dict[str, Any], wire: Wire = "chat"
     ) -> web.StreamResponse:
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
         try:
-            await response.write(self._chunk(model, {"role": "assistant", "content": ""}))
+            await response.write(self._opening(wire, model))
             if model == "endless-stream":
                 deadline = time.monotonic() + 20
                 while time.monotonic() < deadline:
-                    await response.write(self._chunk(model, {"content": "."}))
+                    await response.write(self._text(wire, model, "."))
                     await asyncio.sleep(0.02)
                 return response
             if model == "firehose":  # 200 MB as fast as the reader lets it go
-                block = self._chunk(model, {"content": "x" * 65_000})
+                block = self._text(wire, model, "x" * 65_000)
                 for _ in range(3_200):
                     await response.write(block)
                 return response
             if model == "stalled-stream":
-                await response.write(self._chunk(model, {"content": "first"}))
+                await response.write(self._text(wire, model, "first"))
                 await asyncio.sleep(5)
                 return response
-            if model == "broken-stream":
-                await response.write(self._chunk(model, {"content": "partial"}))
-                await asyncio.sleep(0.05)
+            if model in ("broken-stream", "reset-stream"):
+                await response.write(self._text(wire, model, "partial"))
                 assert request.transport is not None
-                request.transport.close()
+                if model == "reset-stream":  # cut inside the next event, with an RST
+                    await response.write(self._text(wire, model, "never seen")[:20])
+                    await asyncio.sleep(0.05)
+                    sock = request.transport.get_extra_info("socket")
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    request.transport.abort()
+                else:
+                    await asyncio.sleep(0.05)
+                    request.transport.close()
                 return response
             for index, part in enumerate(STREAM_PARTS):
-                await response.write(self._chunk(model, {"content": part}))
+                await response.write(self._text(wire, model, part))
                 if model == "gated-stream" and index == 0:
                     opened = await asyncio.get_running_loop().run_in_executor(
                         None, self.gate.wait, 5.0
                     )
                     self.gate_timed_out = not opened
-            await response.write(self._chunk(model, {}, "stop"))
-            if (body.get("stream_options") or {}).get("include_usage"):
-                usage_chunk = {
-                    "id": "chatcmpl-fake",
-                    "object": "chat.completion.chunk",
-                    "created": 1700000000,
-                    "model": model,
-                    "choices": [],
-                    "usage": USAGE,
-                }
-                await response.write(b"data: " + orjson.dumps(usage_chunk) + b"\n\n")
-            await response.write(b"data: [DONE]\n\n")
+            await response.write(self._closing(wire, model, body))
             await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             self.stream_closed_by_peer.set()

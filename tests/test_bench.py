@@ -67,4 +67,5 @@ def test_the_soak_runs_short_and_clean() -> None:
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["brim"]["errors"] == 0 and report["brim"]["requests"] > 100
-    assert report["rss_mb"]["max"] < 400
+    assert report["rss_mb"]["max"] < 400 and report["rss_flat"] is True
+    assert report["p99_ratio"] > 0

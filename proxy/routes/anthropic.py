@@ -14,15 +14,14 @@ from aiohttp import web
 from adapters.errors import UpstreamError
 from proxy.keys import SERVICES, UPSTREAMS
 from proxy.relay import relay
-from proxy.routes.common import make_exchange, proxied, read_body
-from proxy.wire import check_messages, parse_object
+from proxy.routes.common import make_exchange, proxied, read_json
+from proxy.wire import check_messages
 
 MESSAGES: Final = "anthropic.messages"
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
-    raw = await read_body(request)
-    body = parse_object(raw)
+    raw, body = await read_json(request)
     checked = check_messages(body)
     return await proxied(
         request,
@@ -37,8 +36,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     """The upstream's own count; brim's count where the upstream has no such endpoint."""
-    raw = await read_body(request)
-    body = parse_object(raw)
+    raw, body = await read_json(request)
     checked = check_messages(body, counting=True)
     upstreams = request.app[UPSTREAMS]
     name = upstreams.route(checked.model, "anthropic.count_tokens")
@@ -55,7 +53,9 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     if upstreams.configs[name].api == "anthropic":
         try:
             reply = await upstreams[name].send(exchange)
-            return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
+            return await relay(
+                request, reply, {"x-brim-request-id": exchange.request_id}, api=exchange.api
+            )
         except UpstreamError as error:
             if error.status not in (404, 405):
                 raise

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
@@ -9,16 +11,20 @@ from adapters.exchange import ClientApi, Exchange
 from proxy.errors import PayloadTooLarge
 from proxy.keys import BRIM_KEY_HEADER, CONFIG, PIPELINE, REQUEST_ID, UPSTREAMS
 from proxy.relay import relay
+from proxy.wire import parse_object
 
 
-async def read_body(request: web.Request) -> bytes:
-    limit = request.app[CONFIG].server.max_body_bytes
+async def read_json(request: web.Request) -> tuple[bytes, dict[str, Any]]:
+    """The request body as sent and parsed, within `server.max_body_mb` and `max_json_depth`."""
+    server = request.app[CONFIG].server
+    limit = server.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
             f"The request body is {request.content_length} bytes; this brim accepts at most "
             f"{limit} bytes (server.max_body_mb)."
         )
-    return await request.read()  # aiohttp enforces the same limit on chunked bodies
+    raw = await request.read()  # aiohttp enforces the same limit on chunked bodies
+    return raw, parse_object(raw, max_depth=server.max_json_depth)
 
 
 def forwardable_headers(request: web.Request) -> CIMultiDictProxy[str]:
@@ -84,4 +90,4 @@ async def proxied(
         reply = await request.app[PIPELINE](exchange)
     else:
         reply = await upstreams[exchange.upstream].send(exchange)
-    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
+    return await relay(request, reply, {"x-brim-request-id": exchange.request_id}, api=exchange.api)

@@ -8,8 +8,8 @@ from aiohttp import web
 
 from adapters.exchange import ClientApi
 from proxy.errors import UnknownEndpoint
-from proxy.routes.common import proxied, read_body
-from proxy.wire import check_gemini, parse_object
+from proxy.routes.common import proxied, read_json
+from proxy.wire import check_gemini
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 
@@ -18,8 +18,7 @@ async def models(request: web.Request) -> web.StreamResponse:
     model, _, method = request.match_info["target"].rpartition(":")
     if method not in METHODS or not model:
         raise UnknownEndpoint(f"Unknown method {method!r}; brim serves {', '.join(METHODS)}.")
-    raw = await read_body(request)
-    body = parse_object(raw)
+    raw, body = await read_json(request)
     check_gemini(body)
     api: ClientApi = "gemini.count_tokens" if method == "countTokens" else "gemini.generate"
     return await proxied(

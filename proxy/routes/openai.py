@@ -7,13 +7,12 @@ from aiohttp import web
 from adapters.errors import UpstreamError, UpstreamFailure
 from proxy.keys import CONFIG, UPSTREAMS
 from proxy.relay import relay
-from proxy.routes.common import make_exchange, proxied, read_body
-from proxy.wire import check_chat, check_responses, parse_object
+from proxy.routes.common import make_exchange, proxied, read_json
+from proxy.wire import check_chat, check_responses
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    raw = await read_body(request)
-    body = parse_object(raw)
+    raw, body = await read_json(request)
     chat = check_chat(body)
     return await proxied(
         request,
@@ -29,8 +28,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def responses(request: web.Request) -> web.StreamResponse:
     """OpenAI Responses (Codex CLI). With `previous_response_id` the provider holds the earlier
     turns: brim counts and guards only what the request itself carries."""
-    raw = await read_body(request)
-    body = parse_object(raw)
+    raw, body = await read_json(request)
     checked = check_responses(body)
     return await proxied(
         request,
@@ -45,8 +43,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     """Forwarded: the provider's own count of a Responses request."""
-    raw = await read_body(request)
-    body = parse_object(raw)
+    raw, body = await read_json(request)
     checked = check_responses(body)
     return await proxied(
         request,
@@ -91,7 +88,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         if request.app[CONFIG].models:
             return _configured_models(request)
         raise
-    return await relay(request, reply, {"x-brim-request-id": exchange.request_id})
+    return await relay(request, reply, {"x-brim-request-id": exchange.request_id}, api=exchange.api)
 
 
 def add_routes(app: web.Application) -> None:

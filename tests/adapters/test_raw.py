@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from aiohttp import web
 from aioresponses import aioresponses
 from multidict import CIMultiDict, CIMultiDictProxy
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from adapters.config import UpstreamConfig
 from adapters.errors import (
@@ -52,16 +53,32 @@ async def adapter() -> AsyncIterator[RawHttpAdapter]:
 
 
 @pytest.mark.parametrize(
-    ("failure", "expected", "status"),
+    ("failure", "expected", "status", "message"),
     [
-        (aiohttp.ClientConnectionError("refused"), UpstreamUnreachable, 502),
-        (OSError("Name or service not known"), UpstreamUnreachable, 502),
-        (TimeoutError(), UpstreamTimeout, 504),
-        (aiohttp.ServerDisconnectedError(), UpstreamProtocolError, 502),
+        (aiohttp.ClientConnectionError("refused"), UpstreamUnreachable, 502, "is unreachable"),
+        (OSError("Name or service not known"), UpstreamUnreachable, 502, "is unreachable"),
+        (
+            aiohttp.ConnectionTimeoutError(),
+            UpstreamTimeout,
+            504,
+            "could not be connected to within connect_timeout_s (10 s)",
+        ),
+        (
+            aiohttp.SocketTimeoutError(),
+            UpstreamTimeout,
+            504,
+            "did not answer within timeout_s (600 s)",
+        ),
+        (TimeoutError(), UpstreamTimeout, 504, "longer than max_duration_s (3600 s)"),
+        (aiohttp.ServerDisconnectedError(), UpstreamProtocolError, 502, "broke off its reply"),
     ],
 )
 async def test_transport_failures_map_to_the_tree(
-    adapter: RawHttpAdapter, failure: Exception, expected: type[Exception], status: int
+    adapter: RawHttpAdapter,
+    failure: Exception,
+    expected: type[Exception],
+    status: int,
+    message: str,
 ) -> None:
     with aioresponses() as mocked:
         mocked.post(URL, exception=failure)
@@ -69,6 +86,13 @@ async def test_transport_failures_map_to_the_tree(
             await adapter.send(exchange())
     assert caught.value.status == status  # type: ignore[attr-defined]
     assert caught.value.upstream == "p"  # type: ignore[attr-defined]
+    assert message in str(caught.value)
+
+
+def test_max_duration_defaults_to_an_hour_and_must_be_positive() -> None:
+    assert UpstreamConfig(api="openai", base_url="https://p/v1").max_duration_s == 3600
+    with pytest.raises(ValidationError, match="max_duration_s"):
+        UpstreamConfig(api="openai", base_url="https://p/v1", max_duration_s=0)
 
 
 class Recorder:
@@ -209,4 +233,73 @@ async def test_a_normal_stream_is_replayed_whole_after_the_check(
     assert reply.chunks is not None
     assert b"".join([chunk async for chunk in reply.chunks]) == body
     await reply.aclose()
+    await adapter.aclose()
+
+
+SECRET = "the user's private words"
+
+
+@pytest.mark.parametrize(
+    ("reply", "described"),
+    [
+        (
+            web.Response(body=f"{{{SECRET}".encode(), content_type="application/json"),
+            "HTTP 200 with a body that is not JSON (application/json, 25 bytes)",
+        ),
+        (
+            web.Response(
+                status=201, body=f"<html>{SECRET}</html>".encode(), content_type="text/html"
+            ),
+            "HTTP 201 with a body that is not JSON (text/html, 37 bytes); is base_url right?",
+        ),
+        (web.Response(body=b""), "not JSON (no content type, 0 bytes)"),
+    ],
+)
+async def test_a_success_that_is_not_json_is_a_protocol_error_that_never_echoes_the_body(
+    served: tuple[Recorder, str], reply: web.Response, described: str
+) -> None:
+    recorder, base = served
+    recorder.reply = reply
+    adapter = adapter_for(f"{base}/v1")
+    with pytest.raises(UpstreamProtocolError) as caught:
+        await adapter.send(exchange())
+    await adapter.aclose()
+    assert caught.value.status == 502 and caught.value.code == "upstream_protocol_error"
+    assert described in caught.value.message
+    assert SECRET not in caught.value.message and "private" not in repr(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("method", "reply"),
+    [
+        ("POST", web.Response(status=204)),
+        ("HEAD", web.Response(status=200, headers={"Content-Type": "application/json"})),
+        ("GET", web.json_response({"object": "list", "data": []})),
+        ("POST", web.Response(body=b" [1, 2] \n", content_type="application/json")),
+        ("POST", web.Response(status=302, headers={"Location": "/elsewhere"})),
+    ],
+)
+async def test_replies_without_a_json_body_by_rights_pass(
+    served: tuple[Recorder, str], method: str, reply: web.Response
+) -> None:
+    recorder, base = served
+    recorder.reply = reply
+    adapter = adapter_for(f"{base}/v1")
+    sent = await adapter.send(dataclasses.replace(exchange(), method=method))
+    await adapter.aclose()
+    assert sent.status == reply.status
+
+
+async def test_a_stream_under_the_wrong_content_type_is_relayed_only_when_one_was_asked_for(
+    served: tuple[Recorder, str],
+) -> None:
+    recorder, base = served
+    stream = b'data: {"choices": []}\n\ndata: [DONE]\n\n'
+    recorder.reply = web.Response(body=stream, content_type="text/plain")
+    adapter = adapter_for(f"{base}/v1")
+    sent = await adapter.send(dataclasses.replace(exchange(), stream=True))
+    assert sent.body == stream
+    recorder.reply = web.Response(body=stream, content_type="text/plain")  # one reply, one use
+    with pytest.raises(UpstreamProtocolError, match=r"not JSON \(text/plain, 37 bytes\)"):
+        await adapter.send(exchange())
     await adapter.aclose()

@@ -7,13 +7,14 @@ whole translation path runs offline.
 from __future__ import annotations
 
 import sys
+import time
 
 import openai
 import orjson
 import pytest
 
 from tests.conftest import BrimFactory
-from tests.fakes import FakeProvider
+from tests.fakes import FakeProvider, wait_for
 
 HELLO = [{"role": "user", "content": "ping"}]
 
@@ -124,3 +125,30 @@ def test_anthropic_messages_served_by_another_provider_through_litellm(
         for chunk in stream.text_stream:
             text += chunk
     assert text == "Hello world"
+
+
+def test_a_never_ending_stream_through_litellm_is_cut_at_max_duration(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    base = brim(
+        upstreams={
+            "via-litellm": {
+                "api": "litellm",
+                "base_url": f"{provider.url}/v1",
+                "model_prefix": "openai/",
+                "max_duration_s": 1.5,
+            }
+        }
+    )
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0)
+    started = time.monotonic()
+    with pytest.raises(openai.APIError) as caught:
+        for _ in sdk.chat.completions.create(
+            model="endless-stream",
+            messages=HELLO,  # type: ignore[arg-type]
+            stream=True,
+        ):
+            pass
+    assert "max_duration_s (1.5 s)" in str(caught.value.message)
+    assert time.monotonic() - started < 10  # the fake would have gone on for 20 s
+    assert wait_for(lambda: provider.in_flight == 0, timeout=5)  # and litellm's request closed

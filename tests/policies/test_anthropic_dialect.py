@@ -248,3 +248,23 @@ def test_messages_that_fit_are_left_alone(messages: list[dict[str, Any]]) -> Non
     outcome = run(messages, 10_000_000)
     assert not outcome.changed
     assert all(a is b for a, b in zip(outcome.messages, messages, strict=True))
+
+
+def test_a_tool_use_repeating_an_id_is_dropped_but_thinking_turns_are_never_edited() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "assistant", "content": [use("a"), use("a", "grep")]},
+        {"role": "user", "content": [result("a")]},
+    ]
+    assert "messages[1]: tool_use ids ['a'] repeat" in D.violations(messages)
+    repaired, done = D.repaired(messages)
+    assert repaired[1]["content"] == [use("a")] and "dropped repeated tool_use ['a']" in done
+    assert D.violations(repaired) == []
+    thinking_turn = {"role": "assistant", "content": [thinking("hm"), use("a"), use("a")]}
+    kept, _ = D.repaired([messages[0], thinking_turn, messages[2]])
+    assert kept[1] is thinking_turn
+
+
+def test_a_conversation_of_orphan_results_repairs_to_nothing() -> None:
+    repaired, done = D.repaired([{"role": "user", "content": [result("x")]}])
+    assert repaired == [] and done == ["dropped tool_result 'x' that answers no tool_use"]

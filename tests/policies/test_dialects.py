@@ -96,3 +96,21 @@ def test_text_helpers_change_only_the_largest_text() -> None:
     assert (
         changed["x"] == 1 and message["content"][2]["text"] == "the longest part"
     )  # input unchanged
+
+
+def test_a_call_repeating_an_id_in_its_message_is_dropped() -> None:
+    messages = [
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": None, "tool_calls": [call("a"), call("a", "grep")]},
+        result("a"),
+    ]
+    assert D.violations(messages) == ["messages[1]: tool call ids ['a'] repeat"]
+    repaired, done = D.repaired(messages)
+    assert repaired[1]["tool_calls"] == [call("a")] and repaired[2] is messages[2]
+    assert done == ["dropped repeated tool calls ['a']"] and D.violations(repaired) == []
+    assert len(messages[1]["tool_calls"]) == 2  # the input is not mutated
+
+
+def test_only_orphan_results_repair_to_nothing() -> None:
+    repaired, done = D.repaired([result("x"), result("y")])
+    assert repaired == [] and len(done) == 2

@@ -150,3 +150,15 @@ def test_truncate_cuts_the_largest_message_keeping_head_and_tail() -> None:
     assert "tokens cut from the middle by brim" in text
     assert records[0].tokens_before > records[0].tokens_after
     assert after.messages[0] is messages[0]
+
+
+def test_prune_leaves_json_too_deep_to_write_back_as_text() -> None:
+    deep = '{"a":' * 400 + "[" + ",".join(f'"item {n}"' for n in range(3000)) + "]" + "}" * 400
+    messages = [{"role": "user", "content": "go"}, *tool_turn(1, deep), *tool_turn(2, "fresh")]
+    after, records = PruneToolResults(PruneSettings(max_text_tokens=300)).apply(
+        conv(messages), Goal(0, 0), METER
+    )
+    pruned = after.messages[2]["content"]
+    assert [r.index for r in records] == [2]
+    assert "tokens cut from the middle by brim" in pruned  # cut as text, not re-encoded
+    assert pruned.startswith('{"a":{"a":') and pruned.endswith("}}}")

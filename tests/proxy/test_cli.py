@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from tests.fakes import FakeProvider
+from tests.fakes import FakeProvider, wait_for
 
 BRIM = str(Path(sys.executable).with_name("brim"))
 
@@ -141,3 +143,41 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path, provider: FakeP
         received += b"".join(chunks)
     assert b"data: [DONE]" in received  # the stream finished
     assert process.wait(timeout=20) == 0
+
+
+def test_sigterm_stops_accepting_and_cuts_what_outlives_the_deadline(
+    tmp_path: Path, provider: FakeProvider
+) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text(
+        f'[upstreams.fake]\napi = "openai"\nbase_url = "{provider.url}/v1"\n[server]\nshutdown_timeout_s = 1.5\n'
+    )
+    process = subprocess.Popen(
+        [BRIM, "serve", "--config", str(config), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    port = re.search(r":(\d+)", process.stdout.readline()).group(1)  # type: ignore[union-attr]
+    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    body = {
+        "model": "endless-stream",
+        "messages": [{"role": "user", "content": "hi"}],
+        "stream": True,
+    }
+    with httpx.stream("POST", url, json=body, timeout=30) as reply:
+        chunks = reply.iter_bytes()
+        next(chunks)
+        process.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        with pytest.raises(httpx.ConnectError):  # no new connections while draining
+            httpx.post(url, json={**body, "stream": False}, timeout=5)
+        started = time.monotonic()
+        with contextlib.suppress(httpx.HTTPError):  # the cut stream may end unclean
+            for _ in chunks:
+                pass
+        cut_after = time.monotonic() - started
+    assert cut_after < 5, "the endless stream was not cut at the deadline"
+    assert process.wait(timeout=10) == 0
+    assert wait_for(provider.stream_closed_by_peer.is_set, timeout=5)  # the upstream request too

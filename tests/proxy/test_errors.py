@@ -1,4 +1,5 @@
-"""Every error brim answers, in OpenAI's shape; provider errors relayed unchanged."""
+"""Every error brim answers, in OpenAI's shape; provider errors relayed unchanged. (Upstream
+faults — unreachable, timeouts, broken streams — are in tests/adapters/test_faults.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import openai
 import orjson
 import pytest
 
-from tests.conftest import BrimFactory, fake_upstream
+from tests.conftest import BrimFactory
 from tests.fakes import FakeProvider
 
 HELLO = [{"role": "user", "content": "ping"}]
@@ -141,24 +142,6 @@ def test_unknown_path_and_method_are_wire_shaped(brim: BrimFactory) -> None:
     wrong_method = httpx.get(f"{base}/v1/chat/completions")
     assert wrong_method.status_code == 405
     assert error_of(wrong_method)["code"] == "method_not_allowed"
-
-
-def test_unreachable_upstream_is_502(brim: BrimFactory, closed_port: int) -> None:
-    base = brim(
-        upstreams={"down": {"api": "openai", "base_url": f"http://127.0.0.1:{closed_port}/v1"}}
-    )
-    reply = post(base, {"model": "fake-model", "messages": HELLO})
-    assert reply.status_code == 502
-    error = error_of(reply)
-    assert error["code"] == "upstream_unreachable"
-    assert "'down'" in error["message"]
-
-
-def test_upstream_timeout_is_504(brim: BrimFactory, provider: FakeProvider) -> None:
-    base = brim(upstreams={"fake": fake_upstream(provider, timeout_s=0.3)})
-    reply = post(base, {"model": "slow", "messages": HELLO})
-    assert reply.status_code == 504
-    assert error_of(reply)["code"] == "upstream_timeout"
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422, 429, 500, 503])
