@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import openai
 import orjson
@@ -19,18 +20,15 @@ from tests.fakes import FakeProvider, wait_for
 HELLO = [{"role": "user", "content": "ping"}]
 
 
+def through_litellm(provider: FakeProvider, **settings: Any) -> dict[str, Any]:
+    """`upstreams` with one litellm upstream that reaches the fake as an OpenAI endpoint."""
+    upstream = {"api": "litellm", "base_url": f"{provider.url}/v1", "model_prefix": "openai/"}
+    return {"via-litellm": {**upstream, **settings}}
+
+
 @pytest.fixture
 def base(brim: BrimFactory, provider: FakeProvider) -> str:
-    return brim(
-        upstreams={
-            "via-litellm": {
-                "api": "litellm",
-                "base_url": f"{provider.url}/v1",
-                "model_prefix": "openai/",
-                "timeout_s": 10,
-            }
-        }
-    )
+    return brim(upstreams=through_litellm(provider, timeout_s=10))
 
 
 def test_litellm_is_not_imported_until_a_request_needs_it() -> None:
@@ -74,14 +72,7 @@ def test_litellms_context_window_error_is_an_overflow_that_brim_survives(
     brim: BrimFactory, provider: FakeProvider
 ) -> None:
     base = brim(
-        upstreams={
-            "via-litellm": {
-                "api": "litellm",
-                "base_url": f"{provider.url}/v1",
-                "model_prefix": "openai/",
-            }
-        },
-        models={"tight-3000": {"context_window": 100_000}},
+        upstreams=through_litellm(provider), models={"tight-3000": {"context_window": 100_000}}
     )
     messages = [{"role": "user", "content": "question " + "context " * 6000}]
     sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
@@ -96,15 +87,7 @@ def test_anthropic_messages_served_by_another_provider_through_litellm(
 ) -> None:
     import anthropic
 
-    base = brim(
-        upstreams={
-            "via-litellm": {
-                "api": "litellm",
-                "base_url": f"{provider.url}/v1",
-                "model_prefix": "openai/",
-            }
-        }
-    )
+    base = brim(upstreams=through_litellm(provider))
     sdk = anthropic.Anthropic(base_url=base, api_key="sk-client", max_retries=0)
     reply = sdk.messages.create(
         model="fake-model",
@@ -130,16 +113,7 @@ def test_anthropic_messages_served_by_another_provider_through_litellm(
 def test_a_never_ending_stream_through_litellm_is_cut_at_max_duration(
     brim: BrimFactory, provider: FakeProvider
 ) -> None:
-    base = brim(
-        upstreams={
-            "via-litellm": {
-                "api": "litellm",
-                "base_url": f"{provider.url}/v1",
-                "model_prefix": "openai/",
-                "max_duration_s": 1.5,
-            }
-        }
-    )
+    base = brim(upstreams=through_litellm(provider, max_duration_s=1.5))
     sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0)
     started = time.monotonic()
     with pytest.raises(openai.APIError) as caught:

@@ -113,10 +113,14 @@ def test_serve_refuses_to_listen_beyond_loopback_without_keys(tmp_path: Path) ->
     assert "server.host" in result.stderr and "api_keys_env" in result.stderr
 
 
-def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path, provider: FakeProvider) -> None:
+def serve_in_front_of(
+    provider: FakeProvider, tmp_path: Path, shutdown_timeout_s: float
+) -> tuple[subprocess.Popen[str], str]:
+    """`brim serve` as a process in front of the fake provider; returns it and its chat URL."""
     config = tmp_path / "proxy.toml"
     config.write_text(
-        f'[upstreams.fake]\napi = "openai"\nbase_url = "{provider.url}/v1"\n[server]\nshutdown_timeout_s = 15\n'
+        f'[upstreams.fake]\napi = "openai"\nbase_url = "{provider.url}/v1"\n'
+        f"[server]\nshutdown_timeout_s = {shutdown_timeout_s}\n"
     )
     process = subprocess.Popen(
         [BRIM, "serve", "--config", str(config), "--port", "0"],
@@ -126,9 +130,14 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path, provider: FakeP
     )
     assert process.stdout is not None
     port = re.search(r":(\d+)", process.stdout.readline()).group(1)  # type: ignore[union-attr]
+    return process, f"http://127.0.0.1:{port}/v1/chat/completions"
+
+
+def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path, provider: FakeProvider) -> None:
+    process, url = serve_in_front_of(provider, tmp_path, shutdown_timeout_s=15)
     with httpx.stream(
         "POST",
-        f"http://127.0.0.1:{port}/v1/chat/completions",
+        url,
         json={
             "model": "gated-stream",
             "messages": [{"role": "user", "content": "hi"}],
@@ -148,19 +157,7 @@ def test_sigterm_lets_an_in_flight_stream_finish(tmp_path: Path, provider: FakeP
 def test_sigterm_stops_accepting_and_cuts_what_outlives_the_deadline(
     tmp_path: Path, provider: FakeProvider
 ) -> None:
-    config = tmp_path / "proxy.toml"
-    config.write_text(
-        f'[upstreams.fake]\napi = "openai"\nbase_url = "{provider.url}/v1"\n[server]\nshutdown_timeout_s = 1.5\n'
-    )
-    process = subprocess.Popen(
-        [BRIM, "serve", "--config", str(config), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert process.stdout is not None
-    port = re.search(r":(\d+)", process.stdout.readline()).group(1)  # type: ignore[union-attr]
-    url = f"http://127.0.0.1:{port}/v1/chat/completions"
+    process, url = serve_in_front_of(provider, tmp_path, shutdown_timeout_s=1.5)
     body = {
         "model": "endless-stream",
         "messages": [{"role": "user", "content": "hi"}],
