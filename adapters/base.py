@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from adapters.exchange import Exchange
 
@@ -20,6 +20,7 @@ class UpstreamResponse:
     status: int
     headers: Mapping[str, str]
     body: bytes | None = None
+    payload: Any = None  # `body` parsed, where the adapter parsed it (so no one parses it again)
     chunks: AsyncIterator[bytes] | None = None
     closer: Callable[[], Awaitable[None]] | None = None
 

@@ -26,6 +26,7 @@ class Overflow:
     limit: int | None = None  # the window the provider states
     requested: int | None = None  # the provider's count of what was sent
     counts_output: bool = False  # the provider says input and max_tokens share the window
+    empty_stream: bool = False  # a 200 stream that ended before any event: nothing to relay
 
 
 def _n(text: str) -> int:

@@ -167,9 +167,15 @@ class RawHttpAdapter:
             response.close()
             raise
         response.release()
-        if _should_be_json(response, exchange, body) and not _parses(body):
-            raise self._not_json(response, body)
-        return UpstreamResponse(status=response.status, headers=response.headers, body=body)
+        payload = None
+        if _should_be_json(response, exchange, body):
+            try:
+                payload = orjson.loads(body)
+            except orjson.JSONDecodeError:
+                raise self._not_json(response, body) from None
+        return UpstreamResponse(
+            status=response.status, headers=response.headers, body=body, payload=payload
+        )
 
     async def _until_first_event(self, response: aiohttp.ClientResponse) -> list[bytes]:
         """Read a 200 stream up to its first event with data. Some providers report a context
@@ -203,7 +209,7 @@ class RawHttpAdapter:
                 status=response.status,
                 headers=response.headers,
                 body=seen,
-                overflow=Overflow(message="the provider sent an empty stream"),
+                overflow=Overflow(message="the provider sent an empty stream", empty_stream=True),
             )
         return peeked
 
@@ -233,14 +239,6 @@ def _should_be_json(response: aiohttp.ClientResponse, exchange: Exchange, body: 
     if exchange.method == "HEAD" and not body:
         return False
     return not (exchange.stream and body.lstrip().startswith(SSE_FIELDS))
-
-
-def _parses(body: bytes) -> bool:
-    try:
-        orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return False
-    return True
 
 
 def _closer(response: aiohttp.ClientResponse) -> Callable[[], Awaitable[None]]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
@@ -74,11 +74,13 @@ class LitellmAdapter:
     def _failure(self, exc: Exception, api: str = "openai.chat") -> UpstreamFailure:
         litellm = import_litellm()
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
-        if isinstance(exc, litellm.Timeout | asyncio.TimeoutError):
+        if isinstance(exc, litellm.Timeout):  # litellm's `timeout`: one read, not the request
             return UpstreamTimeout(
                 f"upstream {self.name!r} did not answer within {self.config.timeout_s:g} s",
                 upstream=self.name,
             )
+        if isinstance(exc, TimeoutError):  # brim's own deadline (`_deadline`) ran out
+            return past_max_duration(self.name, self.config.max_duration_s)
         if isinstance(exc, litellm.APIConnectionError):
             return UpstreamUnreachable(
                 f"upstream {self.name!r} is unreachable: {message}", upstream=self.name
@@ -115,19 +117,15 @@ class LitellmAdapter:
         key = self.config.api_key.get_secret_value() if self.config.api_key else _bearer(exchange)
         deadline = self._deadline()
         try:
-            result = await self._within(
-                litellm.acompletion(
+            async with asyncio.timeout_at(deadline):
+                result = await litellm.acompletion(
                     model=f"{self.config.model_prefix}{exchange.model}",
                     api_base=self.config.base_url,
                     api_key=key,
                     timeout=self.config.timeout_s,
                     max_retries=0,
                     **request,
-                ),
-                deadline,
-            )
-        except UpstreamFailure:
-            raise
+                )
         except Exception as exc:
             raise self._failure(exc) from exc
         if not exchange.stream:
@@ -139,20 +137,13 @@ class LitellmAdapter:
         )
 
     def _deadline(self) -> float:
+        """When this request must be over, streaming included (`max_duration_s`)."""
         return asyncio.get_running_loop().time() + self.config.max_duration_s
 
-    async def _within(self, call: Awaitable[Any], deadline: float) -> Any:
-        """`call`, cut off at `deadline` (litellm's own `timeout` bounds each read, not the
-        whole request)."""
-        remaining = deadline - asyncio.get_running_loop().time()
-        try:
-            return await asyncio.wait_for(call, max(0.0, remaining))
-        except TimeoutError:
-            raise past_max_duration(self.name, self.config.max_duration_s) from None
-
-    def _check(self, deadline: float) -> None:
+    @staticmethod
+    def _check(deadline: float) -> None:
         if asyncio.get_running_loop().time() > deadline:
-            raise past_max_duration(self.name, self.config.max_duration_s)
+            raise TimeoutError
 
     async def _messages(self, exchange: Exchange) -> UpstreamResponse:
         """An Anthropic Messages request served by any provider litellm knows (so Claude Code
@@ -167,18 +158,14 @@ class LitellmAdapter:
         key = self.config.api_key.get_secret_value() if self.config.api_key else _bearer(exchange)
         deadline = self._deadline()
         try:
-            result = await self._within(
-                litellm.anthropic.messages.acreate(
+            async with asyncio.timeout_at(deadline):
+                result = await litellm.anthropic.messages.acreate(
                     model=f"{self.config.model_prefix}{exchange.model}",
                     api_base=self.config.base_url,
                     api_key=key,
                     timeout=self.config.timeout_s,
                     **request,
-                ),
-                deadline,
-            )
-        except UpstreamFailure:
-            raise
+                )
         except Exception as exc:
             raise self._failure(exc, exchange.api) from exc
         if not exchange.stream:
@@ -199,8 +186,6 @@ class LitellmAdapter:
                     data = event if isinstance(event, dict) else event.model_dump()
                     yield f"event: {data.get('type', 'message')}\n".encode()
                     yield b"data: " + orjson.dumps(data) + b"\n\n"
-        except UpstreamFailure:
-            raise
         except Exception as exc:
             raise self._failure(exc, "anthropic.messages") from exc
 
@@ -209,8 +194,6 @@ class LitellmAdapter:
             async for chunk in stream:
                 self._check(deadline)
                 yield b"data: " + chunk.model_dump_json(exclude_none=True).encode() + b"\n\n"
-        except UpstreamFailure:
-            raise
         except Exception as exc:
             raise self._failure(exc) from exc
         yield b"data: [DONE]\n\n"

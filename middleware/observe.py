@@ -118,7 +118,10 @@ class Observe:
         outcome = self._outcome(report)
         reply = dataclasses.replace(reply, headers=self._usage_headers(reply, report))
         if reply.chunks is None:
-            _usage_from_body(reply.body or b"", report.usage)
+            if reply.payload is not None:
+                _usage(reply.payload, report.usage)
+            else:
+                _usage_from_body(reply.body or b"", report.usage)
             self._finish(span, exchange, report, outcome, None)
             return reply
         return dataclasses.replace(

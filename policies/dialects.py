@@ -65,11 +65,7 @@ class ChatDialect:
     def calls(self, message: Any) -> list[str]:
         if self.role(message) != "assistant":
             return []
-        return [
-            str(call.get("id"))
-            for call in message.get("tool_calls") or ()
-            if isinstance(call, Mapping) and call.get("id") is not None
-        ]
+        return [i for call in message.get("tool_calls") or () if (i := _call_id(call)) is not None]
 
     def units(self, messages: Sequence[Any]) -> list[Unit]:
         units: list[Unit] = []
@@ -244,9 +240,7 @@ class AnthropicDialect:
         if self.role(message) != "assistant":
             return []
         return [
-            str(block.get("id"))
-            for block in _blocks(message.get("content"))
-            if isinstance(block, Mapping) and block.get("type") == "tool_use"
+            i for block in _blocks(message.get("content")) if (i := _tool_use_id(block)) is not None
         ]
 
     def answers(self, message: Any) -> list[str]:

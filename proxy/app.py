@@ -335,6 +335,7 @@ async def start(
     config: BrimConfig, host: str, port: int, *, span_processors: Sequence[SpanProcessor] = ()
 ) -> web.AppRunner:
     """Start brim on `host:port` (0 for any free port) and return the running runner."""
+    line_cap = max(PARSER_LINE_CAP, 2 * config.server.max_header_kb * 1024)
     runner = web.AppRunner(
         create_app(config, span_processors=span_processors),
         handler_cancellation=True,
@@ -342,8 +343,8 @@ async def start(
         shutdown_timeout=config.server.shutdown_timeout_s,
         # aiohttp's parser answers past its limits with a plain-text 400 that quotes the line;
         # brim's own, lower limits (`header_limits`) answer first, in the client's format.
-        max_line_size=max(PARSER_LINE_CAP, 2 * config.server.max_header_kb * 1024),
-        max_field_size=max(PARSER_LINE_CAP, 2 * config.server.max_header_kb * 1024),
+        max_line_size=line_cap,
+        max_field_size=line_cap,
         max_headers=max(1024, 2 * config.server.max_headers),
     )
     _hide_parse_error_bytes()

@@ -7,7 +7,13 @@ from typing import Literal
 import orjson
 from aiohttp import web
 
-from adapters.errors import BrimError, ContextTooLarge, UpstreamError, UpstreamProtocolError
+from adapters.errors import (
+    BrimError,
+    ContextOverflow,
+    ContextTooLarge,
+    UpstreamError,
+    UpstreamProtocolError,
+)
 from adapters.headers import client_response_headers
 
 
@@ -110,7 +116,7 @@ def gemini_error(exc: BrimError) -> bytes:
 Wire = Literal["openai", "anthropic", "gemini"]
 
 
-def _empty_stream(exc: UpstreamError) -> UpstreamProtocolError:
+def _empty_stream(exc: ContextOverflow) -> UpstreamProtocolError:
     """A 200 stream that ended before any event (llama.cpp's answer to an over-long prompt),
     still empty after any retries: relaying it would give the client a success with nothing in
     it, so it becomes a 502 that says what happened."""
@@ -133,7 +139,7 @@ def error_response(
     """The client-facing reply for `exc`, in the client's wire format. A provider's own error
     reply is relayed unchanged."""
     extra = {**(headers or {}), **exc.brim_headers}
-    if isinstance(exc, UpstreamError) and exc.status < 400 and b"data:" not in exc.body:
+    if isinstance(exc, ContextOverflow) and exc.overflow.empty_stream:
         exc = _empty_stream(exc)
     if isinstance(exc, UpstreamError):
         relayed = client_response_headers(exc.headers)

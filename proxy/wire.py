@@ -15,11 +15,11 @@ from pydantic import (
     field_validator,
 )
 
-from policies.nesting import SAFE_DEPTH, nests_deeper_than
+from policies.nesting import nests_deeper_than
 from proxy.errors import InvalidRequest
 
 
-def parse_object(raw: bytes, *, max_depth: int = SAFE_DEPTH) -> dict[str, Any]:
+def parse_object(raw: bytes, *, max_depth: int) -> dict[str, Any]:
     if not raw.strip():
         raise InvalidRequest("The request body is empty; expected a JSON object.")
     try:

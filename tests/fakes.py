@@ -1,7 +1,7 @@
 """A fake OpenAI-compatible provider on 127.0.0.1, and a thread that runs servers for the tests.
 
 The provider's behaviour is chosen by the request's model name, so one running provider serves
-every test: "gated-stream", "endless-stream", "broken-stream", "slow", "tools", "error-NNN".
+every test: "gated-stream", "endless-stream", "broken-stream", "tools", "error-NNN".
 Faults (tests/adapters/test_faults.py), on Chat Completions and Anthropic Messages alike:
 "error-NNN", "garbage" (a 200 that is not JSON), "html-page", "empty-stream", "hang" (no answer
 for 30 s), and streams that stall ("stalled-stream", also on Responses and Gemini), break off
@@ -277,8 +277,6 @@ class FakeProvider:
             refusal = self._tight(body, model)
             if refusal is not None:
                 return refusal
-        if model == "slow":
-            await asyncio.sleep(3)
         if body.get("stream"):
             return await self._stream(request, model, body)
         message: dict[str, Any] = {"role": "assistant", "content": "pong"}

@@ -263,26 +263,21 @@ def run_case(
     return reply
 
 
-@pytest.mark.parametrize("name", FAULTS)
-def test_fault_on_chat_completions(
+CASES: list[tuple[Wire, str]] = [("chat", name) for name in FAULTS] + [
+    ("messages", name) for name in ANTHROPIC_FAULTS
+]
+
+
+@pytest.mark.parametrize(("wire", "name"), CASES)
+def test_fault(
+    wire: Wire,
     name: str,
     brim: BrimFactory,
     provider: FakeProvider,
     loop_thread: LoopThread,
     closed_port: int,
 ) -> None:
-    run_case("chat", FAULTS[name], brim, provider, loop_thread, closed_port)
-
-
-@pytest.mark.parametrize("name", ANTHROPIC_FAULTS)
-def test_fault_on_anthropic_messages(
-    name: str,
-    brim: BrimFactory,
-    provider: FakeProvider,
-    loop_thread: LoopThread,
-    closed_port: int,
-) -> None:
-    run_case("messages", FAULTS[name], brim, provider, loop_thread, closed_port)
+    run_case(wire, FAULTS[name], brim, provider, loop_thread, closed_port)
 
 
 def test_an_empty_200_stream_is_retried_then_answered_502(

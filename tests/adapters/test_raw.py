@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 from aiohttp import web
 from aioresponses import aioresponses
@@ -288,6 +289,8 @@ async def test_replies_without_a_json_body_by_rights_pass(
     sent = await adapter.send(dataclasses.replace(exchange(), method=method))
     await adapter.aclose()
     assert sent.status == reply.status
+    if sent.body:  # parsed once, here, and handed on (Observe reads usage from it)
+        assert sent.payload == orjson.loads(sent.body)
 
 
 async def test_a_stream_under_the_wrong_content_type_is_relayed_only_when_one_was_asked_for(
