@@ -1,16 +1,29 @@
-"""Every failure brim answers with, as one exception tree.
+"""Every failure brim answers with, as one exception tree. Every `BrimError` subclass in brim is
+defined here.
 
     BrimError                      status, wire type and code, message: what the client is told
+    ├── InvalidRequest             400: a body the client's API would refuse (the field named)
+    ├── NothingLeftToSend          400: repair left no message (every one answered nothing)
+    ├── ContextTooLarge            400 context_length_exceeded: brim could not make it fit; each
+    │                              wire API words it its own way (`Refusal`)
+    ├── Unauthorized               401: a brim or admin key is missing or wrong
+    ├── AdminDisabled              403: /admin/* with no admin keys configured
+    ├── UnknownEndpoint            404: no such path (or the feature behind it is off)
     ├── NoRoute                    404 model_not_found: no `[routes]` entry serves the model
-    ├── ContextTooLarge            400 context_length_exceeded: brim could not make it fit
+    ├── MethodNotAllowed           405
+    ├── PayloadTooLarge            413: the body is over `server.max_body_mb`
+    ├── RepeatedFailure            429: the same request failed `loop_limit` times in a row
+    ├── HeadersTooLarge            431: a header line or the URL is over `server.max_header_kb`
+    ├── InternalError              500: a bug in brim (logged with the request id)
     └── UpstreamFailure            the provider could not give an answer; `upstream` names it
         ├── UpstreamUnreachable    502: connection refused, DNS or TLS failure, reset before
         │                          any answer
         ├── UpstreamTimeout        504: no answer (or no next chunk) within `timeout_s`, no
         │                          connection within `connect_timeout_s`, or the whole request
         │                          (stream included) longer than `max_duration_s`
-        ├── UpstreamProtocolError  502: the provider's reply was cut off, or a success whose
-        │                          body is not JSON (named by type and size, never echoed)
+        ├── UpstreamProtocolError  502: the provider's reply was cut off, an empty stream, or a
+        │                          success whose body is not JSON (named by type and size,
+        │                          never echoed)
         └── UpstreamError          the provider answered 4xx/5xx; `status`, `headers` and
             │                      `body` are its own and are relayed to the client unchanged
             ├── AuthFailed         401 / 403
@@ -19,9 +32,10 @@
                                    wording, HTTP 413, or an error as the first event of a
                                    200 stream); `limit` / `requested` when the text states them
 
-Adapters raise only these; `UpstreamError.from_reply` is the single place that turns a
-provider's error reply into its class (`adapters.overflow` recognises overflows). The HTTP layer
-renders each in the client's wire format, adding any `brim_headers` (e.g. `x-brim-retries`).
+Adapters raise only the `UpstreamFailure` branch; `UpstreamError.from_reply` is the single place
+that turns a provider's error reply into its class (`adapters.overflow` recognises overflows).
+The HTTP layer renders brim's own errors in the client's wire format (`info()` gives the wire
+object what it needs), adding any `brim_headers` (e.g. `x-brim-retries`, `retry-after`).
 """
 
 from __future__ import annotations
@@ -29,6 +43,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from adapters.overflow import Overflow, classify
+from policies.wires.base import ErrorInfo, Refusal
 
 
 class BrimError(Exception):
@@ -42,6 +57,67 @@ class BrimError(Exception):
         self.param = param
         self.brim_headers: dict[str, str] = {}
 
+    def info(self) -> ErrorInfo:
+        return ErrorInfo(self.status, self.error_type, self.message, self.code, self.param)
+
+
+class InvalidRequest(BrimError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class NothingLeftToSend(BrimError):
+    status = 400
+    error_type = "invalid_request_error"
+
+
+class Unauthorized(BrimError):
+    status = 401
+    error_type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class AdminDisabled(BrimError):
+    status = 403
+    error_type = "permission_error"
+    code = "admin_disabled"
+
+
+class UnknownEndpoint(BrimError):
+    status = 404
+    error_type = "invalid_request_error"
+    code = "unknown_url"
+
+
+class MethodNotAllowed(BrimError):
+    status = 405
+    error_type = "invalid_request_error"
+    code = "method_not_allowed"
+
+
+class PayloadTooLarge(BrimError):
+    status = 413
+    error_type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class RepeatedFailure(BrimError):
+    status = 429
+    error_type = "rate_limit_error"
+    code = "brim_repeated_failure"
+
+
+class HeadersTooLarge(BrimError):
+    status = 431
+    error_type = "invalid_request_error"
+    code = "request_header_too_large"
+
+
+class InternalError(BrimError):
+    status = 500
+    error_type = "server_error"
+    code = "internal_error"
+
 
 class NoRoute(BrimError):
     status = 404
@@ -54,17 +130,18 @@ class ContextTooLarge(BrimError):
     error_type = "invalid_request_error"
     code = "context_length_exceeded"
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        param: str | None = None,
-        anthropic_message: str,
-        gemini_message: str | None = None,
-    ) -> None:
-        super().__init__(message, param=param)
-        self.anthropic_message = anthropic_message
-        self.gemini_message = gemini_message or message
+    def __init__(self, refusal: Refusal, *, param: str | None = None) -> None:
+        super().__init__(
+            f"This request has {refusal.tokens_in} input tokens, over the {refusal.limit}-token "
+            f"budget brim keeps for this model, and could not be made to fit: {refusal.how}",
+            param=param,
+        )
+        self.refusal = refusal
+
+    def info(self) -> ErrorInfo:
+        return ErrorInfo(
+            self.status, self.error_type, self.message, self.code, self.param, self.refusal
+        )
 
 
 class UpstreamFailure(BrimError):

@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 from multidict import CIMultiDictProxy
@@ -14,18 +14,12 @@ from multidict import CIMultiDictProxy
 from policies.budget import TokenBudget
 from policies.compress import Outcome
 from policies.limits import ResolvedLimits
+from policies.wires import wire_for
+from policies.wires.base import Usage, Wire
 
-# The wire API the client spoke. Named by API, not by provider: Azure and vLLM speak "openai.chat".
-ClientApi = Literal[
-    "openai.chat",
-    "openai.models",
-    "openai.responses",
-    "openai.input_tokens",
-    "anthropic.messages",
-    "anthropic.count_tokens",
-    "gemini.generate",
-    "gemini.count_tokens",
-]
+# The endpoint the client called, by wire API: "openai.chat", "anthropic.count_tokens", … (each
+# wire's `serving` lists its own). Named by API, not provider: Azure and vLLM speak "openai.chat".
+ClientApi = str
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +58,9 @@ class RequestContext:
 
 @dataclass(slots=True)
 class RequestReport:
-    """What happened to one request, written by the stages as they act and read once at the
-    end for traces, metrics, the audit log and status. Every copy of an exchange shares it."""
+    """What happened to one request: facts the stages record as they act, read at the end for
+    the `x-brim-*` headers (`middleware.headers`), traces, metrics, the audit log and status.
+    Every copy of an exchange shares it."""
 
     started: float = field(default_factory=time.perf_counter)
     upstream_seconds: float = 0.0
@@ -77,7 +72,26 @@ class RequestReport:
     retry_outcomes: list[Outcome] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     archive_keys: list[str] = field(default_factory=list)
-    usage: dict[str, int] = field(default_factory=dict)  # from the provider's reply
+    usage: Usage = field(default_factory=Usage)  # what the provider's reply reported
+
+    @property
+    def outcomes(self) -> list[Outcome]:
+        """Every compression, in order: the guard's, then each retry's cut."""
+        return [o for o in (self.outcome, *self.retry_outcomes) if o is not None]
+
+    def tokens_sent(self, received: int | None) -> int | None:
+        """What went to the provider last: the last cut's size, else `received`."""
+        outcomes = self.outcomes
+        return outcomes[-1].tokens_out if outcomes else received
+
+    def tokens_received(self) -> int | None:
+        """The request's size as the client sent it, without waiting for a pending count."""
+        if self.outcome is not None:
+            return self.outcome.tokens_in
+        if self.context is None:
+            return None
+        tokens = self.context.tokens
+        return tokens.exact if tokens.exact is not None else tokens.upper_bound
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +117,10 @@ class Exchange:
     user_agent: str = ""
     context: RequestContext | None = None
     report: RequestReport = field(default_factory=RequestReport, compare=False)
+
+    @property
+    def wire(self) -> Wire:
+        return wire_for(self.api)
 
     def with_body(self, body: dict[str, Any]) -> Exchange:
         """The same exchange carrying a changed request, serialized once, here."""

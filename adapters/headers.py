@@ -24,6 +24,13 @@ _NOT_FORWARDED_UPSTREAM = frozenset({"host", "content-length", "expect", "accept
 _NOT_RELAYED_DOWNSTREAM = frozenset({"content-length", "content-encoding", "server", "date"})
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
 BRIM_KEY_HEADER = "x-brim-api-key"
+# How each kind of upstream (`[upstreams.NAME] api`) takes a configured key.
+KEY_HEADER = {
+    "openai": ("Authorization", "Bearer {}"),
+    "litellm": ("Authorization", "Bearer {}"),
+    "anthropic": ("x-api-key", "{}"),
+    "gemini": ("x-goog-api-key", "{}"),
+}
 
 
 def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
@@ -52,12 +59,8 @@ def upstream_request_headers(
         drop |= CREDENTIAL_HEADERS
     headers = end_to_end(client_headers, drop)
     if api_key is not None:
-        if api == "anthropic":
-            headers["x-api-key"] = api_key
-        elif api == "gemini":
-            headers["x-goog-api-key"] = api_key
-        else:
-            headers["Authorization"] = f"Bearer {api_key}"
+        name, template = KEY_HEADER.get(api, KEY_HEADER["openai"])
+        headers[name] = template.format(api_key)
     return headers
 
 

@@ -15,9 +15,12 @@ from typing import Any
 import orjson
 
 NOT_OVERFLOW_STATUSES = frozenset({401, 403, 404, 408, 429})
-OVERFLOW_CODES = frozenset(
-    {"context_length_exceeded", "exceed_context_size_error", "string_above_max_length"}
-)
+OVERFLOW_CODES = frozenset({"context_length_exceeded", "exceed_context_size_error"})
+# A field over the provider's length limit in characters (OpenAI's "Invalid 'messages[0].content':
+# string too long. Expected a string with maximum length 10485760…", also for 'user' or a tool
+# name). Not the context window: cutting the conversation would not make it pass, so no retry.
+NOT_OVERFLOW_CODES = frozenset({"string_above_max_length"})
+_NOT_OVERFLOW_TEXT = re.compile(r"\bstring too long\b", re.I)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +170,11 @@ def classify(status: int, body: bytes | str) -> Overflow | None:
     n_ctx, n_prompt = _field(payload, "n_ctx"), _field(payload, "n_prompt_tokens")  # llama.cpp
     field_limit = n_ctx if isinstance(n_ctx, int) else None
     field_requested = n_prompt if isinstance(n_prompt, int) else None
+    code = _field(payload, "code", "type")
+    if (isinstance(code, str) and code in NOT_OVERFLOW_CODES) or any(
+        _NOT_OVERFLOW_TEXT.search(text) for text in texts
+    ):
+        return None
     for text in texts:
         for pattern, limit_group, requested_group in PATTERNS:
             match = pattern.search(text)
@@ -179,7 +187,6 @@ def classify(status: int, body: bytes | str) -> Overflow | None:
                     requested=_n(requested) if requested else field_requested,
                     counts_output=bool(_SHARED_WINDOW.search(text)),
                 )
-    code = _field(payload, "code", "type")
     if isinstance(code, str) and code in OVERFLOW_CODES:
         return Overflow(message=message, limit=field_limit, requested=field_requested)
     if status == 413:

@@ -6,21 +6,15 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 
 from adapters.base import Adapter
-from adapters.config import UpstreamConfig, WireApi
+from adapters.config import UpstreamConfig
 from adapters.errors import NoRoute
 from adapters.raw import RawHttpAdapter
 from adapters.translated import LitellmAdapter
+from policies.wires import WIRES
 
-# Which upstream `api` values can serve a request of each client wire API.
-SERVES: dict[str, frozenset[WireApi]] = {
-    "openai.chat": frozenset({"openai", "litellm"}),
-    "openai.models": frozenset({"openai"}),
-    "openai.responses": frozenset({"openai"}),
-    "openai.input_tokens": frozenset({"openai"}),
-    "gemini.generate": frozenset({"gemini"}),
-    "gemini.count_tokens": frozenset({"gemini"}),
-    "anthropic.messages": frozenset({"anthropic", "litellm"}),
-    "anthropic.count_tokens": frozenset({"anthropic", "litellm"}),
+# Which upstream `api` values can serve each endpoint, as each wire API declares it.
+SERVES: dict[str, frozenset[str]] = {
+    api: upstream_apis for wire in WIRES.values() for api, upstream_apis in wire.serving.items()
 }
 
 

@@ -8,8 +8,9 @@ and never by brim's start-up.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -28,20 +29,21 @@ from adapters.errors import (
 )
 from adapters.exchange import Exchange
 from adapters.overflow import Overflow, classify
+from policies.wires import wire_for
+from policies.wires.base import ErrorInfo
+from policies.wires.chat import CHAT
+from policies.wires.messages import MESSAGES
 
 # Messages fields only Anthropic itself accepts; another provider behind litellm would refuse them.
 ANTHROPIC_ONLY_FIELDS = ("context_management", "container", "mcp_servers", "betas")
 _JSON = CIMultiDict({"Content-Type": "application/json"})
 _SSE = CIMultiDict({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+_END = object()  # what `_peek` reads from a stream that ended before its first chunk
 
 
-def _error_body(message: str, error_type: str, code: str | None, api: str) -> bytes:
+def _error_body(status: int, message: str, error_type: str, code: str | None, api: str) -> bytes:
     """An error in the client's own wire shape (litellm's exceptions carry no body)."""
-    if api.startswith("anthropic"):
-        return orjson.dumps({"type": "error", "error": {"type": error_type, "message": message}})
-    return orjson.dumps(
-        {"error": {"message": message, "type": error_type, "param": None, "code": code}}
-    )
+    return wire_for(api).error_body(ErrorInfo(status, error_type, message, code))
 
 
 def import_litellm() -> Any:
@@ -71,7 +73,7 @@ class LitellmAdapter:
     async def aclose(self) -> None:
         return None
 
-    def _failure(self, exc: Exception, api: str = "openai.chat") -> UpstreamFailure:
+    def _failure(self, exc: Exception, api: str = CHAT.name) -> UpstreamFailure:
         litellm = import_litellm()
         message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
         if isinstance(exc, litellm.Timeout):  # litellm's `timeout`: one read, not the request
@@ -87,7 +89,9 @@ class LitellmAdapter:
             )
         status = getattr(exc, "status_code", None)
         if isinstance(exc, litellm.ContextWindowExceededError):
-            body = _error_body(message, "invalid_request_error", "context_length_exceeded", api)
+            body = _error_body(
+                400, message, "invalid_request_error", "context_length_exceeded", api
+            )
             overflow = classify(400, body) or Overflow(message=message)
             return ContextOverflow(
                 upstream=self.name, status=400, headers=_JSON, body=body, overflow=overflow
@@ -98,16 +102,16 @@ class LitellmAdapter:
                 upstream=self.name,
                 status=status,
                 headers=_JSON,
-                body=_error_body(message, error_type, None, api),
+                body=_error_body(status, message, error_type, None, api),
             )
         return UpstreamProtocolError(
             f"upstream {self.name!r} failed: {message}", upstream=self.name
         )
 
     async def send(self, exchange: Exchange) -> UpstreamResponse:
-        if exchange.api == "anthropic.messages" and exchange.body is not None:
+        if exchange.api == MESSAGES.name and exchange.body is not None:
             return await self._messages(exchange)
-        if exchange.api != "openai.chat" or exchange.body is None:
+        if exchange.api != CHAT.name or exchange.body is None:
             raise UpstreamProtocolError(
                 f"upstream {self.name!r} (litellm) serves chat completions and messages only",
                 upstream=self.name,
@@ -126,6 +130,10 @@ class LitellmAdapter:
                     max_retries=0,
                     **request,
                 )
+                if exchange.stream:
+                    rest, first = await self._peek(result)
+        except UpstreamFailure:  # an empty stream (`_peek`)
+            raise
         except Exception as exc:
             raise self._failure(exc) from exc
         if not exchange.stream:
@@ -133,8 +141,35 @@ class LitellmAdapter:
                 status=200, headers=_JSON, body=result.model_dump_json().encode()
             )
         return UpstreamResponse(
-            status=200, headers=_SSE, chunks=self._events(result, deadline), closer=result.aclose
+            status=200,
+            headers=_SSE,
+            chunks=self._events(first, rest, deadline),
+            closer=_closer(result),
         )
+
+    async def _peek(self, stream: Any) -> tuple[AsyncIterator[Any], Any]:
+        """The stream's first chunk, read before the client is told 200 (as `RawHttpAdapter`
+        reads the first event): litellm raises a provider's refusal — a context overflow among
+        them — only when a stream is first read, and a stream that ends before its first chunk
+        is how some servers answer a prompt longer than their context. Either becomes a
+        `ContextOverflow` here, where the retry stage can still act on it. Returns the iterator
+        and the chunk to replay; closes the stream when it raises."""
+        iterator = aiter(stream)
+        try:
+            first = await anext(iterator, _END)
+        except BaseException:
+            await _close(stream)
+            raise
+        if first is _END:
+            await _close(stream)
+            raise ContextOverflow(
+                upstream=self.name,
+                status=200,
+                headers=_SSE,
+                body=b"",
+                overflow=Overflow(message="the provider sent an empty stream", empty_stream=True),
+            )
+        return iterator, first
 
     def _deadline(self) -> float:
         """When this request must be over, streaming included (`max_duration_s`)."""
@@ -166,34 +201,74 @@ class LitellmAdapter:
                     timeout=self.config.timeout_s,
                     **request,
                 )
+                if exchange.stream:
+                    rest, first = await self._peek(result)
+        except UpstreamFailure:  # an empty stream (`_peek`)
+            raise
         except Exception as exc:
             raise self._failure(exc, exchange.api) from exc
         if not exchange.stream:
             return UpstreamResponse(status=200, headers=_JSON, body=orjson.dumps(result))
         return UpstreamResponse(
-            status=200, headers=_SSE, chunks=self._anthropic_events(result, deadline)
+            status=200,
+            headers=_SSE,
+            chunks=self._anthropic_events(first, rest, deadline),
+            closer=_closer(result),
         )
 
-    async def _anthropic_events(self, stream: Any, deadline: float) -> AsyncIterator[bytes]:
+    async def _anthropic_events(
+        self, first: Any, rest: AsyncIterator[Any], deadline: float
+    ) -> AsyncIterator[bytes]:
         try:
-            async for event in stream:
+            yield _anthropic_sse(first)
+            async for event in rest:
                 self._check(deadline)
-                if isinstance(event, bytes | bytearray):
-                    yield bytes(event)
-                elif isinstance(event, str):
-                    yield event.encode()
-                else:
-                    data = event if isinstance(event, dict) else event.model_dump()
-                    yield f"event: {data.get('type', 'message')}\n".encode()
-                    yield b"data: " + orjson.dumps(data) + b"\n\n"
+                yield _anthropic_sse(event)
         except Exception as exc:
-            raise self._failure(exc, "anthropic.messages") from exc
+            raise self._failure(exc, MESSAGES.name) from exc
 
-    async def _events(self, stream: Any, deadline: float) -> AsyncIterator[bytes]:
+    async def _events(
+        self, first: Any, rest: AsyncIterator[Any], deadline: float
+    ) -> AsyncIterator[bytes]:
         try:
-            async for chunk in stream:
+            yield _chat_sse(first)
+            async for chunk in rest:
                 self._check(deadline)
-                yield b"data: " + chunk.model_dump_json(exclude_none=True).encode() + b"\n\n"
+                yield _chat_sse(chunk)
         except Exception as exc:
             raise self._failure(exc) from exc
         yield b"data: [DONE]\n\n"
+
+
+def _chat_sse(chunk: Any) -> bytes:
+    data: str = chunk.model_dump_json(exclude_none=True)
+    return b"data: " + data.encode() + b"\n\n"
+
+
+def _anthropic_sse(event: Any) -> bytes:
+    if isinstance(event, bytes | bytearray):
+        return bytes(event)
+    if isinstance(event, str):
+        return event.encode()
+    data = event if isinstance(event, dict) else event.model_dump()
+    return (
+        f"event: {data.get('type', 'message')}\n".encode()
+        + b"data: "
+        + orjson.dumps(data)
+        + b"\n\n"
+    )
+
+
+async def _close(stream: Any) -> None:
+    """Close a litellm stream (its provider connection with it), if it can be closed."""
+    close = getattr(stream, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await close()
+
+
+def _closer(stream: Any) -> Callable[[], Awaitable[None]]:
+    async def close() -> None:
+        await _close(stream)
+
+    return close

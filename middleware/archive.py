@@ -3,6 +3,7 @@
 Files live under `dir` (created 0700) as `ab/abcdef…` (0600), written atomically. A file whose
 content no longer matches its key is corrupt: it is skipped, logged and removed, never fatal.
 Files older than `ttl_hours` are removed by `cleanup()`, which the app runs on a timer.
+`resolve()` turns what a placeholder shows (`sha256:` and the first 16 hex digits) into the key.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 
 log = logging.getLogger("brim.archive")
 KEY = re.compile(r"^[0-9a-f]{64}$")
+MIN_PREFIX = 8
+PREFIX = re.compile(rf"^[0-9a-f]{{{MIN_PREFIX},64}}$")
 
 
 class ContentArchive:
@@ -32,6 +35,29 @@ class ContentArchive:
         if not KEY.match(key):
             raise ValueError("an archive key is 64 lowercase hex digits")
         return self.directory / key[:2] / key
+
+    def resolve(self, key: str) -> str | None:
+        """The full key that `key` names: all 64 hex digits or a unique prefix of at least
+        `MIN_PREFIX`, optionally after `sha256:` (as placeholders show it). None if nothing
+        archived matches; ValueError if `key` is malformed or matches more than one original."""
+        digits = key.strip().lower().removeprefix("sha256:")
+        if not PREFIX.match(digits):
+            raise ValueError(
+                f"an archive key is {MIN_PREFIX} to 64 hex digits, optionally after 'sha256:' "
+                f"(got {key[:80]!r})"
+            )
+        folder = self.directory / digits[:2]
+        try:
+            names = [entry.name for entry in os.scandir(folder)]
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        found = sorted(name for name in names if name.startswith(digits) and KEY.match(name))
+        if len(found) > 1:
+            raise ValueError(
+                f"{digits} is ambiguous: {len(found)} archived originals start with it "
+                "(give more digits)"
+            )
+        return found[0] if found else None
 
     def put(self, key: str, content: str) -> None:
         path = self._path(key)

@@ -1,29 +1,42 @@
 """The audit log: one JSON line per overflow event or compression, rotated by size.
 
-Never message content, never keys: only ids, counts, names and archive keys.
+Never message content, never keys: only ids, counts, names and archive keys. The log, and each
+new file a rotation starts, is 0600 (its owner's only), whatever the umask.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import logging.handlers
+import os
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 
+class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
+    """Opens (and after each rotation re-creates) its file 0600, whatever the umask."""
+
+    def _open(self) -> io.TextIOWrapper:
+        descriptor = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with contextlib.suppress(OSError):  # a file that predates this: made private too
+            os.fchmod(descriptor, 0o600)
+        return open(descriptor, "a", encoding=self.encoding, errors=self.errors)
+
+
 class AuditLog:
     def __init__(self, path: str | Path, *, max_bytes: int, backups: int) -> None:
         self.path = Path(path).expanduser()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handler = logging.handlers.RotatingFileHandler(
+        self._handler = PrivateRotatingFileHandler(
             self.path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
         )
         self._handler.setFormatter(logging.Formatter("%(message)s"))
         self._logger = logging.Logger(f"brim.audit.{id(self)}")  # private: never propagates
         self._logger.addHandler(self._handler)
-        self.path.touch(mode=0o600, exist_ok=True)
 
     def write(self, record: dict[str, Any]) -> None:
         self._logger.info(orjson.dumps(record).decode())

@@ -12,41 +12,41 @@ from collections.abc import Sequence
 from typing import Any
 
 import orjson
-from multidict import CIMultiDict
 
 from adapters.base import UpstreamResponse
-from adapters.errors import BrimError, ContextTooLarge
+from adapters.errors import ContextTooLarge, NothingLeftToSend
 from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.limits import OFF_LOOP_BYTES
-from middleware.summarize import Summarizer, Summary, transcript
+from middleware.summarize import Summarizer, Summary
 from policies.compress import Outcome, compress_request
-from policies.conversation import Dialect, FidelityRecord, Policy, archive_key
-from policies.dialects import DIALECTS, conversation_of, with_conversation
+from policies.conversation import FidelityRecord, Policy, archive_key
 from policies.tokens import CounterMeter, TokenCounter
+from policies.wires import conversation_wire
+from policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
 
 log = logging.getLogger("brim.guard")
 
 
-NOTICE_PREFIX = "[brim removed "
 SUMMARY_HEADER = "[brim: a summary of earlier messages, removed to fit the context window]\n"
 RESULT_HEADER = "[brim: a summary of this tool result, too large for the context window]\n"
 
 
-def _notice_at(messages: Sequence[Any]) -> int | None:
-    for index, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str) and content.startswith(NOTICE_PREFIX):
+def _notice_at(wire: Wire, items: Sequence[Any]) -> int | None:
+    """Where evict's notice is (the one item brim wrote that starts its way)."""
+    for index, item in enumerate(items):
+        if wire.dialect.text(item).startswith(NOTICE_PREFIX):
             return index
     return None
 
 
-def _task_of(messages: Sequence[Any]) -> str:
-    for message in messages:
-        if isinstance(message, dict) and message.get("role") == "user":
-            return transcript([message]).removeprefix("user: ")[:2_000]
+def _task_of(wire: Wire, items: Sequence[Any]) -> str:
+    """The conversation's task, for the summarizer: the first user item's text."""
+    for item in items:
+        if wire.dialect.role(item) == "user" and (text := wire.dialect.text(item)):
+            return text[:2_000]
     return ""
 
 
@@ -57,31 +57,15 @@ def _detail(summary: Summary) -> str:
     return f"{summary.level} by {summary.provider}" + "".join(f", {flag}" for flag in flags)
 
 
-def _refusal(outcome: Outcome) -> ContextTooLarge:
+def _refusal(outcome: Outcome, wire: Wire) -> ContextTooLarge:
     tried = ", ".join(outcome.tried) or "nothing (no policy is configured)"
     how = (
         f"the smallest it got was {outcome.tokens_out} tokens after trying {tried}. "
         "Shorten the conversation or start a new one."
     )
     return ContextTooLarge(
-        f"This request has {outcome.tokens_in} input tokens, over the {outcome.limit}-token "
-        f"budget brim keeps for this model, and could not be made to fit: {how}",
-        param="messages",
-        # Claude Code recognises this wording and offers to compact the conversation.
-        anthropic_message=(
-            f"prompt is too long: {outcome.tokens_in} tokens > {outcome.limit} maximum "
-            f"(brim could not make it fit: {how})"
-        ),
-        gemini_message=(
-            f"The input token count ({outcome.tokens_in}) exceeds the maximum number of tokens "
-            f"allowed ({outcome.limit}). brim could not make it fit: {how}"
-        ),
+        Refusal(outcome.tokens_in, outcome.limit, how), param=wire.conversation_field
     )
-
-
-class NothingLeftToSend(BrimError):
-    status = 400
-    error_type = "invalid_request_error"
 
 
 class Guard:
@@ -112,7 +96,7 @@ class Guard:
         limits = exchange.context.limits.limits
         return compress_request(
             exchange.body,
-            CounterMeter(self.counter, limits.tokenizer, exchange.model, exchange.api),
+            CounterMeter(self.counter, limits.tokenizer, exchange.model, exchange.wire),
             self.policies,
             limit=exchange.context.budget.effective(),
             low_water=self.low_water,
@@ -123,22 +107,20 @@ class Guard:
         assert exchange.context is not None and exchange.body is not None
         if not exchange.context.fits:
             return True
-        return self.repair_pairs and bool(
-            DIALECTS[exchange.api].violations(conversation_of(exchange.api, exchange.body))
-        )
+        wire = exchange.wire
+        return self.repair_pairs and bool(wire.dialect.violations(wire.conversation(exchange.body)))
 
-    def _summary_inputs(
-        self, exchange: Exchange
-    ) -> tuple[Dialect, CounterMeter, str, dict[str, str]]:
-        """The dialect, a meter, the conversation's task, and the client's credentials (for
-        summarizers behind pass-through upstreams)."""
+    def _summary_inputs(self, exchange: Exchange) -> tuple[Wire, CounterMeter, str, dict[str, str]]:
+        """The wire, a meter, the conversation's task, and the client's credentials (for
+        summarizers behind pass-through upstreams): this request's own, passed along."""
         assert exchange.body is not None and exchange.context is not None
+        wire = exchange.wire
         meter = CounterMeter(
-            self.counter, exchange.context.limits.limits.tokenizer, exchange.model, exchange.api
+            self.counter, exchange.context.limits.limits.tokenizer, exchange.model, wire
         )
         credentials = {k: v for k, v in exchange.headers.items() if k.lower() in CREDENTIAL_HEADERS}
-        task = _task_of(conversation_of(exchange.api, exchange.body))
-        return DIALECTS[exchange.api], meter, task, credentials
+        task = _task_of(wire, wire.conversation(exchange.body))
+        return wire, meter, task, credentials
 
     async def _summary(
         self, text: str, target: int, task: str, credentials: dict[str, str]
@@ -156,20 +138,21 @@ class Guard:
     async def _summarized(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """Evict's notice replaced by a summary of what it removed, when one can be made in
         time and fits; otherwise the outcome as it was."""
-        at = _notice_at(outcome.messages)
+        wire, meter, task, credentials = self._summary_inputs(exchange)
+        at = _notice_at(wire, outcome.messages)
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
         if at is None or not evicted:
             return outcome
-        dialect, meter, task, credentials = self._summary_inputs(exchange)
         rest = outcome.tokens_out - meter.message(outcome.messages[at])
         room = outcome.target - rest if outcome.target - rest >= 128 else outcome.limit - rest
         if room < 128:
             return outcome
-        content = transcript([m for r in evicted for m in orjson.loads(r.original or "[]")])
+        removed = [m for r in evicted for m in orjson.loads(r.original or "[]")]
+        content = transcript(wire.genai_messages(removed))
         summary = await self._summary(content, room - 48, task, credentials)
         if summary is None:
             return outcome
-        message = dialect.notice(SUMMARY_HEADER + summary.text)
+        message = wire.dialect.notice(SUMMARY_HEADER + summary.text)
         size = meter.message(message)
         if rest + size > outcome.limit:
             return outcome
@@ -190,7 +173,8 @@ class Guard:
 
     async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """A tool result `truncate` had to cut, summarized into the same room instead."""
-        dialect, meter, task, credentials = self._summary_inputs(exchange)
+        wire, meter, task, credentials = self._summary_inputs(exchange)
+        dialect = wire.dialect
         messages = list(outcome.messages)
         records = list(outcome.records)
         total = outcome.tokens_out
@@ -233,12 +217,10 @@ class Guard:
         )
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        if exchange.context is None or exchange.body is None or exchange.api not in DIALECTS:
+        if exchange.context is None or exchange.body is None or not conversation_wire(exchange.api):
             return await call_next(exchange)
         if not self._needs_work(exchange):
-            reply = await call_next(exchange)
-            tokens = await exchange.context.tokens.resolve()
-            return _with_headers(reply, tokens, "none")
+            return await call_next(exchange)
 
         if len(exchange.raw) > OFF_LOOP_BYTES:
             outcome = await asyncio.to_thread(self.outcome, exchange)
@@ -252,7 +234,7 @@ class Guard:
         if not outcome.fits:
             exchange.report.outcome = outcome
             log.info("request %s refused: %s", exchange.request_id, outcome.actions)
-            raise _refusal(outcome)
+            raise _refusal(outcome, exchange.wire)
         if self.summarizer is not None and any(r.action == "evicted" for r in outcome.records):
             outcome = await self._summarized(exchange, outcome)
         if self.summarizer is not None and any(
@@ -267,11 +249,10 @@ class Guard:
                 exchange.request_id,
                 "; ".join(outcome.repairs),
             )
-        body = with_conversation(exchange.api, exchange.body, outcome.messages)
+        body = exchange.wire.with_conversation(exchange.body, outcome.messages)
         changed = exchange.with_body(body)
         context = dataclasses.replace(exchange.context, outcome=outcome)
-        reply = await call_next(dataclasses.replace(changed, context=context))
-        return _with_headers(reply, outcome.tokens_out, outcome.actions, outcome.tokens_in)
+        return await call_next(dataclasses.replace(changed, context=context))
 
 
 async def keep_originals(
@@ -282,14 +263,3 @@ async def keep_originals(
     exchange.report.archive_keys += [key for key, _ in items]
     if archive is not None and items:
         await asyncio.to_thread(archive.put_many, items)
-
-
-def _with_headers(
-    reply: UpstreamResponse, tokens_out: int, actions: str, tokens_in: int | None = None
-) -> UpstreamResponse:
-    """Set the token and action headers, unless a later stage (a retry) already set them."""
-    headers = CIMultiDict(reply.headers)
-    headers.setdefault("x-brim-tokens-in", str(tokens_in if tokens_in is not None else tokens_out))
-    headers.setdefault("x-brim-tokens-out", str(tokens_out))
-    headers.setdefault("x-brim-actions", actions)
-    return dataclasses.replace(reply, headers=headers)

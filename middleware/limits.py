@@ -16,15 +16,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cachetools import LRUCache
-from multidict import CIMultiDict
 
 from adapters.base import UpstreamResponse
 from adapters.exchange import Exchange, RequestContext, RequestTokens
 from middleware.base import CallNext
 from policies.budget import TokenBudget, budget_for, requested_output
 from policies.clients import ClientRule, match_client
-from policies.limits import LimitSource, LimitsRegistry
+from policies.limits import LimitSource, LimitsRegistry, wants_long_context
 from policies.tokens import TokenCounter
+from policies.wires.base import Wire
 
 log = logging.getLogger("brim.limits")
 
@@ -60,8 +60,9 @@ class ResolveLimits:
         self, exchange: Exchange, budget: TokenBudget, tokenizer: str
     ) -> RequestTokens:
         body = exchange.body or {}
-        bound = self.counter.upper_bound(exchange.raw, body, tokenizer)
-        count = functools.partial(self._count, exchange.api, body, tokenizer, exchange.model, bound)
+        wire = exchange.wire
+        bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire)
+        count = functools.partial(self._count, wire, body, tokenizer, exchange.model, bound)
         if len(exchange.raw) <= INLINE_BYTES:
             return RequestTokens(upper_bound=bound, exact=count())
         if budget.fits(bound):  # no decision hangs on it: count beside the upstream call
@@ -71,16 +72,18 @@ class ResolveLimits:
         return RequestTokens(upper_bound=bound, exact=count())
 
     def _count(
-        self, api: str, body: Mapping[str, Any], tokenizer: str, model: str, bound: int
+        self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str, bound: int
     ) -> int:
         try:
-            return self.counter.request(api, body, tokenizer, model).total
+            return self.counter.request(wire, body, tokenizer, model).total
         except Exception:  # a count must never fail a request: the bound is still true
             log.exception("token count failed; using the byte bound %d", bound)
             return bound
 
     async def context_for(self, exchange: Exchange) -> RequestContext:
-        resolved = self.registry.resolve(exchange.model)
+        # Anthropic's context-1m beta gives this request (an Anthropic model's) a 1M window.
+        betas = exchange.headers.getall("anthropic-beta", ())
+        resolved = self.registry.resolve(exchange.model, long_context=wants_long_context(betas))
         if resolved.source is LimitSource.DEFAULT and exchange.model not in self._warned:
             self._warned[exchange.model] = True
             limits = resolved.limits
@@ -113,9 +116,4 @@ class ResolveLimits:
                 context.budget.effective(),
                 exchange.model,
             )
-        reply = await call_next(dataclasses.replace(exchange, context=context))
-        headers = CIMultiDict(reply.headers)
-        headers["x-brim-budget"] = str(context.budget.effective())
-        if "x-brim-tokens-in" not in headers:
-            headers["x-brim-tokens-in"] = str(await context.tokens.resolve())
-        return dataclasses.replace(reply, headers=headers)
+        return await call_next(dataclasses.replace(exchange, context=context))

@@ -16,16 +16,10 @@ import time
 from cachetools import TTLCache
 
 from adapters.base import UpstreamResponse
-from adapters.errors import BrimError
+from adapters.errors import BrimError, RepeatedFailure
 from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.base import CallNext
-
-
-class RepeatedFailure(BrimError):
-    status = 429
-    error_type = "rate_limit_error"
-    code = "brim_repeated_failure"
 
 
 class LoopBreaker:

@@ -1,5 +1,5 @@
 """The outermost stage: one span per request (OpenTelemetry GenAI conventions), metrics, the
-audit line, the status board, and the context-usage headers on every reply.
+audit line and the status board.
 
 It reads what the other stages wrote into `exchange.report`; it never sees keys or, unless
 `[telemetry] capture_content` is on, message bodies.
@@ -11,56 +11,138 @@ import dataclasses
 import logging
 import time
 from collections import defaultdict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
-from multidict import CIMultiDict
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
+    GEN_AI_INPUT_MESSAGES,
+    GEN_AI_OPERATION_NAME,
+    GEN_AI_PROVIDER_NAME,
+    GEN_AI_REQUEST_MAX_TOKENS,
+    GEN_AI_REQUEST_MODEL,
+    GEN_AI_SYSTEM_INSTRUCTIONS,
+    GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+    GEN_AI_USAGE_INPUT_TOKENS,
+    GEN_AI_USAGE_OUTPUT_TOKENS,
+    GenAiProviderNameValues,
+)
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from adapters.base import UpstreamResponse
+from adapters.config import UpstreamConfig
 from adapters.errors import BrimError, ContextTooLarge, UpstreamError
 from adapters.exchange import Exchange, RequestReport
 from middleware.audit import AuditLog
 from middleware.base import CallNext
+from middleware.headers import actions
 from middleware.telemetry import StatusBoard, Telemetry
+from policies.budget import requested_output
+from policies.limits import LimitSource
+from policies.wires.base import Wire
 
 log = logging.getLogger("brim.observe")
 PROPAGATOR = TraceContextTextMapPropagator()
-CONTENT_LIMIT = 64 * 1024
+CONTENT_LIMIT = 64 * 1024  # characters of captured content per attribute
 
 
-def _usage(payload: Any, into: dict[str, int]) -> None:
-    usage = payload.get("usage") if isinstance(payload, dict) else None
-    if not isinstance(usage, dict) and isinstance(payload, dict):
-        message = payload.get("message")  # Anthropic's message_start
-        usage = message.get("usage") if isinstance(message, dict) else None
-    if not isinstance(usage, dict):
+# The provider, as the GenAI conventions name it (`gen_ai.provider.name`), by the provider name
+# brim's limits resolve to (litellm's provider names, and brim's own).
+PROVIDERS = {
+    "openai": GenAiProviderNameValues.OPENAI.value,
+    "text-completion-openai": GenAiProviderNameValues.OPENAI.value,
+    "azure": GenAiProviderNameValues.AZURE_AI_OPENAI.value,
+    "azure_ai": GenAiProviderNameValues.AZURE_AI_INFERENCE.value,
+    "anthropic": GenAiProviderNameValues.ANTHROPIC.value,
+    "gemini": GenAiProviderNameValues.GCP_GEMINI.value,
+    "google": GenAiProviderNameValues.GCP_GEMINI.value,
+    "vertex_ai": GenAiProviderNameValues.GCP_VERTEX_AI.value,
+    "bedrock": GenAiProviderNameValues.AWS_BEDROCK.value,
+    "cohere": GenAiProviderNameValues.COHERE.value,
+    "mistral": GenAiProviderNameValues.MISTRAL_AI.value,
+    "groq": GenAiProviderNameValues.GROQ.value,
+    "deepseek": GenAiProviderNameValues.DEEPSEEK.value,
+    "xai": GenAiProviderNameValues.X_AI.value,
+    "perplexity": GenAiProviderNameValues.PERPLEXITY.value,
+    "watsonx": GenAiProviderNameValues.IBM_WATSONX_AI.value,
+}
+
+
+def provider_name(model_provider: str, upstream: UpstreamConfig | None) -> str:
+    """`gen_ai.provider.name`: the provider that served the request — an Anthropic or Gemini
+    upstream's own; behind an OpenAI-compatible or litellm upstream, the model's provider where
+    brim knows it (else OpenAI, or litellm's provider prefix). The conventions' value where
+    they have one, else brim's own name of it."""
+    provider = model_provider
+    if upstream is not None and upstream.api in ("anthropic", "gemini"):
+        provider = upstream.api
+    elif provider == "unknown" and upstream is not None:
+        prefix = upstream.model_prefix.split("/")[0]
+        provider = "openai" if upstream.api == "openai" else (prefix or upstream.api)
+    return PROVIDERS.get(provider, provider)
+
+
+def bounded_json(value: list[Any], limit: int) -> str:
+    """`value` as JSON of at most `limit` characters, and always valid JSON: long texts are
+    shortened first (with a marker), then the oldest items dropped."""
+    text = orjson.dumps(value).decode()
+    if len(text) <= limit:
+        return text
+    for longest in (4096, 1024, 256, 64):
+        shortened = _shorten(value, longest)
+        text = orjson.dumps(shortened).decode()
+        if len(text) <= limit:
+            return text
+    items = list(shortened)
+    while items and len(text) > limit:
+        items.pop(0)
+        text = orjson.dumps([{"dropped": "earlier items"}, *items]).decode()
+    return text if len(text) <= limit else "[]"
+
+
+def _shorten(value: Any, longest: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= longest else value[:longest] + f"… [{len(value)} chars]"
+    if isinstance(value, dict):
+        return {key: _shorten(item, longest) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_shorten(item, longest) for item in value]
+    return value
+
+
+class EventData:
+    """The `data:` payloads of a stream's complete events, however its bytes were split into
+    reads (an event's end may arrive in a later read than its start)."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        data = self._pending + chunk
+        end = data.rfind(b"\n")
+        if end < 0:
+            self._pending = data[-MAX_PENDING:]
+            return []
+        self._pending = data[end + 1 :][-MAX_PENDING:]
+        return [line[5:].strip() for line in data[:end].splitlines() if line.startswith(b"data:")]
+
+
+MAX_PENDING = 4 * 1024 * 1024  # a usage-bearing event is small; a longer line is not one
+
+
+def _usage_of(wire: Wire, data: bytes, report: RequestReport) -> None:
+    if not (b'"usage' in data or b'"response"' in data):  # "usage", "usageMetadata"
         return
-    for theirs, ours in (
-        ("prompt_tokens", "input"),
-        ("input_tokens", "input"),
-        ("completion_tokens", "output"),
-        ("output_tokens", "output"),
-    ):
-        value = usage.get(theirs)
-        if isinstance(value, int) and value > 0:
-            into[ours] = value
-
-
-def usage_from_events(chunk: bytes, into: dict[str, int]) -> None:
-    if b'"usage"' not in chunk:
+    try:
+        found = wire.usage(orjson.loads(data))
+    except orjson.JSONDecodeError:
         return
-    for line in chunk.split(b"\n"):
-        if line.startswith(b"data:") and b'"usage"' in line:
-            try:
-                _usage(orjson.loads(line[5:]), into)
-            except orjson.JSONDecodeError:
-                continue
+    if found is not None:
+        report.usage = report.usage.merged(found)
 
 
 class Observe:
@@ -70,34 +152,37 @@ class Observe:
         status: StatusBoard,
         audit: AuditLog | None = None,
         *,
-        warn_at: float = 0.8,
+        upstreams: Mapping[str, UpstreamConfig] | None = None,
     ) -> None:
-        if not 0 < warn_at <= 1:
-            raise ValueError(f"warn_at must be in (0, 1], not {warn_at}")
         self.telemetry = telemetry
         self.status = status
         self.audit = audit
-        self.warn_at = warn_at
+        self.upstreams = dict(upstreams or {})
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         tracing = not isinstance(self.telemetry.tracer, trace.NoOpTracer)
         parent = PROPAGATOR.extract(carrier=dict(exchange.headers)) if tracing else None
         body = exchange.body or {}
+        wire = exchange.wire
         attributes: dict[str, Any] = {
-            "gen_ai.operation.name": "chat",
-            "gen_ai.system": exchange.api.split(".")[0],
-            "gen_ai.request.model": exchange.model,
+            GEN_AI_OPERATION_NAME: wire.operation,
+            GEN_AI_REQUEST_MODEL: exchange.model,
             "brim.request_id": exchange.request_id,
             "brim.route": exchange.api,
         }
-        for field_name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-            if isinstance(body.get(field_name), int):
-                attributes["gen_ai.request.max_tokens"] = body[field_name]
-        if self.telemetry.capture_content:
-            content = orjson.dumps(body.get("messages", [])).decode()
-            attributes["gen_ai.input.messages"] = content[:CONTENT_LIMIT]
+        output_limit = requested_output(body)
+        if output_limit is not None:
+            attributes[GEN_AI_REQUEST_MAX_TOKENS] = output_limit
+        if self.telemetry.capture_content and tracing:
+            messages = wire.genai_messages(wire.conversation(body))
+            attributes[GEN_AI_INPUT_MESSAGES] = bounded_json(messages, CONTENT_LIMIT)
+            if system := wire.system_instructions(body):
+                attributes[GEN_AI_SYSTEM_INSTRUCTIONS] = bounded_json(system, CONTENT_LIMIT)
         span = self.telemetry.tracer.start_span(
-            f"chat {exchange.model}", context=parent, kind=SpanKind.SERVER, attributes=attributes
+            f"{wire.operation} {exchange.model}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
         )
         token = otel_context.attach(trace.set_span_in_context(span, parent)) if tracing else None
         report = exchange.report
@@ -106,7 +191,7 @@ class Observe:
         except BrimError as error:
             outcome = "refused" if isinstance(error, ContextTooLarge) else "upstream_error"
             if isinstance(error, UpstreamError):
-                _usage_from_body(error.body, report.usage)
+                _usage_from_body(wire, error.body, report)
             self._finish(span, exchange, report, outcome, error)
             raise
         except BaseException as error:
@@ -116,12 +201,13 @@ class Observe:
             if token is not None:
                 otel_context.detach(token)
         outcome = self._outcome(report)
-        reply = dataclasses.replace(reply, headers=self._usage_headers(reply, report))
         if reply.chunks is None:
             if reply.payload is not None:
-                _usage(reply.payload, report.usage)
+                found = wire.usage(reply.payload)
+                if found is not None:
+                    report.usage = report.usage.merged(found)
             else:
-                _usage_from_body(reply.body or b"", report.usage)
+                _usage_from_body(wire, reply.body or b"", report)
             self._finish(span, exchange, report, outcome, None)
             return reply
         return dataclasses.replace(
@@ -137,9 +223,12 @@ class Observe:
         outcome: str,
     ) -> AsyncIterator[bytes]:
         error: BaseException | None = None
+        events = EventData()
+        wire = exchange.wire
         try:
             async for chunk in chunks:
-                usage_from_events(chunk, report.usage)
+                for data in events.feed(chunk):
+                    _usage_of(wire, data, report)
                 yield chunk
         except BaseException as exc:
             error = exc
@@ -156,33 +245,6 @@ class Observe:
         if report.outcome is not None and report.outcome.repairs:
             return "repaired"
         return "ok"
-
-    def _usage_headers(self, reply: UpstreamResponse, report: RequestReport) -> CIMultiDict[str]:
-        headers = CIMultiDict(reply.headers)
-        context = report.context
-        if context is None:
-            return headers
-        window = context.limits.limits.context_window
-        sent = self._tokens_out(report)
-        if sent is not None and window:
-            usage = sent / window
-            headers["x-brim-context-usage"] = f"{usage:.3f}"
-            if usage >= self.warn_at:
-                headers["x-brim-context-warning"] = (
-                    f"{usage:.0%} of the {window}-token context window is in use"
-                )
-        return headers
-
-    @staticmethod
-    def _tokens_out(report: RequestReport) -> int | None:
-        if report.retry_outcomes:
-            return report.retry_outcomes[-1].tokens_out
-        if report.outcome is not None:
-            return report.outcome.tokens_out
-        if report.context is not None:
-            tokens = report.context.tokens
-            return tokens.exact if tokens.exact is not None else tokens.upper_bound
-        return None
 
     def _finish(
         self,
@@ -209,8 +271,8 @@ class Observe:
     ) -> None:
         telemetry = self.telemetry
         context = report.context
-        tokens_out = self._tokens_out(report)
-        tokens_in = report.outcome.tokens_in if report.outcome else tokens_out
+        tokens_in = report.tokens_received()
+        tokens_out = report.tokens_sent(tokens_in)
         attributes: dict[str, Any] = {
             "brim.outcome": outcome,
             "brim.retries": report.retries,
@@ -228,9 +290,8 @@ class Observe:
             attributes["brim.tokens.in"] = tokens_in
         if tokens_out is not None:
             attributes["brim.tokens.out"] = tokens_out
-        outcomes = [o for o in (report.outcome, *report.retry_outcomes) if o is not None]
-        actions = [o.actions for o in outcomes if o.actions != "none"]
-        attributes["brim.actions"] = ",".join(actions) or "none"
+        outcomes = report.outcomes
+        attributes["brim.actions"] = actions(report)
         removed: dict[str, int] = defaultdict(int)
         for stage_outcome in outcomes:
             by_policy: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
@@ -270,19 +331,31 @@ class Observe:
             span.add_event("brim.overflow.upstream", {"brim.provider_message": message[:500]})
         for attempt in range(1, report.retries + 1):
             span.add_event("brim.retry", {"brim.attempt": attempt})
-        if "input" in report.usage:
-            attributes["gen_ai.usage.input_tokens"] = report.usage["input"]
-        if "output" in report.usage:
-            attributes["gen_ai.usage.output_tokens"] = report.usage["output"]
+        if context is not None:
+            upstream = self.upstreams.get(exchange.upstream)
+            attributes[GEN_AI_PROVIDER_NAME] = provider_name(
+                context.limits.limits.provider, upstream
+            )
+        usage = report.usage
+        for name, value in (
+            (GEN_AI_USAGE_INPUT_TOKENS, usage.input),
+            (GEN_AI_USAGE_OUTPUT_TOKENS, usage.output),
+            (GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS, usage.cached_input),
+        ):
+            if value is not None:
+                attributes[name] = value
         span.set_attributes(attributes)
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, type(error).__name__))
             if isinstance(error, BrimError):
                 span.set_attribute("error.type", error.code or type(error).__name__)
 
-        labels = {"route": exchange.api, "model": exchange.model, "outcome": outcome}
+        # Model ids are client input: bounded labels, so a flood of names cannot grow metrics.
+        known = context is not None and context.limits.source is not LimitSource.DEFAULT
+        label = self.status.labels(exchange.model, known=known)
+        labels = {"route": exchange.api, "model": label, "outcome": outcome}
         telemetry.requests.add(1, labels)
-        model = {"model": exchange.model}
+        model = {"model": label}
         if report.outcome is not None and report.outcome.records and context and not context.fits:
             telemetry.prevented.add(1, model)
         if report.retries:
@@ -290,13 +363,13 @@ class Observe:
             if error is None:
                 telemetry.survived.add(1, model)
         for policy, tokens in removed.items():
-            telemetry.tokens_removed.add(tokens, {"policy": policy, "model": exchange.model})
+            telemetry.tokens_removed.add(tokens, {"policy": policy, "model": label})
         total_ms = (time.perf_counter() - report.started) * 1000
         upstream_ms = report.upstream_seconds * 1000
         telemetry.upstream_latency.record(upstream_ms, model)
         telemetry.added_latency.record(max(0.0, total_ms - upstream_ms), model)
 
-        self.status.record(exchange.model, outcome, tokens_in or 0, tokens_out or 0)
+        self.status.record(exchange.model, outcome, tokens_in or 0, tokens_out or 0, known=known)
         eventful = outcome in ("compressed", "repaired", "retried", "refused") or (
             context is not None and not context.fits
         )
@@ -323,10 +396,15 @@ class Observe:
                 self.audit.write(event)
 
 
-def _usage_from_body(body: bytes, into: dict[str, int]) -> None:
-    if b'"usage"' not in body[:65536] and b'"usage"' not in body[-4096:]:
+def _usage_from_body(wire: Wire, body: bytes, report: RequestReport) -> None:
+    """Usage in a whole reply: one JSON object, or a stream's events read in one piece."""
+    if b'"usage' not in body[:65536] and b'"usage' not in body[-8192:]:
         return
     try:
-        _usage(orjson.loads(body), into)
+        found = wire.usage(orjson.loads(body))
     except orjson.JSONDecodeError:
-        usage_from_events(body, into)
+        for data in EventData().feed(body + b"\n"):
+            _usage_of(wire, data, report)
+        return
+    if found is not None:
+        report.usage = report.usage.merged(found)

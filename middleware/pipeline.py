@@ -60,7 +60,12 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
     guard = config.guard
     policies = build_policies(guard.policies, guard.policy_settings())
     stages: list[Stage] = [
-        Observe(services.telemetry, services.status, services.audit, warn_at=guard.warn_at),
+        Observe(
+            services.telemetry,
+            services.status,
+            services.audit,
+            upstreams=services.upstreams.configs,
+        ),
         *(
             [LoopBreaker(limit=guard.loop_limit, window_s=guard.loop_window_s)]
             if guard.loop_limit

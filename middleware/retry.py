@@ -4,7 +4,9 @@ Limits go stale and counts drift, so a provider sometimes refuses what brim thou
 On a `ContextOverflow` this stage:
 
 1. learns the window the error states (the registry keeps it for every later request, so the
-   next one is compressed up front) and logs it once;
+   next one is compressed up front) and logs it once; likewise that the request's `max_tokens`
+   counts against the window, when the error says so (Anthropic's "input length and
+   `max_tokens` exceed context limit"), so the cut and later budgets reserve it;
 2. tries the model's `fallbacks` (larger windows) first, if `[models."ID"]` lists any;
 3. otherwise cuts the request — the same pair-safe policies as the guard, newest content and
    the system prompt kept — straight to the stated limit (minus the margin, scaled by how far
@@ -12,7 +14,8 @@ On a `ContextOverflow` this stage:
    (20 %, 30 %, 40 %), and resends;
 4. after `max_attempts` retries, relays the provider's last error unchanged.
 
-Every reply and error carries `x-brim-retries`. Other failures (auth, rate limits, 5xx, other
+What it did goes on the request's report (retries, cuts, fallbacks), from which every reply and
+error gets its `x-brim-*` headers. Other failures (auth, rate limits, 5xx, other
 4xx) pass through untouched and are never retried here.
 """
 
@@ -21,24 +24,21 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections import Counter
 from collections.abc import Callable, Sequence
 
-from multidict import CIMultiDict
-
 from adapters.base import UpstreamResponse
-from adapters.errors import ContextOverflow, NoRoute, UpstreamFailure
+from adapters.errors import ContextOverflow, NoRoute
 from adapters.exchange import Exchange, RequestContext
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.guard import keep_originals
 from middleware.limits import OFF_LOOP_BYTES
 from policies.budget import budget_for, requested_output
-from policies.compress import SHORT, Outcome, compress_request
+from policies.compress import Outcome, compress_request
 from policies.conversation import Policy
-from policies.dialects import DIALECTS, with_conversation
 from policies.limits import LimitsRegistry
 from policies.tokens import CounterMeter, TokenCounter
+from policies.wires import conversation_wire
 
 log = logging.getLogger("brim.retry")
 
@@ -70,23 +70,22 @@ class RetryOnOverflow:
         self.archive = archive
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        if exchange.context is None or exchange.body is None or exchange.api not in DIALECTS:
+        if exchange.context is None or exchange.body is None or not conversation_wire(exchange.api):
             return await call_next(exchange)
         current = exchange
         retries = 0
         first_tokens: int | None = None
         fallbacks = list(self.registry.fallbacks(exchange.model))
-        cuts: list[Outcome] = []
         while True:
             try:
-                reply = await call_next(current)
+                return await call_next(current)
             except ContextOverflow as overflow:
                 self._learn(current.model, overflow)
                 exchange.report.overflow_messages.append(overflow.overflow.message)
                 sent = await self._tokens_sent(current)
                 first_tokens = first_tokens or sent
                 if retries >= self.max_attempts:
-                    raise self._final(overflow, retries) from None
+                    raise
                 retries += 1
                 exchange.report.retries = retries
                 switched = self._fallback(current, fallbacks)
@@ -96,18 +95,11 @@ class RetryOnOverflow:
                     continue
                 cut = await self._cut(current, overflow, retries, first_tokens, sent)
                 if cut is None:
-                    raise self._final(overflow, retries - 1) from None
-                cuts.append(cut)
+                    exchange.report.retries = retries - 1
+                    raise
                 exchange.report.retry_outcomes.append(cut)
                 await keep_originals(self.archive, cut, exchange)
                 current = self._with_outcome(current, cut)
-                continue
-            except UpstreamFailure as failure:
-                failure.brim_headers["x-brim-retries"] = str(retries)
-                raise
-            earlier = exchange.context.outcome
-            outcomes = [earlier, *cuts] if earlier else cuts
-            return await self._headers(reply, current, retries, outcomes, retries - len(cuts))
 
     def _learn(self, model: str, overflow: ContextOverflow) -> None:
         limit = overflow.overflow.limit
@@ -118,11 +110,12 @@ class RetryOnOverflow:
                 model,
                 limit,
             )
-
-    @staticmethod
-    def _final(overflow: ContextOverflow, retries: int) -> ContextOverflow:
-        overflow.brim_headers["x-brim-retries"] = str(retries)
-        return overflow
+        if overflow.overflow.counts_output and self.registry.learn_output_counts(model):
+            log.warning(
+                "learned from upstream %r: model %r counts max_tokens against its window",
+                overflow.upstream,
+                model,
+            )
 
     async def _tokens_sent(self, exchange: Exchange) -> int:
         assert exchange.context is not None
@@ -158,6 +151,11 @@ class RetryOnOverflow:
             return int(step)
         assert exchange.body is not None
         resolved = self.registry.resolve(exchange.model)
+        if overflow.overflow.counts_output and not resolved.limits.output_counts:
+            # "input length and `max_tokens` exceed context limit": the output limit shares the
+            # window, so the cut makes room for it too.
+            limits = dataclasses.replace(resolved.limits, output_counts=True)
+            resolved = dataclasses.replace(resolved, limits=limits)
         budget = budget_for(
             resolved, requested_output(exchange.body), safety_margin=self.safety_margin
         )
@@ -173,7 +171,7 @@ class RetryOnOverflow:
         assert exchange.body is not None and exchange.context is not None
         target = self._target(exchange, overflow, retries, first, sent)
         tokenizer = exchange.context.limits.limits.tokenizer
-        meter = CounterMeter(self.counter, tokenizer, exchange.model, exchange.api)
+        meter = CounterMeter(self.counter, tokenizer, exchange.model, exchange.wire)
 
         def run() -> Outcome:
             assert exchange.body is not None
@@ -200,28 +198,6 @@ class RetryOnOverflow:
     @staticmethod
     def _with_outcome(exchange: Exchange, outcome: Outcome) -> Exchange:
         assert exchange.body is not None and exchange.context is not None
-        body = with_conversation(exchange.api, exchange.body, outcome.messages)
+        body = exchange.wire.with_conversation(exchange.body, outcome.messages)
         context: RequestContext = dataclasses.replace(exchange.context, outcome=outcome)
         return dataclasses.replace(exchange.with_body(body), context=context)
-
-    async def _headers(
-        self,
-        reply: UpstreamResponse,
-        sent: Exchange,
-        retries: int,
-        outcomes: list[Outcome],
-        switched: int,
-    ) -> UpstreamResponse:
-        headers = CIMultiDict(reply.headers)
-        headers["x-brim-retries"] = str(retries)
-        if retries:
-            headers["x-brim-tokens-out"] = str(await self._tokens_sent(sent))
-            done: Counter[str] = Counter()
-            for outcome in outcomes:
-                for record in outcome.records:
-                    if record.action != "notice":
-                        done[SHORT.get(record.policy, record.policy)] += 1
-            if switched:
-                done["fallback"] = switched
-            headers["x-brim-actions"] = ",".join(f"{k}:{n}" for k, n in done.items())
-        return dataclasses.replace(reply, headers=headers)

@@ -14,6 +14,7 @@ the same session reuses the very same bytes (and the provider's prompt cache sta
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -98,6 +99,17 @@ class Summary:
     truncated: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Job:
+    """One request's summary: which model, its task and level, and the requesting client's own
+    credentials — passed down the calls, never stored on the shared summarizer."""
+
+    provider: str
+    task: str
+    level: str
+    credentials: Mapping[str, str]
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -131,38 +143,37 @@ class Summarizer:
         self.timeout_s = timeout_s
         self.prompt_version = prompt_version
         self.truncate_fallback = truncate_fallback
-        self._headers: dict[str, str] = {}
 
     async def summarize(
         self, text: str, target: int, task: str, headers: Mapping[str, str] | None = None
     ) -> Summary | None:
-        """`text` in at most `target` tokens, or None if no provider could make one."""
-        self._headers = dict(headers or {})
+        """`text` in at most `target` tokens, or None if no provider could make one. `headers`
+        are the requesting client's credentials: they travel down as arguments, never kept on
+        this shared object, so concurrent requests never lend each other their keys."""
+        credentials = dict(headers or {})
         size = self.meter.text_tokens(text)
         if size <= target:
             return None
         level = next((name for name, share in LEVELS.items() if size * share <= target), "headline")
         for provider in self.providers:
             try:
-                return await self._with(provider, text, size, target, task, level)
+                return await self._with(Job(provider, task, level, credentials), text, size, target)
             except Exception as exc:
                 log.warning("summarizer %r failed: %s", provider, exc or type(exc).__name__)
         log.warning("every summarizer failed; keeping the eviction notice")
         return None
 
-    async def _with(
-        self, provider: str, text: str, size: int, target: int, task: str, level: str
-    ) -> Summary:
-        key = "|".join(
-            (_digest(text), _digest(task), level, provider, self.prompt_version, str(target))
-        )
+    async def _with(self, job: Job, text: str, size: int, target: int) -> Summary:
+        parts = (_digest(text), _digest(job.task), job.level, job.provider, self.prompt_version)
+        key = "|".join((*parts, str(target)))
         if self.cache is not None and (cached := await self.cache.get(key)) is not None:
-            return Summary(cached, level, provider, size, self.meter.text_tokens(cached), True)
+            text_tokens = self.meter.text_tokens(cached)
+            return Summary(cached, job.level, job.provider, size, text_tokens, True)
         levels = list(LEVELS)
         summary = ""
-        for name in levels[levels.index(level) :]:
-            level = name
-            summary = await self._reduce(provider, text, task, level, target)
+        for name in levels[levels.index(job.level) :]:
+            job = dataclasses.replace(job, level=name)
+            summary = await self._reduce(job, text, target)
             if self.meter.text_tokens(summary) <= target:
                 break
         truncated = False
@@ -174,38 +185,42 @@ class Summarizer:
         if self.cache is not None:
             await self.cache.set(key, summary)
         return Summary(
-            summary, level, provider, size, self.meter.text_tokens(summary), False, truncated
+            summary,
+            job.level,
+            job.provider,
+            size,
+            self.meter.text_tokens(summary),
+            False,
+            truncated,
         )
 
-    async def _reduce(self, provider: str, text: str, task: str, level: str, target: int) -> str:
+    async def _reduce(self, job: Job, text: str, target: int) -> str:
         """Map-reduce when `text` is larger than the summarizer's own window allows."""
-        window = self.registry.resolve(provider).limits.context_window
+        window = self.registry.resolve(job.provider).limits.context_window
         chunk_tokens = max(256, int(window * 0.6))
         tokens = self.meter.tokens(text)
         if len(tokens) <= chunk_tokens:
-            return await self._once(provider, text, task, level, target)
+            return await self._once(job, text, target)
         chunks = [
             self.meter.decode(tokens[i : i + chunk_tokens])
             for i in range(0, len(tokens), chunk_tokens)
         ]
         share = max(64, target // len(chunks))
-        parts = await asyncio.gather(*(self._once(provider, c, task, level, share) for c in chunks))
+        parts = await asyncio.gather(*(self._once(job, chunk, share) for chunk in chunks))
         joined = "\n\n".join(parts)
-        return (
-            await self._reduce(provider, joined, task, level, target)
-            if self.meter.text_tokens(joined) > target
-            else joined
-        )
+        if self.meter.text_tokens(joined) > target:
+            return await self._reduce(job, joined, target)
+        return joined
 
-    async def _once(self, provider: str, text: str, task: str, level: str, target: int) -> str:
+    async def _once(self, job: Job, text: str, target: int) -> str:
         prompt = PROMPTS[self.prompt_version].format(
-            task=task or "(not stated)", instruction=INSTRUCTIONS[level]
+            task=job.task or "(not stated)", instruction=INSTRUCTIONS[job.level]
         )
         messages = [{"role": "system", "content": prompt}, {"role": "user", "content": text}]
         last: Exception | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                call = self.call(provider, messages, max(64, target), self._headers)
+                call = self.call(job.provider, messages, max(64, target), job.credentials)
                 return await asyncio.wait_for(call, self.timeout_s)
             except Exception as exc:  # retried, then the caller moves to the next provider
                 last = exc
@@ -213,42 +228,6 @@ class Summarizer:
                     await asyncio.sleep(self.retry_delay_s)
         assert last is not None
         raise last
-
-
-def transcript(messages: Sequence[Any]) -> str:
-    """Removed messages as plain text for the summarizer: who said what, which tools were called
-    with what, and what they returned."""
-    lines: list[str] = []
-    for message in messages:
-        if not isinstance(message, dict):
-            continue
-        role = str(message.get("role", ""))
-        content = message.get("content")
-        if isinstance(content, str) and content:
-            lines.append(f"{role}: {content}")
-        for block in content if isinstance(content, list) else []:
-            if not isinstance(block, dict):
-                continue
-            kind = block.get("type")
-            if kind == "text" and block.get("text"):
-                lines.append(f"{role}: {block['text']}")
-            elif kind == "tool_use":
-                arguments = orjson.dumps(block.get("input")).decode()
-                lines.append(f"{role} called {block.get('name')}({arguments})")
-            elif kind == "tool_result":
-                inner = block.get("content")
-                text = (
-                    inner
-                    if isinstance(inner, str)
-                    else " ".join(
-                        str(b.get("text", "")) for b in inner or [] if isinstance(b, dict)
-                    )
-                )
-                lines.append(f"tool result: {text}")
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") or {} if isinstance(call, dict) else {}
-            lines.append(f"{role} called {function.get('name')}({function.get('arguments')})")
-    return "\n".join(lines)
 
 
 def upstream_caller(upstreams: Upstreams) -> CallModel:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -52,19 +53,65 @@ class Telemetry:
         )
 
 
+MODEL_LABELS = 200  # distinct model labels, beyond the configured models, before "other"
+OTHER_MODELS = "other"
+
+
+class ModelLabels:
+    """The label a model id gets in metrics and on the status board: its own, or "other".
+
+    Model ids are client input: every distinct one would otherwise be a new time series in
+    every metric and a new status-board entry, forever. The configured models (`[models]`) are
+    labelled always; any other id gets its own label, first come, while fewer than `cap` have
+    been given out, and "other" after that. Ids the limits registry does not know (`known`
+    false: made-up or mistyped names) may take only half of the `cap`, so a flood of them cannot
+    crowd real models out. So there are at most len(configured) + cap + 1 labels.
+    """
+
+    def __init__(self, configured: Iterable[str] = (), *, cap: int = MODEL_LABELS) -> None:
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 0:
+            raise ValueError(f"cap must be a non-negative integer, not {cap!r}")
+        self.cap = cap
+        self.unknown_cap = cap // 2
+        self._labels: set[str] = set(configured)
+        self._given = 0  # labels given out first come, to known or unknown ids
+        self._unknown = 0  # of which to ids the registry does not know
+        self._lock = threading.Lock()  # labels are given on the event loop; this is cheap cover
+
+    def __call__(self, model: str, *, known: bool = True) -> str:
+        if model in self._labels:
+            return model
+        with self._lock:
+            if model in self._labels:
+                return model
+            if self._given >= self.cap or (not known and self._unknown >= self.unknown_cap):
+                return OTHER_MODELS
+            self._labels.add(model)
+            self._given += 1
+            self._unknown += not known
+            return model
+
+    def __len__(self) -> int:
+        return len(self._labels)
+
+
 @dataclass
 class StatusBoard:
-    """Totals, recent overflow events and per-model usage since start (for /admin/status)."""
+    """Totals, recent overflow events and per-model usage since start (for /admin/status).
+    Per-model usage is kept by `labels` (one entry per label, so bounded)."""
 
     started_at: float = field(default_factory=time.time)
     totals: Counter[str] = field(default_factory=Counter)
     models: dict[str, Counter[str]] = field(default_factory=dict)
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
+    labels: ModelLabels = field(default_factory=ModelLabels)
 
-    def record(self, model: str, outcome: str, tokens_in: int, tokens_out: int) -> None:
+    def record(
+        self, model: str, outcome: str, tokens_in: int, tokens_out: int, *, known: bool = True
+    ) -> None:
         self.totals["requests"] += 1
         self.totals[outcome] += 1
-        usage = self.models.setdefault(model, Counter())
+        usage = self.models.setdefault(self.labels(model, known=known), Counter())
         usage["requests"] += 1
         usage[outcome] += 1
         usage["tokens_in"] += tokens_in

@@ -18,7 +18,6 @@ from pydantic import BaseModel
 
 from policies.clear import ClearSettings, ClearToolResults
 from policies.conversation import Conversation, Dialect, FidelityRecord, Goal, Meter, Policy
-from policies.dialects import DIALECTS, conversation_of
 from policies.evict import Evict, EvictSettings
 from policies.prune import PruneSettings, PruneToolResults
 from policies.tokens import CounterMeter
@@ -124,9 +123,10 @@ def compress_request(
     repair: bool = True,
 ) -> Outcome:
     """`compress` for a request body of the meter's wire API."""
+    wire = meter.wire
     return compress(
-        DIALECTS[meter.api],
-        conversation_of(meter.api, body),
+        wire.dialect,
+        wire.conversation(body),
         meter.fixed(body),
         meter,
         policies,

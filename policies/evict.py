@@ -36,6 +36,7 @@ from policies.conversation import (
     message_key,
     snapped_count,
 )
+from policies.wires.base import NOTICE_PREFIX
 
 PRIORITY = {"system": 0, "assistant": 0, "orphan": 0, "tools": 1, "user": 2}
 QUOTE = 80
@@ -76,7 +77,7 @@ class Evict:
             elif unit.kind == "user":
                 requests.append(_quote(dialect.text(messages[unit.start])))
         parts = [
-            f"[brim removed {count} earlier messages ({tokens} tokens) to fit the context window"
+            f"{NOTICE_PREFIX}{count} earlier messages ({tokens} tokens) to fit the context window"
         ]
         if tools:
             listed = ", ".join(

@@ -2,19 +2,24 @@
 
 Resolution, per figure (window, max output, tokenizer), first hit wins:
 
-1. learned from the provider's own overflow errors (`LimitsRegistry.learn`);
+1. learned from the provider's own overflow errors (`LimitsRegistry.learn`; and
+   `learn_output_counts` when the error says the output limit shares the window);
 2. `[models."ID"]` in proxy.toml (by id or alias);
 3. litellm's model map, then the built-in exact ids (CLI ids such as `claude:sonnet`), trying the
    most specific spelling of the id first: `codex:gpt-4.1`, then `gpt-4.1`;
 4. the built-in model families (`gpt-4o*`, `claude-sonnet-4*`, …);
 5. `_default` (128 000 / 8 192), reported with source `default` so the caller can warn.
+
+One request can ask for more: an Anthropic model called with the `context-1m-…` beta
+(`anthropic-beta: context-1m-2025-08-07`) has a 1 000 000-token window for that request, whatever
+the chain says (source `header`). The caller reads the header; `wants_long_context` parses it.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
@@ -27,6 +32,8 @@ from policies.model_map import MapEntry, ModelMap
 
 CLI_MARKER = "[cli]"
 _DATE_SUFFIX = re.compile(r"(-\d{4}-\d{2}-\d{2}|-\d{8}|@\d{8}|-v\d+:\d+)$")
+LONG_CONTEXT_BETA = "context-1m"  # Anthropic's beta token prefix: context-1m-2025-08-07
+LONG_CONTEXT_WINDOW = 1_000_000
 
 
 class LimitSource(StrEnum):
@@ -35,6 +42,17 @@ class LimitSource(StrEnum):
     LITELLM = "litellm"
     BUILTIN = "built-in"
     DEFAULT = "default"
+    HEADER = "header"  # this request asked for a larger window (Anthropic's context-1m beta)
+
+
+def wants_long_context(betas: Iterable[str]) -> bool:
+    """Whether `anthropic-beta` header values turn on the 1M-token window. Each value may list
+    several betas, comma-separated: `context-1m-2025-08-07,interleaved-thinking-2025-05-14`."""
+    return any(
+        token.strip().lower().startswith(LONG_CONTEXT_BETA)
+        for value in betas
+        for token in value.split(",")
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +185,9 @@ class LimitsRegistry:
         # What providers told us, shared by all requests; bounded, and forgotten after a day in
         # case the provider raised the limit since.
         self.learned: TTLCache[str, int] = TTLCache(maxsize=4_096, ttl=learned_ttl_s)
+        # Models whose provider said the request's output limit shares the window (Anthropic's
+        # "input length and `max_tokens` exceed context limit"), whatever the tables say.
+        self.learned_output_counts: TTLCache[str, bool] = TTLCache(maxsize=4_096, ttl=learned_ttl_s)
 
     def normalize(self, raw: str) -> ModelId:
         return normalize_model_id(raw, self.aliases)
@@ -179,13 +200,24 @@ class LimitsRegistry:
         self.learned[key] = context_window
         return news
 
+    def learn_output_counts(self, raw: str) -> bool:
+        """Remember that this model's provider counts the request's output limit against the
+        window; `resolve` reports `output_counts` (source learned) from now on. Returns whether
+        this was news."""
+        key = self.normalize(raw).candidates[0]
+        news = key not in self.learned_output_counts
+        self.learned_output_counts[key] = True
+        return news
+
     def fallbacks(self, raw: str) -> tuple[str, ...]:
         model = self.normalize(raw)
         return next(
             (self.configured[c].fallbacks for c in model.candidates if c in self.configured), ()
         )
 
-    def resolve(self, raw: str) -> ResolvedLimits:
+    def resolve(self, raw: str, *, long_context: bool = False) -> ResolvedLimits:
+        """`long_context`: the request carries Anthropic's context-1m beta
+        (`wants_long_context`); an Anthropic model then gets a window of at least 1 000 000."""
         model = self.normalize(raw)
         sources: dict[str, LimitSource] = {}
         window = self._first(model, "context_window", sources)
@@ -207,6 +239,14 @@ class LimitsRegistry:
             fnmatch.fnmatchcase(model.name, pattern) for pattern in model_table.INPUT_ONLY_LIMIT
         ):
             output_counts = False
+        if any(c in self.learned_output_counts for c in model.candidates):
+            output_counts = True
+            sources["output_counts"] = LimitSource.LEARNED
+        if long_context and provider == "anthropic" and window < LONG_CONTEXT_WINDOW:
+            # Wins over a learned window too: learning is per model, and what Anthropic
+            # reports when a request overflows without the beta is the standard window.
+            window = LONG_CONTEXT_WINDOW
+            sources["context_window"] = LimitSource.HEADER
 
         overhead = 0
         if model.cli is not None:

@@ -1,17 +1,12 @@
-"""Exact, offline token counts of Chat Completions requests.
+"""Exact, offline token counts, for every wire API.
 
 Encodings: `o200k_base` (gpt-4o, 4.1, 4.5, 5, o-series, unknown modern models), `cl100k_base`
 (gpt-4, gpt-3.5), and `claude` — Anthropic publishes no offline tokenizer, so Claude models are
 counted with o200k_base times a calibration factor (default 1.15, erring high).
 
-The formula, per OpenAI's published accounting for chat models:
+What a message costs is each wire API's own rule (`policies.wires`); this module holds what they
+share: encodings, the per-message cache, and OpenAI's accounting of tool definitions:
 
-    request  = Σ message + tool definitions + response_format schema + 3 (reply priming)
-    message  = 3 + tokens(role) + tokens(content) [+ tokens(name) + 1]
-               + Σ tool call: 3 + tokens(id) + tokens(name) + tokens(arguments)
-               + tokens(tool_call_id) + tokens(reasoning_content) + tokens(refusal)
-    content  = a string, or Σ parts: text → tokens(text); image_url → the tile rule in
-               `policies.images`; any other part → tokens of its JSON
     tools    = 12 + Σ tool: 7 (cl100k: 10) + tokens("name:description")
                + (3 + Σ property: 3 + tokens("key:type:description")
                   + enum: −3 + Σ item: 3 + tokens(item)) if it has properties
@@ -28,19 +23,16 @@ import math
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import tiktoken
 from cachetools import LRUCache
 
-from policies.dialects import with_conversation
-from policies.images import anthropic_image_tokens, image_tokens, pdf_tokens
+if TYPE_CHECKING:
+    from policies.wires.base import Wire
 
-OPENAI = "openai.chat"
-ANTHROPIC = "anthropic.messages"
-RESPONSES = "openai.responses"
-GEMINI = "gemini.generate"
+
 GEMINI_IMAGE_TOKENS = 258  # Gemini bills an image (up to 384 px a side) as 258 tokens
 ANTHROPIC_TOOL_PROMPT = 346  # tokens Anthropic adds to the system prompt when tools are given
 O200K = "o200k_base"
@@ -111,239 +103,37 @@ class TokenCounter:
         for name in tokenizers:
             self.encoding(name).encode_ordinary("warm")
 
-    def _scale(self, tokens: int, tokenizer: str) -> int:
+    def scale(self, tokens: int, tokenizer: str) -> int:
         return math.ceil(tokens * self.claude_factor) if tokenizer == CLAUDE else tokens
 
     def text(self, text: str, tokenizer: str) -> int:
         if not text:
             return 0
-        return self._scale(len(self.encoding(tokenizer).encode_ordinary(text)), tokenizer)
+        return self.scale(len(self.encoding(tokenizer).encode_ordinary(text)), tokenizer)
 
-    def message(
-        self, message: Mapping[str, Any], tokenizer: str, model: str = "", shape: str = OPENAI
-    ) -> int:
-        """One message's tokens (cached by content); `shape` is the wire API it is written in."""
+    def message(self, message: Mapping[str, Any], tokenizer: str, model: str, wire: Wire) -> int:
+        """One item's tokens (cached by content), by the rule of the wire API it is written in."""
         # In-process cache: Python's own hash of the serialized message (and its length) is
         # several times faster than a cryptographic digest, and collisions are negligible here.
         serialized = orjson.dumps(message)
-        key = (f"{shape}:{tokenizer}:{model}", len(serialized), hash(serialized))
+        key = (f"{wire.name}:{tokenizer}:{model}", len(serialized), hash(serialized))
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self.cache_hits += 1
                 return cached
             self.cache_misses += 1
-        encoding = self.encoding(tokenizer)
-        if shape == ANTHROPIC:
-            raw = self._anthropic_raw(message, encoding)
-        elif shape == RESPONSES:
-            raw = self._responses_raw(message, encoding, model)
-        elif shape == GEMINI:
-            raw = self._gemini_raw(message, encoding)
-        else:
-            raw = self._message_raw(message, encoding, model)
-        counted = self._scale(raw, tokenizer)
+        raw = wire.message_tokens(message, self.encoding(tokenizer), model)
+        counted = self.scale(raw, tokenizer)
         with self._lock:
             self._cache[key] = counted
         return counted
 
-    def _message_raw(self, message: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
-        def count(value: Any) -> int:
-            return len(enc.encode_ordinary(_text(value))) if value else 0
-
-        tokens = PER_MESSAGE + count(message.get("role"))
-        if message.get("name"):
-            tokens += count(message["name"]) + PER_NAME
-        tokens += self._content_raw(message.get("content"), enc, model)
-        for call in message.get("tool_calls") or ():
-            function = call.get("function") or {} if isinstance(call, Mapping) else {}
-            tokens += PER_TOOL_CALL + count(call.get("id") if isinstance(call, Mapping) else call)
-            tokens += count(function.get("name")) + count(function.get("arguments"))
-        legacy_call = message.get("function_call")
-        if isinstance(legacy_call, Mapping):
-            tokens += PER_TOOL_CALL + count(legacy_call.get("name"))
-            tokens += count(legacy_call.get("arguments"))
-        for field in ("tool_call_id", "reasoning_content", "refusal"):
-            tokens += count(message.get(field))
-        return tokens
-
-    @staticmethod
-    def _content_raw(content: Any, enc: tiktoken.Encoding, model: str) -> int:
-        if content is None:
-            return 0
-        if isinstance(content, str):
-            return len(enc.encode_ordinary(content))
-        tokens = 0
-        for part in content if isinstance(content, list) else [content]:
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind == "text" and isinstance(part.get("text"), str):
-                tokens += len(enc.encode_ordinary(part["text"]))
-            elif kind == "image_url" and isinstance(part.get("image_url"), Mapping):
-                image = part["image_url"]
-                tokens += image_tokens(str(image.get("url", "")), image.get("detail"), model)
-            else:
-                tokens += len(enc.encode_ordinary(_text(part)))
-        return tokens
-
-    def _anthropic_raw(self, message: Mapping[str, Any], enc: tiktoken.Encoding) -> int:
-        def count(value: Any) -> int:
-            return len(enc.encode_ordinary(_text(value))) if value else 0
-
-        tokens = PER_MESSAGE + count(message.get("role"))
-        content = message.get("content")
-        if isinstance(content, str):
-            return tokens + count(content)
-        for block in content if isinstance(content, list) else ():
-            tokens += self._anthropic_block(block, count)
-        return tokens
-
-    @staticmethod
-    def _anthropic_block(block: Any, count: Any) -> int:
-        if not isinstance(block, Mapping):
-            return int(count(block))
-        kind = block.get("type")
-        if kind == "text":
-            return int(count(block.get("text")))
-        if kind == "image":
-            return anthropic_image_tokens(block.get("source"))
-        if kind == "document":
-            source = block.get("source")
-            if isinstance(source, Mapping) and source.get("type") == "text":
-                return int(count(source.get("data")))
-            return pdf_tokens(source)
-        if kind == "tool_use":
-            return PER_TOOL_CALL + int(count(block.get("name"))) + int(count(block.get("input")))
-        if kind == "tool_result":
-            inner = block.get("content")
-            parts = [{"type": "text", "text": inner}] if isinstance(inner, str) else inner or []
-            return PER_TOOL_CALL + sum(TokenCounter._anthropic_block(p, count) for p in parts)
-        if kind == "thinking":
-            return int(count(block.get("thinking")))
-        if kind == "redacted_thinking":
-            return len(str(block.get("data", ""))) // 4
-        return int(count({k: v for k, v in block.items() if k != "cache_control"}))
-
-    def _responses_raw(self, item: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
-        def count(value: Any) -> int:
-            return len(enc.encode_ordinary(_text(value))) if value else 0
-
-        kind = item.get("type") or "message"
-        tokens = PER_MESSAGE
-        if kind == "message":
-            tokens += count(item.get("role"))
-            content = item.get("content")
-            if isinstance(content, str):
-                return tokens + count(content)
-            for part in content if isinstance(content, list) else ():
-                if not isinstance(part, Mapping):
-                    continue
-                if part.get("type") == "input_image":
-                    tokens += image_tokens(
-                        str(part.get("image_url") or ""), part.get("detail"), model
-                    )
-                else:
-                    tokens += count(part.get("text") or part.get("refusal"))
-            return tokens
-        if kind == "reasoning":
-            summary = " ".join(
-                str(s.get("text", "")) for s in item.get("summary") or [] if isinstance(s, Mapping)
-            )
-            return tokens + count(summary) + len(str(item.get("encrypted_content") or "")) // 4
-        tokens += count(item.get("name")) + count(item.get("arguments")) + count(item.get("input"))
-        tokens += count(item.get("action")) + count(item.get("call_id"))
-        output = item.get("output")
-        return tokens + (
-            count(output) if isinstance(output, str) else count(_text(output)) if output else 0
-        )
-
-    @staticmethod
-    def _gemini_raw(item: Mapping[str, Any], enc: tiktoken.Encoding) -> int:
-        def count(value: Any) -> int:
-            return len(enc.encode_ordinary(_text(value))) if value else 0
-
-        tokens = PER_MESSAGE + count(item.get("role"))
-        for part in item.get("parts") or ():
-            if not isinstance(part, Mapping):
-                continue
-            if "text" in part:
-                tokens += count(part.get("text"))
-            elif "functionCall" in part or "functionResponse" in part:
-                tokens += PER_TOOL_CALL + count(
-                    part.get("functionCall") or part.get("functionResponse")
-                )
-            elif "inlineData" in part or "fileData" in part:
-                tokens += GEMINI_IMAGE_TOKENS
-            else:
-                tokens += count(part)
-        return tokens
-
-    def gemini_request(self, body: Mapping[str, Any], tokenizer: str, model: str = "") -> ChatCount:
-        """A generateContent request: `contents`; `systemInstruction` and tools as fixed cost."""
-        items = [i for i in body.get("contents") or [] if isinstance(i, Mapping)]
-        per_item = tuple(self.message(i, tokenizer, model, GEMINI) for i in items)
-        system = body.get("systemInstruction") or body.get("system_instruction") or {}
-        fixed = self.text(_text(system), tokenizer) if system else 0
-        if body.get("tools"):
-            fixed += self.text(_text(body["tools"]), tokenizer)
-        return ChatCount(messages=per_item, tools=fixed, response_format=0, priming=REPLY_PRIMING)
-
-    def responses_request(
-        self, body: Mapping[str, Any], tokenizer: str, model: str = ""
-    ) -> ChatCount:
-        """A Responses request: its `input` items, plus `instructions` and tools as fixed cost."""
-        value = body.get("input")
-        items = (
-            [{"type": "message", "role": "user", "content": value}]
-            if isinstance(value, str)
-            else value or []
-        )
-        per_item = tuple(
-            self.message(i, tokenizer, model, RESPONSES) for i in items if isinstance(i, Mapping)
-        )
-        tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
-        fixed = self.text(str(body.get("instructions") or ""), tokenizer)
-        fixed += self.tools(tools, tokenizer) if tools else 0
-        return ChatCount(messages=per_item, tools=fixed, response_format=0, priming=REPLY_PRIMING)
-
-    def messages_request(
-        self, body: Mapping[str, Any], tokenizer: str, model: str = ""
-    ) -> ChatCount:
-        """An Anthropic Messages request: messages, plus the system prompt and tool list (and
-        the tool-use prompt Anthropic adds when tools are given) as fixed cost."""
-        messages = body.get("messages") or []
-        per_message = tuple(
-            self.message(m, tokenizer, model, ANTHROPIC) for m in messages if isinstance(m, Mapping)
-        )
-        system = body.get("system")
-        system_text = (
-            system
-            if isinstance(system, str)
-            else "\n".join(str(b.get("text", "")) for b in system or [] if isinstance(b, Mapping))
-        )
-        tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
-        tool_tokens = sum(
-            self.text(_text({k: v for k, v in t.items() if k != "cache_control"}), tokenizer)
-            for t in tools
-        )
-        if tools:
-            tool_tokens += self._scale(ANTHROPIC_TOOL_PROMPT, tokenizer)
-        return ChatCount(
-            messages=per_message,
-            tools=tool_tokens + self.text(system_text, tokenizer),
-            response_format=0,
-            priming=REPLY_PRIMING,
-        )
-
     def request(
-        self, api: str, body: Mapping[str, Any], tokenizer: str, model: str = ""
+        self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str = ""
     ) -> ChatCount:
-        if api == ANTHROPIC:
-            return self.messages_request(body, tokenizer, model)
-        if api == RESPONSES:
-            return self.responses_request(body, tokenizer, model)
-        if api == GEMINI:
-            return self.gemini_request(body, tokenizer, model)
-        return self.chat(body, tokenizer, model)
+        """A whole request of `wire`'s API: per item, plus its fixed cost."""
+        return wire.count(self, body, tokenizer, model)
 
     def tools(self, tools: Iterable[Any], tokenizer: str) -> int:
         definitions = [t.get("function", t) for t in tools if isinstance(t, Mapping)]
@@ -369,7 +159,7 @@ class TokenCounter:
             rest = {k: v for k, v in parameters.items() if k not in _RENDERED_WITHOUT_TOKENS}
             if rest:
                 tokens += count(orjson.dumps(rest).decode())
-        return self._scale(tokens, tokenizer)
+        return self.scale(tokens, tokenizer)
 
     @staticmethod
     def _property_raw(key: str, schema: Any, count: Any) -> int:
@@ -385,76 +175,41 @@ class TokenCounter:
             tokens += int(count(orjson.dumps(rest).decode()))
         return tokens
 
-    def chat(self, body: Mapping[str, Any], tokenizer: str, model: str = "") -> ChatCount:
-        messages = body.get("messages") or []
-        per_message = tuple(
-            self.message(m, tokenizer, model) for m in messages if isinstance(m, Mapping)
-        )
-        definitions = list(body.get("tools") or []) + list(body.get("functions") or [])
-        response_format = body.get("response_format")
-        schema_tokens = 0
-        if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
-            schema_tokens = self.text(_text(response_format.get("json_schema")), tokenizer)
-        return ChatCount(
-            messages=per_message,
-            tools=self.tools(definitions, tokenizer),
-            response_format=schema_tokens,
-            priming=REPLY_PRIMING,
-        )
-
-    def upper_bound(self, raw: bytes, body: Mapping[str, Any], tokenizer: str) -> int:
+    def upper_bound(self, raw: bytes, body: Mapping[str, Any], tokenizer: str, wire: Wire) -> int:
         """A bound no exact count can exceed, without tokenizing: every token is at least one
-        byte of the text, and all text is inside the body's bytes."""
-        messages: Sequence[Any] = body.get("messages") or ()
-        if not messages and isinstance(body.get("input"), list):
-            messages = body["input"]  # Responses items
-        if not messages and isinstance(body.get("contents"), list):
-            messages = body["contents"]  # Gemini turns
-        images = sum(
-            1
-            for m in messages
-            if isinstance(m, Mapping) and isinstance(m.get("content"), list)
-            for part in m["content"]
-            if isinstance(part, Mapping) and part.get("type") in ("image_url", "image")
-        ) + sum(
-            1
-            for m in messages
-            if isinstance(m, Mapping)
-            for part in m.get("parts") or ()
-            if isinstance(part, Mapping) and ("inlineData" in part or "fileData" in part)
-        )
-        documents = sum(
-            pdf_tokens(part.get("source"))
-            for m in messages
-            if isinstance(m, Mapping) and isinstance(m.get("content"), list)
-            for part in m["content"]
-            if isinstance(part, Mapping) and part.get("type") == "document"
-        )
-        calls = sum(len(m.get("tool_calls") or ()) for m in messages if isinstance(m, Mapping))
-        tools = len(body.get("tools") or ()) + len(body.get("functions") or ())
-        fixed = (
-            (PER_MESSAGE + PER_NAME) * len(messages)
-            + PER_TOOL_CALL * calls
-            + TOOLS_END
-            + (PER_TOOL[CL100K] + PROPERTIES_START) * tools
-            + REPLY_PRIMING
-            + MAX_IMAGE_TOKENS * images
-            + documents
-            + ANTHROPIC_TOOL_PROMPT
-        )
-        return self._scale(len(raw) + fixed, tokenizer)
+        byte of the text, and all text is inside the body's bytes; what costs more than its
+        bytes (per-item overheads, images, documents) the wire adds."""
+        return self.scale(len(raw) + wire.bound_overhead(body), tokenizer)
+
+
+def tool_definitions_bound(definitions: Iterable[Any]) -> int:
+    """What `TokenCounter.tools` can count beyond the definitions' own bytes: the fixed tokens
+    per tool, per property and per enum item (an enum item `1,` is two bytes, four tokens)."""
+    tokens = 0
+    for tool in definitions:
+        if not isinstance(tool, Mapping):
+            continue
+        function = tool.get("function", tool)
+        function = function if isinstance(function, Mapping) else {}
+        tokens += PER_TOOL[CL100K] + PROPERTIES_START
+        parameters = function.get("parameters")
+        properties = parameters.get("properties") if isinstance(parameters, Mapping) else None
+        for schema in properties.values() if isinstance(properties, Mapping) else ():
+            tokens += PER_PROPERTY
+            enum = schema.get("enum") if isinstance(schema, Mapping) else None
+            tokens += PER_ENUM_ITEM * len(enum) if isinstance(enum, list) else 0
+    return TOOLS_END + tokens if tokens else 0
 
 
 class CounterMeter:
-    """A `TokenCounter` bound to one request's tokenizer and model (the policies' `Meter`)."""
+    """A `TokenCounter` bound to one request's tokenizer, model and wire API (the policies'
+    `Meter`)."""
 
-    def __init__(
-        self, counter: TokenCounter, tokenizer: str, model: str = "", api: str = OPENAI
-    ) -> None:
+    def __init__(self, counter: TokenCounter, tokenizer: str, model: str, wire: Wire) -> None:
         self.counter = counter
         self.tokenizer = tokenizer
         self.model = model
-        self.api = api
+        self.wire = wire
         self._encoding = counter.encoding(tokenizer)
         self._text_sizes: LRUCache[bytes, int] = LRUCache(maxsize=50_000)
 
@@ -467,7 +222,7 @@ class CounterMeter:
         return size
 
     def message(self, message: Any) -> int:
-        return self.counter.message(message, self.tokenizer, self.model, self.api)
+        return self.counter.message(message, self.tokenizer, self.model, self.wire)
 
     def tokens(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)
@@ -476,6 +231,6 @@ class CounterMeter:
         return self._encoding.decode(list(tokens))
 
     def fixed(self, body: Mapping[str, Any]) -> int:
-        """Everything but the messages: tool definitions, response format, reply priming."""
-        bare = with_conversation(self.api, body, [])
-        return self.counter.request(self.api, bare, self.tokenizer, self.model).total
+        """Everything but the conversation: system prompt, tool definitions, reply priming."""
+        bare = self.wire.with_conversation(body, [])
+        return self.counter.request(self.wire, bare, self.tokenizer, self.model).total

@@ -14,7 +14,15 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from opentelemetry.sdk.trace import SpanProcessor
 
-from adapters.errors import BrimError
+from adapters.errors import (
+    BrimError,
+    HeadersTooLarge,
+    InternalError,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    Unauthorized,
+    UnknownEndpoint,
+)
 from adapters.headers import BRIM_KEY_HEADER as BRIM_KEY
 from adapters.registry import Upstreams
 from middleware.archive import ContentArchive
@@ -28,20 +36,13 @@ from middleware.summarize import (
     SummaryCache,
     upstream_caller,
 )
-from middleware.telemetry import StatusBoard
+from middleware.telemetry import ModelLabels, StatusBoard
 from policies.limits import LimitsRegistry
 from policies.tokens import CounterMeter, TokenCounter
+from policies.wires import wire_for_path
+from policies.wires.chat import CHAT
 from proxy.config import BrimConfig
-from proxy.errors import (
-    HeadersTooLarge,
-    InternalError,
-    MethodNotAllowed,
-    PayloadTooLarge,
-    Unauthorized,
-    UnknownEndpoint,
-    Wire,
-    error_response,
-)
+from proxy.errors import error_response
 from proxy.keys import (
     BRIM_KEY_HEADER,
     CONFIG,
@@ -81,7 +82,7 @@ async def errors_in_wire_format(request: web.Request, handler: Handler) -> web.S
     request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
     request[REQUEST_ID] = request_id
     id_header = {"x-brim-request-id": request_id}
-    wire = wire_of(request.path)
+    wire = wire_for_path(request.path)
     try:
         return await handler(request)
     except BrimError as exc:
@@ -145,15 +146,6 @@ def _hide_parse_error_bytes() -> None:
     server_log = logging.getLogger("aiohttp.server")
     if not any(isinstance(f, ParseErrorsWithoutBytes) for f in server_log.filters):
         server_log.addFilter(ParseErrorsWithoutBytes())
-
-
-def wire_of(path: str) -> Wire:
-    """Which wire format a client on this path expects its errors in."""
-    if path.startswith(("/v1/messages", "/messages")):
-        return "anthropic"
-    if path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path):
-        return "gemini"
-    return "openai"
 
 
 def _presented_key(request: web.Request) -> tuple[str, str] | None:
@@ -257,11 +249,18 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
         limits=limits,
         counter=counter,
         telemetry=providers.telemetry,
-        status=StatusBoard(),
+        status=StatusBoard(labels=model_labels(config)),
         audit=audit,
         archive=archive,
         summarizer=build_summarizer(config, upstreams, counter, limits),
     )
+
+
+def model_labels(config: BrimConfig) -> ModelLabels:
+    """Metric and status-board labels for models: the configured ones (and their aliases) are
+    always labelled; other ids, being client input, share a bounded set of labels."""
+    configured = [*config.models, *(a for facts in config.models.values() for a in facts.aliases)]
+    return ModelLabels(configured)
 
 
 def build_summarizer(
@@ -279,7 +278,7 @@ def build_summarizer(
     return Summarizer(
         upstream_caller(upstreams),
         settings.chain(),
-        CounterMeter(counter, "o200k_base"),
+        CounterMeter(counter, "o200k_base", "", CHAT),  # measures summaries: text only
         limits,
         cache,
         max_retries=settings.max_retries,

@@ -1,17 +1,21 @@
-"""The `brim` command: `brim serve`, `brim check-config`."""
+"""The `brim` command: `brim serve`, `brim check-config`, `brim inspect`, `brim models`,
+`brim archive get`."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from policies.wires import WIRES
 from proxy.config import BrimConfig, ConfigError, describe_config, load_config
 from proxy.inspect import (
     InspectError,
@@ -25,6 +29,14 @@ from proxy.inspect import (
 DEFAULT_CONFIG = "proxy.toml"
 
 
+class CannotListen(Exception):
+    """`brim serve` could not open its listening socket (the message says why)."""
+
+
+# What binding a socket fails with; a file brim cannot open has a filename and is not one.
+LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
+
+
 def _load(path: str | None) -> BrimConfig:
     config, warnings = load_config(path)
     for warning in warnings:
@@ -35,7 +47,16 @@ def _load(path: str | None) -> BrimConfig:
 async def _serve(config: BrimConfig) -> None:
     from proxy.app import bound_port, start
 
-    runner = await start(config, config.server.host, config.server.port)
+    host, port = config.server.host, config.server.port
+    try:
+        runner = await start(config, host, port)
+    except OSError as exc:
+        gai = isinstance(exc, socket.gaierror)
+        if exc.filename is not None or not (gai or exc.errno in LISTEN_ERRNOS):
+            raise
+        reason = exc.strerror if gai or not exc.errno else os.strerror(exc.errno)
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        raise CannotListen(f"cannot listen on {address}: {(reason or str(exc)).lower()}") from None
     print(f"brim listening on http://{config.server.host}:{bound_port(runner)}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -91,8 +112,11 @@ def refuse_open_without_keys(config: BrimConfig) -> None:
 
 
 def check_config(args: argparse.Namespace) -> int:
-    config = _load(args.path)
-    print(f"{args.path}: OK", file=sys.stderr)
+    """The checks `serve` makes before it listens, on the config `serve` would find."""
+    path = find_config(args.path)
+    config = _load(path)
+    refuse_open_without_keys(config)
+    print(f"{path or 'built-in defaults'}: OK", file=sys.stderr)
     print(json.dumps(describe_config(config), indent=2, ensure_ascii=False))
     return 0
 
@@ -119,6 +143,7 @@ def inspect(args: argparse.Namespace) -> int:
         body,
         model=args.model,
         user_agent=args.user_agent or "",
+        api=args.api,
     )
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
@@ -141,10 +166,11 @@ def archive(args: argparse.Namespace) -> int:
     config = _load(find_config(args.config))
     store = ContentArchive(config.archive.dir, config.archive.ttl_hours)
     try:
-        content = store.get(args.key)
+        key = store.resolve(args.key)
     except ValueError as exc:
         print(f"brim: {exc}", file=sys.stderr)
         return 2
+    content = None if key is None else store.get(key)
     if content is None:
         print(f"brim: nothing is archived under {args.key} (or it has expired)", file=sys.stderr)
         return 1
@@ -177,17 +203,30 @@ def parser() -> argparse.ArgumentParser:
     run.set_defaults(func=serve)
 
     check = commands.add_parser(
-        "check-config", help="validate a config file and print it resolved, secrets masked"
+        "check-config",
+        help="make the checks serve makes and print the resolved config, secrets masked",
     )
-    check.add_argument("path", nargs="?", default=DEFAULT_CONFIG)
+    check.add_argument(
+        "path", nargs="?", help="proxy.toml to check (default: found as serve finds it)"
+    )
     check.set_defaults(func=check_config)
 
     look = commands.add_parser(
         "inspect",
         help="show a saved request's limits, budget and token counts (exit 1 if it does not fit)",
     )
-    look.add_argument("request", help="a Chat Completions request body, as JSON")
-    look.add_argument("--model", help="count for this model instead of the request's own")
+    look.add_argument(
+        "request",
+        help="a request body, as JSON: Chat Completions, Anthropic Messages, Responses or Gemini",
+    )
+    look.add_argument(
+        "--api",
+        choices=list(WIRES),
+        help="the body's wire API (default: recognised from its shape)",
+    )
+    look.add_argument(
+        "--model", help="count for this model instead of the request's own (Gemini: required)"
+    )
     look.add_argument("--config", help="proxy.toml to use (default as for serve)")
     look.add_argument("--user-agent", help="apply the [clients] rule this User-Agent matches")
     look.add_argument("--json", action="store_true", help="machine-readable output")
@@ -206,7 +245,11 @@ def parser() -> argparse.ArgumentParser:
     kept = commands.add_parser("archive", help="the content archive")
     kept_commands = kept.add_subparsers(dest="archive_command", required=True)
     get = kept_commands.add_parser("get", help="print the original archived under a sha256 key")
-    get.add_argument("key", help="the key from an audit line or a placeholder (64 hex digits)")
+    get.add_argument(
+        "key",
+        help="the key from an audit line or a placeholder: 64 hex digits or a unique prefix of "
+        "at least 8, 'sha256:' optional",
+    )
     get.add_argument("--config", help="proxy.toml to use (default as for serve)")
     get.set_defaults(func=archive)
     return root
@@ -225,5 +268,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except InspectError as exc:
         print(f"brim: {exc}", file=sys.stderr)
         return 2
+    except CannotListen as exc:
+        print(f"brim: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130

@@ -1,9 +1,15 @@
 """brim's configuration: `proxy.toml` parsed once at start-up into frozen, validated objects.
 
-Precedence, highest first: `BRIM_…` environment variables (nested keys joined by a double
-underscore, e.g. `BRIM_SERVER__PORT=9000`, `BRIM_UPSTREAMS__OPENAI__BASE_URL=…`), the file, the
-built-in defaults. Unknown keys are reported as warnings and otherwise ignored; a bad value is a
-`ConfigError` naming the key, and brim refuses to start.
+Layers, highest first: `BRIM_…` environment variables, the file, the built-in defaults. Each layer
+deep-merges over the one below, except that a file's `[upstreams]` replaces the built-in ones.
+A variable names a key path in capitals, nested keys joined by a double underscore
+(`BRIM_SERVER__PORT=9000`, `BRIM_UPSTREAMS__OPENAI__BASE_URL=…`) and changes only that key; a value
+starting with `[` or `{` is JSON and replaces the key's value whole (`BRIM_GUARD__POLICIES=[…]`,
+`BRIM_ROUTES={…}`), any other is a string that validation converts. Unknown keys, in the file or
+in a variable's name, are reported as warnings and otherwise ignored (`ENV_NOT_CONFIG` lists the
+`BRIM_…` variables that are not configuration, and a variable an `…_env` key names is not one
+either); a bad value is a `ConfigError` naming the key and where it came from (the file or the
+variable), and brim refuses to start.
 
 Secrets never live in the file: `api_key_env` / `api_keys_env` name environment variables, which
 are read here, once, into `SecretStr` values.
@@ -11,13 +17,16 @@ are read here, once, into `SecretStr` values.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import json
+import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from adapters.config import FrozenModel, UpstreamConfig, secret_from_env
 from middleware.settings import (
@@ -34,6 +43,11 @@ from policies.limits import ModelFacts
 from policies.nesting import SAFE_DEPTH
 
 ENV_PREFIX = "BRIM_"
+ENV_DELIMITER = "__"
+# `BRIM_…` variables that are not configuration keys (read by `brim`, dev.sh or the bench).
+ENV_NOT_CONFIG = frozenset(
+    {"BRIM_CONFIG", "BRIM_VENV", "BRIM_LOG_LEVEL", "BRIM_LOG_FORMAT", "BRIM_BENCH_DIR"}
+)
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"
 GEMINI_BASE_URL = "https://generativelanguage.googleapis.com"
@@ -75,23 +89,19 @@ class ServerConfig(FrozenModel):
         return int(self.max_body_mb * 1024 * 1024)
 
 
+DEFAULT_UPSTREAMS: dict[str, dict[str, str]] = {
+    "openai": {"api": "openai", "base_url": OPENAI_BASE_URL},
+    "anthropic": {"api": "anthropic", "base_url": ANTHROPIC_BASE_URL},
+    "gemini": {"api": "gemini", "base_url": GEMINI_BASE_URL},
+}
+
+
 def _default_upstreams() -> dict[str, UpstreamConfig]:
-    return {
-        "openai": UpstreamConfig(api="openai", base_url=OPENAI_BASE_URL),
-        "anthropic": UpstreamConfig(api="anthropic", base_url=ANTHROPIC_BASE_URL),
-        "gemini": UpstreamConfig(api="gemini", base_url=GEMINI_BASE_URL),
-    }
+    return {name: UpstreamConfig.model_validate(raw) for name, raw in DEFAULT_UPSTREAMS.items()}
 
 
-class BrimConfig(BaseSettings):
+class BrimConfig(FrozenModel):
     """The whole resolved configuration. Build it with `load_config`."""
-
-    model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX,
-        env_nested_delimiter="__",
-        frozen=True,
-        extra="ignore",
-    )
 
     server: ServerConfig = ServerConfig()
     upstreams: dict[str, UpstreamConfig] = Field(default_factory=_default_upstreams)
@@ -105,17 +115,6 @@ class BrimConfig(BaseSettings):
     archive: ArchiveConfig = ArchiveConfig()
     summarize: SummarizeConfig = SummarizeConfig()
     cache: CacheConfig = CacheConfig()
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        return (env_settings, init_settings)
 
     @model_validator(mode="after")
     def _summarizer_named(self) -> BrimConfig:
@@ -160,36 +159,142 @@ def unknown_keys(data: Mapping[str, Any], model: type[BaseModel], prefix: str = 
     return found
 
 
-def _describe(error: ValidationError) -> str:
+KeyPath = tuple[str, ...]
+
+
+def _nested(path: KeyPath, value: Any) -> Any:
+    for key in reversed(path):
+        value = {key: value}
+    return value
+
+
+def _named_variables(data: Any) -> set[str]:
+    """The environment variables that `…_env` keys anywhere in `data` name (secrets, not keys)."""
+    found: set[str] = set()
+    if isinstance(data, Mapping):
+        for key, value in data.items():
+            if isinstance(key, str) and key.endswith("_env") and isinstance(value, str):
+                found.add(value)
+            else:
+                found |= _named_variables(value)
+    elif isinstance(data, list):
+        for item in data:
+            found |= _named_variables(item)
+    return found
+
+
+def _parse_value(text: str) -> Any:
+    """JSON for a value that looks like an array or object, else the string as it is."""
+    return json.loads(text) if text.lstrip().startswith(("[", "{")) else text
+
+
+class _Environment:
+    """The `BRIM_…` variables merged over the lower layers, remembering which variable set what."""
+
+    def __init__(self, environ: Mapping[str, str], file_raw: Mapping[str, Any]) -> None:
+        candidates: list[tuple[str, KeyPath, str]] = []
+        for name, text in environ.items():
+            upper = name.upper()
+            if upper.startswith(ENV_PREFIX) and upper not in ENV_NOT_CONFIG:
+                path = tuple(name[len(ENV_PREFIX) :].lower().split(ENV_DELIMITER))
+                candidates.append((name, path, text))
+        named = _named_variables(file_raw)
+        for _, path, text in candidates:
+            with contextlib.suppress(json.JSONDecodeError):  # reported below, if configuration
+                named |= _named_variables(_nested(path, _parse_value(text)))
+        # Shorter paths first, so that a more specific variable wins over a JSON table.
+        self.variables: list[tuple[str, KeyPath, Any]] = []
+        for name, path, text in sorted(candidates, key=lambda item: (len(item[1]), item[0])):
+            if name in named:
+                continue
+            try:
+                value = _parse_value(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"environment variable {name}: not valid JSON: {exc}") from None
+            self.variables.append((name, path, value))
+        self.set_by: dict[KeyPath, str] = {}  # the key each variable set
+        self.created_by: dict[KeyPath, list[str]] = {}  # tables no lower layer had
+
+    def warnings(self) -> list[str]:
+        return [
+            f"environment variable {name}: unknown key {key!r} ignored"
+            for name, path, value in self.variables
+            for key in unknown_keys(_nested(path, value), BrimConfig)
+        ]
+
+    def merge_into(self, data: dict[str, Any]) -> None:
+        """Set each variable's key in `data`, creating tables on the way; a table's existing key
+        is matched whatever its case (`BRIM_UPSTREAMS__LOCAL__…` reaches `[upstreams.Local]`)."""
+        for name, path, value in self.variables:
+            node = data
+            resolved: list[str] = []
+            for depth, part in enumerate(path):
+                key = next((k for k in node if isinstance(k, str) and k.lower() == part), part)
+                resolved.append(key)
+                if depth == len(path) - 1:
+                    node[key] = value
+                    break
+                child = node.get(key)
+                if not isinstance(child, dict):
+                    child = node[key] = {}
+                    self.created_by.setdefault(tuple(resolved), []).append(name)
+                node = child
+            self.set_by[tuple(resolved)] = name
+
+    def origin(self, loc: KeyPath, file: str | None) -> str:
+        """Where the value at `loc` came from: a variable, the file, or both."""
+
+        def covering(paths: Mapping[KeyPath, Any]) -> KeyPath | None:
+            return max((p for p in paths if loc[: len(p)] == p), key=len, default=None)
+
+        if (path := covering(self.set_by)) is not None:
+            return _variables([self.set_by[path]])
+        if (path := covering(self.created_by)) is not None:
+            return _variables(self.created_by[path])
+        beneath = sorted({name for path, name in self.set_by.items() if path[: len(loc)] == loc})
+        if file is None:
+            return _variables(beneath) if beneath else "built-in defaults"
+        return f"{file} with {_variables(beneath)}" if beneath else file
+
+
+def _variables(names: list[str]) -> str:
+    if len(names) == 1:
+        return f"environment variable {names[0]}"
+    return f"environment variables {', '.join(names)}"
+
+
+def _describe(error: ValidationError, environment: _Environment, file: str | None) -> str:
     lines = []
     for item in error.errors():
-        location = ".".join(str(part) for part in item["loc"]) or "(top level)"
+        loc = tuple(str(part) for part in item["loc"])
+        location = ".".join(loc) or "(top level)"
         message = item["msg"].removeprefix("Value error, ")
-        lines.append(f"{location}: {message}")
+        lines.append(f"{environment.origin(loc, file)}: {location}: {message}")
     return "; ".join(lines)
 
 
 def load_config(path: str | Path | None) -> tuple[BrimConfig, list[str]]:
     """Read `path` (or nothing: defaults) plus the environment; return the config and warnings."""
     raw: dict[str, Any] = {}
-    source = "defaults"
+    file = None if path is None else str(path)
     if path is not None:
-        source = str(path)
         try:
             raw = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except FileNotFoundError:
-            raise ConfigError(f"{source}: no such file") from None
+            raise ConfigError(f"{file}: no such file") from None
         except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{source}: cannot read: {exc}") from None
+            raise ConfigError(f"{file}: cannot read: {exc}") from None
         except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{source}: not valid TOML: {exc}") from None
-    warnings = [f"{source}: unknown key {key!r} ignored" for key in unknown_keys(raw, BrimConfig)]
+            raise ConfigError(f"{file}: not valid TOML: {exc}") from None
+    warnings = [f"{file}: unknown key {key!r} ignored" for key in unknown_keys(raw, BrimConfig)]
+    environment = _Environment(os.environ, raw)
+    warnings += environment.warnings()
+    merged = copy.deepcopy({"upstreams": DEFAULT_UPSTREAMS, **raw})
+    environment.merge_into(merged)
     try:
-        config = BrimConfig(**raw)
+        config = BrimConfig.model_validate(merged)
     except ValidationError as exc:
-        raise ConfigError(f"{source}: {_describe(exc)}") from None
-    except ValueError as exc:  # raised by the env source when a BRIM_ variable is not parseable
-        raise ConfigError(f"{source}: {exc}") from None
+        raise ConfigError(_describe(exc, environment, file)) from None
     return config, warnings
 
 

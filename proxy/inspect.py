@@ -17,27 +17,13 @@ from policies.clients import match_client
 from policies.compress import build_policies, compress_request
 from policies.limits import LimitsRegistry, ResolvedLimits
 from policies.tokens import CLAUDE, CounterMeter, TokenCounter
+from policies.wires import WIRES, wire_of_body
+from policies.wires.base import Wire
 from proxy.config import BrimConfig
 
 
 class InspectError(ValueError):
     """The request file cannot be inspected; the message says why."""
-
-
-ANTHROPIC_BLOCKS = frozenset({"tool_use", "tool_result", "image", "document", "thinking"})
-
-
-def wire_api_of(body: Mapping[str, Any]) -> str:
-    """Which wire API a saved request is written in: Anthropic Messages has a top-level
-    `system`, or content blocks only it has; anything else is read as Chat Completions."""
-    if "system" in body:
-        return "anthropic.messages"
-    for message in body.get("messages") or []:
-        content = message.get("content") if isinstance(message, Mapping) else None
-        for block in content if isinstance(content, list) else []:
-            if isinstance(block, Mapping) and block.get("type") in ANTHROPIC_BLOCKS:
-                return "anthropic.messages"
-    return "openai.chat"
 
 
 def read_request(path: str) -> dict[str, Any]:
@@ -47,9 +33,23 @@ def read_request(path: str) -> dict[str, Any]:
         raise InspectError(f"{path}: no such file") from None
     except orjson.JSONDecodeError as exc:
         raise InspectError(f"{path}: not valid JSON: {exc}") from None
-    if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
-        raise InspectError(f"{path}: expected a Chat Completions request with a messages list")
+    if not isinstance(data, dict) or not any(
+        isinstance(data.get(field), list | str) for field in ("messages", "input", "contents")
+    ):
+        raise InspectError(
+            f"{path}: expected a request body with `messages` (Chat Completions, Anthropic "
+            "Messages), `input` (Responses) or `contents` (Gemini)"
+        )
     return data
+
+
+def wire_named(api: str | None, body: Mapping[str, Any]) -> Wire:
+    """The wire API `api` names (e.g. "anthropic.messages"), or the one the body's shape says."""
+    if api is None:
+        return wire_of_body(body)
+    if api not in WIRES:
+        raise InspectError(f"unknown wire API {api!r}; known: {', '.join(WIRES)}")
+    return WIRES[api]
 
 
 def limits_report(resolved: ResolvedLimits) -> dict[str, Any]:
@@ -76,7 +76,11 @@ def inspect_request(
     *,
     model: str | None = None,
     user_agent: str = "",
+    api: str | None = None,
 ) -> dict[str, Any]:
+    """What brim knows and would do about a request of any wire API (`api`, or guessed from the
+    body's shape); Gemini bodies carry no model, so `model` names it."""
+    wire = wire_named(api, body)
     model_id = model or body.get("model")
     if not isinstance(model_id, str) or not model_id:
         raise InspectError("the request names no model; pass --model")
@@ -89,10 +93,9 @@ def inspect_request(
         cli_overhead=client[1].overhead if client else None,
     )
     tokenizer = resolved.limits.tokenizer
-    api = wire_api_of(body)
-    count = counter.request(api, body, tokenizer, resolved.limits.model)
+    count = counter.request(wire, body, tokenizer, resolved.limits.model)
     raw = orjson.dumps(body)
-    messages = body.get("messages") or []
+    items = [item for item in wire.conversation(body) if isinstance(item, Mapping)]
     return {
         "limits": limits_report(resolved),
         "client": client[0] if client else None,
@@ -106,22 +109,22 @@ def inspect_request(
             "messages": [
                 {
                     "index": i,
-                    "role": m.get("role"),
+                    "role": wire.dialect.role(item) or item.get("type"),
                     "tokens": n,
-                    "tool_calls": len(m.get("tool_calls") or ()),
+                    "tool_calls": len(wire.dialect.calls(item)),
                 }
-                for i, (m, n) in enumerate(zip(messages, count.messages, strict=False))
+                for i, (item, n) in enumerate(zip(items, count.messages, strict=False))
             ],
             "tools": count.tools,
             "response_format": count.response_format,
             "priming": count.priming,
             "total": count.total,
-            "upper_bound": counter.upper_bound(raw, body, tokenizer),
+            "upper_bound": counter.upper_bound(raw, body, tokenizer, wire),
             "claude_factor": counter.claude_factor if tokenizer == CLAUDE else None,
         },
-        "api": api,
+        "api": wire.name,
         "fits": budget.fits(count.total),
-        "guard": guard_report(config, counter, body, resolved, budget.effective(), api),
+        "guard": guard_report(config, counter, body, resolved, budget.effective(), wire),
     }
 
 
@@ -131,13 +134,13 @@ def guard_report(
     body: Mapping[str, Any],
     resolved: ResolvedLimits,
     limit: int,
-    api: str,
+    wire: Wire,
 ) -> dict[str, Any]:
     """What the guard would do to this request, as `brim serve` is configured."""
     guard = config.guard
     outcome = compress_request(
         body,
-        CounterMeter(counter, resolved.limits.tokenizer, resolved.limits.model, api),
+        CounterMeter(counter, resolved.limits.tokenizer, resolved.limits.model, wire),
         build_policies(guard.policies, guard.policy_settings()),
         limit=limit,
         low_water=guard.low_water,

@@ -4,44 +4,19 @@ events: an event split across reads is passed on once its end is in)."""
 from __future__ import annotations
 
 import logging
-import re
 
-import orjson
 from aiohttp import web
 
 from adapters.base import UpstreamResponse
 from adapters.errors import UpstreamFailure
-from adapters.exchange import ClientApi
 from adapters.headers import client_response_headers
-from proxy.errors import anthropic_error, gemini_error, openai_error
+from policies.wires.base import Wire
 
 log = logging.getLogger("brim.relay")
 
 # Where a server-sent event ends: a line ending followed by an empty line (LF, CRLF or CR).
 EVENT_ENDS = (b"\n\n", b"\r\n\r\n", b"\r\r", b"\n\r\n")
 MAX_HELD = 1024 * 1024
-SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
-
-
-def sse_error(exc: UpstreamFailure, api: ClientApi, last_event: bytes = b"") -> bytes:
-    """The event that tells a client its stream broke off, in the shape its own SDK reads as an
-    error: Anthropic's `error` event, the Responses API's `error` event, Google's error object,
-    or the `{"error": {...}}` chunk of Chat Completions."""
-    if api.startswith("anthropic."):
-        return b"event: error\ndata: " + anthropic_error(exc) + b"\n\n"
-    if api.startswith("gemini."):
-        return b"data: " + gemini_error(exc) + b"\r\n\r\n"
-    if api == "openai.responses":
-        numbers = SEQUENCE.findall(last_event)
-        event = {
-            "type": "error",
-            "code": exc.code,
-            "message": exc.message,
-            "param": None,
-            "sequence_number": int(numbers[-1]) + 1 if numbers else 0,
-        }
-        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
-    return b"data: " + openai_error(exc) + b"\n\n"
 
 
 class EventCut:
@@ -72,11 +47,12 @@ class EventCut:
             self.last, self.clean = ready, boundary
         return ready
 
-    def error(self, exc: UpstreamFailure, api: ClientApi) -> bytes:
-        """The error event, in place of whatever unfinished event was held back."""
+    def error(self, exc: UpstreamFailure, wire: Wire) -> bytes:
+        """The error event, in place of whatever unfinished event was held back, in the shape
+        `wire`'s SDKs read as an error."""
         self.held = b""
         prefix = b"" if self.clean else b"\n\n"
-        return prefix + sse_error(exc, api, self.last)
+        return prefix + wire.stream_error(exc.info(), self.last)
 
 
 async def relay(
@@ -84,10 +60,10 @@ async def relay(
     reply: UpstreamResponse,
     extra_headers: dict[str, str],
     *,
-    api: ClientApi,
+    wire: Wire,
 ) -> web.StreamResponse:
-    """Relay `reply` to the client that spoke `api`; a stream that breaks off ends with an error
-    event in that API's shape."""
+    """Relay `reply` to the client that spoke `wire`'s API; a stream that breaks off ends with an
+    error event in that API's shape."""
     headers = client_response_headers(reply.headers)
     headers.update(extra_headers)
     if reply.chunks is None:
@@ -107,7 +83,7 @@ async def relay(
         except UpstreamFailure as exc:
             # Headers are gone already: tell the client in-stream, the way providers do.
             log.warning("stream from %s broke off: %s", exc.upstream, exc.message)
-            await response.write(cut.error(exc, api))
+            await response.write(cut.error(exc, wire))
         await response.write_eof()
     except ConnectionResetError:
         log.info("client went away mid-stream; closing the upstream request")

@@ -5,6 +5,8 @@ Its behaviour is chosen by the request's model name, so one running provider ser
 - the real window is the number after the last dash ("claude-window-6000" holds 6000 tokens);
   a model without a numeric suffix has no window;
 - "claude-streamerr-N" refuses an overflowing request inside a 200 event stream, not with a 400;
+- "claude-shared-N" counts the request's `max_tokens` against its window too, and says so as
+  Anthropic does: "input length and `max_tokens` exceed context limit: 190000 + 20000 > 200000";
 - "claude-nocount-..." answers 404 on /v1/messages/count_tokens, like an upstream without it.
 
 Requests are checked against Anthropic's rules by `anthropic_errors`, written independently of
@@ -24,11 +26,13 @@ import orjson
 from aiohttp import web
 
 from policies.tokens import TokenCounter
+from policies.wires.messages import MESSAGES
 from proxy.resources import use_bundled_tiktoken_files
 from tests.fakes import Seen, record
 
 OUTPUT_TOKENS = 12
 STREAMERR_PREFIX = "claude-streamerr-"
+SHARED_PREFIX = "claude-shared-"
 NOCOUNT_PREFIX = "claude-nocount-"
 
 _counter: TokenCounter | None = None
@@ -40,7 +44,7 @@ def token_count(body: dict[str, Any]) -> int:
     if _counter is None:
         use_bundled_tiktoken_files()
         _counter = TokenCounter()
-    return _counter.messages_request(body, "claude").total
+    return _counter.request(MESSAGES, body, "claude").total
 
 
 def thinking_signature(thinking: str) -> str:
@@ -230,6 +234,12 @@ class FakeAnthropic:
             return web.Response(
                 body=_sse("error", _error("invalid_request_error", message)),
                 content_type="text/event-stream",
+            )
+        shared = model.startswith(SHARED_PREFIX) and isinstance(max_tokens, int)
+        if window is not None and shared and count + int(max_tokens or 0) > window:
+            return self._refuse(
+                f"input length and `max_tokens` exceed context limit: {count} + {max_tokens} > "
+                f"{window}, decrease input length or `max_tokens` and try again"
             )
         self.counts.append(count)
         turn = len(self.counts)

@@ -559,7 +559,7 @@ class FakeProvider:
         tight-N states its window in the error; vague-N does not; streamtight-N refuses in the
         first event of a 200 stream. Returns None when the request fits."""
         kind, window = model.split("-")[0], int(model.split("-")[1])
-        tokens = _STRICT_COUNTER.chat(body, "o200k_base").total
+        tokens = _STRICT_COUNTER.request("openai.chat", body, "o200k_base").total
         self.tight_seen.append((model, tokens))
         if tokens <= window:
             return None
@@ -600,7 +600,7 @@ class FakeProvider:
                 },
                 status=400,
             )
-        tokens = _STRICT_COUNTER.chat(body, "o200k_base").total
+        tokens = _STRICT_COUNTER.request("openai.chat", body, "o200k_base").total
         wanted = body.get("max_tokens") or 0
         if tokens + wanted > STRICT_WINDOW:
             self.strict_rejections.append(f"{tokens} + {wanted} > {STRICT_WINDOW}")
@@ -768,12 +768,16 @@ class _LazyCounter:
     def chat(self, body: dict[str, Any], tokenizer: str) -> Any:
         return self.request("openai.chat", body, tokenizer)
 
-    def request(self, api: str, body: dict[str, Any], tokenizer: str) -> Any:
+    def request(self, api: Any, body: dict[str, Any], tokenizer: str) -> Any:
+        """`api`: a wire object or its name."""
         if self._counter is None:
             from policies.tokens import TokenCounter
 
             self._counter = TokenCounter()
-        return self._counter.request(api, body, tokenizer)
+        from policies.wires import WIRES
+
+        wire = WIRES[api] if isinstance(api, str) else api
+        return self._counter.request(wire, body, tokenizer)
 
 
 _STRICT_COUNTER = _LazyCounter()

@@ -1,5 +1,6 @@
 """`GET /metrics` (Prometheus), and the admin endpoints: `GET /admin/status`,
-`GET /admin/archive/{key}`. The admin endpoints need a key from `[server] admin_keys_env`
+`GET /admin/archive/{key}` (the full sha256 key or a unique prefix of at least 8 hex digits,
+`sha256:` optional). The admin endpoints need a key from `[server] admin_keys_env`
 (`Authorization: Bearer <key>` or `x-brim-admin-key`) and are off when none is configured."""
 
 from __future__ import annotations
@@ -10,17 +11,10 @@ import hmac
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from adapters.errors import BrimError
-from proxy.errors import Unauthorized, UnknownEndpoint
+from adapters.errors import AdminDisabled, InvalidRequest, Unauthorized, UnknownEndpoint
 from proxy.keys import CONFIG, PROVIDERS, SERVICES
 
 ADMIN_KEY_HEADER = "x-brim-admin-key"
-
-
-class AdminDisabled(BrimError):
-    status = 403
-    error_type = "permission_error"
-    code = "admin_disabled"
 
 
 def require_admin(request: web.Request) -> None:
@@ -59,10 +53,11 @@ async def archived(request: web.Request) -> web.Response:
     if archive is None:
         raise UnknownEndpoint("The content archive is off ([archive] enabled = false).")
     key = request.match_info["key"]
-    try:
-        content = await asyncio.to_thread(archive.get, key)
+    try:  # the full key, or a unique prefix such as a placeholder's `sha256:0123456789abcdef`
+        full = await asyncio.to_thread(archive.resolve, key)
     except ValueError as exc:
-        raise UnknownEndpoint(str(exc)) from None
+        raise InvalidRequest(str(exc)) from None
+    content = None if full is None else await asyncio.to_thread(archive.get, full)
     if content is None:
         raise UnknownEndpoint(f"Nothing is archived under {key[:16]}… (or it has expired).")
     return web.Response(text=content, content_type="text/plain")

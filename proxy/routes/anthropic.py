@@ -1,50 +1,49 @@
 """Anthropic Messages (`POST /v1/messages`) and `POST /v1/messages/count_tokens`.
 
 Claude Code and the Anthropic SDKs speak this API. Errors on these paths are in Anthropic's shape
-(`proxy.app.wire_of`), so a refusal reads "prompt is too long: N tokens > M maximum".
+(`policies.wires.messages`), so a refusal reads "prompt is too long: N tokens > M maximum".
 """
 
 from __future__ import annotations
 
-from typing import Final
-
 import orjson
 from aiohttp import web
 
-from adapters.errors import UpstreamError
+from adapters.errors import InvalidRequest, UpstreamError
+from policies.wires.base import BodyError
+from policies.wires.messages import MESSAGES, check_count_tokens
 from proxy.keys import SERVICES, UPSTREAMS
-from proxy.relay import relay
-from proxy.routes.common import make_exchange, proxied, read_json
-from proxy.wire import check_messages
-
-MESSAGES: Final = "anthropic.messages"
+from proxy.routes.common import checked, make_exchange, proxied, read_json, send_direct
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     raw, body = await read_json(request)
-    checked = check_messages(body)
+    facts = checked(MESSAGES, body)
     return await proxied(
         request,
-        api=MESSAGES,
+        api=MESSAGES.name,
         endpoint="/v1/messages",
-        model=checked.model,
+        model=facts.model or "",
         body=body,
         raw=raw,
-        stream=bool(checked.stream),
+        stream=facts.stream,
     )
 
 
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     """The upstream's own count; brim's count where the upstream has no such endpoint."""
     raw, body = await read_json(request)
-    checked = check_messages(body, counting=True)
+    try:
+        model = check_count_tokens(body).model or ""
+    except BodyError as exc:
+        raise InvalidRequest(exc.message, param=exc.param) from None
     upstreams = request.app[UPSTREAMS]
-    name = upstreams.route(checked.model, "anthropic.count_tokens")
+    name = upstreams.route(model, "anthropic.count_tokens")
     exchange = make_exchange(
         request,
         api="anthropic.count_tokens",
         endpoint="/v1/messages/count_tokens",
-        model=checked.model,
+        model=model,
         body=body,
         raw=raw,
         stream=False,
@@ -52,16 +51,13 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     )
     if upstreams.configs[name].api == "anthropic":
         try:
-            reply = await upstreams[name].send(exchange)
-            return await relay(
-                request, reply, {"x-brim-request-id": exchange.request_id}, api=exchange.api
-            )
+            return await send_direct(request, exchange)
         except UpstreamError as error:
             if error.status not in (404, 405):
                 raise
     services = request.app[SERVICES]
-    limits = services.limits.resolve(checked.model).limits
-    total = services.counter.messages_request(body, limits.tokenizer, checked.model).total
+    limits = services.limits.resolve(model).limits
+    total = services.counter.request(MESSAGES, body, limits.tokenizer, model).total
     return web.Response(
         body=orjson.dumps({"input_tokens": total}),
         content_type="application/json",

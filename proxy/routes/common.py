@@ -1,17 +1,40 @@
-"""What every proxied route does alike: read the body, build the exchange."""
+"""What every proxied route does alike: read and check the body, build the exchange, run it,
+and relay the reply with brim's headers."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from adapters.base import UpstreamResponse
+from adapters.errors import BrimError, InvalidRequest, PayloadTooLarge
 from adapters.exchange import ClientApi, Exchange
-from proxy.errors import PayloadTooLarge
+from middleware.headers import brim_headers
+from policies.nesting import nests_deeper_than
+from policies.wires import wire_for
+from policies.wires.base import BodyError, RequestFacts, Wire
 from proxy.keys import BRIM_KEY_HEADER, CONFIG, PIPELINE, REQUEST_ID, UPSTREAMS
 from proxy.relay import relay
-from proxy.wire import parse_object
+
+
+def parse_object(raw: bytes, *, max_depth: int) -> dict[str, Any]:
+    if not raw.strip():
+        raise InvalidRequest("The request body is empty; expected a JSON object.")
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
+    if not isinstance(value, dict):
+        raise InvalidRequest(f"The request body must be a JSON object, not {type(value).__name__}.")
+    if nests_deeper_than(value, max_depth):
+        raise InvalidRequest(
+            f"The request body nests objects and arrays more than {max_depth} levels deep "
+            "(brim's depth limit, server.max_json_depth)."
+        )
+    return value
 
 
 async def read_json(request: web.Request) -> tuple[bytes, dict[str, Any]]:
@@ -25,6 +48,14 @@ async def read_json(request: web.Request) -> tuple[bytes, dict[str, Any]]:
         )
     raw = await request.read()  # aiohttp enforces the same limit on chunked bodies
     return raw, parse_object(raw, max_depth=server.max_json_depth)
+
+
+def checked(wire: Wire, body: dict[str, Any]) -> RequestFacts:
+    """`wire`'s checks of a body, failing as the client's own API would (field named)."""
+    try:
+        return wire.check(body)
+    except BodyError as exc:
+        raise InvalidRequest(exc.message, param=exc.param) from None
 
 
 def forwardable_headers(request: web.Request) -> CIMultiDictProxy[str]:
@@ -62,6 +93,16 @@ def make_exchange(
     )
 
 
+async def send_direct(request: web.Request, exchange: Exchange) -> web.StreamResponse:
+    """Straight to the upstream, past the pipeline (model lists, token counts)."""
+    reply = await request.app[UPSTREAMS][exchange.upstream].send(exchange)
+    return await relay(request, reply, _request_id(exchange), wire=exchange.wire)
+
+
+def _request_id(exchange: Exchange) -> dict[str, str]:
+    return {"x-brim-request-id": exchange.request_id}
+
+
 async def proxied(
     request: web.Request,
     *,
@@ -74,7 +115,7 @@ async def proxied(
     through_pipeline: bool = True,
 ) -> web.StreamResponse:
     """Route the request, run it through the pipeline (or straight to the upstream, for
-    endpoints that only count), and relay the reply."""
+    endpoints that only count), and relay the reply with brim's headers."""
     upstreams = request.app[UPSTREAMS]
     exchange = make_exchange(
         request,
@@ -86,8 +127,13 @@ async def proxied(
         stream=stream,
         upstream=upstreams.route(model, api),
     )
-    if through_pipeline:
-        reply = await request.app[PIPELINE](exchange)
-    else:
-        reply = await upstreams[exchange.upstream].send(exchange)
-    return await relay(request, reply, {"x-brim-request-id": exchange.request_id}, api=exchange.api)
+    if not through_pipeline:
+        return await send_direct(request, exchange)
+    warn_at = request.app[CONFIG].guard.warn_at
+    try:
+        reply: UpstreamResponse = await request.app[PIPELINE](exchange)
+    except BrimError as error:
+        error.brim_headers.update(await brim_headers(exchange.report, warn_at=warn_at))
+        raise
+    headers = {**await brim_headers(exchange.report, warn_at=warn_at), **_request_id(exchange)}
+    return await relay(request, reply, headers, wire=wire_for(api))

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from adapters.errors import UnknownEndpoint
 from adapters.exchange import ClientApi
-from proxy.errors import UnknownEndpoint
-from proxy.routes.common import proxied, read_json
-from proxy.wire import check_gemini
+from policies.wires.gemini import GEMINI
+from proxy.routes.common import checked, proxied, read_json
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 
@@ -19,8 +19,8 @@ async def models(request: web.Request) -> web.StreamResponse:
     if method not in METHODS or not model:
         raise UnknownEndpoint(f"Unknown method {method!r}; brim serves {', '.join(METHODS)}.")
     raw, body = await read_json(request)
-    check_gemini(body)
-    api: ClientApi = "gemini.count_tokens" if method == "countTokens" else "gemini.generate"
+    checked(GEMINI, body)
+    api: ClientApi = "gemini.count_tokens" if method == "countTokens" else GEMINI.name
     return await proxied(
         request,
         api=api,
@@ -29,7 +29,7 @@ async def models(request: web.Request) -> web.StreamResponse:
         body=body,
         raw=raw,
         stream=method == "streamGenerateContent",
-        through_pipeline=api == "gemini.generate",
+        through_pipeline=api == GEMINI.name,
     )
 
 

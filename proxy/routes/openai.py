@@ -5,23 +5,23 @@ from __future__ import annotations
 from aiohttp import web
 
 from adapters.errors import UpstreamError, UpstreamFailure
+from policies.wires.chat import CHAT
+from policies.wires.responses import RESPONSES
 from proxy.keys import CONFIG, UPSTREAMS
-from proxy.relay import relay
-from proxy.routes.common import make_exchange, proxied, read_json
-from proxy.wire import check_chat, check_responses
+from proxy.routes.common import checked, make_exchange, proxied, read_json, send_direct
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     raw, body = await read_json(request)
-    chat = check_chat(body)
+    facts = checked(CHAT, body)
     return await proxied(
         request,
-        api="openai.chat",
+        api=CHAT.name,
         endpoint="/chat/completions",
-        model=chat.model,
+        model=facts.model or "",
         body=body,
         raw=raw,
-        stream=bool(chat.stream),
+        stream=facts.stream,
     )
 
 
@@ -29,27 +29,27 @@ async def responses(request: web.Request) -> web.StreamResponse:
     """OpenAI Responses (Codex CLI). With `previous_response_id` the provider holds the earlier
     turns: brim counts and guards only what the request itself carries."""
     raw, body = await read_json(request)
-    checked = check_responses(body)
+    facts = checked(RESPONSES, body)
     return await proxied(
         request,
-        api="openai.responses",
+        api=RESPONSES.name,
         endpoint="/responses",
-        model=checked.model,
+        model=facts.model or "",
         body=body,
         raw=raw,
-        stream=bool(checked.stream),
+        stream=facts.stream,
     )
 
 
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     """Forwarded: the provider's own count of a Responses request."""
     raw, body = await read_json(request)
-    checked = check_responses(body)
+    facts = checked(RESPONSES, body)
     return await proxied(
         request,
         api="openai.input_tokens",
         endpoint="/responses/input_tokens",
-        model=checked.model,
+        model=facts.model or "",
         body=body,
         raw=raw,
         through_pipeline=False,
@@ -81,14 +81,13 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         upstream=name,
     )
     try:
-        reply = await upstreams[name].send(exchange)
+        return await send_direct(request, exchange)
     except UpstreamError:
         raise
     except UpstreamFailure:
         if request.app[CONFIG].models:
             return _configured_models(request)
         raise
-    return await relay(request, reply, {"x-brim-request-id": exchange.request_id}, api=exchange.api)
 
 
 def add_routes(app: web.Application) -> None:

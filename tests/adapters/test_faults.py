@@ -1,4 +1,4 @@
-"""Issue 11's upstream fault matrix: every way a provider (or the client) can fail, driven through a
+"""The upstream fault matrix: every way a provider (or the client) can fail, driven through a
 real brim in front of the fake provider. For each case: (a) the documented status and an error in
 the client's own wire shape (or, mid-stream, an error event in that shape), (b) the upstream
 request closed — the fake's handler ends well before it would have by itself — and (c) no task
@@ -19,6 +19,8 @@ import orjson
 import pytest
 
 from adapters.errors import UpstreamTimeout
+from policies.wires.chat import CHAT
+from policies.wires.messages import MESSAGES
 from proxy.relay import EventCut
 from tests.conftest import BrimFactory, fake_upstream
 from tests.fakes import HTML_PAGE, FakeProvider, LoopThread, wait_for
@@ -429,7 +431,7 @@ def test_events_pass_whole_and_a_half_event_gives_way_to_the_error(ending: bytes
     sent = list(chunks_through(cut, [first[:5], first[5:] + second[:7], second[7:], second[:9]]))
     assert sent == [first, second]  # split where the events end, nothing lost or reordered
     failure = UpstreamTimeout("upstream 'p' sent no next chunk", upstream="p")
-    tail = cut.error(failure, "openai.chat")
+    tail = cut.error(failure, CHAT)
     assert tail.startswith(b'data: {"error"') and b'"b"' not in tail
 
 
@@ -438,4 +440,4 @@ def test_a_stream_that_is_not_event_shaped_still_flows() -> None:
     blob = b"x" * (1024 * 1024 + 10)
     assert list(chunks_through(cut, [blob[:100], blob[100:]])) == [blob]
     failure = UpstreamTimeout("upstream 'p' sent no next chunk", upstream="p")
-    assert cut.error(failure, "anthropic.messages").startswith(b"\n\nevent: error\ndata: ")
+    assert cut.error(failure, MESSAGES).startswith(b"\n\nevent: error\ndata: ")

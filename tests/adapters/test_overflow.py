@@ -321,6 +321,38 @@ NOT_OVERFLOWS = [
         UpstreamError,
     ),
     (
+        "openai string too long",  # a field over OpenAI's length limit, not the window
+        400,
+        orjson.dumps(
+            {
+                "error": {
+                    "message": "Invalid 'messages[0].content': string too long. Expected a string with maximum length 10485760, but got a string with length 12000000 instead.",
+                    "type": "invalid_request_error",
+                    "param": "messages[0].content",
+                    "code": "string_above_max_length",
+                }
+            }
+        ),
+        UpstreamError,
+    ),
+    (
+        "openai user string too long",
+        400,
+        openai_shaped(
+            "Invalid 'user': string too long. Expected a string with maximum length 256, but got a string with length 300 instead.",
+            "string_above_max_length",
+        ),
+        UpstreamError,
+    ),
+    (
+        "input string too long, code lost on the way",  # e.g. relayed by a gateway
+        400,
+        openai_shaped(
+            "Invalid 'input[2].content': string too long. Expected a string with maximum length 10485760, but got a string with length 10485761 instead."
+        ),
+        UpstreamError,
+    ),
+    (
         "overloaded",
         529,
         orjson.dumps(

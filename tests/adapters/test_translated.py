@@ -10,6 +10,7 @@ import sys
 import time
 from typing import Any
 
+import httpx
 import openai
 import orjson
 import pytest
@@ -126,3 +127,127 @@ def test_a_never_ending_stream_through_litellm_is_cut_at_max_duration(
     assert "max_duration_s (1.5 s)" in str(caught.value.message)
     assert time.monotonic() - started < 10  # the fake would have gone on for 20 s
     assert wait_for(lambda: provider.in_flight == 0, timeout=5)  # and litellm's request closed
+
+
+class RefusedStream:
+    """A litellm stream whose first read raises, the way litellm surfaces some provider errors
+    (a context overflow among them) only once the stream is iterated."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error  # None: the stream ends before its first chunk
+        self.closed = False
+
+    def __aiter__(self) -> RefusedStream:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+def refuse_first_stream(
+    monkeypatch: pytest.MonkeyPatch, target: Any, name: str, error: Exception | None
+) -> tuple[list[dict[str, Any]], list[RefusedStream]]:
+    """Patch litellm's `target.name` so its first call returns a `RefusedStream`; later calls
+    go to litellm as usual (and so to the fake provider)."""
+    real = getattr(target, name)
+    calls: list[dict[str, Any]] = []
+    refused: list[RefusedStream] = []
+
+    async def patched(**kwargs: Any) -> Any:
+        calls.append(kwargs)
+        if len(calls) == 1:
+            refused.append(RefusedStream(error))
+            return refused[-1]
+        return await real(**kwargs)
+
+    monkeypatch.setattr(target, name, patched)
+    return calls, refused
+
+
+def window_error(litellm: Any) -> Exception:
+    error: Exception = litellm.ContextWindowExceededError(
+        message="This model's maximum context length is 3000 tokens. However, your messages "
+        "resulted in 6010 tokens. Please reduce the length of the messages.",
+        model="fake-model",
+        llm_provider="openai",
+    )
+    return error
+
+
+LONG = "question " + "context " * 6000  # ~6 000 tokens: over the stated 3 000
+
+
+def test_an_overflow_on_the_first_read_of_a_litellm_stream_is_retried(
+    brim: BrimFactory, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adapters.translated import import_litellm
+
+    litellm = import_litellm()
+    calls, refused = refuse_first_stream(monkeypatch, litellm, "acompletion", window_error(litellm))
+    base = brim(
+        upstreams=through_litellm(provider), models={"fake-model": {"context_window": 100_000}}
+    )
+    sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
+    raw = sdk.chat.completions.with_raw_response.create(
+        model="fake-model",
+        messages=[{"role": "user", "content": LONG}],
+        stream=True,
+    )
+    assert raw.headers["x-brim-retries"] == "1"  # the overflow came before the 200
+    text = "".join(chunk.choices[0].delta.content or "" for chunk in raw.parse() if chunk.choices)
+    assert text == "Hello world"
+    assert len(calls) == 2 and refused[0].closed
+    first, second = (len(call["messages"][0]["content"]) for call in calls)
+    assert second < first  # the retry was cut to the stated window
+    assert len(provider.requests) == 1  # only the retry reached the provider
+
+
+def test_an_overflow_on_the_first_read_of_a_litellm_messages_stream_is_retried(
+    brim: BrimFactory, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import anthropic
+
+    from adapters.translated import import_litellm
+
+    litellm = import_litellm()
+    calls, refused = refuse_first_stream(
+        monkeypatch, litellm.anthropic.messages, "acreate", window_error(litellm)
+    )
+    base = brim(
+        upstreams=through_litellm(provider),
+        models={"fake-model": {"context_window": 100_000, "max_output": 1_000}},
+    )
+    sdk = anthropic.Anthropic(base_url=base, api_key="sk-client", max_retries=0)
+    text = ""
+    with sdk.messages.stream(
+        model="fake-model", max_tokens=100, messages=[{"role": "user", "content": LONG}]
+    ) as stream:
+        for chunk in stream.text_stream:
+            text += chunk
+        retries = stream.response.headers["x-brim-retries"]
+    assert (text, retries) == ("Hello world", "1")
+    assert len(calls) == 2 and refused[0].closed
+    first, second = (len(str(call["messages"])) for call in calls)
+    assert second < first
+
+
+def test_an_empty_litellm_stream_is_an_overflow_not_an_empty_success(
+    brim: BrimFactory, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adapters.translated import import_litellm
+
+    calls, refused = refuse_first_stream(monkeypatch, import_litellm(), "acompletion", None)
+    base = brim(upstreams=through_litellm(provider), retry={"enabled": False})
+    reply = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "fake-model", "messages": HELLO, "stream": True},
+        timeout=30,
+    )
+    assert reply.status_code == 502  # not a 200 with nothing in it
+    assert "empty stream" in reply.json()["error"]["message"]
+    assert len(calls) == 1 and refused[0].closed

@@ -14,11 +14,14 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from adapters.base import UpstreamResponse
 from adapters.exchange import Exchange
+from middleware.headers import brim_headers
 from middleware.limits import ResolveLimits
 from policies.clients import ClientRule
 from policies.limits import LimitSource, LimitsRegistry, ModelFacts
 from policies.tokens import ChatCount, TokenCounter
+from policies.wires.chat import CHAT
 from tests.conftest import BrimFactory
+from tests.fake_anthropic import FakeAnthropic, token_count
 
 
 def exchange(
@@ -48,9 +51,9 @@ class RecordingCounter(TokenCounter):
         super().__init__()
         self.threads: list[threading.Thread] = []
 
-    def chat(self, body: Any, tokenizer: str, model: str = "") -> ChatCount:
+    def request(self, wire: Any, body: Any, tokenizer: str, model: str = "") -> ChatCount:
         self.threads.append(threading.current_thread())
-        return super().chat(body, tokenizer, model)
+        return super().request(wire, body, tokenizer, model)
 
 
 class Capture:
@@ -78,13 +81,14 @@ def stage() -> ResolveLimits:
 
 async def test_budget_counts_reserved_output_and_margin(stage: ResolveLimits) -> None:
     capture = Capture()
-    reply = await stage(exchange("local", {"max_tokens": 5_000}), capture)
+    await stage(exchange("local", {"max_tokens": 5_000}), capture)
     (seen,) = capture.seen
     assert seen.context is not None
     assert seen.context.limits.limits.context_window == 8_192
     assert seen.context.budget.reserved_output == 1_024  # capped at the model's max output
     assert seen.context.budget.effective() == 8_192 - 1_024 - 410
-    assert reply.headers["x-brim-budget"] == str(8_192 - 1_024 - 410)
+    headers = await brim_headers(seen.report, warn_at=1.0)
+    assert headers["x-brim-budget"] == str(8_192 - 1_024 - 410)
 
 
 async def test_cli_model_ids_carry_their_overhead(stage: ResolveLimits) -> None:
@@ -116,6 +120,81 @@ async def test_unknown_models_warn_once(
     assert len(warnings) == 1
     assert "128000" in warnings[0].getMessage()
     assert capture.seen[0].context.limits.source is LimitSource.DEFAULT  # type: ignore[union-attr]
+
+
+async def test_the_context_1m_beta_gives_an_anthropic_model_a_million_token_window(
+    stage: ResolveLimits,
+) -> None:
+    capture = Capture()
+    betas = {"anthropic-beta": "interleaved-thinking-2025-05-14, context-1m-2025-08-07"}
+    await stage(exchange("claude-sonnet-4-5", None, "", **betas), capture)
+    await stage(exchange("claude-sonnet-4-5"), capture)
+    await stage(exchange("gpt-4o", None, "", **betas), capture)
+    long, plain, other = (e.context for e in capture.seen)
+    assert long is not None and plain is not None and other is not None
+    assert long.limits.limits.context_window == 1_000_000
+    assert long.limits.source is LimitSource.HEADER
+    assert long.budget.effective() == 1_000_000 - 50_000  # Claude's output has its own room
+    assert plain.limits.limits.context_window == 200_000
+    assert plain.budget.effective() == 200_000 - 10_000
+    assert other.limits.limits.context_window == 128_000  # not an Anthropic model: no change
+
+
+def claude_session(turns: int) -> list[dict[str, Any]]:
+    """A tool-use session: each turn reads a ~10k-token file."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "Find the bug in the payment service."}
+    ]
+    for turn in range(turns):
+        use_id = f"toolu_{turn:03d}"
+        path = f"src/module_{turn}.py"
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "tool_use", "id": use_id, "name": "read_file", "input": {"path": path}}
+                ],
+            }
+        )
+        text = "\n".join(
+            f"{n:5d}  def handler_{turn}_{n}(request): return compute(request, {n * 7 + turn})"
+            for n in range(440)
+        )
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": use_id, "content": text}],
+            }
+        )
+    return messages
+
+
+def test_a_1m_context_claude_session_is_not_compressed_to_200k(
+    brim: BrimFactory, anthropic_fake: FakeAnthropic
+) -> None:
+    base = brim(upstreams={"claude": {"api": "anthropic", "base_url": anthropic_fake.url}})
+    # Claude Code's 1M Sonnet: a dated id (the fake reads no window into its date suffix).
+    body: dict[str, Any] = {"model": "claude-sonnet-4-5-20250929", "max_tokens": 1_024}
+    body["messages"] = claude_session(30)
+    tokens = token_count(body)
+    assert 250_000 < tokens < 400_000
+    headers = {"x-api-key": "sk-ant-client", "anthropic-version": "2023-06-01"}
+    betas = "interleaved-thinking-2025-05-14,context-1m-2025-08-07"
+
+    long = httpx.post(
+        f"{base}/v1/messages", json=body, headers={**headers, "anthropic-beta": betas}, timeout=60
+    )
+    assert long.status_code == 200 and long.json()["content"][0]["text"] == "pong"
+    assert long.headers["x-brim-budget"] == str(1_000_000 - 50_000)
+    assert long.headers.get("x-brim-actions", "none") == "none"
+    assert orjson.loads(anthropic_fake.last.body) == body  # forwarded as the client sent it
+    assert anthropic_fake.counts[-1] == tokens
+
+    plain = httpx.post(f"{base}/v1/messages", json=body, headers=headers, timeout=60)
+    assert plain.status_code == 200
+    assert plain.headers["x-brim-budget"] == str(200_000 - 10_000)
+    assert plain.headers["x-brim-actions"] != "none"
+    assert anthropic_fake.counts[-1] <= 200_000 - 10_000 < tokens  # compressed to 200K
 
 
 def test_invalid_margin_is_refused_at_construction() -> None:
@@ -152,12 +231,13 @@ def chatty(words: int) -> dict[str, Any]:
 async def test_small_requests_are_counted_exactly_on_the_spot(stage: ResolveLimits) -> None:
     capture = Capture()
     body = chatty(100)
-    reply = await stage(exchange("local", body), capture)
+    await stage(exchange("local", body), capture)
     tokens = capture.seen[0].context.tokens  # type: ignore[union-attr]
-    assert tokens.exact == TokenCounter().chat(body, "o200k_base").total
+    assert tokens.exact == TokenCounter().request(CHAT, body, "o200k_base").total
     assert tokens.upper_bound >= tokens.exact
     assert stage.counter.threads == [threading.main_thread()]  # type: ignore[attr-defined]
-    assert reply.headers["x-brim-tokens-in"] == str(tokens.exact)
+    headers = await brim_headers(capture.seen[0].report, warn_at=1.0)
+    assert headers["x-brim-tokens-in"] == str(tokens.exact)
 
 
 async def test_large_requests_with_room_are_counted_beside_the_upstream_call(
@@ -165,12 +245,13 @@ async def test_large_requests_with_room_are_counted_beside_the_upstream_call(
 ) -> None:
     capture = Capture()
     body = chatty(10_000)  # ~120 KB, far below a 1M window: the bound clears it
-    reply = await stage(exchange("gpt-4.1", body), capture)
+    await stage(exchange("gpt-4.1", body), capture)
     tokens = capture.seen[0].context.tokens  # type: ignore[union-attr]
     assert tokens.exact is None and tokens.pending is not None  # forwarded before counting
-    expected = TokenCounter().chat(body, "o200k_base").total
+    expected = TokenCounter().request(CHAT, body, "o200k_base").total
     assert await tokens.resolve() == expected
-    assert reply.headers["x-brim-tokens-in"] == str(expected)
+    headers = await brim_headers(capture.seen[0].report, warn_at=1.0)
+    assert headers["x-brim-tokens-in"] == str(expected)
     assert stage.counter.threads[0] is not threading.main_thread()  # type: ignore[attr-defined]
 
 
@@ -182,6 +263,6 @@ async def test_large_requests_near_the_budget_are_counted_before_forwarding(
     await stage(exchange("local", body), capture)
     context = capture.seen[0].context
     assert context is not None and context.tokens.exact is not None
-    assert context.tokens.exact == TokenCounter().chat(body, "o200k_base").total
+    assert context.tokens.exact == TokenCounter().request(CHAT, body, "o200k_base").total
     assert not context.fits
     assert stage.counter.threads[0] is not threading.main_thread()  # type: ignore[attr-defined]

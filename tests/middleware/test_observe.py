@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
+import re
+import signal
 import stat
 import subprocess
 import sys
 import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,14 +22,17 @@ import httpx
 import openai
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
+from middleware.telemetry import MODEL_LABELS, OTHER_MODELS, ModelLabels, StatusBoard
 from tests.builders import tool_turn
 from tests.conftest import BrimFactory, fake_upstream
-from tests.fakes import FakeProvider
+from tests.fakes import FakeProvider, LoopThread
 
 HELLO = [{"role": "user", "content": "ping"}]
 CANARY = "sk-canary-LEAK-4242-do-not-log"
@@ -90,7 +99,7 @@ def test_a_fitting_request_gets_a_genai_span_with_stage_and_upstream_children(
     root = by_name(spans, "chat fake-model")
     attributes = dict(root.attributes or {})
     assert attributes["gen_ai.operation.name"] == "chat"
-    assert attributes["gen_ai.system"] == "openai"
+    assert attributes["gen_ai.provider.name"] == "openai"  # the provider, by the upstream
     assert attributes["gen_ai.request.model"] == "fake-model"
     assert attributes["gen_ai.request.max_tokens"] == 50
     assert (attributes["gen_ai.usage.input_tokens"], attributes["gen_ai.usage.output_tokens"]) == (
@@ -389,3 +398,319 @@ def test_no_key_appears_in_logs_spans_metrics_or_the_audit_log(
     assert places["audit"] and places["spans"] != "[]"
     for where, text in places.items():
         assert "canary-LEAK" not in text, where
+
+
+def test_model_labels_are_bounded_and_keep_configured_and_known_models() -> None:
+    labels = ModelLabels(["house-model"], cap=4)
+    assert [labels(f"made-up-{n}", known=False) for n in range(4)] == [
+        "made-up-0",
+        "made-up-1",
+        OTHER_MODELS,  # made-up names take at most half the cap
+        OTHER_MODELS,
+    ]
+    assert labels("made-up-1", known=False) == "made-up-1"  # a name keeps its label
+    assert [labels(m) for m in ("gpt-4o", "gpt-4.1", "gpt-5")] == ["gpt-4o", "gpt-4.1", "other"]
+    assert labels("house-model", known=False) == "house-model"  # configured: always its own
+    assert len(labels) == 5
+    board = StatusBoard(labels=ModelLabels(cap=0))
+    board.record("anything", "ok", 10, 10)
+    board.record("else", "ok", 5, 5)
+    assert board.snapshot()["models"] == {
+        OTHER_MODELS: {"requests": 2, "ok": 2, "tokens_in": 15, "tokens_out": 15}
+    }
+    for bad in (-1, 2.5, True):
+        with pytest.raises(ValueError, match="cap"):
+            ModelLabels(cap=bad)  # type: ignore[arg-type]
+
+
+FAST_REPLY = orjson.dumps(
+    {
+        "id": "chatcmpl-fast",
+        "object": "chat.completion",
+        "created": 1700000000,
+        "model": "m",
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "pong"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 8, "completion_tokens": 1, "total_tokens": 9},
+    }
+)
+
+
+FAST_RESPONSE = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+    % len(FAST_REPLY)
+    + FAST_REPLY
+)
+_LENGTH = re.compile(rb"(?im)^content-length: *(\d+)")
+_CHUNKED = re.compile(rb"(?im)^transfer-encoding: *chunked")
+
+
+def _message_size(buffer: bytes | bytearray) -> int | None:
+    """The size of the first HTTP/1.1 message in `buffer` once it is all there, else None."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = bytes(buffer[:end])
+    if _CHUNKED.search(head):
+        last = buffer.find(b"\r\n0\r\n\r\n", end)
+        return None if last < 0 else last + 7
+    length = _LENGTH.search(head)
+    size = end + 4 + (int(length.group(1)) if length else 0)
+    return size if len(buffer) >= size else None
+
+
+class FastProvider(asyncio.Protocol):
+    """Answers every request at once, on kept-alive connections, and remembers nothing: the
+    shared fake records each request (that would swamp a memory measurement), and aiohttp's
+    server and client cost more than brim itself."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        self.buffer = bytearray()
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while (size := _message_size(self.buffer)) is not None:
+            del self.buffer[:size]
+            self.transport.write(FAST_RESPONSE)
+
+
+@pytest.fixture(scope="module")
+def fast_provider(loop_thread: LoopThread) -> Iterator[str]:
+    async def serve() -> asyncio.Server:
+        return await asyncio.get_running_loop().create_server(FastProvider, "127.0.0.1", 0)
+
+    server = loop_thread.run(serve())
+    yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+    server.close()
+
+
+def rss_of(pid: int) -> int | None:
+    """A process's resident memory now, where /proc says (Linux); None elsewhere."""
+    status = Path(f"/proc/{pid}/status")
+    if not status.exists():
+        return None
+    line = next(x for x in status.read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+@pytest.fixture
+def brim_process(tmp_path: Path, fast_provider: str) -> Iterator[tuple[str, int]]:
+    """`brim serve` in its own process (so its memory is its own), in front of the fast
+    provider, with one configured model; yields its base URL and pid."""
+    config = tmp_path / "proxy.toml"
+    config.write_text(
+        f'[upstreams.fast]\napi = "openai"\nbase_url = "{fast_provider}/v1"\n'
+        '[models."house-model"]\ncontext_window = 100000\n'
+        '[server]\nadmin_keys_env = "TEST_ADMIN_KEYS"\n'
+    )
+    # At log level error: brim warns once per unknown model, 20 000 lines here.
+    serve = ["serve", "--config", str(config), "--port", "0", "--log-level", "error"]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "proxy", *serve],
+        cwd=Path(__file__).parents[2],
+        env={**os.environ, "TEST_ADMIN_KEYS": ADMIN},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    port = re.search(r":(\d+)", process.stdout.readline())
+    try:
+        assert port, "brim did not start"
+        yield f"http://127.0.0.1:{port.group(1)}", process.pid
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=15)
+
+
+async def chat_flood(base: str, names: Iterable[str], workers: int = 64) -> Counter[int]:
+    """Send a chat request for each model name, `workers` kept-alive connections at a time;
+    counts the replies by status. Plain HTTP/1.1 on sockets: the test must not be the
+    bottleneck."""
+    host, port = base.removeprefix("http://").split(":")
+    statuses: Counter[int] = Counter()
+    pending = iter(names)
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        buffer = bytearray()
+        try:
+            for name in pending:
+                body = orjson.dumps({"model": name, "messages": HELLO})
+                writer.write(
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: brim\r\n"
+                    b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                    % (len(body), body)
+                )
+                while (size := _message_size(buffer)) is None:
+                    chunk = await reader.read(65536)
+                    assert chunk, "brim closed the connection"
+                    buffer += chunk
+                statuses[int(buffer[9:12])] += 1
+                del buffer[:size]
+        finally:
+            writer.close()
+            await writer.wait_closed()
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return statuses
+
+
+FLOOD = 20_000
+WARM_UP = 1_000
+
+
+async def test_a_flood_of_made_up_model_names_cannot_grow_metrics_status_or_memory(
+    brim_process: tuple[str, int],
+) -> None:
+    base, pid = brim_process
+    # Warm up: connection pools, the tokenizer, metric instruments, the allocator's arenas.
+    assert await chat_flood(base, ["house-model"] * WARM_UP) == {200: WARM_UP}
+    before = rss_of(pid)
+    started = time.monotonic()
+    names = [f"m-{uuid.uuid4().hex}" for _ in range(FLOOD)]
+    assert await chat_flood(base, names) == {200: FLOOD}
+    flood_s = time.monotonic() - started
+    # After the flood, the configured model and a model brim knows still get their own labels.
+    assert await chat_flood(base, ["house-model", "gpt-4o-mini"], workers=1) == {200: 2}
+    after = rss_of(pid)
+
+    async with httpx.AsyncClient(base_url=base) as client:
+        metrics = (await client.get("/metrics")).text
+        admin = {"Authorization": f"Bearer {ADMIN}"}
+        status = (await client.get("/admin/status", headers=admin)).json()
+    grown = after - before if after is not None and before is not None else None
+    print(
+        f"\n{FLOOD} names in {flood_s:.1f} s; brim's RSS {before} -> {after} bytes; "
+        f"/metrics {len(metrics)} bytes; {len(status['models'])} status models"
+    )
+
+    labelled = {
+        sample.labels["model"]
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if "model" in sample.labels
+    }
+    made_up = labelled - {"house-model", "gpt-4o-mini", OTHER_MODELS}
+    assert {"house-model", "gpt-4o-mini", OTHER_MODELS} <= labelled
+    assert made_up <= set(names) and len(made_up) == MODEL_LABELS // 2
+    assert len(labelled) <= MODEL_LABELS + 2  # the cap, the configured model, "other"
+    # 103 models × (a counter and two 16-bucket histograms): ~0.64 MB. Unbounded, the 2 000
+    # series OpenTelemetry keeps per instrument before it folds the rest together made 14 MB.
+    assert len(metrics) < 1_000_000
+
+    assert set(status["models"]) == labelled
+    assert status["models"][OTHER_MODELS]["requests"] == FLOOD - MODEL_LABELS // 2
+    assert status["totals"]["requests"] == WARM_UP + FLOOD + 2
+    if grown is not None:
+        # What brim keeps of 20 000 names: ~100 labels' series and status entries, and up to
+        # 10 000 names in the unknown-model warning's LRU. Measured: 4-6 MiB of growth (and
+        # 18.5 MiB before labels were bounded). 32 MiB leaves room for other allocators and
+        # Pythons, and still fails anything that keeps more than ~1.6 KB for every name.
+        assert grown < 32 * 2**20
+
+
+# Usage from each wire API's stream, however the provider's bytes were split into reads.
+USAGE_STREAMS: dict[str, tuple[list[bytes], tuple[int, int, int]]] = {
+    "openai.chat": (
+        [
+            b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n',
+            b'data: {"choices":[],"usage":{"prompt_tokens":17,"completion_tokens":5,'
+            b'"prompt_tokens_details":{"cached_tokens":3}}}\n\n',
+            b"data: [DONE]\n\n",
+        ],
+        (17, 5, 3),
+    ),
+    "anthropic.messages": (
+        [
+            b'event: message_start\ndata: {"type":"message_start","message":{"usage":'
+            b'{"input_tokens":10,"cache_read_input_tokens":4,"output_tokens":1}}}\n\n',
+            b'event: content_block_delta\ndata: {"type":"content_block_delta","delta":'
+            b'{"type":"text_delta","text":"Hi"}}\n\n',
+            b'event: message_delta\ndata: {"type":"message_delta","usage":{"output_tokens":9}}\n\n',
+        ],
+        (14, 9, 4),
+    ),
+    "openai.responses": (
+        [
+            b'event: response.created\ndata: {"type":"response.created","response":'
+            b'{"id":"r","usage":null}}\n\n',
+            b'event: response.output_text.delta\ndata: {"type":"response.output_text.delta",'
+            b'"delta":"Hi"}\n\n',
+            b'event: response.completed\ndata: {"type":"response.completed","response":{"id":"r",'
+            b'"usage":{"input_tokens":30,"output_tokens":7,'
+            b'"input_tokens_details":{"cached_tokens":2}}}}\n\n',
+        ],
+        (30, 7, 2),
+    ),
+    "gemini.generate": (
+        [
+            b'data: {"candidates":[{"content":{"parts":[{"text":"Hi"}]}}],"usageMetadata":'
+            b'{"promptTokenCount":40,"candidatesTokenCount":1}}\r\n\r\n',
+            b'data: {"candidates":[{"content":{"parts":[{"text":"!"}]}}],"usageMetadata":'
+            b'{"promptTokenCount":40,"candidatesTokenCount":6,"cachedContentTokenCount":5}}'
+            b"\r\n\r\n",
+        ],
+        (40, 6, 5),
+    ),
+}
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    api=st.sampled_from(sorted(USAGE_STREAMS)),
+    cuts=st.lists(st.integers(1, 400), max_size=12),
+)
+def test_stream_usage_is_read_however_the_events_are_split(api: str, cuts: list[int]) -> None:
+    from multidict import CIMultiDict, CIMultiDictProxy
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.trace import NoOpTracer
+
+    from adapters.base import UpstreamResponse
+    from adapters.exchange import Exchange
+    from middleware.observe import Observe
+    from middleware.telemetry import Telemetry
+
+    events, expected = USAGE_STREAMS[api]
+    stream = b"".join(events)
+    points = sorted({cut for cut in cuts if cut < len(stream)})
+    pieces = [stream[a:b] for a, b in zip([0, *points], [*points, len(stream)], strict=True)]
+
+    async def chunks() -> Any:
+        for piece in pieces:
+            yield piece
+
+    async def reply(exchange: Exchange) -> UpstreamResponse:
+        return UpstreamResponse(status=200, headers={}, chunks=chunks())
+
+    exchange = Exchange(
+        api=api,
+        method="POST",
+        endpoint="/",
+        query="",
+        model="m",
+        body={},
+        raw=b"{}",
+        headers=CIMultiDictProxy(CIMultiDict()),
+        stream=True,
+        upstream="u",
+        request_id="r",
+    )
+    telemetry = Telemetry(NoOpTracer(), MeterProvider().get_meter("t"))
+    observe = Observe(telemetry, StatusBoard())
+
+    async def run() -> bytes:
+        relayed = await observe(exchange, reply)
+        assert relayed.chunks is not None
+        return b"".join([chunk async for chunk in relayed.chunks])
+
+    assert asyncio.run(run()) == stream  # relayed byte for byte
+    usage = exchange.report.usage
+    assert (usage.input, usage.output, usage.cached_input) == expected

@@ -13,6 +13,7 @@ import pytest
 
 from tests.builders import tool_turn
 from tests.conftest import BrimFactory
+from tests.fake_anthropic import FakeAnthropic
 from tests.fakes import FakeProvider, pairing_errors
 
 BIG = 100_000  # what brim is told the models have
@@ -123,6 +124,26 @@ def test_other_errors_are_passed_through_after_one_call(
     assert len(provider.requests) == 1
 
 
+def test_a_string_too_long_is_relayed_after_one_call_never_cut_and_resent(
+    base: str, provider: FakeProvider
+) -> None:
+    # OpenAI's limit on one field's length in characters: no cut of the conversation fixes it.
+    error = {
+        "error": {
+            "message": "Invalid 'messages[0].content': string too long. Expected a string with maximum length 10485760, but got a string with length 12000000 instead.",
+            "type": "invalid_request_error",
+            "param": "messages[0].content",
+            "code": "string_above_max_length",
+        }
+    }
+    provider.error_bodies[400] = orjson.dumps(error)
+    reply = post(base, "error-400", conversation(12))
+    assert reply.status_code == 400
+    assert reply.json() == error
+    assert reply.headers["x-brim-retries"] == "0"
+    assert len(provider.requests) == 1
+
+
 def test_an_overflow_inside_a_200_stream_is_retried(base: str, provider: FakeProvider) -> None:
     sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="k", max_retries=0)
     stream = sdk.chat.completions.create(
@@ -149,3 +170,59 @@ def test_retry_can_be_switched_off(brim: BrimFactory, provider: FakeProvider) ->
     reply = post(base, "tight-3000", conversation(12))
     assert reply.status_code == 400
     assert len(provider.tight_seen) == 1
+
+
+def claude_session(turns: int) -> list[dict[str, Any]]:
+    """An Anthropic conversation of `turns` test-log turns, ~4 800 tokens each."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Find the failing test."}]
+    for n in range(turns):
+        output = "\n".join(f"test_{n}_{i} PASSED in 0.{i}s" for i in range(300))
+        messages += [
+            {"role": "assistant", "content": f"Running batch {n}."},
+            {"role": "user", "content": output},
+        ]
+    return [
+        *messages,
+        {"role": "assistant", "content": "Done."},
+        {"role": "user", "content": "What failed?"},
+    ]
+
+
+def test_max_tokens_is_made_room_for_when_the_provider_says_it_shares_the_window(
+    brim: BrimFactory, anthropic_fake: FakeAnthropic, caplog: pytest.LogCaptureFixture
+) -> None:
+    import anthropic
+
+    model, window, max_tokens = "claude-shared-200000", 200_000, 20_000
+    base = brim(
+        upstreams={"claude": {"api": "anthropic", "base_url": anthropic_fake.url}},
+        models={model: {"context_window": 1_000_000, "max_output": 64_000}},  # stale: too big
+    )
+    sdk = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
+    messages = claude_session(40)  # ~194 000 tokens: under the window, not with max_tokens
+    with caplog.at_level(logging.WARNING, logger="brim.retry"):
+        raw = sdk.messages.with_raw_response.create(
+            model=model,
+            max_tokens=max_tokens,
+            messages=messages,  # type: ignore[arg-type]
+        )
+    assert raw.parse().content[0].text == "pong"  # type: ignore[union-attr]
+    [refusal] = anthropic_fake.rejections
+    assert refusal.startswith("input length and `max_tokens` exceed context limit: ")
+    assert raw.headers["x-brim-retries"] == "1"
+    [retried] = anthropic_fake.counts
+    assert retried + max_tokens <= window  # the first retry made room for max_tokens
+    assert retried >= (window - max_tokens) * 0.85  # …and cut no more than that asked for
+    assert sum("counts max_tokens" in r.getMessage() for r in caplog.records) == 1
+
+    # Learned for later requests: the next one is cut up front, max_tokens reserved.
+    later: Any = [
+        *messages,
+        {"role": "assistant", "content": "test_3 failed"},
+        {"role": "user", "content": "Why?"},
+    ]
+    raw = sdk.messages.with_raw_response.create(model=model, max_tokens=max_tokens, messages=later)
+    assert raw.headers["x-brim-retries"] == "0"
+    assert int(raw.headers["x-brim-budget"]) == window - max_tokens - window // 20
+    assert len(anthropic_fake.rejections) == 1
+    assert anthropic_fake.counts[-1] + max_tokens <= window

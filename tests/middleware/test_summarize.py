@@ -17,16 +17,17 @@ import orjson
 import pytest
 
 from middleware import summarize as summarize_module
-from middleware.summarize import MemoryCache, RedisCache, Summarizer
+from middleware.summarize import Job, MemoryCache, RedisCache, Summarizer
 from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import CounterMeter, TokenCounter
+from policies.wires.chat import CHAT
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn
 from tests.conftest import BrimFactory
 from tests.fakes import FakeProvider, free_port
 
 use_bundled_tiktoken_files()
-METER = CounterMeter(TokenCounter(), "o200k_base")
+METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
 LONG = "\n".join(
     f"step {n}: the build ran the integration suite and wrote its report" for n in range(300)
 )
@@ -96,7 +97,7 @@ def test_past_the_last_level_the_summary_is_cut() -> None:
     with pytest.raises(ValueError):
         asyncio.run(
             summarizer(Stubborn(), truncate_fallback=False)._with(
-                "cheap", LONG, 4000, 500, "t", "headline"
+                Job("cheap", "t", "headline", {}), LONG, 4000, 500
             )
         )
 
@@ -281,3 +282,55 @@ def test_a_tool_result_too_large_to_keep_is_summarized_instead_of_cut(
     result = sent[-1]["content"]
     assert result.startswith("[brim: a summary of this tool result") and "disk quota" in result
     assert provider.strict_rejections == []
+
+
+class SlowCache(MemoryCache):
+    """A cache that makes every look-up wait, as a network round trip to Redis does."""
+
+    async def get(self, key: str) -> str | None:
+        await asyncio.sleep(0.01)
+        return await super().get(key)
+
+
+def test_concurrent_summaries_each_carry_their_own_requests_key() -> None:
+    """A shared summarizer, many requests at once, each with its own key: every call to the
+    summary model carries the key of the request whose text it summarizes (never another's),
+    through cache waits, retries and map-reduce chunks alike."""
+    seen: list[tuple[str, str]] = []  # (owner named in the text, key the call carried)
+    attempts: dict[str, int] = {}
+
+    async def call(
+        provider: str, messages: list[dict[str, str]], max_tokens: int, headers: Mapping[str, str]
+    ) -> str:
+        text = messages[1]["content"]
+        owner = text.split(":", 1)[0].removeprefix("owner ")
+        attempts[text] = attempts.get(text, 0) + 1
+        await asyncio.sleep(0.005 * (hash(owner) % 5))
+        seen.append((owner, headers["Authorization"]))
+        if attempts[text] == 1:
+            raise RuntimeError("flaky summarizer: the retry must carry the same key")
+        return f"owner {owner}: summary"
+
+    registry = LimitsRegistry({"cheap": ModelFacts(context_window=2_000, max_output=500)})
+    shared = Summarizer(
+        call, ["cheap"], METER, registry, SlowCache(1), max_retries=1, retry_delay_s=0
+    )
+    texts = {
+        f"r{n}": "\n".join(f"owner r{n}: log line {i} of the deploy" for i in range(300))
+        for n in range(12)
+    }  # ~3 000 tokens each: more than the summarizer's 2 000-token window, so chunked
+
+    async def run() -> list[Any]:
+        return await asyncio.gather(
+            *(
+                shared.summarize(text, 200, "task", {"Authorization": f"Bearer key-{owner}"})
+                for owner, text in texts.items()
+            )
+        )
+
+    summaries = asyncio.run(run())
+    assert all(summary is not None for summary in summaries)
+    assert len({owner for owner, _ in seen}) == len(texts)
+    assert all(key == f"Bearer key-{owner}" for owner, key in seen), [
+        (o, k) for o, k in seen if k != f"Bearer key-{o}"
+    ][:5]

@@ -10,15 +10,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
-from policies.dialects import ChatDialect
 from policies.tokens import CounterMeter, TokenCounter
+from policies.wires.chat import CHAT, ChatDialect
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn
 from tests.fakes import pairing_errors
 
 use_bundled_tiktoken_files()
 COUNTER = TokenCounter()
-METER = CounterMeter(COUNTER, "o200k_base", "gpt-4o")
+METER = CounterMeter(COUNTER, "o200k_base", "gpt-4o", CHAT)
 DIALECT = ChatDialect()
 POLICIES = build_policies(DEFAULT_ORDER, {})
 PNG = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAgAAAAIACAIAAAB7GkOtAAAA"
@@ -134,7 +134,7 @@ def test_compressed_requests_are_valid_within_budget_and_keep_what_matters(
     out = [dict(m) for m in outcome.messages]
     assert DIALECT.violations(outcome.messages) == []
     assert pairing_errors(out) == []
-    exact = COUNTER.chat({"messages": out}, "o200k_base").total
+    exact = COUNTER.request(CHAT, {"messages": out}, "o200k_base").total
     assert exact == outcome.tokens_out
     if not outcome.fits:  # the guard answers 400; nothing more to check
         return

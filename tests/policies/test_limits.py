@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from policies.limits import LimitSource, LimitsRegistry, ModelFacts, normalize_model_id
+from policies.limits import (
+    LimitSource,
+    LimitsRegistry,
+    ModelFacts,
+    normalize_model_id,
+    wants_long_context,
+)
 from policies.model_map import ModelMap
 from proxy.resources import litellm_model_map
 
@@ -155,6 +161,56 @@ def test_learned_limits_win_over_everything() -> None:
     resolved = registry.resolve("gpt-4o")
     assert resolved.limits.context_window == 100_000
     assert resolved.source is LimitSource.LEARNED
+
+
+def test_a_provider_saying_max_tokens_shares_the_window_is_learned() -> None:
+    registry = LimitsRegistry(model_map=litellm_model_map())
+    assert registry.resolve("claude-sonnet-4-5").limits.output_counts is False  # the table
+    assert registry.learn_output_counts("anthropic/claude-sonnet-4-5") is True
+    assert registry.learn_output_counts("anthropic/claude-sonnet-4-5") is False  # not news
+    resolved = registry.resolve("anthropic/claude-sonnet-4-5")
+    assert resolved.limits.output_counts is True
+    assert resolved.sources["output_counts"] is LimitSource.LEARNED
+    assert resolved.sources["context_window"] is not LimitSource.LEARNED  # the window stays
+    assert registry.resolve("claude-opus-4-1").limits.output_counts is False  # per model
+
+
+@pytest.mark.parametrize(
+    ("values", "wanted"),
+    [
+        (["context-1m-2025-08-07"], True),
+        (["interleaved-thinking-2025-05-14, Context-1M-2025-08-07"], True),
+        (["fine-grained-tool-streaming-2025-05-14", "context-1m-2026-01-01"], True),
+        (["interleaved-thinking-2025-05-14,token-efficient-tools-2025-02-19"], False),
+        (["x-context-1m"], False),
+        ([], False),
+    ],
+)
+def test_the_context_1m_beta_is_found_among_several(values: list[str], wanted: bool) -> None:
+    assert wants_long_context(values) is wanted
+
+
+def test_the_context_1m_beta_gives_anthropic_models_a_million_tokens(
+    registry: LimitsRegistry,
+) -> None:
+    for model in ("claude-sonnet-4-5", "claude-sonnet-4-5-20250929", "claude:sonnet"):
+        plain = registry.resolve(model)
+        long = registry.resolve(model, long_context=True)
+        assert plain.limits.context_window == 200_000
+        assert long.limits.context_window == 1_000_000
+        assert long.source is LimitSource.HEADER
+        assert long.limits.max_output == plain.limits.max_output
+        assert long.cli_overhead == plain.cli_overhead
+    # Not an Anthropic model: the beta means nothing to it.
+    for model in ("gpt-4o", "acme-llm-7"):
+        assert registry.resolve(model, long_context=True) == registry.resolve(model)
+    # What was learned without the beta (Anthropic's standard window) does not cap it.
+    learning = LimitsRegistry(model_map=litellm_model_map())
+    learning.learn("claude-sonnet-4-5", 200_000)
+    assert learning.resolve("claude-sonnet-4-5").source is LimitSource.LEARNED
+    assert learning.resolve("claude-sonnet-4-5", long_context=True).limits.context_window == (
+        1_000_000
+    )
 
 
 def test_output_counting_rules(registry: LimitsRegistry) -> None:

@@ -8,16 +8,16 @@ import orjson
 
 from policies.clear import ClearSettings, ClearToolResults
 from policies.conversation import Conversation, Goal, snapped_count
-from policies.dialects import ChatDialect
 from policies.evict import Evict, EvictSettings
 from policies.prune import PruneSettings, PruneToolResults
 from policies.tokens import CounterMeter, TokenCounter
 from policies.truncate import Truncate
+from policies.wires.chat import CHAT, ChatDialect
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn as build_tool_turn
 
 use_bundled_tiktoken_files()
-METER = CounterMeter(TokenCounter(), "o200k_base")
+METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
 D = ChatDialect()
 
 

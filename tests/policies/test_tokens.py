@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies.tokens import TokenCounter
+from policies.wires.chat import CHAT
 from proxy.resources import use_bundled_tiktoken_files
 
 use_bundled_tiktoken_files()
@@ -100,14 +101,16 @@ def n(text: str) -> int:
 def test_chat_messages_match_the_apis_prompt_tokens(
     counter: TokenCounter, tokenizer: str, api_figure: int
 ) -> None:
-    assert counter.chat({"messages": JARGON}, tokenizer).total == api_figure
+    assert counter.request(CHAT, {"messages": JARGON}, tokenizer).total == api_figure
 
 
 @pytest.mark.parametrize(("tokenizer", "api_figure"), [("o200k_base", 101), ("cl100k_base", 105)])
 def test_tool_definitions_match_the_apis_prompt_tokens(
     counter: TokenCounter, tokenizer: str, api_figure: int
 ) -> None:
-    assert counter.chat({"messages": WEATHER, "tools": TOOLS}, tokenizer).total == api_figure
+    assert (
+        counter.request(CHAT, {"messages": WEATHER, "tools": TOOLS}, tokenizer).total == api_figure
+    )
 
 
 def test_tool_calls_tool_results_and_reasoning_are_counted(counter: TokenCounter) -> None:
@@ -135,7 +138,7 @@ def test_tool_calls_tool_results_and_reasoning_are_counted(counter: TokenCounter
         + n(arguments)
     )
     expected_result = 3 + n("tool") + n("def main():\n    return 42\n") + n("call_abc")
-    count = counter.chat({"messages": [assistant, result]}, "o200k_base")
+    count = counter.request(CHAT, {"messages": [assistant, result]}, "o200k_base")
     assert count.messages == (expected_assistant, expected_result)
     assert count.total == expected_assistant + expected_result + 3
 
@@ -163,7 +166,7 @@ def test_multipart_content_with_images(counter: TokenCounter) -> None:
     }
     # OpenAI's worked examples: 1024² high = 765; 2048×4096 (auto counted as high) = 1105; low = 85.
     expected = 3 + n("user") + n("What is in these pictures?") + 765 + 1105 + 85
-    assert counter.chat({"messages": [message]}, "o200k_base").messages == (expected,)
+    assert counter.request(CHAT, {"messages": [message]}, "o200k_base").messages == (expected,)
 
 
 def test_response_format_schema_is_counted(counter: TokenCounter) -> None:
@@ -172,11 +175,11 @@ def test_response_format_schema_is_counted(counter: TokenCounter) -> None:
         "schema": {"type": "object", "properties": {"city": {"type": "string"}}},
     }
     body = {"messages": WEATHER, "response_format": {"type": "json_schema", "json_schema": schema}}
-    count = counter.chat(body, "o200k_base")
+    count = counter.request(CHAT, body, "o200k_base")
     assert count.response_format == n(orjson.dumps(schema).decode())
     assert (
         count.total
-        == counter.chat({"messages": WEATHER}, "o200k_base").total + count.response_format
+        == counter.request(CHAT, {"messages": WEATHER}, "o200k_base").total + count.response_format
     )
 
 
@@ -185,7 +188,9 @@ def test_claude_counts_are_o200k_times_the_calibration_factor() -> None:
     text = "Claude counts with its own tokenizer; brim estimates it from o200k_base."
     assert counter.text(text, "claude") == math.ceil(n(text) * 1.2)
     message = {"role": "user", "content": text}
-    assert counter.message(message, "claude") == math.ceil((3 + n("user") + n(text)) * 1.2)
+    assert counter.message(message, "claude", "", CHAT) == math.ceil(
+        (3 + n("user") + n(text)) * 1.2
+    )
     with pytest.raises(ValueError):
         TokenCounter(claude_factor=0.9)
 
@@ -204,18 +209,20 @@ def session(turns: int) -> list[dict[str, Any]]:
 
 
 def test_the_cache_makes_turn_n_plus_1_count_only_new_messages(counter: TokenCounter) -> None:
-    first = counter.chat({"messages": session(50)}, "o200k_base")
+    first = counter.request(CHAT, {"messages": session(50)}, "o200k_base")
     assert (counter.cache_hits, counter.cache_misses) == (0, 101)
-    again = counter.chat({"messages": session(50)}, "o200k_base")
+    again = counter.request(CHAT, {"messages": session(50)}, "o200k_base")
     assert again == first
     assert (counter.cache_hits, counter.cache_misses) == (101, 101)
-    counter.chat({"messages": session(51)}, "o200k_base")
+    counter.request(CHAT, {"messages": session(51)}, "o200k_base")
     assert (counter.cache_hits, counter.cache_misses) == (202, 103)  # two new messages
 
 
 def test_the_cache_separates_tokenizers(counter: TokenCounter) -> None:
     message = {"role": "user", "content": "naïve café ☕ 東京"}
-    assert counter.message(message, "o200k_base") != counter.message(message, "cl100k_base")
+    assert counter.message(message, "o200k_base", "", CHAT) != counter.message(
+        message, "cl100k_base", "", CHAT
+    )
     assert counter.cache_misses == 2
 
 
@@ -248,7 +255,10 @@ def test_the_free_upper_bound_is_never_below_the_exact_count(
     if with_tools:
         body["tools"] = TOOLS
     raw = orjson.dumps(body)
-    assert counter.upper_bound(raw, body, tokenizer) >= counter.chat(body, tokenizer).total
+    assert (
+        counter.upper_bound(raw, body, tokenizer, CHAT)
+        >= counter.request(CHAT, body, tokenizer).total
+    )
 
 
 def test_counting_never_touches_the_network(tmp_path: Any) -> None:
@@ -275,3 +285,196 @@ def test_counting_never_touches_the_network(tmp_path: Any) -> None:
     first, second, folder = result.stdout.split()
     assert (first, second) == ("2", "2")
     assert folder.endswith("litellm/litellm_core_utils/tokenizers")
+
+
+# The free bound on every wire API, over every content kind each one carries: images (read
+# from a data URL's header, or remote and counted at their largest), PDF pages, images inside
+# Anthropic tool results, Responses `input_image`, Gemini inline and file data, tool calls and
+# definitions (numeric enums cost more tokens than bytes).
+def _pdf(pages: int) -> str:
+    return base64.b64encode(b"%PDF-1.4\n" + b"1 0 obj << /Type /Page >>\n" * pages).decode()
+
+
+sizes = st.tuples(st.integers(1, 8000), st.integers(1, 8000))
+short = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=40)
+image_urls = st.one_of(
+    sizes.map(lambda s: png_data_url(*s)), st.just("https://example.com/cat.png")
+)
+chat_parts = st.one_of(
+    short.map(lambda t: {"type": "text", "text": t}),
+    st.tuples(image_urls, st.sampled_from([None, "low", "high", "auto"])).map(
+        lambda u: {"type": "image_url", "image_url": {"url": u[0], "detail": u[1]}}
+    ),
+)
+chat_messages = st.one_of(
+    st.lists(chat_parts, max_size=4).map(lambda c: {"role": "user", "content": c}),
+    st.lists(short, min_size=1, max_size=3).map(
+        lambda names: {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": "{}"}}
+                for i, n in enumerate(names)
+            ],
+        }
+    ),
+    short.map(lambda t: {"role": "tool", "tool_call_id": "c0", "content": t}),
+)
+anthropic_images = st.one_of(
+    sizes.map(
+        lambda s: {
+            "type": "image",
+            "source": {
+                "type": "base64",
+                "media_type": "image/png",
+                "data": png_data_url(*s).split(",")[1],
+            },
+        }
+    ),
+    st.just({"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}}),
+)
+anthropic_blocks = st.one_of(
+    short.map(lambda t: {"type": "text", "text": t}),
+    anthropic_images,
+    st.integers(1, 30).map(
+        lambda n: {
+            "type": "document",
+            "source": {"type": "base64", "media_type": "application/pdf", "data": _pdf(n)},
+        }
+    ),
+    st.just({"type": "document", "source": {"type": "url", "url": "https://example.com/a.pdf"}}),
+    st.lists(st.one_of(short.map(lambda t: {"type": "text", "text": t}), anthropic_images)).map(
+        lambda inner: {"type": "tool_result", "tool_use_id": "t", "content": inner}
+    ),
+    short.map(lambda n: {"type": "tool_use", "id": "t", "name": n, "input": {}}),
+)
+anthropic_messages = st.tuples(
+    st.sampled_from(["user", "assistant"]), st.lists(anthropic_blocks, max_size=4)
+).map(lambda m: {"role": m[0], "content": m[1]})
+responses_items = st.one_of(
+    st.lists(
+        st.one_of(
+            short.map(lambda t: {"type": "input_text", "text": t}),
+            st.tuples(image_urls, st.sampled_from(["low", "high", "auto"])).map(
+                lambda u: {"type": "input_image", "image_url": u[0], "detail": u[1]}
+            ),
+            st.just({"type": "input_image", "file_id": "file-1", "detail": "auto"}),
+        ),
+        max_size=4,
+    ).map(lambda c: {"type": "message", "role": "user", "content": c}),
+    short.map(lambda n: {"type": "function_call", "call_id": "c", "name": n, "arguments": "{}"}),
+    short.map(lambda t: {"type": "function_call_output", "call_id": "c", "output": t}),
+)
+gemini_parts = st.one_of(
+    short.map(lambda t: {"text": t}),
+    st.just({"inlineData": {"mimeType": "image/png", "data": "iVBORw0KGgo="}}),
+    st.just({"fileData": {"mimeType": "image/png", "fileUri": "gs://b/a.png"}}),
+    short.map(lambda n: {"functionCall": {"name": n, "args": {}}}),
+    short.map(lambda n: {"functionResponse": {"name": n, "response": {}}}),
+)
+gemini_contents = st.tuples(
+    st.sampled_from(["user", "model"]), st.lists(gemini_parts, min_size=1, max_size=4)
+).map(lambda c: {"role": c[0], "parts": c[1]})
+numeric_enum_tools = st.lists(st.integers(0, 9), max_size=30).map(
+    lambda values: [
+        {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"n": {"type": "integer", "enum": values}},
+                },
+            },
+        }
+    ]
+)
+bodies = st.one_of(
+    st.tuples(st.lists(chat_messages, max_size=6), numeric_enum_tools).map(
+        lambda b: ("openai.chat", {"model": "m", "messages": b[0], "tools": b[1]})
+    ),
+    st.lists(anthropic_messages, max_size=6).map(
+        lambda m: ("anthropic.messages", {"model": "m", "max_tokens": 10, "messages": m})
+    ),
+    st.tuples(st.lists(responses_items, max_size=6), numeric_enum_tools).map(
+        lambda b: (
+            "openai.responses",
+            {"model": "m", "input": b[0], "tools": [t["function"] for t in b[1]]},
+        )
+    ),
+    st.lists(gemini_contents, max_size=6).map(lambda c: ("gemini.generate", {"contents": c})),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    case=bodies,
+    tokenizer=st.sampled_from(["o200k_base", "cl100k_base", "claude"]),
+    model=st.sampled_from(["gpt-4o", "gpt-4o-mini", "claude-sonnet-4-5"]),
+)
+def test_the_free_bound_holds_on_every_wire_api_and_content_kind(
+    case: tuple[str, dict[str, Any]], tokenizer: str, model: str
+) -> None:
+    from policies.wires import WIRES
+
+    api, body = case
+    wire = WIRES[api]
+    counter = TokenCounter()
+    exact = counter.request(wire, body, tokenizer, model).total
+    assert counter.upper_bound(orjson.dumps(body), body, tokenizer, wire) >= exact
+
+
+@pytest.mark.parametrize(
+    ("api", "body"),
+    [
+        (  # a remote image in a Responses message: 8 tiles by OpenAI's rule, a few bytes
+            "openai.responses",
+            {
+                "model": "m",
+                "input": [
+                    {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_image", "image_url": "https://e.com/a.png"}]
+                        * 20,
+                    }
+                ],
+            },
+        ),
+        (  # images by URL inside Anthropic tool results
+            "anthropic.messages",
+            {
+                "model": "m",
+                "max_tokens": 1,
+                "messages": [
+                    {
+                        "role": "user",
+                        "content": [
+                            {
+                                "type": "tool_result",
+                                "tool_use_id": "t",
+                                "content": [
+                                    {
+                                        "type": "image",
+                                        "source": {"type": "url", "url": "https://e.com/a"},
+                                    }
+                                ]
+                                * 30,
+                            }
+                        ],
+                    }
+                ],
+            },
+        ),
+    ],
+)
+def test_the_bound_counts_images_where_the_old_bound_missed_them(
+    api: str, body: dict[str, Any]
+) -> None:
+    from policies.wires import WIRES
+
+    counter = TokenCounter()
+    wire = WIRES[api]
+    exact = counter.request(wire, body, "o200k_base", "gpt-4o-mini").total
+    assert exact > 10 * len(orjson.dumps(body))  # images cost far more than their bytes
+    assert counter.upper_bound(orjson.dumps(body), body, "o200k_base", wire) >= exact

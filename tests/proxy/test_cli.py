@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,9 +23,16 @@ from tests.fakes import FakeProvider, wait_for
 BRIM = str(Path(sys.executable).with_name("brim"))
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [BRIM, *args], capture_output=True, text=True, timeout=60, env={**os.environ, **(env or {})}
+        [BRIM, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        cwd=cwd,
     )
 
 
@@ -111,6 +119,83 @@ def test_serve_refuses_to_listen_beyond_loopback_without_keys(tmp_path: Path) ->
     result = run("serve", "--host", "0.0.0.0", "--port", "0", "--config", "/dev/null")
     assert result.returncode == 2
     assert "server.host" in result.stderr and "api_keys_env" in result.stderr
+
+
+def test_check_config_refuses_what_serve_refuses(tmp_path: Path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text('[server]\nhost = "0.0.0.0"\n')
+    checked = run("check-config", str(config))
+    assert checked.returncode == 2
+    assert "server.host" in checked.stderr and "api_keys_env" in checked.stderr
+    assert checked.stdout == ""  # no resolved config printed as if it were usable
+    served = run("serve", "--config", str(config), "--port", "0")
+    assert served.returncode == 2 and "server.host" in served.stderr
+    allowed = run("check-config", str(config), env={"BRIM_SERVER__ALLOW_UNAUTHENTICATED": "true"})
+    assert allowed.returncode == 0, allowed.stderr
+    assert json.loads(allowed.stdout)["server"]["host"] == "0.0.0.0"
+
+
+def test_check_config_finds_its_config_as_serve_does(tmp_path: Path) -> None:
+    (tmp_path / "proxy.toml").write_text("[server]\nport = 9101\n")
+    named = tmp_path / "named.toml"
+    named.write_text("[server]\nport = 9102\n")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+
+    in_cwd = run("check-config", cwd=tmp_path)  # ./proxy.toml
+    assert in_cwd.returncode == 0, in_cwd.stderr
+    assert json.loads(in_cwd.stdout)["server"]["port"] == 9101
+    from_env = run("check-config", cwd=tmp_path, env={"BRIM_CONFIG": str(named)})
+    assert from_env.returncode == 0, from_env.stderr
+    assert json.loads(from_env.stdout)["server"]["port"] == 9102
+    assert from_env.stderr.startswith(f"{named}: OK")
+    defaults = run("check-config", cwd=empty)  # no file anywhere: the built-in defaults
+    assert defaults.returncode == 0, defaults.stderr
+    assert json.loads(defaults.stdout)["server"]["port"] == 8787
+    assert "built-in defaults: OK" in defaults.stderr
+
+
+def test_environment_changes_one_key_of_a_default_upstream_and_misspellings_warn(
+    tmp_path: Path,
+) -> None:
+    result = run(
+        "check-config",
+        cwd=tmp_path,
+        env={"BRIM_UPSTREAMS__OPENAI__BASE_URL": "http://127.0.0.1:9/v1", "BRIM_SERVR__PORT": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    openai_upstream = json.loads(result.stdout)["upstreams"]["openai"]
+    assert (openai_upstream["api"], openai_upstream["base_url"]) == (
+        "openai",
+        "http://127.0.0.1:9/v1",
+    )
+    assert (
+        "brim: warning: environment variable BRIM_SERVR__PORT: unknown key 'servr' ignored"
+        in result.stderr
+    )
+
+
+def test_a_bad_environment_value_names_the_variable(tmp_path: Path) -> None:
+    config = tmp_path / "proxy.toml"
+    config.write_text("[server]\nport = 9100\n")
+    result = run("check-config", str(config), env={"BRIM_SERVER__PORT": "notaport"})
+    assert result.returncode == 2
+    assert "environment variable BRIM_SERVER__PORT: server.port" in result.stderr
+    assert str(config) not in result.stderr  # the file is not blamed for it
+
+
+def test_serve_on_a_port_in_use_says_so_in_one_line() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("serve", "--config", "/dev/null", "--port", str(port))
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"brim: cannot listen on 127.0.0.1:{port}: address already in use"
+    )
+    assert result.stdout == ""
 
 
 def serve_in_front_of(

@@ -6,7 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import BrimConfig, ConfigError, describe_config, load_config, unknown_keys
+from proxy.config import (
+    ENV_NOT_CONFIG,
+    BrimConfig,
+    ConfigError,
+    describe_config,
+    load_config,
+    unknown_keys,
+)
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -132,6 +139,115 @@ def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("BRIM_SERVER__PORT", "not-a-port")
     with pytest.raises(ConfigError, match=r"server\.port"):
         load_config(None)
+
+
+def test_environment_changes_one_key_of_a_default_upstream(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BRIM_UPSTREAMS__OPENAI__BASE_URL", "http://127.0.0.1:9/v1")
+    config, warnings = load_config(None)
+    assert warnings == []
+    assert config.upstreams["openai"].base_url == "http://127.0.0.1:9/v1"
+    assert config.upstreams["openai"].api == "openai"  # the rest of the default stays
+    assert config.upstreams["anthropic"].base_url == "https://api.anthropic.com"
+    assert list(config.upstreams) == ["openai", "anthropic", "gemini"]
+
+
+def test_environment_changes_the_files_upstream_not_the_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(
+        tmp_path,
+        '[upstreams.Local]\napi = "openai"\nbase_url = "http://127.0.0.1:8000/v1"\ntimeout_s = 30\n',
+    )
+    monkeypatch.setenv("BRIM_UPSTREAMS__LOCAL__BASE_URL", "http://127.0.0.1:9/v1")
+    config, warnings = load_config(path)
+    assert warnings == []
+    assert list(config.upstreams) == ["Local"]  # matched whatever the table's case
+    assert config.upstreams["Local"].base_url == "http://127.0.0.1:9/v1"
+    assert config.upstreams["Local"].timeout_s == 30
+
+
+def test_an_upstream_only_the_environment_names_must_be_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, '[upstreams.local]\napi = "openai"\nbase_url = "http://a"\n')
+    monkeypatch.setenv("BRIM_UPSTREAMS__OPENAI__BASE_URL", "http://127.0.0.1:9/v1")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)  # the file's upstreams replace the defaults: no `openai` to change
+    message = str(caught.value)
+    assert message.startswith("environment variable BRIM_UPSTREAMS__OPENAI__BASE_URL: ")
+    assert "upstreams.openai.api: Field required" in message
+    assert str(tmp_path) not in message
+
+
+def test_json_environment_values_replace_lists_and_tables(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, '[routes]\n"*" = "openai"\n[guard]\npolicies = ["evict"]\n')
+    monkeypatch.setenv("BRIM_GUARD__POLICIES", '["truncate", "evict"]')
+    monkeypatch.setenv("BRIM_ROUTES", '{"claude-*": "anthropic", "*": "openai"}')
+    monkeypatch.setenv("BRIM_RETRY__STEPS", "[0.25, 0.5]")
+    config, warnings = load_config(path)
+    assert warnings == []
+    assert config.guard.policies == ("truncate", "evict")
+    assert list(config.routes.items()) == [("claude-*", "anthropic"), ("*", "openai")]
+    assert config.retry.steps == (0.25, 0.5)
+
+
+def test_environment_value_that_is_not_json_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BRIM_GUARD__POLICIES", '["evict",')
+    with pytest.raises(ConfigError, match=r"^environment variable BRIM_GUARD__POLICIES: not valid"):
+        load_config(None)
+
+
+def test_misspelled_environment_variables_warn_by_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("BRIM_SERVR__PORT", "9000")
+    monkeypatch.setenv("BRIM_SERVER__PROT", "9000")
+    monkeypatch.setenv("BRIM_UPSTREAMS__OPENAI__BASE_ULR", "http://a")
+    config, warnings = load_config(write(tmp_path, "[server]\nport = 9100\n"))
+    assert config.server.port == 9100
+    assert sorted(warnings) == [
+        "environment variable BRIM_SERVER__PROT: unknown key 'server.prot' ignored",
+        "environment variable BRIM_SERVR__PORT: unknown key 'servr' ignored",
+        "environment variable BRIM_UPSTREAMS__OPENAI__BASE_ULR: unknown key "
+        "'upstreams.\"openai\".base_ulr' ignored",
+    ]
+
+
+def test_brim_variables_that_are_not_config_keys_do_not_warn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert {"BRIM_CONFIG", "BRIM_VENV", "BRIM_LOG_LEVEL", "BRIM_LOG_FORMAT"} <= ENV_NOT_CONFIG
+    for name in ENV_NOT_CONFIG:
+        monkeypatch.setenv(name, "[not json, not a key")
+    # The variables that `…_env` keys name hold secrets, not configuration.
+    monkeypatch.setenv("BRIM_API_KEYS", "brim-aaaaaaaaaaaa")
+    monkeypatch.setenv("BRIM_SERVER__API_KEYS_ENV", "BRIM_API_KEYS")
+    config, warnings = load_config(None)
+    assert warnings == []
+    assert [key.get_secret_value() for key in config.server.api_keys] == ["brim-aaaaaaaaaaaa"]
+
+
+def test_a_bad_environment_value_is_blamed_on_the_variable_not_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = write(tmp_path, "[server]\nport = 9100\nmax_body_mb = -1\n")
+    monkeypatch.setenv("BRIM_SERVER__PORT", "notaport")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    parts = str(caught.value).split("; ")
+    assert sorted(parts) == sorted(
+        [
+            f"{path}: server.max_body_mb: Input should be greater than 0",
+            "environment variable BRIM_SERVER__PORT: server.port: Input should be a valid "
+            "integer, unable to parse string as an integer",
+        ]
+    )
 
 
 def test_missing_file_is_refused(tmp_path: Path) -> None:

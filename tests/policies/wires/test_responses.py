@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.compress import DEFAULT_ORDER, build_policies, compress
-from policies.dialects import ResponsesDialect
-from policies.tokens import RESPONSES, CounterMeter, TokenCounter
+from policies.tokens import CounterMeter, TokenCounter
+from policies.wires.responses import RESPONSES, ResponsesDialect
 from proxy.resources import use_bundled_tiktoken_files
 from tests.fakes import responses_errors
 
@@ -146,7 +146,8 @@ def test_compressed_input_is_valid_within_budget_and_keeps_reasoning_intact(
     out = list(outcome.messages)
     assert D.violations(out) == [] and responses_errors(out) == []
     assert (
-        COUNTER.responses_request({"input": out}, "o200k_base").total + 20 == outcome.tokens_out + 3
+        COUNTER.request(RESPONSES, {"input": out}, "o200k_base").total + 20
+        == outcome.tokens_out + 3
     )
     for item in out:  # encrypted reasoning is the client's own, untouched
         if item.get("type") == "reasoning":

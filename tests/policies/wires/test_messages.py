@@ -13,14 +13,15 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
-from policies.dialects import NO_RESULT, AnthropicDialect
-from policies.tokens import ANTHROPIC, CounterMeter, TokenCounter
+from policies.tokens import CounterMeter, TokenCounter
+from policies.wires.base import NO_RESULT
+from policies.wires.messages import MESSAGES, AnthropicDialect
 from proxy.resources import use_bundled_tiktoken_files
 
 use_bundled_tiktoken_files()
 D = AnthropicDialect()
 COUNTER = TokenCounter()
-METER = CounterMeter(COUNTER, "claude", "claude-sonnet-4-5", ANTHROPIC)
+METER = CounterMeter(COUNTER, "claude", "claude-sonnet-4-5", MESSAGES)
 POLICIES = build_policies(DEFAULT_ORDER, {})
 
 
@@ -124,20 +125,20 @@ def test_repair_is_minimal() -> None:
 
 def test_images_count_by_anthropics_rule() -> None:
     base = COUNTER.message(
-        {"role": "user", "content": [{"type": "text", "text": "x"}]}, "o200k_base", shape=ANTHROPIC
+        {"role": "user", "content": [{"type": "text", "text": "x"}]}, "o200k_base", "", MESSAGES
     )
     with_image = COUNTER.message(
         {"role": "user", "content": [{"type": "text", "text": "x"}, png(1000, 750)]},
         "o200k_base",
-        shape=ANTHROPIC,
+        "",
+        MESSAGES,
     )
     assert with_image - base == 1000  # 1000 × 750 / 750
     huge = COUNTER.message(
-        {"role": "user", "content": [png(8000, 8000)]}, "o200k_base", shape=ANTHROPIC
+        {"role": "user", "content": [png(8000, 8000)]}, "o200k_base", "", MESSAGES
     )
     assert (
-        huge - COUNTER.message({"role": "user", "content": []}, "o200k_base", shape=ANTHROPIC)
-        == 1600
+        huge - COUNTER.message({"role": "user", "content": []}, "o200k_base", "", MESSAGES) == 1600
     )
 
 
@@ -153,7 +154,7 @@ def test_system_prompt_and_tools_are_fixed_cost() -> None:
         "tools": [{"name": "bash", "description": "run", "input_schema": {"type": "object"}}],
         "messages": [{"role": "user", "content": "hi"}],
     }
-    count = COUNTER.messages_request(body, "claude")
+    count = COUNTER.request(MESSAGES, body, "claude")
     assert count.tools > 3_000  # the long system prompt and the tool prompt are fixed cost
     assert METER.fixed(body) == count.tools + count.priming
 
@@ -225,7 +226,7 @@ def test_compressed_messages_are_valid_within_budget_and_keep_thinking_intact(
     out = list(outcome.messages)
     assert D.violations(out) == []
     assert (
-        COUNTER.messages_request({"messages": out}, "claude").total + 50 == outcome.tokens_out + 3
+        COUNTER.request(MESSAGES, {"messages": out}, "claude").total + 50 == outcome.tokens_out + 3
     )
     for message in out:  # thinking turns are the client's own, byte for byte
         if D.thinks(message):

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.compress import DEFAULT_ORDER, build_policies, compress
-from policies.dialects import GeminiDialect
-from policies.tokens import GEMINI, CounterMeter, TokenCounter
+from policies.tokens import CounterMeter, TokenCounter
+from policies.wires.gemini import GEMINI, GeminiDialect
 from proxy.resources import use_bundled_tiktoken_files
 from tests.fakes import gemini_errors
 
@@ -100,7 +100,8 @@ def test_compressed_contents_are_valid_within_budget_and_keep_thoughts_intact(
     out = list(outcome.messages)
     assert D.violations(out) == [] and gemini_errors(out) == []
     assert (
-        COUNTER.gemini_request({"contents": out}, "o200k_base").total + 10 == outcome.tokens_out + 3
+        COUNTER.request(GEMINI, {"contents": out}, "o200k_base").total + 10
+        == outcome.tokens_out + 3
     )
     for turn in out:
         if any("thoughtSignature" in p for p in turn.get("parts", [])):

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.dialects import NO_RESULT, ChatDialect
+from policies.wires.base import NO_RESULT
+from policies.wires.chat import ChatDialect
 
 D = ChatDialect()
 

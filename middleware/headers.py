@@ -1,0 +1,50 @@
+"""The `x-brim-*` headers of a reply (or error), all rendered here from the facts the stages
+recorded on the request's report — never written by the stages themselves."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from adapters.exchange import RequestReport
+from policies.compress import SHORT
+
+
+def actions(report: RequestReport) -> str:
+    """`prune:3,clear:12,evict:4,fallback:1` — what was done to the request, in order; `none`."""
+    done: Counter[str] = Counter()
+    for outcome in report.outcomes:
+        for record in outcome.records:
+            if record.action != "notice":
+                done[SHORT.get(record.policy, record.policy)] += 1
+        if outcome.repairs:
+            done["repair"] += len(outcome.repairs)
+    if report.fallbacks:
+        done["fallback"] = len(report.fallbacks)
+    return ",".join(f"{name}:{n}" for name, n in done.items()) or "none"
+
+
+async def brim_headers(report: RequestReport, *, warn_at: float) -> dict[str, str]:
+    """tokens in (as received) and out (as sent), budget, actions, retries, and how much of the
+    context window the request used (with a warning past `warn_at`)."""
+    context = report.context
+    if context is None:  # answered before limits were resolved (e.g. the loop breaker)
+        return {}
+    received = (
+        report.outcome.tokens_in if report.outcome is not None else await context.tokens.resolve()
+    )
+    sent = report.tokens_sent(received) or 0
+    headers = {
+        "x-brim-tokens-in": str(received),
+        "x-brim-tokens-out": str(sent),
+        "x-brim-budget": str(context.budget.effective()),
+        "x-brim-actions": actions(report),
+        "x-brim-retries": str(report.retries),
+    }
+    window = context.limits.limits.context_window
+    usage = sent / window
+    headers["x-brim-context-usage"] = f"{usage:.3f}"
+    if usage >= warn_at:
+        headers["x-brim-context-warning"] = (
+            f"{usage:.0%} of the {window}-token context window is in use"
+        )
+    return headers

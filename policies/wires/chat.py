@@ -1,0 +1,466 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`): the conversation is `messages`.
+
+Counting follows OpenAI's published accounting for chat models:
+
+    request  = Σ message + tool definitions + response_format schema + 3 (reply priming)
+    message  = 3 + tokens(role) + tokens(content) [+ tokens(name) + 1]
+               + Σ tool call: 3 + tokens(id) + tokens(name) + tokens(arguments)
+               + tokens(tool_call_id) + tokens(reasoning_content) + tokens(refusal)
+    content  = a string, or Σ parts: text → tokens(text); image_url → the tile rule in
+               `policies.images`; any other part → tokens of its JSON
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
+
+from policies.conversation import Dialect, ToolResult, Unit
+from policies.images import image_tokens
+from policies.tokens import (
+    MAX_IMAGE_TOKENS,
+    PER_MESSAGE,
+    PER_NAME,
+    PER_TOOL_CALL,
+    REPLY_PRIMING,
+    ChatCount,
+    tool_definitions_bound,
+)
+from policies.wires.base import (
+    NO_RESULT,
+    BodyError,
+    ErrorInfo,
+    FieldConversation,
+    GenAiMessage,
+    RequestFacts,
+    Usage,
+    as_text,
+    first_of_each,
+    largest_part_text,
+    param_path,
+    repeats,
+    role_of,
+    text_of,
+    text_part,
+    token_count,
+    with_part_text,
+)
+
+if TYPE_CHECKING:
+    import tiktoken
+
+    from policies.tokens import TokenCounter
+
+
+def _call_id(call: Any) -> str | None:
+    return str(call["id"]) if isinstance(call, Mapping) and call.get("id") is not None else None
+
+
+class ChatDialect:
+    """`tool_calls[].id` on assistant messages, answered by the `tool` messages
+    (`tool_call_id`) that immediately follow. Leading system/developer messages are the system
+    prompt; brim's notices are system messages too."""
+
+    name = "openai.chat"
+
+    role = staticmethod(role_of)
+
+    def calls(self, message: Any) -> list[str]:
+        if self.role(message) != "assistant":
+            return []
+        return [i for call in message.get("tool_calls") or () if (i := _call_id(call)) is not None]
+
+    def units(self, messages: Sequence[Any]) -> list[Unit]:
+        units: list[Unit] = []
+        index = 0
+        while index < len(messages):
+            role = self.role(messages[index])
+            if role == "assistant" and self.calls(messages[index]):
+                end = index + 1
+                while end < len(messages) and self.role(messages[end]) == "tool":
+                    end += 1
+                units.append(Unit("tools", index, end))
+                index = end
+                continue
+            kind = {
+                "system": "system",
+                "developer": "system",
+                "user": "user",
+                "assistant": "assistant",
+                "tool": "orphan",
+            }.get(role, "user")
+            units.append(Unit(kind, index, index + 1))  # type: ignore[arg-type]
+            index += 1
+        return units
+
+    def tools_by_call(self, messages: Sequence[Any]) -> dict[str, str]:
+        names: dict[str, str] = {}
+        for message in messages:
+            if self.role(message) != "assistant":
+                continue
+            for call in message.get("tool_calls") or ():
+                if isinstance(call, Mapping) and call.get("id") is not None:
+                    function = call.get("function") or {}
+                    names[str(call["id"])] = str(function.get("name") or "tool")
+        return names
+
+    def tool_results(self, message: Any, tools_by_call: Mapping[str, str]) -> list[ToolResult]:
+        if self.role(message) != "tool":
+            return []
+        call_id = str(message.get("tool_call_id", ""))
+        text = text_of(message.get("content"))
+        return [ToolResult(call_id, tools_by_call.get(call_id, "tool"), text)]
+
+    def with_tool_result(self, message: Any, call_id: str, text: str) -> Any:
+        return {**message, "content": text}
+
+    def text(self, message: Any) -> str:
+        return text_of(message.get("content")) if isinstance(message, Mapping) else ""
+
+    def largest_text(self, message: Any) -> str | None:
+        content = message.get("content") if isinstance(message, Mapping) else None
+        if isinstance(content, str):
+            return content
+        return largest_part_text(content) if isinstance(content, list) else None
+
+    def with_largest_text(self, message: Any, text: str) -> Any:
+        content = message.get("content")
+        if isinstance(content, str):
+            return {**message, "content": text}
+        return {**message, "content": with_part_text(content, self.largest_text(message), text)}
+
+    def notice(self, text: str) -> Any:
+        return {"role": "system", "content": text}
+
+    def placeholder_result(self, call_id: str, text: str = NO_RESULT) -> Any:
+        return {"role": "tool", "tool_call_id": call_id, "content": text}
+
+    def violations(self, messages: Sequence[Any]) -> list[str]:
+        """Where `messages` break the pairing rules OpenAI enforces (empty: none)."""
+        problems: list[str] = []
+        pending: list[str] = []
+        answered: set[str] = set()
+        in_group = False
+        for index, message in enumerate(messages):
+            role = self.role(message)
+            if role == "tool":
+                call_id = str(message.get("tool_call_id", ""))
+                if not in_group or call_id not in pending:
+                    reason = "answered already" if call_id in answered else "answers no open call"
+                    problems.append(f"messages[{index}]: tool result {call_id!r} {reason}")
+                else:
+                    pending.remove(call_id)
+                    answered.add(call_id)
+                continue
+            if pending:
+                problems.append(f"messages[{index}]: tool calls {pending} have no result")
+            calls = self.calls(message)
+            if repeated := repeats(calls):
+                problems.append(f"messages[{index}]: tool call ids {repeated} repeat")
+            pending, answered, in_group = list(dict.fromkeys(calls)), set(), bool(calls)
+        if pending:
+            problems.append(f"end of messages: tool calls {pending} have no result")
+        return problems
+
+    def repaired(self, messages: Sequence[Any]) -> tuple[list[Any], list[str]]:
+        """The smallest change that makes the pairing valid: orphan or duplicate results are
+        dropped, a call repeating an id in its message is dropped, unanswered calls get a short
+        placeholder result. Returns what was done."""
+        out: list[Any] = []
+        done: list[str] = []
+        pending: list[str] = []
+        in_group = False
+
+        def close() -> None:
+            for call_id in pending:
+                out.append(self.placeholder_result(call_id))
+                done.append(f"added a result for unanswered call {call_id!r}")
+            pending.clear()
+
+        for message in messages:
+            role = self.role(message)
+            if role == "tool":
+                call_id = str(message.get("tool_call_id", ""))
+                if in_group and call_id in pending:
+                    pending.remove(call_id)
+                    out.append(message)
+                else:
+                    done.append(f"dropped tool result {call_id!r} that answers no open call")
+                continue
+            close()
+            calls = self.calls(message)
+            if repeated := repeats(calls):
+                message = {**message, "tool_calls": first_of_each(message["tool_calls"], _call_id)}
+                done.append(f"dropped repeated tool calls {repeated}")
+            pending, in_group = list(dict.fromkeys(calls)), bool(calls)
+            out.append(message)
+        close()
+        return out, done
+
+
+# Body checks -------------------------------------------------------------------------------
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _FunctionCall(_Open):
+    name: StrictStr
+    arguments: StrictStr
+
+
+class _ToolCall(_Open):
+    id: StrictStr
+    type: StrictStr = "function"
+    function: _FunctionCall | None = None
+
+
+class _ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Any = None
+    name: StrictStr | None = None
+    tool_calls: list[_ToolCall] | None = None
+    tool_call_id: StrictStr | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_shape(cls, value: Any) -> Any:
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(isinstance(part, dict) for part in value):
+            return value
+        raise ValueError("content must be a string, an array of content parts, or null")
+
+
+class _ChatRequest(_Open):
+    model: StrictStr = Field(min_length=1)
+    messages: list[_ChatMessage] = Field(min_length=1)
+    stream: StrictBool | None = False
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+
+
+# Errors ------------------------------------------------------------------------------------
+
+
+def openai_error_body(error: ErrorInfo) -> bytes:
+    """OpenAI's error object, shared by Chat Completions and Responses."""
+    message = error.message
+    if error.refusal is not None:
+        refusal = error.refusal
+        message = (
+            f"This request has {refusal.tokens_in} input tokens, over the {refusal.limit}-token "
+            f"budget brim keeps for this model, and could not be made to fit: {refusal.how}"
+        )
+    return orjson.dumps(
+        {
+            "error": {
+                "message": message,
+                "type": error.error_type,
+                "param": error.param,
+                "code": error.code,
+            }
+        }
+    )
+
+
+def _openai_usage(usage: Any) -> Usage | None:
+    """`usage` of Chat Completions (prompt/completion tokens) or Responses (input/output)."""
+    if not isinstance(usage, Mapping):
+        return None
+
+    def number(*path: str) -> int | None:
+        value: Any = usage
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    details = "prompt_tokens_details" if "prompt_tokens" in usage else "input_tokens_details"
+    return Usage(
+        input=number("prompt_tokens") if "prompt_tokens" in usage else number("input_tokens"),
+        output=(
+            number("completion_tokens") if "completion_tokens" in usage else number("output_tokens")
+        ),
+        cached_input=number(details, "cached_tokens"),
+    )
+
+
+def _tool_call_part(call: Any) -> dict[str, Any]:
+    function = call.get("function") or {} if isinstance(call, Mapping) else {}
+    return {
+        "type": "tool_call",
+        "id": call.get("id") if isinstance(call, Mapping) else None,
+        "name": function.get("name"),
+        "arguments": function.get("arguments"),
+    }
+
+
+def _content_parts(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, str):
+        return [text_part(content)] if content else []
+    parts: list[dict[str, Any]] = []
+    for part in content if isinstance(content, list) else ():
+        if not isinstance(part, Mapping):
+            continue
+        if isinstance(part.get("text"), str):
+            parts.append(text_part(part["text"]))
+        elif part.get("type") == "image_url" and isinstance(part.get("image_url"), Mapping):
+            url = str(part["image_url"].get("url", ""))
+            parts.append(_image_part(url))
+        else:
+            parts.append({"type": str(part.get("type", "unknown"))})
+    return parts
+
+
+def _image_part(url: str) -> dict[str, Any]:
+    if url.startswith("data:"):
+        return {"type": "blob", "modality": "image", "content": f"[{len(url)} bytes]"}
+    return {"type": "uri", "modality": "image", "uri": url}
+
+
+class ChatWire(FieldConversation):
+    name = "openai.chat"
+    conversation_field = "messages"
+    operation = "chat"
+    dialect: Dialect = ChatDialect()
+    serving: Mapping[str, frozenset[str]] = {
+        "openai.chat": frozenset({"openai", "litellm"}),
+        "openai.models": frozenset({"openai"}),
+    }
+
+    def owns_path(self, path: str) -> bool:
+        return path.rstrip("/").endswith("/chat/completions")
+
+    def check(self, body: dict[str, Any]) -> RequestFacts:
+        try:
+            request = _ChatRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = param_path(first["loc"])
+            if first["type"] == "missing":
+                raise BodyError(f"Missing required parameter '{param}'.", param) from None
+            raise BodyError(f"Invalid value for '{param}': {first['msg']}.", param) from None
+        for index, message in enumerate(request.messages):
+            if message.role == "tool" and not message.tool_call_id:
+                param = f"messages[{index}].tool_call_id"
+                raise BodyError(
+                    f"Missing required parameter '{param}': a tool message answers a tool call id.",
+                    param,
+                )
+        return RequestFacts(model=request.model, stream=bool(request.stream))
+
+    def message_tokens(self, message: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
+        count = token_count(enc)
+        tokens = PER_MESSAGE + count(message.get("role"))
+        if message.get("name"):
+            tokens += count(message["name"]) + PER_NAME
+        tokens += _content_tokens(message.get("content"), enc, model)
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") or {} if isinstance(call, Mapping) else {}
+            tokens += PER_TOOL_CALL + count(call.get("id") if isinstance(call, Mapping) else call)
+            tokens += count(function.get("name")) + count(function.get("arguments"))
+        legacy_call = message.get("function_call")
+        if isinstance(legacy_call, Mapping):
+            tokens += PER_TOOL_CALL + count(legacy_call.get("name"))
+            tokens += count(legacy_call.get("arguments"))
+        for field in ("tool_call_id", "reasoning_content", "refusal"):
+            tokens += count(message.get(field))
+        return tokens
+
+    def count(
+        self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
+    ) -> ChatCount:
+        messages = body.get("messages") or []
+        per_message = tuple(
+            counter.message(m, tokenizer, model, self) for m in messages if isinstance(m, Mapping)
+        )
+        definitions = list(body.get("tools") or []) + list(body.get("functions") or [])
+        response_format = body.get("response_format")
+        schema_tokens = 0
+        if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
+            schema_tokens = counter.text(as_text(response_format.get("json_schema")), tokenizer)
+        return ChatCount(
+            messages=per_message,
+            tools=counter.tools(definitions, tokenizer),
+            response_format=schema_tokens,
+            priming=REPLY_PRIMING,
+        )
+
+    def bound_overhead(self, body: Mapping[str, Any]) -> int:
+        tokens = REPLY_PRIMING
+        for message in self.conversation(body):
+            if not isinstance(message, Mapping):
+                continue
+            tokens += PER_MESSAGE + PER_NAME
+            tokens += PER_TOOL_CALL * len(message.get("tool_calls") or ())
+            tokens += PER_TOOL_CALL if message.get("function_call") else 0
+            content = message.get("content")
+            for part in content if isinstance(content, list) else ():
+                if isinstance(part, Mapping) and part.get("type") == "image_url":
+                    tokens += MAX_IMAGE_TOKENS
+        definitions = list(body.get("tools") or []) + list(body.get("functions") or [])
+        return tokens + tool_definitions_bound(definitions)
+
+    def error_body(self, error: ErrorInfo) -> bytes:
+        return openai_error_body(error)
+
+    def stream_error(self, error: ErrorInfo, last_event: bytes) -> bytes:
+        return b"data: " + openai_error_body(error) + b"\n\n"
+
+    def usage(self, payload: Any) -> Usage | None:
+        return _openai_usage(payload.get("usage")) if isinstance(payload, Mapping) else None
+
+    def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
+        out: list[GenAiMessage] = []
+        for message in items:
+            if not isinstance(message, Mapping):
+                continue
+            role = str(message.get("role", ""))
+            if role == "tool":
+                response = {
+                    "type": "tool_call_response",
+                    "id": message.get("tool_call_id"),
+                    "response": text_of(message.get("content")),
+                }
+                out.append({"role": "tool", "parts": [response]})
+                continue
+            parts = _content_parts(message.get("content"))
+            parts += [_tool_call_part(call) for call in message.get("tool_calls") or ()]
+            out.append({"role": "system" if role == "developer" else role, "parts": parts})
+        return out
+
+    def system_instructions(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        return []  # Chat Completions keeps its system prompt among the messages
+
+
+def _content_tokens(content: Any, enc: tiktoken.Encoding, model: str) -> int:
+    if content is None:
+        return 0
+    if isinstance(content, str):
+        return len(enc.encode_ordinary(content))
+    tokens = 0
+    for part in content if isinstance(content, list) else [content]:
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "text" and isinstance(part.get("text"), str):
+            tokens += len(enc.encode_ordinary(part["text"]))
+        elif kind == "image_url" and isinstance(part.get("image_url"), Mapping):
+            image = part["image_url"]
+            tokens += image_tokens(str(image.get("url", "")), image.get("detail"), model)
+        else:
+            tokens += len(enc.encode_ordinary(as_text(part)))
+    return tokens
+
+
+CHAT = ChatWire()

@@ -1,0 +1,563 @@
+"""Anthropic Messages (`POST /v1/messages`): the conversation is `messages`; `system` and
+`tools` are fixed cost.
+
+Counting: Anthropic publishes no offline tokenizer, so text is counted with o200k_base (times the
+calibration factor); images by Anthropic's pixel rule, PDF pages at their published top cost,
+tool use and results with a small fixed overhead, thinking by its text (redacted thinking by the
+length of its data), and, when tools are given, the tool-use system prompt Anthropic adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+
+from policies.conversation import Dialect, ToolResult, Unit
+from policies.images import ANTHROPIC_MAX_IMAGE_TOKENS, anthropic_image_tokens, pdf_tokens
+from policies.tokens import (
+    ANTHROPIC_TOOL_PROMPT,
+    PER_MESSAGE,
+    PER_NAME,
+    PER_TOOL_CALL,
+    REPLY_PRIMING,
+    ChatCount,
+)
+from policies.wires.base import (
+    NO_RESULT,
+    BodyError,
+    ErrorInfo,
+    FieldConversation,
+    GenAiMessage,
+    RequestFacts,
+    Usage,
+    as_text,
+    first_of_each,
+    repeats,
+    role_of,
+    text_of,
+    text_part,
+    token_count,
+)
+
+if TYPE_CHECKING:
+    import tiktoken
+
+    from policies.tokens import TokenCounter
+
+
+def _blocks(content: Any) -> list[Any]:
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content) if isinstance(content, list) else []
+
+
+def _block_text(block: Any) -> str:
+    if not isinstance(block, Mapping):
+        return ""
+    if block.get("type") == "text":
+        return str(block.get("text", ""))
+    if block.get("type") == "tool_result":
+        return text_of(block.get("content"))
+    return ""
+
+
+class AnthropicDialect:
+    """Anthropic Messages: `tool_use` blocks in an assistant message are answered by
+    `tool_result` blocks (which must come first) in the very next user message; the two messages
+    form one unit. `system` is outside `messages`, so it is fixed cost. Assistant messages with
+    `thinking` / `redacted_thinking` blocks are never edited — only removed whole."""
+
+    name = "anthropic.messages"
+
+    role = staticmethod(role_of)
+
+    def calls(self, message: Any) -> list[str]:
+        if self.role(message) != "assistant":
+            return []
+        return [
+            i for block in _blocks(message.get("content")) if (i := _tool_use_id(block)) is not None
+        ]
+
+    def answers(self, message: Any) -> list[str]:
+        if self.role(message) != "user":
+            return []
+        return [
+            str(block.get("tool_use_id"))
+            for block in _blocks(message.get("content"))
+            if isinstance(block, Mapping) and block.get("type") == "tool_result"
+        ]
+
+    @staticmethod
+    def thinks(message: Any) -> bool:
+        return any(
+            isinstance(block, Mapping) and block.get("type") in ("thinking", "redacted_thinking")
+            for block in _blocks(message.get("content") if isinstance(message, Mapping) else None)
+        )
+
+    def units(self, messages: Sequence[Any]) -> list[Unit]:
+        units: list[Unit] = []
+        index = 0
+        while index < len(messages):
+            message = messages[index]
+            if self.calls(message):
+                end = index + 1
+                if end < len(messages) and self.answers(messages[end]):
+                    end += 1
+                units.append(Unit("tools", index, end))
+                index = end
+                continue
+            role = self.role(message)
+            kind = (
+                "orphan"
+                if self.answers(message)
+                else ("assistant" if role == "assistant" else "user")
+            )
+            units.append(Unit(kind, index, index + 1))  # type: ignore[arg-type]
+            index += 1
+        return units
+
+    def tools_by_call(self, messages: Sequence[Any]) -> dict[str, str]:
+        names: dict[str, str] = {}
+        for message in messages:
+            if self.role(message) == "assistant":
+                for block in _blocks(message.get("content")):
+                    if isinstance(block, Mapping) and block.get("type") == "tool_use":
+                        names[str(block.get("id"))] = str(block.get("name") or "tool")
+        return names
+
+    def tool_results(self, message: Any, tools_by_call: Mapping[str, str]) -> list[ToolResult]:
+        if self.role(message) != "user" or not isinstance(message.get("content"), list):
+            return []
+        return [
+            ToolResult(
+                str(block.get("tool_use_id")),
+                tools_by_call.get(str(block.get("tool_use_id")), "tool"),
+                text_of(block.get("content")),
+            )
+            for block in message["content"]
+            if isinstance(block, Mapping)
+            and block.get("type") == "tool_result"
+            and text_of(block.get("content"))
+        ]
+
+    def with_tool_result(self, message: Any, call_id: str, text: str) -> Any:
+        content = [
+            {**block, "content": text}
+            if isinstance(block, Mapping)
+            and block.get("type") == "tool_result"
+            and str(block.get("tool_use_id")) == call_id
+            else block
+            for block in message["content"]
+        ]
+        return {**message, "content": content}
+
+    def text(self, message: Any) -> str:
+        if not isinstance(message, Mapping):
+            return ""
+        return "\n".join(
+            block["text"]
+            for block in _blocks(message.get("content"))
+            if isinstance(block, Mapping) and block.get("type") == "text"
+        )
+
+    def largest_text(self, message: Any) -> str | None:
+        if not isinstance(message, Mapping) or self.thinks(message):
+            return None
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [_block_text(block) for block in _blocks(content)]
+        texts = [text for text in texts if text]
+        return max(texts, key=len) if texts else None
+
+    def with_largest_text(self, message: Any, text: str) -> Any:
+        content = message.get("content")
+        if isinstance(content, str):
+            return {**message, "content": text}
+        largest = self.largest_text(message)
+        blocks = list(content)
+        for position, block in enumerate(blocks):
+            if _block_text(block) == largest:
+                field = "text" if block.get("type") == "text" else "content"
+                blocks[position] = {**block, field: text}
+                break
+        return {**message, "content": blocks}
+
+    def notice(self, text: str) -> Any:
+        return {"role": "user", "content": text}
+
+    def placeholder_result(self, call_id: str, text: str = NO_RESULT) -> Any:
+        return {"role": "user", "content": [_result_block(call_id, text)]}
+
+    def violations(self, messages: Sequence[Any]) -> list[str]:
+        problems: list[str] = []
+        if messages and self.role(messages[0]) != "user":
+            problems.append("messages[0]: the first message must be a user message")
+        for index, message in enumerate(messages):
+            role = self.role(message)
+            if role not in ("user", "assistant"):
+                problems.append(f"messages[{index}]: role {role!r} is not user or assistant")
+            answered = self.answers(message)
+            if answered:
+                previous = messages[index - 1] if index else None
+                open_calls = self.calls(previous)
+                for call_id in answered:
+                    if call_id not in open_calls:
+                        problems.append(
+                            f"messages[{index}]: tool_result {call_id!r} answers no tool_use of the previous message"
+                        )
+                if len(set(answered)) != len(answered):
+                    problems.append(f"messages[{index}]: a tool_use is answered twice")
+                kinds = [
+                    b.get("type") for b in _blocks(message.get("content")) if isinstance(b, Mapping)
+                ]
+                if kinds[: len(answered)] != ["tool_result"] * len(answered):
+                    problems.append(f"messages[{index}]: tool_result blocks must come first")
+            calls = self.calls(message)
+            if repeated := repeats(calls):
+                problems.append(f"messages[{index}]: tool_use ids {repeated} repeat")
+            if calls:
+                following = messages[index + 1] if index + 1 < len(messages) else None
+                missing = [c for c in calls if c not in self.answers(following)]
+                if missing:
+                    problems.append(
+                        f"messages[{index}]: tool_use {missing} not answered in the next message"
+                    )
+        return problems
+
+    def repaired(self, messages: Sequence[Any]) -> tuple[list[Any], list[str]]:
+        """Drop tool_result blocks that answer nothing (and messages left empty) and tool_use
+        blocks repeating an id in their message (not in thinking turns: those are never edited),
+        add a placeholder result for each unanswered tool_use, put results first, start with a
+        user."""
+        out: list[Any] = []
+        done: list[str] = []
+        for message in messages:
+            open_calls = self.calls(out[-1]) if out else []
+            if self.role(message) == "user":
+                fixed, notes = self._fix_results(message, open_calls)
+                done += notes
+                if fixed is not None:
+                    out.append(fixed)
+                continue
+            if open_calls:  # the previous assistant's tool_use got no user message after it
+                out.append({"role": "user", "content": [_result_block(c) for c in open_calls]})
+                done.append(f"added results for unanswered tool_use {open_calls}")
+            if (repeated := repeats(self.calls(message))) and not self.thinks(message):
+                blocks = first_of_each(_blocks(message.get("content")), _tool_use_id)
+                message = {**message, "content": blocks}
+                done.append(f"dropped repeated tool_use {repeated}")
+            out.append(message)
+        if out and self.calls(out[-1]):
+            out.append({"role": "user", "content": [_result_block(c) for c in self.calls(out[-1])]})
+            done.append("added results for the last message's unanswered tool_use")
+        if out and self.role(out[0]) != "user":
+            out.insert(0, {"role": "user", "content": "[earlier messages were removed]"})
+            done.append("started the conversation with a user message")
+        return out, done
+
+    def _fix_results(self, message: Any, open_calls: list[str]) -> tuple[Any | None, list[str]]:
+        blocks = _blocks(message.get("content"))
+        results, others, notes, seen = [], [], [], set()
+        for block in blocks:
+            if isinstance(block, Mapping) and block.get("type") == "tool_result":
+                call_id = str(block.get("tool_use_id"))
+                if call_id in open_calls and call_id not in seen:
+                    results.append(block)
+                    seen.add(call_id)
+                else:
+                    notes.append(f"dropped tool_result {call_id!r} that answers no tool_use")
+            else:
+                others.append(block)
+        missing = [c for c in open_calls if c not in seen]
+        if missing:
+            notes.append(f"added results for unanswered tool_use {missing}")
+        results += [_result_block(c) for c in missing]
+        fixed_blocks = results + others
+        if not notes and [b.get("type") if isinstance(b, Mapping) else None for b in blocks] == [
+            b.get("type") if isinstance(b, Mapping) else None for b in fixed_blocks
+        ]:
+            return message, []
+        if not fixed_blocks:
+            return None, notes
+        if not notes:
+            notes.append("moved tool_result blocks before the other content")
+        return {**message, "content": fixed_blocks}, notes
+
+
+def _tool_use_id(block: Any) -> str | None:
+    if isinstance(block, Mapping) and block.get("type") == "tool_use":
+        return str(block.get("id"))
+    return None
+
+
+def _result_block(call_id: str, text: str = NO_RESULT) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": call_id, "content": text}
+
+
+# Body checks -------------------------------------------------------------------------------
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _Block(_Open):
+    type: StrictStr
+
+
+class _Message(_Open):
+    role: Literal["user", "assistant"]
+    content: StrictStr | list[_Block]
+
+
+class _MessagesRequest(_Open):
+    model: StrictStr = Field(min_length=1)
+    messages: list[_Message] = Field(min_length=1)
+    max_tokens: int = Field(ge=1)
+    system: StrictStr | list[_Block] | None = None
+    stream: StrictBool | None = False
+
+
+class _CountTokensRequest(_MessagesRequest):
+    max_tokens: int | None = Field(None, ge=1)  # type: ignore[assignment]
+
+
+def _param(location: Sequence[int | str]) -> str:
+    # Anthropic names parameters with dots: messages.0.content.1.type
+    parts = [str(part) for part in location if str(part) not in ("str", "list[_Block]")]
+    return ".".join(parts)
+
+
+def check_count_tokens(body: dict[str, Any]) -> RequestFacts:
+    """A `count_tokens` body: a Messages body that need not say `max_tokens`."""
+    return _checked(_CountTokensRequest, body)
+
+
+def _checked(model: type[_MessagesRequest], body: dict[str, Any]) -> RequestFacts:
+    try:
+        request = model.model_validate(body)
+    except ValidationError as exc:
+        # Of a union's failed branches, the one that got deepest names the real problem.
+        first = max(exc.errors(), key=lambda error: len(error["loc"]))
+        param = _param(first["loc"])
+        if first["type"] == "missing":
+            raise BodyError(f"{param}: Field required", param) from None
+        raise BodyError(f"{param}: {first['msg']}", param) from None
+    return RequestFacts(model=request.model, stream=bool(request.stream))
+
+
+# Errors and usage --------------------------------------------------------------------------
+
+# Anthropic's error types by HTTP status.
+ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    431: "invalid_request_error",
+    529: "overloaded_error",
+}
+
+
+def _number(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _usage(usage: Any) -> Usage | None:
+    if not isinstance(usage, Mapping):
+        return None
+    fresh = _number(usage.get("input_tokens"))
+    read = _number(usage.get("cache_read_input_tokens"))
+    written = _number(usage.get("cache_creation_input_tokens"))
+    total = None if fresh is None else fresh + (read or 0) + (written or 0)
+    return Usage(input=total, output=_number(usage.get("output_tokens")), cached_input=read)
+
+
+def _genai_block(block: Any) -> dict[str, Any] | None:
+    if isinstance(block, str):
+        return text_part(block)
+    if not isinstance(block, Mapping):
+        return None
+    kind = block.get("type")
+    if kind == "text":
+        return text_part(str(block.get("text", "")))
+    if kind == "tool_use":
+        return {
+            "type": "tool_call",
+            "id": block.get("id"),
+            "name": block.get("name"),
+            "arguments": block.get("input"),
+        }
+    if kind == "tool_result":
+        return {
+            "type": "tool_call_response",
+            "id": block.get("tool_use_id"),
+            "response": text_of(block.get("content")),
+        }
+    if kind == "thinking":
+        return {"type": "reasoning", "content": str(block.get("thinking", ""))}
+    if kind in ("image", "document"):
+        found = block.get("source")
+        source: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
+        modality = "image" if kind == "image" else "document"
+        if source.get("type") == "url":
+            return {"type": "uri", "modality": modality, "uri": source.get("url")}
+        size = len(str(source.get("data", "")))
+        return {"type": "blob", "modality": modality, "content": f"[{size} bytes]"}
+    return {"type": str(kind)}
+
+
+def _system_text(system: Any) -> str:
+    if isinstance(system, str):
+        return system
+    return "\n".join(str(b.get("text", "")) for b in system or [] if isinstance(b, Mapping))
+
+
+class MessagesWire(FieldConversation):
+    name = "anthropic.messages"
+    conversation_field = "messages"
+    operation = "chat"
+    dialect: Dialect = AnthropicDialect()
+    serving: Mapping[str, frozenset[str]] = {
+        "anthropic.messages": frozenset({"anthropic", "litellm"}),
+        "anthropic.count_tokens": frozenset({"anthropic", "litellm"}),
+    }
+
+    def owns_path(self, path: str) -> bool:
+        return path.startswith(("/v1/messages", "/messages"))
+
+    def check(self, body: dict[str, Any]) -> RequestFacts:
+        return _checked(_MessagesRequest, body)
+
+    def message_tokens(self, message: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
+        count = token_count(enc)
+        tokens = PER_MESSAGE + count(message.get("role"))
+        content = message.get("content")
+        if isinstance(content, str):
+            return tokens + count(content)
+        for block in content if isinstance(content, list) else ():
+            tokens += _block_tokens(block, count)
+        return tokens
+
+    def count(
+        self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
+    ) -> ChatCount:
+        messages = body.get("messages") or []
+        per_message = tuple(
+            counter.message(m, tokenizer, model, self) for m in messages if isinstance(m, Mapping)
+        )
+        tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
+        tool_tokens = sum(
+            counter.text(as_text({k: v for k, v in t.items() if k != "cache_control"}), tokenizer)
+            for t in tools
+        )
+        if tools:
+            tool_tokens += counter.scale(ANTHROPIC_TOOL_PROMPT, tokenizer)
+        return ChatCount(
+            messages=per_message,
+            tools=tool_tokens + counter.text(_system_text(body.get("system")), tokenizer),
+            response_format=0,
+            priming=REPLY_PRIMING,
+        )
+
+    def bound_overhead(self, body: Mapping[str, Any]) -> int:
+        tokens = REPLY_PRIMING + (ANTHROPIC_TOOL_PROMPT if body.get("tools") else 0)
+        for message in self.conversation(body):
+            tokens += PER_MESSAGE + PER_NAME
+            content = message.get("content") if isinstance(message, Mapping) else None
+            for block in content if isinstance(content, list) else ():
+                tokens += _block_bound(block)
+        return tokens
+
+    def error_body(self, error: ErrorInfo) -> bytes:
+        message = error.message
+        if error.refusal is not None:
+            refusal = error.refusal
+            # Claude Code recognises this wording and offers to compact the conversation.
+            message = (
+                f"prompt is too long: {refusal.tokens_in} tokens > {refusal.limit} maximum "
+                f"(brim could not make it fit: {refusal.how})"
+            )
+        kind = ERROR_TYPES.get(error.status, "api_error")
+        return orjson.dumps({"type": "error", "error": {"type": kind, "message": message}})
+
+    def stream_error(self, error: ErrorInfo, last_event: bytes) -> bytes:
+        return b"event: error\ndata: " + self.error_body(error) + b"\n\n"
+
+    def usage(self, payload: Any) -> Usage | None:
+        if not isinstance(payload, Mapping):
+            return None
+        message = payload.get("message")  # message_start carries the message, usage inside
+        if isinstance(message, Mapping) and isinstance(message.get("usage"), Mapping):
+            return _usage(message["usage"])
+        return _usage(payload.get("usage"))
+
+    def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
+        out: list[GenAiMessage] = []
+        for message in items:
+            if not isinstance(message, Mapping):
+                continue
+            parts = [p for b in _blocks(message.get("content")) if (p := _genai_block(b))]
+            out.append({"role": str(message.get("role", "")), "parts": parts})
+        return out
+
+    def system_instructions(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        text = _system_text(body.get("system"))
+        return [text_part(text)] if text else []
+
+
+def _block_tokens(block: Any, count: Any) -> int:
+    if not isinstance(block, Mapping):
+        return int(count(block))
+    kind = block.get("type")
+    if kind == "text":
+        return int(count(block.get("text")))
+    if kind == "image":
+        return anthropic_image_tokens(block.get("source"))
+    if kind == "document":
+        source = block.get("source")
+        if isinstance(source, Mapping) and source.get("type") == "text":
+            return int(count(source.get("data")))
+        return pdf_tokens(source)
+    if kind == "tool_use":
+        return PER_TOOL_CALL + int(count(block.get("name"))) + int(count(block.get("input")))
+    if kind == "tool_result":
+        inner = block.get("content")
+        parts = [{"type": "text", "text": inner}] if isinstance(inner, str) else inner or []
+        return PER_TOOL_CALL + sum(_block_tokens(p, count) for p in parts)
+    if kind == "thinking":
+        return int(count(block.get("thinking")))
+    if kind == "redacted_thinking":
+        return len(str(block.get("data", ""))) // 4
+    return int(count({k: v for k, v in block.items() if k != "cache_control"}))
+
+
+def _block_bound(block: Any) -> int:
+    """What a block can count beyond its bytes (images and PDF pages, and fixed overheads),
+    including blocks nested in a tool result."""
+    if not isinstance(block, Mapping):
+        return 0
+    kind = block.get("type")
+    if kind == "image":
+        return ANTHROPIC_MAX_IMAGE_TOKENS
+    if kind == "document":
+        source = block.get("source")
+        text = isinstance(source, Mapping) and source.get("type") == "text"
+        return 0 if text else pdf_tokens(source)
+    if kind == "tool_use":
+        return PER_TOOL_CALL
+    if kind == "tool_result":
+        inner = block.get("content")
+        nested = inner if isinstance(inner, list) else ()
+        return PER_TOOL_CALL + sum(_block_bound(part) for part in nested)
+    return 0
+
+
+MESSAGES = MessagesWire()

@@ -1,0 +1,411 @@
+"""OpenAI Responses (`POST /v1/responses`, Codex CLI): the conversation is the `input` items;
+`instructions` and `tools` are fixed cost.
+
+Counting: every item costs 3 tokens plus its text — message text parts, images by OpenAI's tile
+rule, function call names, arguments and ids, tool outputs, reasoning summaries (encrypted
+reasoning at a quarter of its length).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+
+from policies.conversation import Dialect, ToolResult, Unit
+from policies.images import image_tokens
+from policies.tokens import (
+    MAX_IMAGE_TOKENS,
+    PER_MESSAGE,
+    PER_NAME,
+    REPLY_PRIMING,
+    ChatCount,
+    tool_definitions_bound,
+)
+from policies.wires.base import (
+    NO_RESULT,
+    BodyError,
+    ErrorInfo,
+    FieldConversation,
+    GenAiMessage,
+    RequestFacts,
+    Usage,
+    param_path,
+    text_of,
+    text_part,
+    token_count,
+)
+from policies.wires.chat import _image_part, _openai_usage, openai_error_body
+
+if TYPE_CHECKING:
+    import tiktoken
+
+    from policies.tokens import TokenCounter
+
+
+CALL_TYPES = {"function_call", "custom_tool_call", "local_shell_call"}
+OUTPUT_OF = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "local_shell_call": "local_shell_call_output",
+}
+OUTPUT_TYPES = set(OUTPUT_OF.values())
+
+
+def _kind(item: Any) -> str:
+    if not isinstance(item, Mapping):
+        return ""
+    return str(item.get("type") or ("message" if "role" in item else ""))
+
+
+def _output_text(output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, Mapping):
+        return str(output.get("output") or output.get("text") or "")
+    return text_of(output)
+
+
+class ResponsesDialect:
+    """OpenAI Responses `input` items: `function_call` (and custom / local shell calls) answered
+    by the output item with the same `call_id`, somewhere later; a calling block (reasoning items
+    and calls) with the outputs that follow is one unit. `reasoning` items — `encrypted_content`
+    never touched — stay with the item after them. `instructions` is fixed cost."""
+
+    name = "openai.responses"
+
+    def role(self, item: Any) -> str:
+        kind = _kind(item)
+        if kind == "message":
+            return str(item.get("role", "user"))
+        if kind in OUTPUT_TYPES:
+            return "tool"
+        return "assistant" if kind in CALL_TYPES or kind == "reasoning" else kind
+
+    def calls(self, item: Any) -> list[str]:
+        return [str(item.get("call_id"))] if _kind(item) in CALL_TYPES else []
+
+    def answers(self, item: Any) -> list[str]:
+        return [str(item.get("call_id"))] if _kind(item) in OUTPUT_TYPES else []
+
+    def units(self, items: Sequence[Any]) -> list[Unit]:
+        units: list[Unit] = []
+        index = 0
+        while index < len(items):
+            kind = _kind(items[index])
+            if kind in ("reasoning", *CALL_TYPES):
+                end = index
+                while end < len(items) and _kind(items[end]) in ("reasoning", *CALL_TYPES):
+                    end += 1
+                has_calls = any(_kind(items[i]) in CALL_TYPES for i in range(index, end))
+                if not has_calls:  # reasoning before a message: kept (or dropped) together
+                    end = min(end + 1, len(items))
+                    units.append(Unit("assistant", index, end))
+                    index = end
+                    continue
+                while end < len(items) and _kind(items[end]) in OUTPUT_TYPES:
+                    end += 1
+                units.append(Unit("tools", index, end))
+                index = end
+                continue
+            role = self.role(items[index])
+            unit_kind = {
+                "system": "system",
+                "developer": "system",
+                "user": "user",
+                "assistant": "assistant",
+                "tool": "orphan",
+            }.get(role, "assistant")
+            units.append(Unit(unit_kind, index, index + 1))  # type: ignore[arg-type]
+            index += 1
+        return units
+
+    def tools_by_call(self, items: Sequence[Any]) -> dict[str, str]:
+        return {
+            str(item.get("call_id")): str(item.get("name") or _kind(item))
+            for item in items
+            if _kind(item) in CALL_TYPES
+        }
+
+    def tool_results(self, item: Any, tools_by_call: Mapping[str, str]) -> list[ToolResult]:
+        if _kind(item) not in OUTPUT_TYPES:
+            return []
+        call_id = str(item.get("call_id"))
+        return [
+            ToolResult(
+                call_id, tools_by_call.get(call_id, "tool"), _output_text(item.get("output"))
+            )
+        ]
+
+    def with_tool_result(self, item: Any, call_id: str, text: str) -> Any:
+        return {**item, "output": text}
+
+    def text(self, item: Any) -> str:
+        return text_of(item.get("content")) if _kind(item) == "message" else ""
+
+    def largest_text(self, item: Any) -> str | None:
+        kind = _kind(item)
+        if kind in OUTPUT_TYPES:
+            return _output_text(item.get("output")) or None
+        if kind != "message":
+            return None
+        content = item.get("content")
+        if isinstance(content, str):
+            return content
+        texts = [
+            str(p.get("text")) for p in content or [] if isinstance(p, Mapping) and p.get("text")
+        ]
+        return max(texts, key=len) if texts else None
+
+    def with_largest_text(self, item: Any, text: str) -> Any:
+        if _kind(item) in OUTPUT_TYPES:
+            return {**item, "output": text}
+        content = item.get("content")
+        if isinstance(content, str):
+            return {**item, "content": text}
+        largest = self.largest_text(item)
+        parts = list(content)
+        for position, part in enumerate(parts):
+            if isinstance(part, Mapping) and part.get("text") == largest:
+                parts[position] = {**part, "text": text}
+                break
+        return {**item, "content": parts}
+
+    def notice(self, text: str) -> Any:
+        return {"type": "message", "role": "developer", "content": text}
+
+    def placeholder_result(
+        self, call_id: str, text: str = NO_RESULT, kind: str = "function_call"
+    ) -> Any:
+        return {
+            "type": OUTPUT_OF.get(kind, "function_call_output"),
+            "call_id": call_id,
+            "output": text,
+        }
+
+    def violations(self, items: Sequence[Any]) -> list[str]:
+        problems: list[str] = []
+        called: dict[str, int] = {}
+        answered: set[str] = set()
+        for index, item in enumerate(items):
+            for call_id in self.calls(item):
+                called[call_id] = index
+            for call_id in self.answers(item):
+                if call_id not in called:
+                    problems.append(f"input[{index}]: output for {call_id!r} has no earlier call")
+                elif call_id in answered:
+                    problems.append(f"input[{index}]: {call_id!r} is answered twice")
+                answered.add(call_id)
+        for call_id, index in called.items():
+            if call_id not in answered:
+                problems.append(f"input[{index}]: no tool output found for call {call_id!r}")
+        return problems
+
+    def repaired(self, items: Sequence[Any]) -> tuple[list[Any], list[str]]:
+        """Outputs with no earlier call are dropped; a call with no output gets a placeholder
+        right after its calling block."""
+        answered = {c for item in items for c in self.answers(item)}
+        out: list[Any] = []
+        done: list[str] = []
+        called: set[str] = set()
+        seen: set[str] = set()
+        pending: list[tuple[str, str]] = []
+        for item in items:
+            kind = _kind(item)
+            if kind not in ("reasoning", *CALL_TYPES, *OUTPUT_TYPES) and pending:
+                out += [self.placeholder_result(c, kind=k) for c, k in pending]
+                done += [f"added an output for call {c!r}" for c, _ in pending]
+                pending = []
+            if kind in OUTPUT_TYPES:
+                call_id = str(item.get("call_id"))
+                if call_id not in called or call_id in seen:
+                    done.append(f"dropped an output for {call_id!r} that answers no earlier call")
+                    continue
+                seen.add(call_id)
+            for call_id in self.calls(item):
+                called.add(call_id)
+                if call_id not in answered:
+                    pending.append((call_id, kind))
+            out.append(item)
+        out += [self.placeholder_result(c, kind=k) for c, k in pending]
+        done += [f"added an output for call {c!r}" for c, _ in pending]
+        return out, done
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class _ResponsesRequest(_Open):
+    model: StrictStr = Field(min_length=1)
+    input: StrictStr | list[dict[str, Any]] | None = None
+    stream: StrictBool | None = False
+    max_output_tokens: int | None = Field(None, ge=1)
+
+
+SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
+
+
+def _genai_item(item: Mapping[str, Any]) -> GenAiMessage | None:
+    kind = _kind(item)
+    if kind == "message":
+        content = item.get("content")
+        parts: list[dict[str, Any]] = []
+        if isinstance(content, str):
+            parts.append(text_part(content))
+        for part in content if isinstance(content, list) else ():
+            if not isinstance(part, Mapping):
+                continue
+            if isinstance(part.get("text"), str):  # input_text, output_text
+                parts.append(text_part(part["text"]))
+            elif part.get("type") == "input_image":
+                parts.append(_image_part(str(part.get("image_url") or "")))
+            elif isinstance(part.get("refusal"), str):
+                parts.append(text_part(part["refusal"]))
+            else:
+                parts.append({"type": str(part.get("type", "unknown"))})
+        role = str(item.get("role", "user"))
+        return {"role": "system" if role == "developer" else role, "parts": parts}
+    if kind in CALL_TYPES:
+        arguments = item.get("arguments", item.get("input", item.get("action")))
+        call = {
+            "type": "tool_call",
+            "id": item.get("call_id"),
+            "name": item.get("name") or kind,
+            "arguments": arguments,
+        }
+        return {"role": "assistant", "parts": [call]}
+    if kind in OUTPUT_TYPES:
+        response = {
+            "type": "tool_call_response",
+            "id": item.get("call_id"),
+            "response": _output_text(item.get("output")),
+        }
+        return {"role": "tool", "parts": [response]}
+    if kind == "reasoning":
+        summary = " ".join(
+            str(s.get("text", "")) for s in item.get("summary") or [] if isinstance(s, Mapping)
+        )
+        return {"role": "assistant", "parts": [{"type": "reasoning", "content": summary}]}
+    return None
+
+
+class ResponsesWire(FieldConversation):
+    name = "openai.responses"
+    conversation_field = "input"
+    operation = "chat"
+    dialect: Dialect = ResponsesDialect()
+    serving: Mapping[str, frozenset[str]] = {
+        "openai.responses": frozenset({"openai"}),
+        "openai.input_tokens": frozenset({"openai"}),
+    }
+
+    def owns_path(self, path: str) -> bool:
+        return "/responses" in path
+
+    def check(self, body: dict[str, Any]) -> RequestFacts:
+        try:
+            request = _ResponsesRequest.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            # Union members appear in the location as tags ("str", "list[...]"); fields do not.
+            location = [p for p in first["loc"] if p != "str" and not str(p).startswith("list[")]
+            param = param_path(location)
+            if first["type"] == "missing":
+                raise BodyError(f"Missing required parameter '{param}'.", param) from None
+            raise BodyError(f"Invalid value for '{param}': {first['msg']}.", param) from None
+        return RequestFacts(model=request.model, stream=bool(request.stream))
+
+    def conversation(self, body: Mapping[str, Any]) -> list[Any]:
+        value = body.get("input")
+        if isinstance(value, str):
+            return [{"type": "message", "role": "user", "content": value}]
+        return list(value) if isinstance(value, list) else []
+
+    def message_tokens(self, message: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
+        count = token_count(enc)
+        item = message
+        kind = item.get("type") or "message"
+        tokens = PER_MESSAGE
+        if kind == "message":
+            tokens += count(item.get("role"))
+            content = item.get("content")
+            if isinstance(content, str):
+                return tokens + count(content)
+            for part in content if isinstance(content, list) else ():
+                if not isinstance(part, Mapping):
+                    continue
+                if part.get("type") == "input_image":
+                    tokens += image_tokens(
+                        str(part.get("image_url") or ""), part.get("detail"), model
+                    )
+                else:
+                    tokens += count(part.get("text") or part.get("refusal"))
+            return tokens
+        if kind == "reasoning":
+            summary = " ".join(
+                str(s.get("text", "")) for s in item.get("summary") or [] if isinstance(s, Mapping)
+            )
+            return tokens + count(summary) + len(str(item.get("encrypted_content") or "")) // 4
+        tokens += count(item.get("name")) + count(item.get("arguments")) + count(item.get("input"))
+        tokens += count(item.get("action")) + count(item.get("call_id"))
+        return tokens + count(item.get("output"))
+
+    def count(
+        self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
+    ) -> ChatCount:
+        items = self.conversation(body)
+        per_item = tuple(
+            counter.message(i, tokenizer, model, self) for i in items if isinstance(i, Mapping)
+        )
+        tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
+        fixed = counter.text(str(body.get("instructions") or ""), tokenizer)
+        fixed += counter.tools(tools, tokenizer) if tools else 0
+        return ChatCount(messages=per_item, tools=fixed, response_format=0, priming=REPLY_PRIMING)
+
+    def bound_overhead(self, body: Mapping[str, Any]) -> int:
+        tokens = REPLY_PRIMING
+        for item in self.conversation(body):
+            tokens += PER_MESSAGE + PER_NAME
+            content = item.get("content") if isinstance(item, Mapping) else None
+            for part in content if isinstance(content, list) else ():
+                if isinstance(part, Mapping) and part.get("type") == "input_image":
+                    tokens += MAX_IMAGE_TOKENS
+        tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
+        return tokens + tool_definitions_bound(tools)
+
+    def error_body(self, error: ErrorInfo) -> bytes:
+        return openai_error_body(error)
+
+    def stream_error(self, error: ErrorInfo, last_event: bytes) -> bytes:
+        numbers = SEQUENCE.findall(last_event)
+        body = orjson.loads(openai_error_body(error))["error"]
+        event = {
+            "type": "error",
+            "code": body["code"],
+            "message": body["message"],
+            "param": body["param"],
+            "sequence_number": int(numbers[-1]) + 1 if numbers else 0,
+        }
+        return b"event: error\ndata: " + orjson.dumps(event) + b"\n\n"
+
+    def usage(self, payload: Any) -> Usage | None:
+        if not isinstance(payload, Mapping):
+            return None
+        response = payload.get("response")  # response.completed and the other response events
+        if isinstance(response, Mapping):
+            return _openai_usage(response.get("usage"))
+        return _openai_usage(payload.get("usage"))
+
+    def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
+        return [m for item in items if isinstance(item, Mapping) and (m := _genai_item(item))]
+
+    def system_instructions(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
+        instructions = body.get("instructions")
+        return [text_part(instructions)] if isinstance(instructions, str) and instructions else []
+
+
+RESPONSES = ResponsesWire()

@@ -1,0 +1,75 @@
+"""The audit log as an operator finds it on disk: JSON lines, rotated, private to brim's user."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.builders import tool_turn
+from tests.conftest import BrimFactory
+
+
+def big_session() -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
+    for n in range(8):
+        output = "\n".join(f"output {n} line {i}: value value value" for i in range(80))
+        messages += tool_turn(f"c{n}", output, name="bash")
+    messages.append({"role": "user", "content": "so?"})
+    return messages
+
+
+@pytest.fixture
+def permissive_umask() -> Iterator[None]:
+    """The umask most shells start with, under which a plain open() makes a file 0644."""
+    previous = os.umask(0o022)
+    yield
+    os.umask(previous)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+@pytest.mark.usefixtures("permissive_umask")
+def test_the_audit_log_and_its_rotations_are_private(brim: BrimFactory, tmp_path: Path) -> None:
+    log = tmp_path / "audit" / "brim.jsonl"
+    base = brim(
+        models={"small": {"context_window": 4_000, "max_output": 500}},
+        guard={"policies": ["clear_tool_results"]},
+        audit={"path": str(log), "max_mb": 0.0001, "backups": 3},  # ~100 bytes: every line rotates
+    )
+    assert log.exists() and mode(log) == 0o600  # from the start, before any line
+    for _ in range(3):
+        reply = httpx.post(
+            f"{base}/v1/chat/completions", json={"model": "small", "messages": big_session()}
+        )
+        assert reply.status_code == 200 and "clear" in reply.headers["x-brim-actions"]
+    rotated = sorted(log.parent.glob("brim.jsonl.*"))
+    assert [path.name for path in rotated] == ["brim.jsonl.1", "brim.jsonl.2", "brim.jsonl.3"]
+    lines = [line for path in [log, *rotated] for line in path.read_text().splitlines()]
+    assert [json.loads(line)["outcome"] for line in lines] == ["compressed"] * 3
+    assert {path.name: mode(path) for path in [log, *rotated]} == {
+        "brim.jsonl": 0o600,
+        "brim.jsonl.1": 0o600,
+        "brim.jsonl.2": 0o600,
+        "brim.jsonl.3": 0o600,
+    }
+
+
+@pytest.mark.usefixtures("permissive_umask")
+def test_an_audit_log_left_readable_by_others_is_made_private(
+    brim: BrimFactory, tmp_path: Path
+) -> None:
+    log = tmp_path / "brim.jsonl"
+    log.write_text('{"outcome": "compressed"}\n')
+    log.chmod(0o644)
+    brim(audit={"path": str(log)})
+    assert mode(log) == 0o600
+    assert log.read_text() == '{"outcome": "compressed"}\n'  # appended to, never truncated

@@ -1,0 +1,471 @@
+"""Every feature over every wire API: one contract, parametrized by the registry.
+
+Each wire API in `policies.wires.WIRES` needs a `Case` here: how to write a conversation in it,
+where its fake provider lives and which model names make that fake refuse, how the provider's
+own rules check a forwarded conversation (written apart from brim's dialects), and what its
+errors look like. A fifth API fails `test_every_registered_wire_api_has_a_case` until it has
+one, and then runs every test below.
+
+The requests go over plain HTTP (httpx), as any client of the API would send them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from policies.wires import WIRES
+from policies.wires.base import NOTICE_PREFIX, Wire
+from proxy.cli import main
+from tests.conftest import BrimFactory, fake_upstream
+from tests.fake_anthropic import FakeAnthropic, anthropic_errors
+from tests.fakes import FakeProvider, gemini_errors, pairing_errors, responses_errors
+
+ADMIN = "contract-admin-key-0123456789"
+SUMMARY = "[brim: a summary of earlier messages"
+FACT = "FACT: the release branch is frozen until the 14th"
+Items = list[dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Case:
+    api: str
+    prefix: str  # model-name prefix the routes send to this case's fake provider
+    refusing: str  # model prefix the fake refuses with an error status past N tokens
+    refusing_in_stream: str  # …and inside a 200 stream
+    provider_name: str  # gen_ai.provider.name expected on its spans
+    user: Callable[[str], dict[str, Any]]
+    tool_turn: Callable[[str, str], Items]
+    orphan: Callable[[str], dict[str, Any]]
+    body: Callable[[str, Items, bool], dict[str, Any]]
+    path: Callable[[str, bool], str]
+    violations: Callable[[Items], list[str]]  # the provider's own rules, not brim's
+    error_message: Callable[[dict[str, Any], int], str]  # checks the shape, returns the text
+    bad_body: dict[str, Any]
+    bad_field: str
+
+    @property
+    def wire(self) -> Wire:
+        return WIRES[self.api]
+
+    def model(self, window: int, *, refusing: bool = False, stream: bool = False) -> str:
+        if refusing:
+            return f"{self.refusing_in_stream if stream else self.refusing}{window}"
+        return f"{self.refusing}{window}"
+
+
+def _openai_error(body: dict[str, Any], status: int) -> str:
+    error = body["error"]
+    assert set(error) >= {"message", "type", "param", "code"}, body
+    return str(error["message"])
+
+
+def _anthropic_error(body: dict[str, Any], status: int) -> str:
+    assert body["type"] == "error" and isinstance(body["error"]["type"], str), body
+    return str(body["error"]["message"])
+
+
+def _gemini_error(body: dict[str, Any], status: int) -> str:
+    error = body["error"]
+    assert error["code"] == status and isinstance(error["status"], str), body
+    return str(error["message"])
+
+
+def _chat_call(call_id: str, result: str) -> Items:
+    call = {"id": call_id, "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+
+
+def _messages_call(call_id: str, result: str) -> Items:
+    return [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": call_id, "name": "read_file", "input": {}}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call_id, "content": result}],
+        },
+    ]
+
+
+def _responses_call(call_id: str, result: str) -> Items:
+    return [
+        {"type": "function_call", "call_id": call_id, "name": "read_file", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": call_id, "output": result},
+    ]
+
+
+def _gemini_call(call_id: str, result: str) -> Items:
+    name = f"read_{call_id}"
+    return [
+        {"role": "model", "parts": [{"functionCall": {"name": name, "args": {}}}]},
+        {
+            "role": "user",
+            "parts": [{"functionResponse": {"name": name, "response": {"output": result}}}],
+        },
+    ]
+
+
+CASES: dict[str, Case] = {
+    "openai.chat": Case(
+        api="openai.chat",
+        prefix="",
+        refusing="tight-",
+        refusing_in_stream="streamtight-",
+        provider_name="openai",
+        user=lambda text: {"role": "user", "content": text},
+        tool_turn=_chat_call,
+        orphan=lambda call_id: {"role": "tool", "tool_call_id": call_id, "content": "stray"},
+        body=lambda model, items, stream: {
+            "model": model,
+            "messages": items,
+            "max_tokens": 256,
+            "stream": stream,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
+        },
+        path=lambda model, stream: "/v1/chat/completions",
+        violations=pairing_errors,
+        error_message=_openai_error,
+        bad_body={"model": "m"},
+        bad_field="messages",
+    ),
+    "anthropic.messages": Case(
+        api="anthropic.messages",
+        prefix="claude-",
+        refusing="claude-window-",
+        refusing_in_stream="claude-streamerr-",
+        provider_name="anthropic",
+        user=lambda text: {"role": "user", "content": text},
+        tool_turn=_messages_call,
+        orphan=lambda call_id: {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call_id, "content": "stray"}],
+        },
+        body=lambda model, items, stream: {
+            "model": model,
+            "max_tokens": 256,
+            "messages": items,
+            "stream": stream,
+        },
+        path=lambda model, stream: "/v1/messages",
+        violations=anthropic_errors,
+        error_message=_anthropic_error,
+        bad_body={"model": "claude-x", "max_tokens": 5},
+        bad_field="messages",
+    ),
+    "openai.responses": Case(
+        api="openai.responses",
+        prefix="resp",
+        refusing="resp-",
+        refusing_in_stream="respstream-",
+        provider_name="openai",
+        user=lambda text: {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        },
+        tool_turn=_responses_call,
+        orphan=lambda call_id: {
+            "type": "function_call_output",
+            "call_id": call_id,
+            "output": "stray",
+        },
+        body=lambda model, items, stream: {
+            "model": model,
+            "input": items,
+            "max_output_tokens": 256,
+            "stream": stream,
+        },
+        path=lambda model, stream: "/v1/responses",
+        violations=responses_errors,
+        error_message=_openai_error,
+        bad_body={"model": "resp-x", "input": 5},
+        bad_field="input",
+    ),
+    "gemini.generate": Case(
+        api="gemini.generate",
+        prefix="gem",
+        refusing="gem-",
+        refusing_in_stream="gemstream-",
+        provider_name="gcp.gemini",
+        user=lambda text: {"role": "user", "parts": [{"text": text}]},
+        tool_turn=_gemini_call,
+        orphan=lambda call_id: {
+            "role": "user",
+            "parts": [{"functionResponse": {"name": "ghost", "response": {"output": "x"}}}],
+        },
+        body=lambda model, items, stream: {"contents": items},
+        path=lambda model, stream: (
+            f"/v1beta/models/{model}:streamGenerateContent?alt=sse"
+            if stream
+            else f"/v1beta/models/{model}:generateContent"
+        ),
+        violations=gemini_errors,
+        error_message=_gemini_error,
+        bad_body={"contents": []},
+        bad_field="contents",
+    ),
+}
+
+
+def test_every_registered_wire_api_has_a_case() -> None:
+    assert set(CASES) == set(WIRES)
+
+
+@pytest.fixture(params=sorted(CASES))
+def case(request: pytest.FixtureRequest) -> Case:
+    return CASES[request.param]
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    return InMemorySpanExporter()
+
+
+@pytest.fixture
+def serve(
+    brim: BrimFactory,
+    provider: FakeProvider,
+    anthropic_fake: FakeAnthropic,
+    spans: InMemorySpanExporter,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Callable[..., str]:
+    """brim in front of the fakes of all four APIs; keyword arguments add proxy.toml sections."""
+    monkeypatch.setenv("CONTRACT_ADMIN_KEYS", ADMIN)
+
+    def start(**sections: Any) -> str:
+        sections.setdefault("server", {"admin_keys_env": "CONTRACT_ADMIN_KEYS"})
+        sections.setdefault(
+            "upstreams",
+            {
+                "openai": fake_upstream(provider),
+                "anthropic": {"api": "anthropic", "base_url": anthropic_fake.url},
+                "gemini": {"api": "gemini", "base_url": provider.url},
+            },
+        )
+        sections.setdefault("routes", {"claude-*": "anthropic", "gem*": "gemini", "*": "openai"})
+        sections.setdefault("archive", {"enabled": True, "dir": str(tmp_path / "archive")})
+        return brim(span_processors=[SimpleSpanProcessor(spans)], **sections)
+
+    return start
+
+
+def windows(*models: tuple[str, int]) -> dict[str, Any]:
+    return {model: {"context_window": window, "max_output": 1_000} for model, window in models}
+
+
+def session(case: Case, turns: int, *, fact: bool = False) -> Items:
+    """A task, then `turns` tool calls whose results are ~700 tokens each, then a question."""
+    items = [case.user("Find out why the nightly build fails.")]
+    for turn in range(turns):
+        lines = [f"build log {turn}.{i}: compiled module without warnings" for i in range(70)]
+        if fact and turn == 0:
+            lines.insert(0, FACT)
+        items += case.tool_turn(f"call_{turn}", "\n".join(lines))
+    items.append(case.user("What should we fix first?"))
+    return items
+
+
+def send(base: str, case: Case, model: str, items: Items, stream: bool = False) -> httpx.Response:
+    body = case.body(model, items, stream)
+    return httpx.post(f"{base}{case.path(model, stream)}", json=body, timeout=60)
+
+
+def forwarded(case: Case, provider: FakeProvider, anthropic_fake: FakeAnthropic) -> Items:
+    """The conversation the fake provider received last."""
+    fake = anthropic_fake if case.api == "anthropic.messages" else provider
+    body = orjson.loads(fake.requests[-1].body)
+    return list(case.wire.conversation(body))
+
+
+def texts(case: Case, items: Items) -> list[str]:
+    return [case.wire.dialect.text(item) for item in items]
+
+
+def test_the_guard_makes_a_long_session_fit_and_keeps_every_pair(
+    case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
+) -> None:
+    model = case.model(6_000)
+    base = serve(models=windows((model, 6_000)))
+    reply = send(base, case, model, session(case, 10))
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-brim-actions"] != "none"
+    assert int(reply.headers["x-brim-tokens-out"]) <= int(reply.headers["x-brim-budget"])
+    assert int(reply.headers["x-brim-tokens-in"]) > int(reply.headers["x-brim-budget"])
+    assert case.violations(forwarded(case, provider, anthropic_fake)) == []
+
+
+def test_a_broken_pairing_is_repaired_before_it_goes_out(
+    case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
+) -> None:
+    model = case.model(50_000)
+    base = serve(models=windows((model, 50_000)))
+    items = session(case, 2)
+    items.insert(1, case.orphan("call_nobody_made"))
+    assert case.violations(items) != []
+    reply = send(base, case, model, items)
+    assert reply.status_code == 200, reply.text
+    assert "repair:" in reply.headers["x-brim-actions"]
+    assert case.violations(forwarded(case, provider, anthropic_fake)) == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["status", "in-stream"])
+def test_an_overflow_the_provider_reports_is_retried(
+    case: Case,
+    stream: bool,
+    serve: Callable[..., str],
+    provider: FakeProvider,
+    anthropic_fake: FakeAnthropic,
+) -> None:
+    model = case.model(3_000, refusing=True, stream=stream)
+    base = serve(models={model: {"context_window": 100_000}})  # brim believes it is larger
+    reply = send(base, case, model, session(case, 5), stream=stream)
+    assert reply.status_code == 200, reply.text
+    assert int(reply.headers["x-brim-retries"]) >= 1
+    assert case.violations(forwarded(case, provider, anthropic_fake)) == []
+    assert "error" not in reply.text[:200].lower()  # a real reply, not a relayed refusal
+
+
+def test_evicted_turns_are_summarized_in_place_of_the_notice(
+    case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
+) -> None:
+    model = case.model(6_000)
+    base = serve(
+        models=windows((model, 6_000)),
+        guard={"policies": ["evict", "truncate"]},
+        summarize={"enabled": True, "provider": "summarizer-good", "max_retries": 0},
+    )
+    reply = send(base, case, model, session(case, 10, fact=True))
+    assert reply.status_code == 200, reply.text
+    assert "summarize:1" in reply.headers["x-brim-actions"]
+    sent = texts(case, forwarded(case, provider, anthropic_fake))
+    summaries = [text for text in sent if text.startswith(SUMMARY)]
+    assert len(summaries) == 1 and FACT in summaries[0]  # the tool result reached the summary
+    assert not any(text.startswith(NOTICE_PREFIX) for text in sent)
+    assert provider.summarizer_calls == ["summarizer-good"]
+
+
+def test_what_was_cut_is_archived_and_fetched_back(case: Case, serve: Callable[..., str]) -> None:
+    model = case.model(6_000)
+    base = serve(models=windows((model, 6_000)))
+    assert send(base, case, model, session(case, 10)).status_code == 200
+    admin = {"x-brim-admin-key": ADMIN}
+    status = httpx.get(f"{base}/admin/status", headers=admin).json()
+    keys = status["recent_events"][-1]["archive_keys"]
+    assert keys
+    for key in keys[:3]:
+        original = httpx.get(f"{base}/admin/archive/{key}", headers=admin)
+        assert original.status_code == 200
+        assert hashlib.sha256(original.content).hexdigest() == key
+
+
+def root_span(spans: InMemorySpanExporter, case: Case, model: str) -> dict[str, Any]:
+    name = f"{case.wire.operation} {model}"
+    found = [s for s in spans.get_finished_spans() if s.name == name]
+    assert found, [s.name for s in spans.get_finished_spans()]
+    span: ReadableSpan = found[-1]
+    return dict(span.attributes or {})
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_usage_and_provider_are_on_the_span(
+    case: Case, stream: bool, serve: Callable[..., str], spans: InMemorySpanExporter
+) -> None:
+    model = case.model(50_000)
+    base = serve(models=windows((model, 50_000)))
+    reply = send(base, case, model, session(case, 1), stream=stream)
+    assert reply.status_code == 200, reply.text
+    attributes = root_span(spans, case, model)
+    assert attributes["gen_ai.operation.name"] == case.wire.operation
+    assert attributes["gen_ai.provider.name"] == case.provider_name
+    assert attributes["gen_ai.request.model"] == model
+    assert attributes["gen_ai.usage.input_tokens"] > 0
+    assert attributes["gen_ai.usage.output_tokens"] > 0
+
+
+def test_captured_content_is_the_conversation_as_valid_json(
+    case: Case, serve: Callable[..., str], spans: InMemorySpanExporter
+) -> None:
+    model = case.model(500_000)
+    base = serve(
+        models=windows((model, 500_000)), telemetry={"capture_content": True, "traces": "none"}
+    )
+    items = session(case, 2)
+    items[0] = case.user("PLANTED-17: find the flaky test")
+    assert send(base, case, model, items).status_code == 200
+    captured = json.loads(root_span(spans, case, model)["gen_ai.input.messages"])
+    assert "PLANTED-17" in json.dumps(captured)
+    assert any(p.get("type") == "tool_call_response" for m in captured for p in m["parts"])
+    huge = [*items, *case.tool_turn("call_big", "y" * 200_000), case.user("and now?")]
+    assert send(base, case, model, huge).status_code == 200
+    text = root_span(spans, case, model)["gen_ai.input.messages"]
+    assert len(text) <= 64 * 1024
+    assert isinstance(json.loads(text), list)  # cut to fit, and still JSON
+
+
+def test_inspect_reads_the_request(
+    case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = case.model(6_000)
+    config = tmp_path / "proxy.toml"
+    config.write_text(f'[models."{model}"]\ncontext_window = 6000\nmax_output = 1000\n')
+    items = session(case, 10)
+    request = tmp_path / "request.json"
+    request.write_bytes(orjson.dumps(case.body(model, items, False)))
+    code = main(["inspect", str(request), "--model", model, "--config", str(config), "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 1 and report["fits"] is False  # over its 6 000-token window
+    assert report["api"] == case.api
+    assert len(report["tokens"]["messages"]) == len(items)
+    assert report["guard"]["action"] == "compress"
+    assert report["tokens"]["upper_bound"] >= report["tokens"]["total"]
+
+
+def test_a_request_that_cannot_fit_is_refused_in_the_apis_own_words(
+    case: Case, serve: Callable[..., str]
+) -> None:
+    model = case.model(3_000)
+    base = serve(models=windows((model, 3_000)), guard={"policies": ["evict"]})
+    huge = [case.user("word " * 20_000)]
+    reply = send(base, case, model, huge)
+    assert reply.status_code == 400
+    message = case.error_message(reply.json(), 400)
+    assert reply.headers["x-brim-tokens-in"] in message  # the size, stated
+    if case.api == "anthropic.messages":
+        assert message.startswith("prompt is too long:")  # what Claude Code compacts on
+    elif case.api == "gemini.generate":
+        assert message.startswith("The input token count")
+        assert reply.json()["error"]["status"] == "INVALID_ARGUMENT"
+    else:
+        error = reply.json()["error"]
+        assert error["code"] == "context_length_exceeded"
+        assert error["param"] == case.wire.conversation_field
+
+
+def test_bad_input_is_refused_in_the_apis_own_shape(
+    case: Case, serve: Callable[..., str], provider: FakeProvider
+) -> None:
+    base = serve()
+    model = case.model(1_000)
+    path = case.path(model, False)
+    before = len(provider.requests)
+    reply = httpx.post(f"{base}{path}", json=case.bad_body)
+    assert reply.status_code == 400
+    assert case.bad_field in case.error_message(reply.json(), 400)
+    assert len(provider.requests) == before  # nothing broken went upstream
