@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from adapters.exchange import Exchange
 
@@ -41,3 +41,13 @@ class Adapter(Protocol):
     async def send(self, exchange: Exchange) -> UpstreamResponse: ...
 
     async def aclose(self) -> None: ...
+
+
+@runtime_checkable
+class NativeCounter(Protocol):
+    """An adapter that can ask its provider how many input tokens a request has (Anthropic's
+    `count_tokens`, Gemini's `countTokens`), with the request's own credentials. Raises the
+    `adapters.errors` failures `send` raises, or `UpstreamProtocolError` for a reply without a
+    count; the caller sets the deadline."""
+
+    async def count_tokens(self, exchange: Exchange) -> int: ...

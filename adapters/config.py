@@ -9,6 +9,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 WireApi = Literal["openai", "anthropic", "gemini", "litellm"]
+# Upstreams with a token counter of their own (Anthropic `count_tokens`, Gemini `countTokens`).
+NATIVE_COUNT_APIS = frozenset({"anthropic", "gemini"})
 
 
 class FrozenModel(BaseModel):
@@ -39,6 +41,10 @@ class UpstreamConfig(FrozenModel):
     max_duration_s: float = Field(3600, gt=0)  # the longest one request may take, streaming too
     model_prefix: str = ""
     proxy_from_env: bool = False  # honour HTTP(S)_PROXY / NO_PROXY / .netrc (costs per request)
+    # Ask the provider's own token counter when brim's estimate is too close to the budget to
+    # tell (Claude, Gemini). "auto": on for the upstreams that have one (anthropic, gemini).
+    native_count: Literal["auto"] | bool = "auto"
+    native_count_timeout_s: float = Field(2, gt=0)  # then brim's own estimate decides
     api_key: SecretStr | None = Field(default=None, exclude=True)
 
     @model_validator(mode="before")
@@ -60,3 +66,19 @@ class UpstreamConfig(FrozenModel):
         if self.api != "litellm" and self.base_url is None:
             raise ValueError(f"base_url is required for api = {self.api!r}")
         return self
+
+    @model_validator(mode="after")
+    def _native_count_possible(self) -> UpstreamConfig:
+        if self.native_count is True and self.api not in NATIVE_COUNT_APIS:
+            raise ValueError(
+                f"native_count = true needs an upstream with its own token counter "
+                f"(api = anthropic or gemini), not api = {self.api!r}"
+            )
+        return self
+
+    @property
+    def counts_natively(self) -> bool:
+        """Whether brim may ask this upstream for its own count of a request."""
+        if self.native_count == "auto":
+            return self.api in NATIVE_COUNT_APIS
+        return self.native_count is True

@@ -26,11 +26,24 @@ ClientApi = str
 class RequestTokens:
     """How many input tokens a request has: a free upper bound, and the exact count — known
     already, or (for a large request the bound already cleared) being counted in a worker
-    thread beside the upstream call."""
+    thread beside the upstream call.
+
+    Where brim can only estimate (Claude, Gemini) and its estimate was too close to the budget
+    to decide, `exact` is the provider's own count and `estimate` keeps brim's."""
 
     upper_bound: int
     exact: int | None = None
     pending: asyncio.Future[int] | None = field(default=None, compare=False)
+    estimate: int | None = None  # brim's own count, when `exact` is the provider's
+
+    @property
+    def provider_ratio(self) -> float | None:
+        """The provider's count ÷ brim's estimate of this request (above 1: brim's estimate ran
+        low), or None when the provider did not count it. Multiply brim's counts by it to
+        calibrate them to the provider for this request."""
+        if self.estimate is None or self.exact is None or self.estimate <= 0:
+            return None
+        return self.exact / self.estimate
 
     async def resolve(self) -> int:
         if self.exact is not None:

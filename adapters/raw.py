@@ -7,6 +7,8 @@ and closed by `aclose()`.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import orjson
@@ -55,6 +57,60 @@ def is_error_event(stream: bytes, data: bytes) -> bool:
     return stripped.startswith(b"{") and (
         b'"error"' in stripped[:200] or b'"type":"error"' in stripped[:40]
     )
+
+
+# Fields of a Messages request that `count_tokens` takes; it refuses the others (`max_tokens`,
+# `stream`, sampling settings, `metadata`, …) as extra inputs.
+ANTHROPIC_COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking")
+# What of a generateContent request `countTokens` counts (its `generateContentRequest`), in
+# either spelling the API accepts.
+GEMINI_COUNT_FIELDS = (
+    "contents",
+    "systemInstruction",
+    "system_instruction",
+    "tools",
+    "toolConfig",
+    "tool_config",
+)
+
+
+def _anthropic_count_body(exchange: Exchange) -> dict[str, Any]:
+    body = exchange.body or {}
+    return {key: body[key] for key in ANTHROPIC_COUNT_FIELDS if key in body}
+
+
+def _gemini_count_body(exchange: Exchange) -> dict[str, Any]:
+    body = exchange.body or {}
+    request = {key: body[key] for key in GEMINI_COUNT_FIELDS if key in body}
+    return {"generateContentRequest": {"model": f"models/{exchange.model}", **request}}
+
+
+@dataclass(frozen=True, slots=True)
+class NativeCount:
+    """A provider's own token counter: which client API's requests it counts, its path (from
+    the conversation endpoint's), the body it takes, and the field of its answer."""
+
+    counts: str
+    path: Callable[[str], str]
+    body: Callable[[Exchange], dict[str, Any]]
+    answer: str
+
+
+# By upstream `api` (`adapters.config.NATIVE_COUNT_APIS`).
+NATIVE_COUNTS = {
+    "anthropic": NativeCount(
+        "anthropic.messages",
+        lambda endpoint: f"{endpoint}/count_tokens",  # /v1/messages/count_tokens
+        _anthropic_count_body,
+        "input_tokens",
+    ),
+    "gemini": NativeCount(
+        "gemini.generate",
+        lambda endpoint: f"{endpoint.rpartition(':')[0]}:countTokens",
+        _gemini_count_body,
+        "totalTokens",
+    ),
+}
 
 
 class RawHttpAdapter:
@@ -176,6 +232,46 @@ class RawHttpAdapter:
         return UpstreamResponse(
             status=response.status, headers=response.headers, body=body, payload=payload
         )
+
+    async def count_tokens(self, exchange: Exchange) -> int:
+        """The provider's own count of the request's input tokens (`NativeCounter`), asked with
+        the client's own headers and credentials, as `send` would forward them."""
+        native = NATIVE_COUNTS.get(self.config.api)
+        if native is None or exchange.api != native.counts:
+            raise ValueError(f"upstream {self.name!r} has no token counter for {exchange.api}")
+        url = f"{self.base_url}{native.path(exchange.endpoint)}"
+        query = "&".join(p for p in exchange.query.split("&") if p and not p.startswith("alt="))
+        if query:
+            url = f"{url}?{query}"
+        headers = upstream_request_headers(
+            exchange.headers, api=self.config.api, api_key=self._api_key
+        )
+        headers["Content-Type"] = "application/json"
+        headers["Accept"] = "application/json"
+        data = orjson.dumps(native.body(exchange))
+        try:
+            async with self._client().post(
+                url, data=data, headers=headers, allow_redirects=False
+            ) as response:
+                ok = 200 <= response.status < 300
+                body = await (response.read() if ok else response.content.read(MAX_ERROR_BODY))
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise self._failure(exc, answered=False) from exc
+        if not ok:
+            raise UpstreamError.from_reply(
+                upstream=self.name, status=response.status, headers=response.headers, body=body
+            )
+        try:
+            answer = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise self._not_json(response, body) from None
+        count = answer.get(native.answer) if isinstance(answer, dict) else None
+        if not isinstance(count, int) or isinstance(count, bool) or count < 0:
+            raise UpstreamProtocolError(
+                f"upstream {self.name!r} answered a token count without `{native.answer}`",
+                upstream=self.name,
+            )
+        return count
 
     async def _until_first_event(self, response: aiohttp.ClientResponse) -> list[bytes]:
         """Read a 200 stream up to its first event with data. Some providers report a context

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,9 +22,10 @@ from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.limits import OFF_LOOP_BYTES
-from middleware.summarize import Summarizer, Summary
+from middleware.summarize import LEVELS, Summarizer, Summary
 from policies.compress import Outcome, compress_request
 from policies.conversation import FidelityRecord, Policy, archive_key
+from policies.evict import PRIORITY, Evict
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import conversation_wire
 from policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
@@ -31,6 +34,62 @@ log = logging.getLogger("brim.guard")
 
 
 SUMMARY_HEADER = "[brim: a summary of earlier messages, removed to fit the context window]\n"
+PER_SUMMARY = 32  # tokens a summary message costs beyond its text (header, message overhead)
+SUMMARY_ALLOWANCE = 0.1  # of the budget, set aside for summaries when evicting with a summarizer
+
+
+def summary_batches(
+    evicted: Sequence[FidelityRecord], client: Sequence[Any] | None, step: int
+) -> list[list[Any]]:
+    """The evicted items in the batches `evict` removed them in: within each class of value,
+    every `step` tokens of the class's units, oldest first — the grid its snapped evictions
+    follow, so a batch is complete when it is first removed and stays the same turn after turn
+    (its summary can be reused byte for byte). Items are the client's own (`client`), or, after
+    a pair repair moved indices, what the eviction recorded. Batches in conversation order."""
+    batches: dict[tuple[int, int], list[Any]] = {}
+    first: dict[tuple[int, int], int] = {}
+    running: dict[int, int] = {}
+    for record in sorted(evicted, key=lambda r: r.index):
+        value = PRIORITY.get(record.detail, 1)
+        before = running.get(value, 0)
+        running[value] = before + record.tokens_before
+        key = (value, before // step)
+        removed = orjson.loads(record.original or "[]")
+        if client is not None and 0 <= record.index < len(client):
+            removed = list(client[record.index : record.index + len(removed)])
+        batches.setdefault(key, []).extend(removed)
+        first.setdefault(key, record.index)
+    return [batches[key] for key in sorted(batches, key=lambda k: first[k])]
+
+
+def _summary_plan(sizes: Sequence[int], allowance: int) -> tuple[int, list[int]] | None:
+    """How many of the oldest batches are summarized together (in one summary, which takes
+    the room the others leave), and the summary target of each — the merged one first — so
+    that all fit `allowance`: every batch's summary is its key points, then the oldest step
+    down to a headline one by one, then the oldest are merged. A function of the evicted
+    batches alone — not of the room a turn happens to have — so the summaries change only on
+    the turns that evict more, and come from the cache on all others (None: nothing fits)."""
+    shares = list(LEVELS.values())[1:]  # key points, headline
+    for merged in range(len(sizes) + 1):
+        kept = sizes[merged:]
+        levels = [0] * len(kept)
+        while True:
+            targets = [
+                max(48, math.ceil(size * shares[level]))
+                for size, level in zip(kept, levels, strict=True)
+            ]
+            left = allowance - sum(targets) - PER_SUMMARY * (len(kept) + bool(merged))
+            if not merged and left >= 0:
+                return 0, targets
+            if merged and left >= 48:
+                return merged, [min(left, max(48, sum(sizes[:merged]))), *targets]
+            oldest = next((n for n, level in enumerate(levels) if level < len(shares) - 1), None)
+            if oldest is None:
+                break
+            levels[oldest] += 1
+    return None
+
+
 RESULT_HEADER = "[brim: a summary of this tool result, too large for the context window]\n"
 
 
@@ -90,18 +149,34 @@ class Guard:
         self.summarizer = summarizer
         self.summary_deadline_s = summary_deadline_s
 
-    def outcome(self, exchange: Exchange) -> Outcome:
-        """What the guard does to this exchange (also used by `brim inspect`)."""
+    def outcome(self, exchange: Exchange, reserve: int = 0) -> Outcome:
+        """What the guard does to this exchange (also used by `brim inspect`), within the
+        budget less `reserve` tokens (set aside for summaries). Policies measure with brim's
+        counter; where the provider counted the request, the budget is scaled to those counts."""
         assert exchange.context is not None and exchange.body is not None
         limits = exchange.context.limits.limits
+        limit = exchange.context.budget.effective() - reserve
+        ratio = exchange.context.tokens.provider_ratio
+        if ratio:  # the provider counted this request: the budget in brim's own counts
+            limit = int(limit / ratio)
         return compress_request(
             exchange.body,
             CounterMeter(self.counter, limits.tokenizer, exchange.model, exchange.wire),
             self.policies,
-            limit=exchange.context.budget.effective(),
+            limit=limit,
             low_water=self.low_water,
             repair=self.repair_pairs,
         )
+
+    def _outcome_with_room_for_summaries(self, exchange: Exchange, outcome: Outcome) -> Outcome:
+        """When eviction was needed: the outcome again with `SUMMARY_ALLOWANCE` of the budget
+        set aside, so the summaries always fit beside what is kept — the same allowance every
+        turn, so what is kept and how it is summarized change only when more is evicted."""
+        allowance = int(outcome.limit * SUMMARY_ALLOWANCE)
+        reserved = self.outcome(exchange, reserve=allowance)
+        if not reserved.fits:
+            return outcome
+        return dataclasses.replace(reserved, limit=outcome.limit)
 
     def _needs_work(self, exchange: Exchange) -> bool:
         assert exchange.context is not None and exchange.body is not None
@@ -136,40 +211,79 @@ class Guard:
             return None
 
     async def _summarized(self, exchange: Exchange, outcome: Outcome) -> Outcome:
-        """Evict's notice replaced by a summary of what it removed, when one can be made in
-        time and fits; otherwise the outcome as it was."""
+        """Evict's notice replaced by summaries of what it removed — one per batch of the
+        conversation (`summary_batches`), so that as a session grows, earlier batches keep their
+        summary byte for byte (from the cache) and only a newly evicted batch costs a call —
+        when all can be made in time and fit; otherwise the outcome as it was."""
         wire, meter, task, credentials = self._summary_inputs(exchange)
         at = _notice_at(wire, outcome.messages)
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
         if at is None or not evicted:
             return outcome
         rest = outcome.tokens_out - meter.message(outcome.messages[at])
-        room = outcome.target - rest if outcome.target - rest >= 128 else outcome.limit - rest
-        if room < 128:
+        assert exchange.body is not None
+        client = None if outcome.repairs else wire.conversation(exchange.body)
+        batches = summary_batches(evicted, client, self._eviction_step(outcome))
+        contents = [transcript(wire.genai_messages(items)) for items in batches]
+        sizes = [meter.text_tokens(content) for content in contents]
+        plan = _summary_plan(sizes, int(outcome.limit * SUMMARY_ALLOWANCE))
+        if plan is None:
             return outcome
-        removed = [m for r in evicted for m in orjson.loads(r.original or "[]")]
-        content = transcript(wire.genai_messages(removed))
-        summary = await self._summary(content, room - 48, task, credentials)
-        if summary is None:
-            return outcome
-        message = wire.dialect.notice(SUMMARY_HEADER + summary.text)
-        size = meter.message(message)
-        if rest + size > outcome.limit:
-            return outcome
-        record = FidelityRecord(
-            "summarize",
-            "summarized",
-            -1,
-            sum(r.tokens_before for r in evicted),
-            size,
-            archive_key=archive_key(content),
-            detail=_detail(summary),
-            original=content,
+        merged, targets = plan
+        if merged:  # the oldest batches, summarized as one
+            contents = ["\n".join(contents[:merged]), *contents[merged:]]
+            sizes = [sum(sizes[:merged]), *sizes[merged:]]
+        summaries = await asyncio.gather(
+            *(
+                self._batch_summary(content, size, target, task, credentials)
+                for content, size, target in zip(contents, sizes, targets, strict=True)
+            )
         )
-        messages = (*outcome.messages[:at], message, *outcome.messages[at + 1 :])
+        made = [summary for summary in summaries if summary is not None]
+        if len(made) != len(summaries):
+            return outcome
+        messages = [wire.dialect.notice(SUMMARY_HEADER + text) for text, _ in made]
+        added = sum(meter.message(message) for message in messages)
+        if rest + added > outcome.limit:
+            return outcome
+        records = [
+            FidelityRecord(
+                "summarize",
+                "summarized",
+                -1,
+                size,
+                meter.message(message),
+                archive_key=archive_key(content),
+                detail=detail,
+                original=content,
+            )
+            for content, size, message, (_, detail) in zip(
+                contents, sizes, messages, made, strict=True
+            )
+        ]
         return dataclasses.replace(
-            outcome, messages=messages, tokens_out=rest + size, records=(*outcome.records, record)
+            outcome,
+            messages=(*outcome.messages[:at], *messages, *outcome.messages[at + 1 :]),
+            tokens_out=rest + added,
+            records=(*outcome.records, *records),
         )
+
+    def _eviction_step(self, outcome: Outcome) -> int:
+        """The token grid `evict` snaps its removals to (`evict_at_least`, else the slack)."""
+        configured = next(
+            (p.settings.evict_at_least for p in self.policies if isinstance(p, Evict)), None
+        )
+        return max(1, configured or outcome.limit - outcome.target)
+
+    async def _batch_summary(
+        self, content: str, size: int, target: int, task: str, credentials: dict[str, str]
+    ) -> tuple[str, str] | None:
+        """One batch's summary text and how it was made; a batch already within its target is
+        its own summary."""
+        if size <= target:
+            return content, "verbatim"
+        summary = await self._summary(content, target, task, credentials)
+        return None if summary is None else (summary.text, _detail(summary))
 
     async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """A tool result `truncate` had to cut, summarized into the same room instead."""
@@ -222,10 +336,13 @@ class Guard:
         if not self._needs_work(exchange):
             return await call_next(exchange)
 
-        if len(exchange.raw) > OFF_LOOP_BYTES:
-            outcome = await asyncio.to_thread(self.outcome, exchange)
-        else:
-            outcome = self.outcome(exchange)
+        off_loop = len(exchange.raw) > OFF_LOOP_BYTES
+        outcome = (
+            await asyncio.to_thread(self.outcome, exchange) if off_loop else self.outcome(exchange)
+        )
+        if self.summarizer is not None and any(r.action == "evicted" for r in outcome.records):
+            again = functools.partial(self._outcome_with_room_for_summaries, exchange, outcome)
+            outcome = await asyncio.to_thread(again) if off_loop else again()
         if not outcome.messages:
             raise NothingLeftToSend(
                 "Nothing is left to send: every message was a tool result that answers no tool "

@@ -4,6 +4,11 @@ all three to the exchange.
 Measuring is cheap when there is room: a free byte bound settles it without tokenizing. Only a
 request whose bound exceeds its budget is counted exactly (per-message counts are cached, and
 large requests are tokenized beside the event loop, not on it).
+
+Where brim's count is only an estimate (Claude, Gemini) and it lies within its error band around
+the budget (`policies.budget.undecided`), the upstream's own counter settles whether the request
+fits (`NativeCounts`): within `native_count_timeout_s`, cached by body, brim's estimate standing
+whenever the provider cannot answer.
 """
 
 from __future__ import annotations
@@ -11,16 +16,26 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import hashlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from cachetools import LRUCache
+from cachetools import LRUCache, TTLCache
 
-from adapters.base import UpstreamResponse
+from adapters.base import NativeCounter, UpstreamResponse
+from adapters.config import UpstreamConfig
+from adapters.errors import UpstreamError, UpstreamFailure
 from adapters.exchange import Exchange, RequestContext, RequestTokens
+from adapters.registry import Upstreams
 from middleware.base import CallNext
-from policies.budget import TokenBudget, budget_for, requested_output
+from policies.budget import (
+    TokenBudget,
+    budget_for,
+    estimate_band,
+    requested_output,
+    undecided,
+)
 from policies.clients import ClientRule, match_client
 from policies.limits import LimitSource, LimitsRegistry, wants_long_context
 from policies.tokens import TokenCounter
@@ -37,6 +52,135 @@ INLINE_BYTES = 64 * 1024  # smaller bodies are counted on the spot: well under a
 OFF_LOOP_BYTES = 256 * 1024  # larger bodies are counted in a worker thread
 
 
+NATIVE_CACHE_SIZE = 4_096
+NATIVE_CACHE_TTL_S = 3_600.0
+MISSING_TTL_S = 3_600.0  # a counter that answered 404/405 for a model is not asked again for this
+RESTING_TTL_S = 30.0  # an upstream whose counter timed out, failed or was busy rests this long
+
+
+def _digest(raw: bytes, betas: Sequence[str]) -> bytes:
+    """The native-count cache's key for a request: its bytes, and the betas it asks for."""
+    digest = hashlib.blake2b(raw, digest_size=16)
+    for beta in betas:
+        digest.update(b"\0" + beta.encode())
+    return digest.digest()
+
+
+class NativeCounts:
+    """The upstream's own count of a request, where brim can only estimate and its estimate is
+    too close to the budget to decide (`settle`). Never fails a request: a timeout, an error
+    reply or a missing endpoint leaves brim's estimate standing (logged once per upstream).
+    Counts are cached by the request's bytes (and `anthropic-beta`), per upstream and model."""
+
+    def __init__(
+        self,
+        upstreams: Upstreams,
+        *,
+        cache_size: int = NATIVE_CACHE_SIZE,
+        cache_ttl_s: float = NATIVE_CACHE_TTL_S,
+    ) -> None:
+        self.upstreams = upstreams
+        self._cache: TTLCache[tuple[str, str, bytes], int] = TTLCache(
+            maxsize=cache_size, ttl=cache_ttl_s
+        )
+        self._missing: TTLCache[tuple[str, str], bool] = TTLCache(
+            maxsize=cache_size, ttl=MISSING_TTL_S
+        )
+        self._resting: TTLCache[str, bool] = TTLCache(maxsize=1_024, ttl=RESTING_TTL_S)
+        self._warned: set[str] = set()  # upstream names: bounded by the configuration
+        self.calls = 0  # counts asked of an upstream
+        self.hits = 0  # answered from the cache
+        self.failures = 0  # asked, and the estimate had to stand
+
+    def band(self, exchange: Exchange, tokenizer: str) -> float | None:
+        """The estimate's error band for this request, or None if the upstream is not asked."""
+        config = self.upstreams.configs.get(exchange.upstream)
+        if config is None or not config.counts_natively:
+            return None
+        return estimate_band(tokenizer, config.api)
+
+    async def settle(
+        self, exchange: Exchange, tokens: RequestTokens, budget: TokenBudget, tokenizer: str
+    ) -> RequestTokens:
+        """`tokens` with the provider's count as `exact` (brim's kept as `estimate`) when the
+        estimate is undecided and the provider answers in time; else `tokens` as they were."""
+        if tokens.exact is None:  # the free bound cleared the budget: it fits, whatever counts
+            return tokens
+        band = self.band(exchange, tokenizer)
+        if not undecided(tokens.exact, budget.effective(), band):
+            return tokens
+        wire = exchange.wire
+        if wire.dialect.violations(wire.conversation(exchange.body or {})):
+            return tokens  # the counter would refuse it as sent; the guard repairs it first
+        counted = await self.count(exchange)
+        if counted is None:
+            return tokens
+        return dataclasses.replace(tokens, exact=counted, estimate=tokens.exact)
+
+    async def count(self, exchange: Exchange) -> int | None:
+        """The upstream's count of this request, or None if it cannot give one in time."""
+        name, model = exchange.upstream, exchange.model
+        betas = exchange.headers.getall("anthropic-beta", ())
+        if len(exchange.raw) > OFF_LOOP_BYTES:
+            digest = await asyncio.to_thread(_digest, exchange.raw, betas)
+        else:
+            digest = _digest(exchange.raw, betas)
+        key = (name, model, digest)
+        cached = self._cache.get(key)
+        if cached is not None:
+            self.hits += 1
+            return cached
+        adapter = self.upstreams.adapters.get(name)
+        config = self.upstreams.configs[name]
+        if not isinstance(adapter, NativeCounter):
+            return None
+        if (name, model) in self._missing or name in self._resting:
+            return None
+        self.calls += 1
+        try:
+            async with asyncio.timeout(config.native_count_timeout_s):
+                counted = await adapter.count_tokens(exchange)
+        except Exception as exc:  # never fail the request: the estimate stands
+            self.failures += 1
+            self._failed(exchange, config, exc)
+            return None
+        self._cache[key] = counted
+        log.debug(
+            "request %s: upstream %r counted %d input tokens", exchange.request_id, name, counted
+        )
+        return counted
+
+    def _failed(self, exchange: Exchange, config: UpstreamConfig, exc: Exception) -> None:
+        name = exchange.upstream
+        if isinstance(exc, UpstreamError) and exc.status in (404, 405):
+            self._missing[(name, exchange.model)] = True
+            why = f"its token counter answered HTTP {exc.status}"
+        elif isinstance(exc, UpstreamError) and exc.status != 429 and exc.status < 500:
+            why = f"its token counter answered HTTP {exc.status}"
+        else:
+            self._resting[name] = True
+            if isinstance(exc, TimeoutError):
+                why = f"its token counter did not answer within {config.native_count_timeout_s:g} s"
+            elif isinstance(exc, UpstreamError):
+                why = f"its token counter answered HTTP {exc.status}"
+            elif isinstance(exc, UpstreamFailure):
+                why = exc.message
+            else:
+                why = f"asking its token counter failed ({type(exc).__name__})"
+        if name in self._warned:
+            log.debug("upstream %r: %s; using brim's estimate", name, why)
+            return
+        self._warned.add(name)
+        log.warning(
+            "upstream %r: %s; brim's own estimate decides instead (request %s; logged once "
+            "per upstream; set native_count = false to stop asking)",
+            name,
+            why,
+            exchange.request_id,
+            exc_info=not isinstance(exc, TimeoutError | UpstreamFailure),  # a bug: say where
+        )
+
+
 class ResolveLimits:
     def __init__(
         self,
@@ -45,6 +189,7 @@ class ResolveLimits:
         *,
         safety_margin: float,
         clients: Mapping[str, ClientRule],
+        upstreams: Upstreams | None = None,
     ) -> None:
         if not 0 <= safety_margin < 1:
             raise ValueError(f"safety_margin must be in [0, 1), not {safety_margin}")
@@ -55,6 +200,8 @@ class ResolveLimits:
         self._warned: LRUCache[str, bool] = LRUCache(
             maxsize=10_000
         )  # bounded: ids are client input
+        # The providers' own counters, for estimates too close to the budget to decide on.
+        self.native = NativeCounts(upstreams) if upstreams is not None else None
 
     async def measure(
         self, exchange: Exchange, budget: TokenBudget, tokenizer: str
@@ -103,6 +250,8 @@ class ResolveLimits:
             cli_overhead=client[1].overhead if client else None,
         )
         tokens = await self.measure(exchange, budget, resolved.limits.tokenizer)
+        if self.native is not None:
+            tokens = await self.native.settle(exchange, tokens, budget, resolved.limits.tokenizer)
         return RequestContext(resolved, budget, tokens, client[0] if client else None)
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:

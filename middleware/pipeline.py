@@ -76,6 +76,7 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
             services.counter,
             safety_margin=guard.safety_margin,
             clients=config.clients,
+            upstreams=services.upstreams,  # their own token counters (`native_count`)
         ),
     ]
     if guard.enabled:

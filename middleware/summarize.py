@@ -7,8 +7,9 @@ model's own window is summarized in chunks, then the chunk summaries together (m
 
 Providers are tried in order, each with retries; if every one fails the caller gets None and the
 request goes on with evict's notice — a summarizer failure never fails a request. Summaries are
-cached by content, conversation context, level, provider and prompt version, so the next turn of
-the same session reuses the very same bytes (and the provider's prompt cache stays warm).
+cached by content, conversation context, level, provider and prompt version — never by the room
+left, which moves every turn — so the next turn of the same session reuses the very same bytes
+(and the provider's prompt cache stays warm).
 """
 
 from __future__ import annotations
@@ -164,8 +165,11 @@ class Summarizer:
         return None
 
     async def _with(self, job: Job, text: str, size: int, target: int) -> Summary:
-        parts = (_digest(text), _digest(job.task), job.level, job.provider, self.prompt_version)
-        key = "|".join((*parts, str(target)))
+        # By content, not by target: the same text asks for the same summary every turn, so a
+        # session's next request reuses it byte for byte (the target follows from its size).
+        key = "|".join(
+            (_digest(text), _digest(job.task), job.level, job.provider, self.prompt_version)
+        )
         if self.cache is not None and (cached := await self.cache.get(key)) is not None:
             text_tokens = self.meter.text_tokens(cached)
             return Summary(cached, job.level, job.provider, size, text_tokens, True)

@@ -86,3 +86,27 @@ def requested_output(body: Mapping[str, Any]) -> int | None:
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None
+
+
+# How far brim's count may be from the provider's own, as a share of the budget, where brim can
+# only estimate: Claude (Anthropic publishes no tokenizer: o200k_base × claude_token_factor) and
+# Gemini (Google's tokenizer is not o200k_base, which brim counts with). A request whose estimate
+# lies within the band around its budget may fit or not; the provider's own counter settles it.
+# OpenAI's tokenizers are the ones brim counts with: no band, never asked.
+ESTIMATE_BANDS: Mapping[str, float] = {"claude": 0.15, "gemini": 0.15}
+
+
+def estimate_band(tokenizer: str, counted_by: str) -> float | None:
+    """The error band of brim's count of a request for a model with `tokenizer`, served by an
+    upstream speaking `counted_by` (`[upstreams.NAME] api`); None where brim's count is exact."""
+    if tokenizer == "claude":
+        return ESTIMATE_BANDS["claude"]
+    return ESTIMATE_BANDS.get(counted_by)
+
+
+def undecided(estimate: int, budget: int, band: float | None) -> bool:
+    """Whether an estimate is too close to the budget to tell if the request fits: within
+    ±band × budget of it. Requests that clearly fit or clearly do not are decided already."""
+    if band is None or budget <= 0:
+        return False
+    return abs(estimate - budget) <= band * budget

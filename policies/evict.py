@@ -4,9 +4,11 @@ Always kept: the system prompt, the last user message, and the last tool call wi
 when the conversation ends with it (an ongoing tool loop). Kept unless nothing else helps: the
 first user message and the most recent `keep_recent_turns` turns (a turn is a user message or
 an assistant reply with its tool results: agent sessions have many turns per user message).
-Everything else may go, lowest value first — plain assistant chatter, then tool
-groups, then user messages — and oldest first within each class, in batches of at least
-`evict_at_least` tokens so the cut point moves only now and then as a session grows.
+Everything else may go, lowest value first — tool groups whose results are all stale
+(already cleared or pointed onward, exact copies or superseded reads of a later result) and
+orphans, then plain assistant chatter, then the other tool groups, then user messages — and
+oldest first within each class, in batches of at least `evict_at_least` tokens so the cut point
+moves only now and then as a session grows.
 
 One notice takes the place of the first removed unit: how many messages and tokens went, which
 tools had been called, and the user requests that were dropped. If the protected units alone are
@@ -35,10 +37,13 @@ from policies.conversation import (
     Unit,
     message_key,
     snapped_count,
+    stale_results,
 )
 from policies.wires.base import NOTICE_PREFIX
 
-PRIORITY = {"system": 0, "assistant": 0, "orphan": 0, "tools": 1, "user": 2}
+# Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests.
+PRIORITY = {"orphan": 0, "system": 1, "assistant": 1, "tools": 2, "user": 3}
+STALE = 0
 QUOTE = 80
 
 
@@ -100,6 +105,27 @@ class Evict:
             inserts[min(unit.start for unit in removed)] = (message, meter.message(message))
         return conversation.keep(lambda i: i not in gone, inserts)
 
+    @staticmethod
+    def _values(conversation: Conversation, units: list[Unit]) -> dict[Unit, int]:
+        """Each unit's value class: a tool group whose every result is stale is worth no more
+        than an orphan."""
+        dialect = conversation.dialect
+        names = dialect.tools_by_call(conversation.messages)
+        stale = stale_results(conversation)
+        values = {}
+        for unit in units:
+            value = PRIORITY[unit.kind]
+            if unit.kind == "tools":
+                results = [
+                    (index, result.call_id)
+                    for index in unit.indices
+                    for result in dialect.tool_results(conversation.messages[index], names)
+                ]
+                if results and all(key in stale for key in results):
+                    value = STALE
+            values[unit] = value
+        return values
+
     def apply(
         self, conversation: Conversation, goal: Goal, meter: Meter
     ) -> tuple[Conversation, list[FidelityRecord]]:
@@ -133,6 +159,9 @@ class Evict:
         ]
         candidates = [u for u in units if u not in system and u not in always and u not in optional]
         size = {unit: sum(conversation.sizes[i] for i in unit.indices) for unit in units}
+        value = self._values(conversation, candidates)
+        ordered = sorted(candidates, key=lambda unit: (value[unit], unit.start))
+        savings = [size[unit] for unit in ordered]
 
         def total_without(removed: list[Unit], notice: bool) -> tuple[Conversation, int]:
             built = self._build(conversation, removed, meter, notice)
@@ -146,14 +175,7 @@ class Evict:
         result, total = conversation, conversation.total
         for _ in range(4):  # the notice's own size is only known once it is written
             needed = conversation.total - goal.target + notice_allowance
-            removed = []
-            for priority in (0, 1, 2):
-                group = [u for u in candidates if PRIORITY[u.kind] == priority]
-                savings = [size[u] for u in group]
-                still = needed - sum(size[u] for u in removed)
-                if still <= 0:
-                    break
-                removed += group[: snapped_count(savings, still, step)]
+            removed = ordered[: snapped_count(savings, needed, step)]  # one grid: one overshoot
             result, total = total_without(removed, self.settings.notice)
             if total <= goal.target or len(removed) == len(candidates):
                 break

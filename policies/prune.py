@@ -1,10 +1,23 @@
-"""`prune_tool_results`: shrink large tool results and keep their gist.
+"""`prune_tool_results`: shrink large tool results by their information, not by position.
 
-JSON results are minified, noise fields dropped (URLs, images, base64 blobs, nulls by default)
-and long arrays shortened to head and tail around a `"… N more items …"` marker; text results
-over `max_text_tokens` lose their middle, keeping whole lines at head and tail. Every result but
-those of the newest tool turn is pruned — each on its own, so a result is pruned the same way in
-every later turn of the session and the request prefix stays put.
+Three steps, the cheapest first; the newest tool turn's results are never touched:
+
+1. Lossless, on every result: JSON minified, noise fields dropped (URLs, images, base64 blobs,
+   nulls by default).
+2. Nearly lossless, on every result: an exact copy of a later result (a file read twice with the
+   same content, the same command output again) becomes a one-line pointer to the next copy.
+3. Lossy, only while the request is still over its target, oldest result first, in batches of at
+   least `cut_at_least` tokens (by default the budget's slack): a text result over
+   `max_text_tokens` keeps its head and tail and, in between, the lines that report an anomaly
+   (errors, warnings, failures, tracebacks, non-2xx statuses, non-zero exit codes) and those
+   that mention a task term, with a count of what went; a long JSON array keeps head, tail and
+   the items with a task term or an anomaly. The task terms are those of the task the result
+   was fetched for: the user's first and last request before it and the arguments of the calls
+   that fetched it (`policies.conversation.requests`, `call_terms`).
+
+Each step is a pure function of the session up to the result (and later copies of it), cached,
+so a result is pruned the same way every turn and the request prefix stays put; the batches
+move the lossy frontier only now and then as a session grows.
 """
 
 from __future__ import annotations
@@ -14,16 +27,37 @@ import fnmatch
 import hashlib
 import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 from cachetools import LRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import Conversation, FidelityRecord, Goal, Meter
+from policies.conversation import (
+    MIN_DUPLICATE_CHARS,
+    SAME_AS_PREFIX,
+    Conversation,
+    FidelityRecord,
+    Goal,
+    Meter,
+    ToolResult,
+    Unit,
+    archive_key,
+    call_terms,
+    editable,
+    is_anomaly,
+    is_placeholder,
+    keys_of,
+    plain_text,
+    requests,
+    strings_of,
+)
 from policies.nesting import SAFE_DEPTH, nests_deeper_than
 
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
+_MARKER_TOKENS = 20  # what one "[… N lines … omitted by brim …]" line costs, about
+_MIN_LINES = 8  # fewer lines than this: cut by tokens, not by lines
 
 
 class PruneSettings(BaseModel):
@@ -36,6 +70,8 @@ class PruneSettings(BaseModel):
     array_tail: int = Field(4, ge=0)
     drop_fields: tuple[str, ...] = ("*_url", "url", "image", "image_data", "thumbnail", "avatar*")
     drop_nulls: bool = True
+    dedupe: bool = True  # older exact copies of a result become a pointer to the next copy
+    cut_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
 
 
 def cut_middle(
@@ -59,13 +95,96 @@ def cut_middle(
     return head.rstrip("\n") + marker + tail.lstrip("\n"), removed
 
 
+def _line_marker(omitted: int, telling: int) -> str:
+    if not telling:
+        return f"[… {omitted} lines without task terms or errors omitted by brim …]"
+    return f"[… {omitted} lines omitted by brim, {telling} of them with task terms or errors …]"
+
+
+def relevant_lines(text: str, terms: frozenset[str], keep_tokens: int, meter: Meter) -> str:
+    """`text` cut to about `keep_tokens` by lines: head and tail, then every line that reports an
+    anomaly, then every line that mentions a task term (in that order, while they fit), then
+    more head and tail; each run of dropped lines becomes one marker with its count."""
+    lines = text.split("\n")
+    if len(lines) < _MIN_LINES or len(meter.tokens(text)) <= keep_tokens:
+        return cut_middle(text, keep_tokens, meter)[0]
+    cost = [len(meter.tokens(line)) + 1 for line in lines]
+    count = len(lines)
+    rank = [
+        2 if is_anomaly(line) else 1 if terms and not terms.isdisjoint(keys_of(line)) else 0
+        for line in lines
+    ]
+    kept = [False] * count
+    used = _MARKER_TOKENS  # nothing kept yet: one run of dropped lines
+
+    def add(index: int, within: int) -> bool:
+        nonlocal used
+        before = index > 0 and not kept[index - 1]
+        after = index < count - 1 and not kept[index + 1]
+        runs = (before and after) - (not before and not after)  # a run split, or one closed
+        added = cost[index] + _MARKER_TOKENS * runs
+        if used + added > within:
+            return False
+        kept[index] = True
+        used += added
+        return True
+
+    add(0, keep_tokens + cost[0])  # the first and last lines always
+    add(count - 1, max(keep_tokens, used + cost[-1]))
+    head = 1
+    while head < count and not kept[head] and add(head, keep_tokens // 8):
+        head += 1
+    tail = count - 2
+    while tail >= 0 and not kept[tail] and add(tail, keep_tokens // 8 + keep_tokens // 6):
+        tail -= 1
+    for wanted in (2, 1):
+        for index in range(count):
+            if rank[index] == wanted and not kept[index]:
+                add(index, keep_tokens)
+    spare = used + (keep_tokens - used) // 3
+    while head < count and not kept[head] and add(head, spare):
+        head += 1
+    while tail >= 0 and not kept[tail] and add(tail, keep_tokens):
+        tail -= 1
+
+    out: list[str] = []
+    index = 0
+    while index < count:
+        if kept[index]:
+            out.append(lines[index])
+            index += 1
+            continue
+        end = index
+        while end < count and not kept[end]:
+            end += 1
+        out.append(_line_marker(end - index, sum(1 for r in rank[index:end] if r)))
+        index = end
+    shrunk = "\n".join(out)
+    if len(meter.tokens(shrunk)) > keep_tokens * 1.25:  # a few giant lines: cut by tokens too
+        shrunk = cut_middle(shrunk, keep_tokens, meter)[0]
+    return shrunk
+
+
+def _digest(*parts: str) -> bytes:
+    hasher = hashlib.blake2b(digest_size=16)
+    for part in parts:
+        hasher.update(part.encode("utf-8", "surrogatepass"))
+        hasher.update(b"\0")
+    return hasher.digest()
+
+
+def pointer(tool: str, call_id: str) -> str:
+    return f"{SAME_AS_PREFIX}the later {tool} result for call {call_id}; see there]"
+
+
 class PruneToolResults:
     name = "prune_tool_results"
 
     def __init__(self, settings: PruneSettings | None = None) -> None:
         self.settings = settings or PruneSettings()
         # A result is pruned the same way every turn; remember it instead of re-tokenizing.
-        self._pruned: LRUCache[tuple[str, bytes], str] = LRUCache(maxsize=20_000)
+        self._pruned: LRUCache[tuple[str, bytes, bytes], str] = LRUCache(maxsize=20_000)
+        self._keys: LRUCache[tuple[str, bytes], frozenset[str]] = LRUCache(maxsize=2_000)
         self._lock = threading.Lock()
 
     def _noise(self, key: str) -> bool:
@@ -73,82 +192,318 @@ class PruneToolResults:
             fnmatch.fnmatchcase(key.lower(), pattern) for pattern in self.settings.drop_fields
         )
 
-    def _shrink(self, value: Any) -> Any:
-        settings = self.settings
+    def _clean(self, value: Any) -> Any:
+        """Lossless in all that matters: noise fields, nulls and base64 blobs go."""
         if isinstance(value, dict):
             return {
-                key: self._shrink(item)
+                key: self._clean(item)
                 for key, item in value.items()
-                if not self._noise(str(key)) and not (settings.drop_nulls and item is None)
+                if not self._noise(str(key)) and not (self.settings.drop_nulls and item is None)
             }
         if isinstance(value, list):
-            if len(value) > settings.max_array_items:
-                hidden = len(value) - settings.array_head - settings.array_tail
-                tail = value[len(value) - settings.array_tail :] if settings.array_tail else []
-                value = [*value[: settings.array_head], f"… {hidden} more items …", *tail]
-            return [self._shrink(item) for item in value]
+            return [self._clean(item) for item in value]
         if isinstance(value, str) and len(value) >= 512 and _BASE64.match(value):
             return f"[{len(value)} characters of base64 data removed by brim]"
         return value
 
-    def pruned_text(self, text: str, meter: Meter, at_most: int | None = None) -> str:
-        """`text` pruned. `at_most` bounds its tokens when the caller knows it (its message's
-        size): a text that cannot be over `max_text_tokens` is not tokenized to find out."""
-        key = (
-            getattr(meter, "tokenizer", ""),
-            hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest(),
-        )
-        with self._lock:
-            cached = self._pruned.get(key)
-        if cached is None:
-            cached = self._prune(text, meter, at_most)
-            with self._lock:
-                self._pruned[key] = cached
-        return cached
+    def _relevant(self, value: Any, terms: frozenset[str], meter: Meter, budget: int) -> Any:
+        """Long arrays to head, tail and the items with task terms or anomalies; long multi-line
+        strings to their relevant lines."""
+        settings = self.settings
+        if isinstance(value, dict):
+            return {key: self._relevant(item, terms, meter, budget) for key, item in value.items()}
+        if isinstance(value, list):
+            if len(value) > settings.max_array_items:
+                value = self._relevant_items(value, terms)
+            return [self._relevant(item, terms, meter, budget) for item in value]
+        if isinstance(value, str) and len(value) > budget and value.count("\n") >= _MIN_LINES:
+            return relevant_lines(value, terms, budget, meter)
+        return value
 
-    def _prune(self, text: str, meter: Meter, at_most: int | None) -> str:
+    def _relevant_items(self, items: list[Any], terms: frozenset[str]) -> list[Any]:
+        settings = self.settings
+        count = len(items)
+        keep = set(range(settings.array_head)) | set(range(count - settings.array_tail, count))
+        telling = 0
+        for index in range(settings.array_head, count - settings.array_tail):
+            if telling >= settings.max_array_items:
+                break
+            item = items[index]
+            dumped = orjson.dumps(item).decode() if not isinstance(item, str) else item
+            strings = " ".join(strings_of(item))
+            if is_anomaly(dumped) or (terms and not terms.isdisjoint(keys_of(strings))):
+                keep.add(index)
+                telling += 1
+        out: list[Any] = []
+        gap = 0
+        for index, item in enumerate(items):
+            if index in keep:
+                if gap:
+                    out.append(f"… {gap} more items …")
+                    gap = 0
+                out.append(item)
+            else:
+                gap += 1
+        if gap:
+            out.append(f"… {gap} more items …")
+        return out
+
+    def _json(self, text: str) -> Any | None:
         stripped = text.strip()
         if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
             with contextlib.suppress(orjson.JSONDecodeError):
                 parsed = orjson.loads(stripped)
-                # Deeper JSON than brim can write back stays text (and may lose its middle).
+                # Deeper JSON than brim can write back stays text.
                 if not nests_deeper_than(parsed, SAFE_DEPTH):
-                    text = orjson.dumps(self._shrink(parsed)).decode()
-        if at_most is not None and at_most <= self.settings.max_text_tokens:
+                    return parsed
+        return None
+
+    def _cached(self, meter: Meter, text: str, mode: bytes, make: Any) -> str:
+        key = (getattr(meter, "tokenizer", ""), _digest(text), mode)
+        with self._lock:
+            cached = self._pruned.get(key)
+        if cached is None:
+            cached = make()
+            with self._lock:
+                self._pruned[key] = cached
+        return cached
+
+    def lossless_text(self, text: str, meter: Meter) -> str:
+        """`text` with JSON minified and its noise dropped; other text as it is."""
+
+        def make() -> str:
+            parsed = self._json(text)
+            return text if parsed is None else orjson.dumps(self._clean(parsed)).decode()
+
+        return self._cached(meter, text, b"lossless", make)
+
+    def _matched(self, text: str, terms: frozenset[str], meter: Meter) -> frozenset[str]:
+        """The task terms `text` mentions: all a relevance cut of it depends on."""
+        if not terms:
+            return terms
+        key = (getattr(meter, "tokenizer", ""), _digest(text))
+        with self._lock:
+            keys = self._keys.get(key)
+        if keys is None:
+            keys = frozenset(keys_of(text))
+            with self._lock:
+                self._keys[key] = keys
+        return terms & keys
+
+    def lossy_text(
+        self,
+        text: str,
+        meter: Meter,
+        terms: frozenset[str] = frozenset(),
+        at_most: int | None = None,
+    ) -> str:
+        """`text` (already lossless) cut to its relevant part. `at_most` bounds its tokens when
+        the caller knows it (its message's size): a text that cannot be over `max_text_tokens`
+        is not tokenized to find out."""
+        inner = plain_text(text)
+        matched = self._matched(inner, terms, meter)
+        short = at_most is not None and at_most <= self.settings.max_text_tokens
+        mode = b"lossy:" + _digest(str(short), *sorted(matched))
+        return self._cached(meter, inner, mode, lambda: self._lossy(inner, matched, meter, short))
+
+    def _lossy(self, text: str, terms: frozenset[str], meter: Meter, short: bool) -> str:
+        limit = self.settings.max_text_tokens
+        parsed = self._json(text)
+        if parsed is not None:
+            long_strings = sum(
+                1 for s in strings_of(parsed) if len(s) > limit and s.count("\n") >= _MIN_LINES
+            )
+            budget = max(256, limit // max(1, long_strings))
+            text = orjson.dumps(self._relevant(parsed, terms, meter, budget)).decode()
+        if short:  # known to fit `max_text_tokens`: no need to count
             return text
-        return cut_middle(text, self.settings.max_text_tokens, meter)[0]
+        if parsed is None and len(text) > limit:
+            return relevant_lines(text, terms, limit, meter)
+        return cut_middle(text, limit, meter)[0]
 
     def apply(
         self, conversation: Conversation, goal: Goal, meter: Meter
     ) -> tuple[Conversation, list[FidelityRecord]]:
-        dialect = conversation.dialect
+        settings = self.settings
+        messages = conversation.messages
         units = conversation.units()
         newest_tools = next((u for u in reversed(units) if u.kind == "tools"), None)
         spared = set(newest_tools.indices) if newest_tools else set()
-        names = dialect.tools_by_call(conversation.messages)
-        changes: dict[int, tuple[Any, int]] = {}
+        names = conversation.dialect.tools_by_call(messages)
+        results = {
+            index: editable(conversation.dialect.tool_results(m, names))
+            for index, m in enumerate(messages)
+        }
+        prunable = [
+            index
+            for index, found in results.items()
+            if found and index not in spared and conversation.sizes[index] >= settings.min_tokens
+        ]
+
+        # 1. lossless, and 2. older exact copies pointed onward, on every result: both lose
+        # (next to) nothing, and doing them everywhere keeps them out of the cut's arithmetic —
+        # a copy pointed onward only when needed would move the cut as rereads come and go.
+        texts: dict[tuple[int, str], str] = {}
+        for index in prunable:
+            for result in results[index]:
+                lossless = self.lossless_text(result.text, meter)
+                if lossless != result.text:
+                    texts[index, result.call_id] = lossless
+        pointed: dict[tuple[int, str], str] = {}  # (index, call) → the call of the next copy
+        if settings.dedupe:
+            for key, (tool, call_id) in self._copies(results, texts, spared).items():
+                texts[key] = pointer(tool, call_id)
+                pointed[key] = call_id
+        changes = self._rewritten(conversation, results, texts, meter)
+        pointed = {key: call for key, call in pointed.items() if key in texts}
+        pruned = conversation.replace(changes)
+
+        # 3. cuts, oldest first, only while over the target, in batches
+        edited: dict[int, tuple[Any, int]] = {}
+        cut: dict[int, list[ToolResult]] = {}
+        needed = pruned.total - goal.target
+        if needed > 0:
+            step = settings.cut_at_least
+            if step is None:
+                step = max(1, goal.limit - goal.target)
+            lossy = self._lossy_edits(pruned, units, results, texts, meter)
+            running = 0
+            reached = False
+            for index in prunable:
+                message, size = pruned.messages[index], pruned.sizes[index]
+                edits = lossy(index, size, {c for i, c in pointed if i == index})
+                if not edits:
+                    continue
+                updated = message
+                for call_id, text in edits.items():
+                    updated = conversation.dialect.with_tool_result(updated, call_id, text)
+                smaller = meter.message(updated)
+                if smaller >= size:
+                    continue
+                edited[index] = (updated, smaller)
+                cut[index] = [r for r in results[index] if r.call_id in edits]
+                before, running = running, running + size - smaller
+                reached = reached or running >= needed
+                if reached and (step <= 0 or running // step > before // step):
+                    break
+
         records: list[FidelityRecord] = []
-        for index, message in enumerate(conversation.messages):
-            if index in spared or conversation.sizes[index] < self.settings.min_tokens:
-                continue
-            updated = message
-            for result in dialect.tool_results(message, names):
-                pruned = self.pruned_text(result.text, meter, conversation.sizes[index])
-                if pruned != result.text:
-                    updated = dialect.with_tool_result(updated, result.call_id, pruned)
-            if updated is message:
-                continue
-            size = meter.message(updated)
-            if size >= conversation.sizes[index]:
-                continue
-            changes[index] = (updated, size)
-            records.append(
+        for index in sorted(changes.keys() | edited.keys()):
+            origin, before = conversation.origin[index], conversation.sizes[index]
+            after = edited[index][1] if index in edited else changes[index][1]
+            found = results[index]
+            records += [
+                FidelityRecord(
+                    self.name,
+                    "deduplicated",
+                    origin,
+                    before,
+                    after,
+                    archive_key=archive_key(r.text),
+                    detail=f"same as {pointed[index, r.call_id]}",
+                    original=r.text,
+                )
+                for r in found
+                if (index, r.call_id) in pointed
+            ]
+            records += [
                 FidelityRecord(
                     self.name,
                     "pruned",
-                    conversation.origin[index],
-                    conversation.sizes[index],
-                    size,
+                    origin,
+                    before,
+                    after,
+                    archive_key=archive_key(r.text),
+                    detail="cut to its relevant lines and items",
+                    original=r.text,
                 )
-            )
-        return conversation.replace(changes), records
+                for r in cut.get(index, ())
+            ]
+            touched = pointed.keys() | {(index, r.call_id) for r in cut.get(index, ())}
+            if any((index, r.call_id) in texts.keys() - touched for r in found):
+                records.append(FidelityRecord(self.name, "pruned", origin, before, after))
+        final = pruned.replace(edited)
+        return final, records
+
+    def _copies(
+        self,
+        results: dict[int, list[ToolResult]],
+        texts: dict[tuple[int, str], str],
+        spared: set[int],
+    ) -> dict[tuple[int, str], tuple[str, str]]:
+        """Older exact copies of a later result: (index, call) → the next copy's (tool, call).
+        Each points to the next, so an older pointer never changes when yet another copy
+        comes."""
+        copies: dict[tuple[int, str], tuple[str, str]] = {}
+        later: dict[bytes, tuple[str, str]] = {}  # content → the next copy's (tool, call)
+        for index in sorted(results, reverse=True):
+            for result in reversed(results[index]):
+                text = texts.get((index, result.call_id), result.text).strip()
+                if is_placeholder(text) or len(text) < MIN_DUPLICATE_CHARS:
+                    continue
+                content = _digest(text)
+                if content in later and index not in spared:
+                    copies[index, result.call_id] = later[content]
+                later[content] = (result.tool, result.call_id)
+        return copies
+
+    def _lossy_edits(
+        self,
+        conversation: Conversation,
+        units: list[Unit],
+        results: dict[int, list[ToolResult]],
+        texts: dict[tuple[int, str], str],
+        meter: Meter,
+    ) -> Callable[[int, int, set[str]], dict[str, str]]:
+        """A function giving a message's results cut to their relevant part (call → new text),
+        judged by the request each was fetched for and the calls that fetched it."""
+        settings = self.settings
+        request = requests(conversation)
+        unit_of = {i: unit for unit in units if unit.kind == "tools" for i in unit.indices}
+        calls_of: dict[Unit | None, frozenset[str]] = {}
+
+        def edits(index: int, size: int, skip: set[str]) -> dict[str, str]:
+            found: dict[str, str] = {}
+            for result in results[index]:
+                if result.call_id in skip:
+                    continue
+                text = texts.get((index, result.call_id), result.text)
+                if size <= settings.max_text_tokens and text.lstrip()[:1] not in ("{", "["):
+                    continue  # a short text: nothing to cut
+                unit = unit_of.get(index)
+                if unit not in calls_of:
+                    calls_of[unit] = call_terms(conversation, unit) if unit else frozenset()
+                shrunk = self.lossy_text(text, meter, request[index] | calls_of[unit], size)
+                if shrunk not in (text, plain_text(text)):
+                    found[result.call_id] = shrunk
+            return found
+
+        return edits
+
+    def _rewritten(
+        self,
+        conversation: Conversation,
+        results: dict[int, list[ToolResult]],
+        texts: dict[tuple[int, str], str],
+        meter: Meter,
+    ) -> dict[int, tuple[Any, int]]:
+        """Each message with its new result texts, where that makes it smaller (the texts of
+        the others are forgotten)."""
+        dialect = conversation.dialect
+        changes: dict[int, tuple[Any, int]] = {}
+        for index, found in results.items():
+            message = conversation.messages[index]
+            updated = message
+            for result in found:
+                if (index, result.call_id) in texts:
+                    text = texts[index, result.call_id]
+                    updated = dialect.with_tool_result(updated, result.call_id, text)
+            if updated is message:
+                continue
+            size = meter.message(updated)
+            if size < conversation.sizes[index]:
+                changes[index] = (updated, size)
+            else:
+                for result in found:
+                    texts.pop((index, result.call_id), None)
+        return changes

@@ -2,8 +2,10 @@
 
 Head and tail are kept (a third and two thirds: the end of a log is where the error is), with a
 marker saying how many tokens went. The largest text goes first, then the next, until the request
-reaches its target or no text is left to cut. Tool-call arguments are never cut (they must stay
-valid JSON).
+reaches its goal — the budget itself: this cut destroys text, so it goes no further than needed
+(`cuts_text`) — or no text is left to cut. The newest message and the last user message are cut
+only after every other message has been, and only if the request still does not fit. Tool-call
+arguments are never cut (they must stay valid JSON).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class TruncateSettings(BaseModel):
 
 class Truncate:
     name = "truncate"
+    cuts_text = True
 
     def __init__(self, settings: TruncateSettings | None = None) -> None:
         self.settings = settings or TruncateSettings()
@@ -31,7 +34,18 @@ class Truncate:
     ) -> tuple[Conversation, list[FidelityRecord]]:
         dialect = conversation.dialect
         records: list[FidelityRecord] = []
-        order = sorted(range(len(conversation.messages)), key=lambda i: (-conversation.sizes[i], i))
+        messages = conversation.messages
+        names = dialect.tools_by_call(messages)
+        last_user = max(
+            (
+                i
+                for i, m in enumerate(messages)
+                if dialect.role(m) == "user" and not dialect.tool_results(m, names)
+            ),
+            default=-1,
+        )
+        spared = {len(messages) - 1, last_user}  # cut last, and only if nothing else is left
+        order = sorted(range(len(messages)), key=lambda i: (i in spared, -conversation.sizes[i], i))
         for index in order:
             excess = conversation.total - goal.target
             if excess <= 0:
@@ -51,7 +65,6 @@ class Truncate:
             size = meter.message(updated)
             if size >= conversation.sizes[index]:
                 continue
-            names = dialect.tools_by_call(conversation.messages)
             result = next((r for r in dialect.tool_results(message, names) if r.text == text), None)
             records.append(
                 FidelityRecord(

@@ -7,7 +7,12 @@ Its behaviour is chosen by the request's model name, so one running provider ser
 - "claude-streamerr-N" refuses an overflowing request inside a 200 event stream, not with a 400;
 - "claude-shared-N" counts the request's `max_tokens` against its window too, and says so as
   Anthropic does: "input length and `max_tokens` exceed context limit: 190000 + 20000 > 200000";
-- "claude-nocount-..." answers 404 on /v1/messages/count_tokens, like an upstream without it.
+- "claude-nocount-..." answers 404 on /v1/messages/count_tokens, like an upstream without it;
+- "claude-slowcount-..." answers /v1/messages/count_tokens only after SLOW_COUNT_S (and leaves
+  `count_calls` alone, so a late answer never shows up in a later test);
+- "claude-scaledNN-..." counts NN % of brim's own estimate (`token_count`), on count_tokens, in
+  its window check and in `usage`: a provider whose real tokenizer differs from brim's estimate
+  ("claude-scaled90-6000": 90 %, a 6000-token window).
 
 Requests are checked against Anthropic's rules by `anthropic_errors`, written independently of
 brim's dialect code. A thinking block is valid only with `signature == thinking_signature(text)`
@@ -17,7 +22,9 @@ Anthropic's signature check refuses it.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +41,9 @@ OUTPUT_TOKENS = 12
 STREAMERR_PREFIX = "claude-streamerr-"
 SHARED_PREFIX = "claude-shared-"
 NOCOUNT_PREFIX = "claude-nocount-"
+SLOWCOUNT_PREFIX = "claude-slowcount-"
+SLOW_COUNT_S = 3.0
+_SCALED = re.compile(r"claude-scaled(\d+)-")
 
 _counter: TokenCounter | None = None
 
@@ -45,6 +55,13 @@ def token_count(body: dict[str, Any]) -> int:
         use_bundled_tiktoken_files()
         _counter = TokenCounter()
     return _counter.request(MESSAGES, body, "claude").total
+
+
+def provider_count(body: dict[str, Any]) -> int:
+    """What the fake itself counts: `token_count`, scaled for a "claude-scaledNN-" model."""
+    scaled = _SCALED.match(str(body.get("model", "")))
+    tokens = token_count(body)
+    return tokens * int(scaled.group(1)) // 100 if scaled else tokens
 
 
 def thinking_signature(thinking: str) -> str:
@@ -210,8 +227,11 @@ class FakeAnthropic:
         problems = anthropic_errors(body.get("messages"))
         if problems:
             return self._refuse(f"count_tokens: {problems[0]}")
+        if body["model"].startswith(SLOWCOUNT_PREFIX):
+            await asyncio.sleep(SLOW_COUNT_S)
+            return web.json_response({"input_tokens": provider_count(body)})
         self.count_calls += 1
-        return web.json_response({"input_tokens": token_count(body)})
+        return web.json_response({"input_tokens": provider_count(body)})
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = self._parse(await self._record(request))
@@ -224,7 +244,7 @@ class FakeAnthropic:
         if problems:
             return self._refuse("; ".join(problems) if len(problems) > 1 else problems[0])
         model: str = body["model"]
-        count = token_count(body)
+        count = provider_count(body)
         window = window_of(model)
         if window is not None and count > window:
             message = f"prompt is too long: {count} tokens > {window} maximum"

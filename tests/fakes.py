@@ -148,6 +148,7 @@ def responses_errors(items: list[dict[str, Any]]) -> list[str]:
 @dataclass
 class FakeProvider:
     requests: list[Seen] = field(default_factory=list)
+    count_requests: list[Seen] = field(default_factory=list)  # Gemini :countTokens calls
     strict_counts: list[int] = field(default_factory=list)
     strict_rejections: list[str] = field(default_factory=list)
     tight_seen: list[tuple[str, int]] = field(default_factory=list)
@@ -161,6 +162,7 @@ class FakeProvider:
 
     def reset(self) -> None:
         self.requests.clear()
+        self.count_requests.clear()
         self.gate.clear()
         self.gate_timed_out = None
         self.stream_closed_by_peer.clear()
@@ -453,16 +455,33 @@ class FakeProvider:
 
     async def gemini(self, request: web.Request) -> web.StreamResponse:
         """Gemini. gem-N has an N-token window and says so in its error, as Gemini does;
-        gemstream-N refuses inside a 200 stream."""
-        body = orjson.loads(await self._record(request))
+        gemstream-N refuses inside a 200 stream. `:countTokens` takes `contents` or a
+        `generateContentRequest`, and is recorded in `count_requests` (not `requests`); for
+        gemnocount-N it answers 404, for gemslowcount-N only after 3 s; gemscaledPP-N counts
+        PP % of brim's own count (a tokenizer that differs from brim's)."""
         model, _, method = request.match_info["target"].rpartition(":")
+        if method == "countTokens":
+            seen = await record(request)
+            self.count_requests.append(seen)
+            body = orjson.loads(seen.body)
+        else:
+            body = orjson.loads(await self._record(request))
         if model == "stalled-stream":
             parts = [{"text": "first"}]
             return await self._stall(
                 request, [{"candidates": [{"content": {"role": "model", "parts": parts}}]}]
             )
+        if method == "countTokens" and isinstance(body.get("generateContentRequest"), dict):
+            body = body["generateContentRequest"]
         tokens = _STRICT_COUNTER.request("gemini.generate", body, "o200k_base").total
+        if model.startswith("gemscaled"):
+            tokens = tokens * int(model.split("-")[0].removeprefix("gemscaled")) // 100
         if method == "countTokens":
+            if model.startswith("gemnocount-"):
+                error = {"code": 404, "message": "Not found", "status": "NOT_FOUND"}
+                return web.json_response({"error": error}, status=404)
+            if model.startswith("gemslowcount-"):
+                await asyncio.sleep(3)
             return web.json_response({"totalTokens": tokens})
         problems = gemini_errors(body.get("contents") or [])
         if problems:

@@ -353,12 +353,16 @@ def test_evicted_turns_are_summarized_in_place_of_the_notice(
     )
     reply = send(base, case, model, session(case, 10, fact=True))
     assert reply.status_code == 200, reply.text
-    assert "summarize:1" in reply.headers["x-brim-actions"]
+    assert "summarize:" in reply.headers["x-brim-actions"]
     sent = texts(case, forwarded(case, provider, anthropic_fake))
     summaries = [text for text in sent if text.startswith(SUMMARY)]
-    assert len(summaries) == 1 and FACT in summaries[0]  # the tool result reached the summary
+    assert summaries and FACT in "".join(summaries)  # the tool result reached a summary
     assert not any(text.startswith(NOTICE_PREFIX) for text in sent)
-    assert provider.summarizer_calls == ["summarizer-good"]
+    assert set(provider.summarizer_calls) == {"summarizer-good"}
+    calls = len(provider.summarizer_calls)
+    assert send(base, case, model, session(case, 10, fact=True)).status_code == 200
+    assert len(provider.summarizer_calls) == calls  # the same request again: all from the cache
+    assert texts(case, forwarded(case, provider, anthropic_fake)) == sent
 
 
 def test_what_was_cut_is_archived_and_fetched_back(case: Case, serve: Callable[..., str]) -> None:

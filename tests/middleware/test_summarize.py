@@ -4,6 +4,7 @@ and end to end a fact from an evicted turn that survives in the summary."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import shutil
 import subprocess
@@ -227,7 +228,7 @@ def test_a_fact_from_an_evicted_turn_survives_in_the_summary(
         for m in sent
         if m["role"] == "system" and m["content"].startswith("[brim: a summary")
     ]
-    assert len(summaries) == 1 and "password rotates every Tuesday" in summaries[0]
+    assert summaries and "password rotates every Tuesday" in "".join(summaries)
     assert "summarizer-down" in provider.summarizer_calls  # the failing primary was tried first
     calls_before = len([c for c in provider.summarizer_calls if c == "summarizer-good"])
     httpx.post(
@@ -334,3 +335,44 @@ def test_concurrent_summaries_each_carry_their_own_requests_key() -> None:
     assert all(key == f"Bearer key-{owner}" for owner, key in seen), [
         (o, k) for o, k in seen if k != f"Bearer key-{o}"
     ][:5]
+
+
+def test_a_growing_session_reuses_its_earlier_summaries_byte_for_byte(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    """Summaries are made per batch of evicted turns, sized by the batches alone and cached by
+    content: on every turn that evicts nothing new, the summaries go out byte for byte as on
+    the turn before (the provider's prompt cache holds), and no batch is summarized twice."""
+    base = brim(
+        models={"strict-8k": {"context_window": 8_192, "max_output": 1_024}},
+        guard={"policies": ["evict", "truncate"]},
+        summarize={"enabled": True, "provider": "summarizer-good", "max_retries": 0},
+    )
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Find the flaky test."},
+    ]
+    turns: list[tuple[str, list[str], int]] = []
+    for turn in range(32):
+        messages += tool_turn(
+            f"c{turn}", "\n".join(f"run {turn}.{i}: test_{i} passed in 3 ms" for i in range(30))
+        )
+        reply = httpx.post(
+            f"{base}/v1/chat/completions",
+            json={"model": "strict-8k", "messages": messages, "max_tokens": 256},
+        )
+        assert reply.status_code == 200, reply.text
+        sent = orjson.loads(provider.requests[-1].body)["messages"]
+        summaries = [
+            m["content"] for m in sent if str(m.get("content", "")).startswith("[brim: a summary")
+        ]
+        calls = provider.summarizer_calls.count("summarizer-good")
+        turns.append((reply.headers["x-brim-actions"], summaries, calls))
+    summarized = [turn for turn in turns if turn[1]]
+    pairs = list(itertools.pairwise(summarized))
+    quiet = [(b, a) for b, a in pairs if a[0] == b[0]]  # no more evicted than the turn before
+    assert len(summarized) >= 12 and len(quiet) >= 5, [t[0] for t in turns]
+    assert all(after[1] == before[1] for before, after in quiet)  # the same bytes…
+    assert all(after[2] == before[2] for before, after in quiet)  # …and no summarizer call
+    distinct = {text for _, summaries, _ in summarized for text in summaries}
+    assert summarized[-1][2] <= len(distinct) + 2  # each summary made once (a retry at most)

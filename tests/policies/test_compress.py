@@ -205,3 +205,32 @@ def test_the_compressed_prefix_is_kept_by_the_next_request(
         previous, previous_prefix = current, (max(changed) + 1 if changed else 0)
     assert pairs >= 10
     assert kept / pairs >= floor, (kept, pairs)
+
+
+@pytest.mark.parametrize(
+    "api", ["openai.chat", "anthropic.messages", "openai.responses", "gemini.generate"]
+)
+def test_a_large_newest_result_that_fits_the_budget_is_never_cut(api: str) -> None:
+    """A session ending in a large tool result, the newest message: the older turns go, and the
+    result stays whole, because it fits the budget beside the task — the low-water mark is for
+    reversible cuts only, never a reason to cut into text."""
+    from policies.compress import compress_request
+    from policies.wires import WIRES
+    from tests.test_wire_contract import CASES
+
+    case = CASES[api]
+    wire = WIRES[api]
+    meter = CounterMeter(COUNTER, "o200k_base", "gpt-4o", wire)
+    items = [case.user("Why does the nightly build fail? Read the logs and tell me.")]
+    for turn in range(6):
+        lines = [f"old output {turn}.{i}: step finished in {i} ms" for i in range(120)]
+        items += case.tool_turn(f"old_{turn}", "\n".join(lines))
+    newest = "\n".join(f"build log line {i}: compiling module number {i}" for i in range(1_040))
+    items += case.tool_turn("newest", newest)
+    body = case.body("m", items, False)
+    limit = 15_000
+    outcome = compress_request(body, meter, POLICIES, limit=limit, low_water=0.85)
+    assert outcome.tokens_in > limit and outcome.fits
+    assert not any(record.policy == "truncate" for record in outcome.records)
+    assert outcome.messages[-1] == items[-1]  # the newest result as the client sent it
+    assert case.violations(list(outcome.messages)) == []

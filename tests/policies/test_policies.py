@@ -26,7 +26,11 @@ def conv(messages: list[dict[str, Any]]) -> Conversation:
 
 
 def tool_turn(n: int, content: str, name: str = "read_file") -> list[dict[str, Any]]:
-    return build_tool_turn(f"c{n}", content, name)
+    """A call with arguments of its own (the same call twice would supersede the first)."""
+    call, result = build_tool_turn(f"c{n}", content, name)
+    function = call["tool_calls"][0]["function"]
+    function["arguments"] = orjson.dumps({"path": f"src/module_{n}.py"}).decode()
+    return [call, result]
 
 
 LOG = "\n".join(
@@ -57,7 +61,7 @@ def test_prune_shrinks_json_and_logs_but_spares_the_newest_turn() -> None:
         {"role": "user", "content": "go"},
         *tool_turn(1, LISTING),
         *tool_turn(2, LOG),
-        *tool_turn(3, LOG),
+        *tool_turn(3, LOG.replace(" ok", " done")),  # not a copy: that would become a pointer
     ]
     before = conv(messages)
     after, records = PruneToolResults(PruneSettings(max_text_tokens=300)).apply(
@@ -66,7 +70,7 @@ def test_prune_shrinks_json_and_logs_but_spares_the_newest_turn() -> None:
     listing = orjson.loads(after.messages[2]["content"])
     assert len(listing["files"]) == 8 + 1 + 4 and listing["files"][8] == "… 38 more items …"
     assert "html_url" not in listing["files"][0] and "owner" not in listing["files"][0]
-    assert "tokens cut from the middle by brim" in after.messages[4]["content"]
+    assert "lines without task terms or errors omitted by brim" in after.messages[4]["content"]
     assert after.messages[4]["content"].startswith("2026-11-22 12:00:00 INFO")
     assert after.messages[4]["content"].rstrip().endswith("processed batch 2793 ok")
     assert after.messages[6] is messages[6]  # the newest tool turn is never pruned
@@ -103,7 +107,8 @@ def test_evict_removes_old_units_whole_and_leaves_one_notice() -> None:
         {"role": "user", "content": "first task"},
     ]
     for n in range(8):
-        messages += tool_turn(n, LOG[:3000], name="grep" if n % 2 else "read_file")
+        content = f"turn {n}\n{LOG[:3000]}"  # no two alike: a copy would go first
+        messages += tool_turn(n, content, name="grep" if n % 2 else "read_file")
         messages.append({"role": "assistant", "content": f"chatter {n} " * 40})
         if n == 3:
             messages.append({"role": "user", "content": "please also look at the tests"})

@@ -106,7 +106,7 @@ def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
         {"role": "user", "content": "go"},
     ]
     for n in range(6):
-        messages += tool_turn(f"c{n}", "output line\n" * 200, name="bash")
+        messages += tool_turn(f"c{n}", f"output line of step {n}\n" * 200, name="bash")
     messages.append({"role": "user", "content": "why?"})
     path = tmp_path / "big.json"
     path.write_bytes(orjson.dumps({"model": "small", "messages": messages}))
@@ -116,10 +116,12 @@ def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
     assert guard["action"] == "compress"
     assert guard["tokens_in"] > 2000 >= guard["tokens_out"]
     assert guard["tokens_out"] <= guard["target"]
-    assert "clear:" in guard["actions"]
-    assert {r["policy"] for r in guard["records"]} >= {"clear_tool_results"}
+    policies = {r["policy"] for r in guard["records"]}
+    assert policies & {"prune_tool_results", "clear_tool_results", "evict"}
+    assert guard["actions"] != "none"
     text = brim("inspect", str(path), cwd=tmp_path).stdout
-    assert "guard     compress" in text and "clear_tool_results   cleared" in text
+    assert "guard     compress" in text
+    assert all(f"{record['policy']:<20} {record['action']}" in text for record in guard["records"])
 
 
 def test_inspect_reads_anthropic_messages_requests(tmp_path: Path) -> None:

@@ -1,0 +1,819 @@
+"""Long, realistic coding-agent sessions with planted facts, for the fidelity benchmark.
+
+A session is written once, in a neutral form (`Session`: a system prompt, tool definitions and
+turns), and rendered in each wire API brim serves, tool calls paired as each API wants them:
+Chat Completions `tool_calls` and `tool` messages, Anthropic Messages `tool_use` /
+`tool_result` blocks, Responses `function_call` / `function_call_output` items, Gemini
+`functionCall` / `functionResponse` parts.
+
+What a session holds, in the proportions of a real agent run: file reads (the same file read again
+later, sometimes after an edit), JSON API results (arrays of objects with ids, urls and nulls),
+build logs (noise with one warning or error line), test output, grep hits, plain assistant
+chatter, and user corrections mid-session. Facts — unique sentences such as "FACT-0042 the staging
+deploy key rotates on tuesdays" — are planted inside JSON values, log lines, file contents and
+user messages, all along the session and in its last messages too. Everything is deterministic
+given the seed.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import orjson
+
+FACT_PATTERN = re.compile(r"FACT-\d{4}[a-z0-9 \-]*[a-z0-9]")
+
+MODELS = {
+    "openai.chat": "gpt-bench",
+    "anthropic.messages": "claude-bench",
+    "openai.responses": "gpt-bench",
+    "gemini.generate": "gemini-bench",
+}
+API_LABELS = {
+    "openai.chat": "Chat",
+    "anthropic.messages": "Messages",
+    "openai.responses": "Responses",
+    "gemini.generate": "Gemini",
+}
+ANTHROPIC_MAX_TOKENS = 4_096
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    id: str
+    name: str
+    arguments: dict[str, Any]
+    result: str
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A user message, or an assistant message (text, tool calls, or both); an assistant turn's
+    calls carry their results, which every API renders right after it."""
+
+    role: Literal["user", "assistant"]
+    text: str | None
+    calls: tuple[Call, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass
+class Session:
+    seed: int
+    system: str
+    tools: list[Tool]
+    turns: list[Turn] = field(default_factory=list)
+
+    def request_points(self) -> list[int]:
+        """Where a client would send a request: after each user turn and after each tool step's
+        results (the number of turns the request carries)."""
+        return [
+            n + 1
+            for n, turn in enumerate(self.turns)
+            if turn.role == "user" or (turn.role == "assistant" and turn.calls)
+        ]
+
+    def facts(self) -> list[str]:
+        """Every fact planted, in order of first appearance."""
+        found: dict[str, None] = {}
+        for turn in self.turns:
+            for text in (turn.text or "", *(c.result for c in turn.calls)):
+                for fact in FACT_PATTERN.findall(text):
+                    found[fact] = None
+        return list(found)
+
+
+# ---------------------------------------------------------------- rendering, one API each
+
+
+def _args(call: Call) -> str:
+    return orjson.dumps(call.arguments).decode()
+
+
+def chat_body(session: Session, turns: int | None = None) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = [{"role": "system", "content": session.system}]
+    for turn in session.turns[:turns]:
+        if turn.role == "user":
+            messages.append({"role": "user", "content": turn.text})
+            continue
+        message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+        if turn.calls:
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": _args(call)},
+                }
+                for call in turn.calls
+            ]
+        messages.append(message)
+        messages += [
+            {"role": "tool", "tool_call_id": call.id, "content": call.result} for call in turn.calls
+        ]
+    return {
+        "model": MODELS["openai.chat"],
+        "messages": messages,
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                },
+            }
+            for tool in session.tools
+        ],
+    }
+
+
+def messages_body(session: Session, turns: int | None = None) -> dict[str, Any]:
+    messages: list[dict[str, Any]] = []
+    for turn in session.turns[:turns]:
+        if turn.role == "user":
+            messages.append({"role": "user", "content": turn.text})
+            continue
+        blocks: list[dict[str, Any]] = []
+        if turn.text:
+            blocks.append({"type": "text", "text": turn.text})
+        blocks += [
+            {
+                "type": "tool_use",
+                "id": "toolu_" + call.id.removeprefix("call_"),
+                "name": call.name,
+                "input": call.arguments,
+            }
+            for call in turn.calls
+        ]
+        messages.append({"role": "assistant", "content": blocks})
+        if turn.calls:
+            messages.append(
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "toolu_" + call.id.removeprefix("call_"),
+                            "content": call.result,
+                        }
+                        for call in turn.calls
+                    ],
+                }
+            )
+    return {
+        "model": MODELS["anthropic.messages"],
+        "max_tokens": ANTHROPIC_MAX_TOKENS,
+        "system": session.system,
+        "tools": [
+            {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
+            for tool in session.tools
+        ],
+        "messages": messages,
+    }
+
+
+def responses_body(session: Session, turns: int | None = None) -> dict[str, Any]:
+    items: list[dict[str, Any]] = []
+    for turn in session.turns[:turns]:
+        if turn.role == "user":
+            items.append(
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": turn.text}],
+                }
+            )
+            continue
+        if turn.text:
+            items.append(
+                {
+                    "type": "message",
+                    "role": "assistant",
+                    "content": [{"type": "output_text", "text": turn.text}],
+                }
+            )
+        items += [
+            {
+                "type": "function_call",
+                "call_id": call.id,
+                "name": call.name,
+                "arguments": _args(call),
+            }
+            for call in turn.calls
+        ]
+        items += [
+            {"type": "function_call_output", "call_id": call.id, "output": call.result}
+            for call in turn.calls
+        ]
+    return {
+        "model": MODELS["openai.responses"],
+        "instructions": session.system,
+        "tools": [
+            {
+                "type": "function",
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+            }
+            for tool in session.tools
+        ],
+        "input": items,
+    }
+
+
+def gemini_body(session: Session, turns: int | None = None) -> dict[str, Any]:
+    contents: list[dict[str, Any]] = []
+    for turn in session.turns[:turns]:
+        if turn.role == "user":
+            contents.append({"role": "user", "parts": [{"text": turn.text}]})
+            continue
+        parts: list[dict[str, Any]] = [{"text": turn.text}] if turn.text else []
+        parts += [
+            {"functionCall": {"id": call.id, "name": call.name, "args": call.arguments}}
+            for call in turn.calls
+        ]
+        contents.append({"role": "model", "parts": parts})
+        if turn.calls:
+            contents.append(
+                {
+                    "role": "user",
+                    "parts": [
+                        {
+                            "functionResponse": {
+                                "id": call.id,
+                                "name": call.name,
+                                "response": {"output": call.result},
+                            }
+                        }
+                        for call in turn.calls
+                    ],
+                }
+            )
+    return {
+        "systemInstruction": {"parts": [{"text": session.system}]},
+        "tools": [
+            {
+                "functionDeclarations": [
+                    {"name": t.name, "description": t.description, "parameters": t.parameters}
+                    for t in session.tools
+                ]
+            }
+        ],
+        "contents": contents,
+    }
+
+
+RENDER: dict[str, Callable[[Session, int | None], dict[str, Any]]] = {
+    "openai.chat": chat_body,
+    "anthropic.messages": messages_body,
+    "openai.responses": responses_body,
+    "gemini.generate": gemini_body,
+}
+
+
+def system_of(api: str, body: dict[str, Any]) -> Any:
+    """Where each API keeps the system prompt (for Chat: the first message)."""
+    if api == "openai.chat":
+        messages = body.get("messages") or []
+        return messages[0] if messages and messages[0].get("role") == "system" else None
+    if api == "anthropic.messages":
+        return body.get("system")
+    if api == "openai.responses":
+        return body.get("instructions")
+    return body.get("systemInstruction")
+
+
+# ---------------------------------------------------------------- the generator
+
+SYSTEM_PARAGRAPHS = [
+    "You are an autonomous coding agent working in the user's repository. You can read and edit "
+    "files, search the code, call the team's internal HTTP APIs, run the build and run the tests. "
+    "Work in small, verifiable steps and explain briefly what you are doing and why.",
+    "Rules: never commit, push or rewrite history. Never print secrets, tokens or keys even when "
+    "a file or an API result contains them. Prefer the smallest change that fixes the problem; do "
+    "not reformat code you did not otherwise change; keep public interfaces stable unless the "
+    "user asks you to change them.",
+    "When you read a file, read it whole unless it is very large. When a command fails, read the "
+    "whole error before acting. When the user corrects you, follow the correction from then on "
+    "and say what you will do differently. When you are unsure which of two approaches the user "
+    "wants, ask instead of guessing.",
+    "Tool use: call tools with exact arguments; paths are relative to the repository root. "
+    "run_build and run_tests stream their whole output back; http_get returns the raw JSON the "
+    "service answered with. Several independent tool calls may be made in one step.",
+    "Style: Python 3.11, type hints everywhere, ruff's default rules, docstrings on public "
+    "functions, tests with pytest next to the code they test under tests/. Logging goes through "
+    "the module's own logger, never print().",
+    "Environment: Linux, the repository is checked out at /workspace/app, Python is at "
+    ".venv/bin/python, the internal APIs are reachable at https://api.internal.example with the "
+    "credentials already configured. Today's date is 2025-03-14.",
+]
+
+TOOLS = [
+    Tool(
+        "read_file",
+        "Read a file of the repository and return its content.",
+        {
+            "type": "object",
+            "properties": {"path": {"type": "string", "description": "path from the repo root"}},
+            "required": ["path"],
+        },
+    ),
+    Tool(
+        "edit_file",
+        "Replace one exact occurrence of old with new in a file.",
+        {
+            "type": "object",
+            "properties": {
+                "path": {"type": "string", "description": "path from the repo root"},
+                "old": {"type": "string", "description": "the exact text to replace"},
+                "new": {"type": "string", "description": "the replacement"},
+            },
+            "required": ["path", "old", "new"],
+        },
+    ),
+    Tool(
+        "grep",
+        "Search the repository for a regular expression; returns path:line: text hits.",
+        {
+            "type": "object",
+            "properties": {"pattern": {"type": "string"}, "path": {"type": "string"}},
+            "required": ["pattern"],
+        },
+    ),
+    Tool(
+        "http_get",
+        "GET a URL of the internal APIs and return the JSON body.",
+        {
+            "type": "object",
+            "properties": {"url": {"type": "string", "description": "an absolute URL"}},
+            "required": ["url"],
+        },
+    ),
+    Tool(
+        "run_build",
+        "Run the build for a target and return its full log.",
+        {
+            "type": "object",
+            "properties": {
+                "target": {"type": "string", "enum": ["all", "api", "worker", "export"]},
+            },
+            "required": ["target"],
+        },
+    ),
+    Tool(
+        "run_tests",
+        "Run pytest on a selector and return its output.",
+        {
+            "type": "object",
+            "properties": {"selector": {"type": "string", "description": "pytest node or path"}},
+            "required": ["selector"],
+        },
+    ),
+]
+
+SUBJECTS = [
+    "the staging deploy key",
+    "the billing cron",
+    "the nightly export",
+    "the payments webhook",
+    "the ci runner pool",
+    "the feature flag checkout-v2",
+    "the redis cluster",
+    "the auth token ttl",
+    "the on-call rotation",
+    "the search index rebuild",
+    "the invoice pdf renderer",
+    "the eu customer data",
+    "the legacy orders table",
+    "the rate limiter",
+    "the s3 archive bucket",
+    "the grafana alert for queue depth",
+]
+PREDICATES = [
+    "rotates on {day}",
+    "runs at {hh}{mm} utc",
+    "is owned by {person}",
+    "lives in region {region}",
+    "must stay below {n} mb",
+    "was last migrated in build {n}",
+    "expires after {n} minutes",
+    "listens on port {port}",
+    "is paused until ticket ops-{n} closes",
+    "retries {small} times before paging",
+]
+DAYS = ["mondays", "tuesdays", "wednesdays", "thursdays", "fridays", "saturdays", "sundays"]
+PEOPLE = ["priya", "tomasz", "ngozi", "kenji", "lucia", "omar", "freya", "dmitri", "amara"]
+REGIONS = ["eu-west-2", "us-east-1", "ap-south-1", "eu-central-1", "us-west-2", "sa-east-1"]
+
+MODULES = ["billing", "export", "orders", "auth", "search", "payments", "notify", "reports"]
+FILES = [
+    f"src/{module}/{name}.py"
+    for module in MODULES
+    for name in ("client", "models", "service", "tasks", "utils")
+]
+NAMES = [
+    "invoice",
+    "customer",
+    "order",
+    "line_item",
+    "total",
+    "currency",
+    "region",
+    "batch",
+    "cursor",
+    "payload",
+    "status",
+    "retry",
+    "window",
+    "record",
+    "account",
+    "export_job",
+]
+LOG_SOURCES = ["compiler", "resolver", "bundler", "cache", "linker", "typecheck", "assets", "deps"]
+CHATTER = [
+    "The log shows the failure comes from {path}, not from the API layer as I first thought.",
+    "So the {name} field can be null when the upstream service times out; the code assumes it "
+    "never is. That matches the KeyError in the report.",
+    "The tests that fail all touch {name}; the rest of the suite passes, so the change is "
+    "contained.",
+    "I checked the API result: every record has an id and a url, and some have a null {name}. "
+    "I will handle the null case explicitly rather than defaulting it silently.",
+    "Before changing {path} I want to see how {name} is used elsewhere, so I'll grep for it.",
+    "The build is clean apart from one deprecation warning that is unrelated to this change.",
+    "I have a fix in mind: guard the lookup of {name} in {path} and add a regression test for "
+    "the null case. Does that match what you want?",
+    "Summary so far: the export reads {name} from the cached batch, the cache entry expires "
+    "early under load, and the retry path skips the refresh. I'll fix the retry path first.",
+]
+CORRECTIONS = [
+    "Actually, don't touch {path}; it is generated from the schema. Change the template instead.",
+    "Wait — use the v3 endpoint, not v2. The v2 one is being decommissioned.",
+    "Please don't add a new dependency for this, the standard library is enough.",
+    "Also run the slow tests for {module}, CI runs them too.",
+    "That's not what I meant: keep the old behaviour for existing customers behind the flag.",
+    "Good. Now make sure the same bug is not in the {module} worker as well.",
+    "Stop — the null {name} is legitimate for draft invoices, don't raise on it.",
+]
+
+
+class Generator:
+    """Builds one session; every choice comes from its own seeded random stream."""
+
+    def __init__(self, seed: int, fact_start: int = 1) -> None:
+        self.rng = random.Random(seed)
+        self.seed = seed
+        self.next_fact = fact_start
+        self.next_call = 0
+        self.files: dict[str, list[str]] = {}
+        self.read: list[str] = []
+
+    # -- pieces
+
+    def fact(self) -> str:
+        rng = self.rng
+        predicate = rng.choice(PREDICATES).format(
+            day=rng.choice(DAYS),
+            hh=f"{rng.randrange(24):02d}",
+            mm=f"{rng.randrange(0, 60, 5):02d}",
+            person=rng.choice(PEOPLE),
+            region=rng.choice(REGIONS),
+            n=rng.randrange(10, 9_000),
+            port=rng.randrange(1_024, 65_000),
+            small=rng.randrange(2, 9),
+        )
+        text = f"FACT-{self.next_fact:04d} {rng.choice(SUBJECTS)} {predicate}"
+        self.next_fact += 1
+        return text
+
+    def maybe_fact(self, chance: float) -> str | None:
+        return self.fact() if self.rng.random() < chance else None
+
+    def call_id(self) -> str:
+        self.next_call += 1
+        alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+        return "call_" + "".join(self.rng.choice(alphabet) for _ in range(22))
+
+    def words(self, template: str) -> str:
+        rng = self.rng
+        return template.format(
+            path=rng.choice(FILES),
+            name=rng.choice(NAMES),
+            module=rng.choice(MODULES),
+        )
+
+    # -- tool results
+
+    def source_file(self, path: str, fact: str | None) -> list[str]:
+        rng = self.rng
+        module = path.split("/")[1]
+        lines = [
+            f'"""{module.title()} {path.rsplit("/", 1)[1][:-3]}: part of the {module} service."""',
+            "",
+            "from __future__ import annotations",
+            "",
+            "import logging",
+            "from dataclasses import dataclass",
+            "from typing import Any",
+            "",
+            f"from src.{module} import models",
+            "",
+            "log = logging.getLogger(__name__)",
+            "",
+        ]
+        for _ in range(rng.randrange(3, 12)):
+            name = rng.choice(NAMES)
+            other = rng.choice(NAMES)
+            body = [
+                f"def {rng.choice(['load', 'build', 'sync', 'resolve', 'apply'])}_{name}(",
+                f"    {other}: models.{other.title().replace('_', '')}, *, retries: int = 3",
+                ") -> dict[str, Any] | None:",
+                f'    """Return the {name} for a {other}, or None when it is not ready yet."""',
+                f"    if {other} is None:",
+                "        return None",
+                f"    result = {{'id': {other}.id, '{name}': {other}.{name}}}",
+                "    for attempt in range(retries):",
+                f"        if result['{name}'] is not None:",
+                "            break",
+                f"        log.debug('waiting for {name} of %s (attempt %d)', {other}.id, attempt)",
+                "    return result",
+                "",
+                "",
+            ]
+            lines += [*body[: rng.randrange(6, len(body) + 1)], ""]
+        if fact:
+            at = rng.randrange(10, len(lines))
+            lines.insert(at, f"# NOTE: {fact}.")
+        return lines
+
+    def read_file(self, path: str, fact_chance: float) -> str:
+        if path not in self.files:
+            self.files[path] = self.source_file(path, self.maybe_fact(fact_chance))
+        self.read.append(path)
+        return "\n".join(self.files[path]) + "\n"
+
+    def edit_file(self, path: str) -> tuple[dict[str, Any], str]:
+        lines = self.files[path]
+        candidates = [i for i, line in enumerate(lines) if "return None" in line] or [
+            len(lines) - 1
+        ]
+        at = self.rng.choice(candidates)
+        old = lines[at]
+        new = old.replace("return None", "return {}") if "return None" in old else old + "  # ok"
+        lines[at] = new
+        arguments = {"path": path, "old": old.strip(), "new": new.strip()}
+        return arguments, f"Edited {path}: replaced 1 occurrence (line {at + 1})."
+
+    def api_result(self, fact: str | None) -> tuple[dict[str, Any], str]:
+        rng = self.rng
+        kind = rng.choice(["orders", "customers", "invoices", "jobs", "deployments"])
+        page = rng.randrange(1, 9)
+        url = f"https://api.internal.example/v2/{kind}?page={page}&per_page=50"
+        count = rng.randrange(6, 45)
+        items = []
+        for n in range(count):
+            ident = rng.randrange(10_000, 99_999)
+            items.append(
+                {
+                    "id": ident,
+                    "name": f"{kind[:-1]}-{ident}",
+                    "status": rng.choice(["active", "pending", "failed", "archived"]),
+                    "url": f"https://api.internal.example/v2/{kind}/{ident}",
+                    "html_url": f"https://console.internal.example/{kind}/{ident}",
+                    "owner": None
+                    if rng.random() < 0.4
+                    else {"id": rng.randrange(100, 999), "login": rng.choice(PEOPLE)},
+                    "region": rng.choice(REGIONS),
+                    "amount": round(rng.uniform(1, 5_000), 2),
+                    "tags": rng.sample(["eu", "vip", "trial", "legacy", "beta", "internal"], 2),
+                    "description": None,
+                    "updated_at": f"2025-03-{rng.randrange(1, 14):02d}T{rng.randrange(24):02d}:00:00Z",
+                    "n": n,
+                }
+            )
+        if fact:
+            items[rng.randrange(count)]["description"] = f"{fact}."
+        payload = {"data": items, "page": page, "total": count + rng.randrange(0, 400)}
+        option = orjson.OPT_INDENT_2 if rng.random() < 0.5 else 0
+        return {"url": url}, orjson.dumps(payload, option=option).decode()
+
+    def build_log(self, fact: str | None) -> tuple[dict[str, Any], str]:
+        rng = self.rng
+        target = rng.choice(["all", "api", "worker", "export"])
+        total = rng.randrange(40, 220)
+        lines = [f"$ make build TARGET={target}", f"[00:00:00] INFO  starting build of {target}"]
+        for n in range(total):
+            stamp = f"[00:{n // 60:02d}:{n % 60:02d}]"
+            source = rng.choice(LOG_SOURCES)
+            if rng.random() < 0.6:
+                lines.append(
+                    f"{stamp} INFO  {source}: compiling {rng.choice(FILES)} ({n + 1}/{total})"
+                )
+            else:
+                lines.append(
+                    f"{stamp} DEBUG {source}: cache hit for {rng.choice(NAMES)} "
+                    f"({rng.randrange(100, 9_999)} bytes, key {rng.getrandbits(48):012x})"
+                )
+        notable = [
+            f"[00:01:07] WARNING typecheck: {rng.choice(FILES)}:{rng.randrange(10, 200)}: "
+            "implicit Optional is deprecated",
+        ]
+        if rng.random() < 0.5:
+            notable.append(
+                f"[00:02:13] ERROR linker: {rng.choice(FILES)}:{rng.randrange(10, 200)}: "
+                f"name '{rng.choice(NAMES)}' is not defined"
+            )
+        if fact:
+            notable.append(f"[00:01:30] INFO  deploy-config: {fact}.")
+        for line in notable:
+            lines.insert(rng.randrange(2, len(lines)), line)
+        failed = any("ERROR" in line for line in notable)
+        lines.append(f"[00:05:59] {'FAILED' if failed else 'OK'}  build of {target}")
+        return {"target": target}, "\n".join(lines)
+
+    def test_output(self, fact: str | None) -> tuple[dict[str, Any], str]:
+        rng = self.rng
+        module = rng.choice(MODULES)
+        selector = f"tests/{module}"
+        names = [f"test_{rng.choice(NAMES)}_{n}" for n in range(rng.randrange(20, 90))]
+        failing = rng.choice(names)
+        lines = [
+            "============================= test session starts ==============================",
+            "platform linux -- Python 3.11.9, pytest-8.3.3, pluggy-1.5.0",
+            f"collected {len(names)} items",
+            "",
+        ]
+        for n, name in enumerate(names):
+            outcome = "FAILED" if name == failing else "PASSED"
+            lines.append(
+                f"{selector}/test_{module}.py::{name} {outcome} [{100 * (n + 1) // len(names):3d}%]"
+            )
+        lines += [
+            "",
+            "=================================== FAILURES ===================================",
+            f"___________________________ {failing} ___________________________",
+            "",
+            f"    def {failing}():",
+            f"        record = make_{rng.choice(NAMES)}(status='draft')",
+            f">       assert export(record)['{rng.choice(NAMES)}'] is not None",
+            "E       KeyError: 'total'",
+            "",
+            f"src/{module}/service.py:{rng.randrange(20, 200)}: KeyError",
+        ]
+        if fact:
+            lines += [
+                "----------------------------- Captured stdout call -----------------------------",
+                f"{fact}.",
+            ]
+        lines.append(
+            f"========================= 1 failed, {len(names) - 1} passed in "
+            f"{rng.uniform(1, 30):.2f}s ========================="
+        )
+        return {"selector": selector}, "\n".join(lines)
+
+    def grep(self, fact: str | None) -> tuple[dict[str, Any], str]:
+        rng = self.rng
+        name = rng.choice(NAMES)
+        hits = [
+            f"{rng.choice(FILES)}:{rng.randrange(1, 300)}:    result = lookup_{name}(record, "
+            f"retries={rng.randrange(1, 5)})"
+            for _ in range(rng.randrange(3, 25))
+        ]
+        if fact:
+            hits.insert(
+                rng.randrange(len(hits) + 1),
+                f"{rng.choice(FILES)}:{rng.randrange(1, 300)}:    # lookup_{name}: {fact}.",
+            )
+        return {"pattern": f"lookup_{name}\\(", "path": "src"}, "\n".join(hits)
+
+    # -- turns
+
+    def tool_call(self, fact_chance: float, small: bool = False) -> Call:
+        rng = self.rng
+        kinds = ["read", "read", "api", "build", "tests", "grep", "grep", "reread", "edit", "edit"]
+        if small:
+            kinds = ["read", "api", "grep", "edit", "tests"]
+        kind = rng.choice(kinds)
+        if kind in ("reread", "edit") and not self.read:
+            kind = "read"
+        fact = self.maybe_fact(fact_chance)
+        if kind in ("read", "reread"):
+            path = rng.choice(self.read) if kind == "reread" else rng.choice(FILES)
+            if fact and path not in self.files:
+                self.files[path] = self.source_file(path, fact)
+            return Call(self.call_id(), "read_file", {"path": path}, self.read_file(path, 0))
+        if kind == "edit":
+            arguments, result = self.edit_file(rng.choice(self.read))
+            return Call(self.call_id(), "edit_file", arguments, result)
+        if kind == "api":
+            arguments, result = self.api_result(fact)
+            return Call(self.call_id(), "http_get", arguments, result)
+        if kind == "build":
+            arguments, result = self.build_log(fact)
+            return Call(self.call_id(), "run_build", arguments, result)
+        if kind == "tests":
+            arguments, result = self.test_output(fact)
+            if small:
+                result = "\n".join(result.splitlines()[-14:])
+            return Call(self.call_id(), "run_tests", arguments, result)
+        arguments, result = self.grep(fact)
+        return Call(self.call_id(), "grep", arguments, result)
+
+    def tool_step(self, fact_chance: float, small: bool = False) -> Turn:
+        rng = self.rng
+        calls = tuple(
+            self.tool_call(fact_chance, small)
+            for _ in range(1 if rng.random() < 0.8 else rng.randrange(2, 4))
+        )
+        said = None
+        if rng.random() < 0.35:
+            said = self.words(rng.choice(CHATTER))
+        return Turn("assistant", said, calls)
+
+    def user_message(self, fact_chance: float) -> str:
+        text = self.words(self.rng.choice(CORRECTIONS))
+        fact = self.maybe_fact(fact_chance)
+        if fact:
+            text += f" For context: {fact}."
+        return text
+
+
+def _size(turn: Turn) -> int:
+    """A rough token estimate (3 bytes a token: code, JSON and logs are dense) to steer a
+    session's length."""
+    return (len(turn.text or "") + sum(len(c.result) + 60 for c in turn.calls)) // 3 + 8
+
+
+def generate(seed: int, tokens: int, *, ending: Literal["user", "tools"] | None = None) -> Session:
+    """A session of about `tokens` tokens (Chat, o200k): system prompt and task, then tool steps,
+    chatter and user corrections, and a last stretch of smaller steps with a fact in each, so the
+    last eight messages hold facts too. It ends on a user message or on tool results (`ending`;
+    by default alternating with the seed)."""
+    gen = Generator(seed)
+    rng = gen.rng
+    system = "\n\n".join(SYSTEM_PARAGRAPHS)
+    task = (
+        "The nightly export job fails intermittently with a KeyError in src/export/service.py. "
+        "Find the cause, fix it, and make sure the test suite passes. Don't change the public "
+        f"API of src/billing/client.py. One more thing: {gen.fact()}."
+    )
+    session = Session(seed, system, list(TOOLS), [Turn("user", task)])
+    used = len(system) // 3 + 600 + _size(session.turns[0])
+    tail = max(600, min(2_400, tokens // 12))
+    while used < tokens - tail:
+        if rng.random() < 0.12:
+            chatter = Turn("assistant", gen.words(rng.choice(CHATTER)))
+            user = Turn("user", gen.user_message(0.5))
+            session.turns += [chatter, user]
+            used += _size(chatter) + _size(user)
+            continue
+        step = gen.tool_step(0.6)
+        session.turns.append(step)
+        used += _size(step)
+    # The last stretch: small steps, each with a fact, then the ending.
+    end = ending or ("user" if seed % 2 == 0 else "tools")
+    session.turns.append(gen.tool_step(1.0, small=True))
+    session.turns += [
+        Turn("assistant", gen.words(rng.choice(CHATTER))),
+        Turn("user", gen.user_message(1.0)),
+    ]
+    session.turns.append(gen.tool_step(1.0, small=True))
+    if end == "user":
+        session.turns += [
+            Turn("assistant", gen.words(rng.choice(CHATTER))),
+            Turn("user", gen.user_message(1.0)),
+        ]
+    else:
+        session.turns.append(gen.tool_step(1.0, small=True))
+    return session
+
+
+PLACES = {
+    "read_file": "file",
+    "http_get": "JSON value",
+    "run_build": "log line",
+    "run_tests": "test output",
+    "grep": "grep hit",
+}
+
+
+def fact_places(session: Session) -> dict[str, str]:
+    """Where each fact was planted (its first appearance): "user message", "file", "JSON value",
+    "log line" or "test output"."""
+    places: dict[str, str] = {}
+    for turn in session.turns:
+        for fact in FACT_PATTERN.findall(turn.text or ""):
+            places.setdefault(fact, "user message")
+        for call in turn.calls:
+            for fact in FACT_PATTERN.findall(call.result):
+                places.setdefault(fact, PLACES.get(call.name, call.name))
+    return places

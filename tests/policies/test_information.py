@@ -1,0 +1,565 @@
+"""Shrinking by information, on every wire API: exact copies become pointers, superseded and
+uninformative results go first, long results keep their task lines, error lines and task items,
+and no text is cut while the request is under its target."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.clear import ClearSettings, ClearToolResults
+from policies.compress import DEFAULT_ORDER, build_policies, compress
+from policies.conversation import (
+    SAME_AS_PREFIX,
+    Conversation,
+    Goal,
+    call_arguments,
+    has_evidence,
+    is_anomaly,
+    plain_text,
+    stale_results,
+    task_terms,
+    terms_of,
+)
+from policies.evict import Evict, EvictSettings
+from policies.prune import PruneSettings, PruneToolResults
+from policies.tokens import CounterMeter, TokenCounter
+from policies.wires import WIRES
+from proxy.resources import use_bundled_tiktoken_files
+
+use_bundled_tiktoken_files()
+COUNTER = TokenCounter()
+Item = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Builder:
+    """Small conversations in one wire API's shape."""
+
+    api: str
+    user: Callable[[str], Item]
+    said: Callable[[str], Item]  # plain assistant text
+    turn: Callable[[str, str, dict[str, Any], str], list[Item]]  # call id, tool, args, result
+
+    @property
+    def meter(self) -> CounterMeter:
+        return CounterMeter(COUNTER, "o200k_base", "gpt-4o", WIRES[self.api])
+
+    def conversation(self, items: list[Item]) -> Conversation:
+        return Conversation.of(WIRES[self.api].dialect, items, self.meter, 3)
+
+
+def _chat_turn(call_id: str, tool: str, args: dict[str, Any], result: str) -> list[Item]:
+    arguments = orjson.dumps(args).decode()
+    call = {"id": call_id, "type": "function", "function": {"name": tool, "arguments": arguments}}
+    return [
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": call_id, "content": result},
+    ]
+
+
+def _messages_turn(call_id: str, tool: str, args: dict[str, Any], result: str) -> list[Item]:
+    return [
+        {
+            "role": "assistant",
+            "content": [{"type": "tool_use", "id": call_id, "name": tool, "input": args}],
+        },
+        {
+            "role": "user",
+            "content": [{"type": "tool_result", "tool_use_id": call_id, "content": result}],
+        },
+    ]
+
+
+def _responses_turn(call_id: str, tool: str, args: dict[str, Any], result: str) -> list[Item]:
+    return [
+        {
+            "type": "function_call",
+            "call_id": call_id,
+            "name": tool,
+            "arguments": orjson.dumps(args).decode(),
+        },
+        {"type": "function_call_output", "call_id": call_id, "output": result},
+    ]
+
+
+def _gemini_turn(call_id: str, tool: str, args: dict[str, Any], result: str) -> list[Item]:
+    return [
+        {"role": "model", "parts": [{"functionCall": {"id": call_id, "name": tool, "args": args}}]},
+        {
+            "role": "user",
+            "parts": [
+                {"functionResponse": {"id": call_id, "name": tool, "response": {"output": result}}}
+            ],
+        },
+    ]
+
+
+BUILDERS = {
+    "openai.chat": Builder(
+        "openai.chat",
+        user=lambda text: {"role": "user", "content": text},
+        said=lambda text: {"role": "assistant", "content": text},
+        turn=_chat_turn,
+    ),
+    "anthropic.messages": Builder(
+        "anthropic.messages",
+        user=lambda text: {"role": "user", "content": text},
+        said=lambda text: {"role": "assistant", "content": [{"type": "text", "text": text}]},
+        turn=_messages_turn,
+    ),
+    "openai.responses": Builder(
+        "openai.responses",
+        user=lambda text: {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        },
+        said=lambda text: {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text}],
+        },
+        turn=_responses_turn,
+    ),
+    "gemini.generate": Builder(
+        "gemini.generate",
+        user=lambda text: {"role": "user", "parts": [{"text": text}]},
+        said=lambda text: {"role": "model", "parts": [{"text": text}]},
+        turn=_gemini_turn,
+    ),
+}
+
+
+@pytest.fixture(params=sorted(WIRES))
+def wire(request: pytest.FixtureRequest) -> Builder:
+    return BUILDERS[request.param]
+
+
+def test_every_wire_has_a_builder() -> None:
+    assert set(BUILDERS) == set(WIRES)
+
+
+def result_of(conversation: Conversation, call_id: str) -> str:
+    """The text of the result answering `call_id`, as the model will read it."""
+    dialect = conversation.dialect
+    names = dialect.tools_by_call(conversation.messages)
+    for message in conversation.messages:
+        for result in dialect.tool_results(message, names):
+            if result.call_id == call_id:
+                return plain_text(result.text)
+    raise AssertionError(f"no result for {call_id}")
+
+
+def valid(conversation: Conversation) -> bool:
+    return conversation.dialect.violations(conversation.messages) == []
+
+
+SOURCE = "\n".join(
+    f"def parse_section_{n}(raw):\n    return raw.split('=', {n})[1].strip()" for n in range(60)
+)
+EDITED = SOURCE.replace("[1].strip()", "[-1].strip()")
+NOISE = "\n".join(f"drwxr-xr-x  2 dev dev 4096 Nov 22 12:{n % 60:02d} dir_{n}" for n in range(80))
+
+
+def session(builder: Builder, *middle: list[Item]) -> list[Item]:
+    items = [builder.user("Why does parse_config fail on the staging profile?")]
+    for turn in middle:
+        items += turn
+    return items
+
+
+# ---- task terms, anomalies, call arguments --------------------------------------------------
+
+
+def test_task_terms_are_identifiers_file_names_and_words_that_say_something() -> None:
+    terms = terms_of(
+        "Please look at src/brim/parse_config.py: why does ContextTooLarge come up in "
+        "the staging profile? See issue E501 and the retry logic."
+    )
+    assert {"parse_config.py", "parse_config", "contexttoolarge", "e501"} <= terms
+    assert {"staging", "profile", "issue", "retry", "logic"} <= terms
+    assert not terms & {"please", "look", "does", "the", "and", "why", "see", "src", "brim"}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "ERROR: build step 7 failed",
+        "E   AssertionError: expected 3, got 4",
+        "Traceback (most recent call last):",
+        "thread 'main' panicked at src/main.rs:4:5",
+        "warning: unused variable `x`",
+        "FAILED tests/test_parse.py::test_staging - KeyError",
+        '127.0.0.1 - - [22/Nov/2026] "GET /api/v1/items HTTP/1.1" 503 112',
+        '{"status": 404, "path": "/x"}',
+        "Process finished with exit code 2",
+        "make: *** [all] exited with status 1",
+    ],
+)
+def test_anomalies_are_recognised(line: str) -> None:
+    assert is_anomaly(line)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "INFO compiled module 7 in 12 ms",
+        '127.0.0.1 - - [22/Nov/2026] "GET /api/v1/items HTTP/1.1" 200 112',
+        '{"status": 201}',
+        "Process finished with exit code 0",
+    ],
+)
+def test_ordinary_lines_are_not_anomalies(line: str) -> None:
+    assert not is_anomaly(line)
+
+
+def test_call_arguments_and_task_terms_on_every_wire(wire: Builder) -> None:
+    items = session(
+        wire,
+        wire.turn("c1", "read_file", {"path": "src/staging.py"}, SOURCE),
+        wire.turn("c2", "grep", {"pattern": "load_profile", "path": "src"}, NOISE),
+    )
+    conversation = wire.conversation(items)
+    call_message = items[-2]
+    assert call_arguments(call_message, "c2") == {"pattern": "load_profile", "path": "src"}
+    terms = task_terms(conversation)
+    assert {"parse_config", "staging", "profile", "load_profile"} <= terms
+    assert "staging.py" not in terms  # an older call's arguments are not the current task
+    assert has_evidence("def load_profile(name):", terms)
+    assert not has_evidence(NOISE, terms)
+
+
+# ---- 1. exact copies become pointers; superseded reads are kept until needed -----------------
+
+
+def test_an_older_copy_becomes_a_pointer_and_the_newer_copy_stays_whole(wire: Builder) -> None:
+    items = session(
+        wire,
+        wire.turn("c1", "read_file", {"path": "config.py"}, SOURCE),
+        [wire.said("Let me look at the callers too.")],
+        wire.turn("c2", "grep", {"pattern": "parse_section"}, NOISE),
+        wire.turn("c3", "read_file", {"path": "config.py"}, SOURCE),  # the newest turn
+    )
+    original = copy.deepcopy(items)
+    before = wire.conversation(items)
+    after, records = PruneToolResults().apply(before, Goal(10**6, 10**6), wire.meter)
+    pointer = result_of(after, "c1")
+    assert pointer.startswith(SAME_AS_PREFIX) and "read_file" in pointer and "c3" in pointer
+    assert result_of(after, "c3") == SOURCE  # the kept copy, whole
+    assert result_of(after, "c2") == NOISE  # under the target: nothing cut into
+    assert [(r.action, r.detail) for r in records] == [("deduplicated", "same as c3")]
+    assert records[0].original and plain_text(records[0].original) == SOURCE
+    assert records[0].archive_key
+    assert after.total < before.total
+    assert valid(after)
+    assert items == original  # the input is never mutated
+
+
+def test_several_copies_point_each_to_the_next_so_old_pointers_never_change(
+    wire: Builder,
+) -> None:
+    three = session(
+        wire,
+        wire.turn("c1", "read_file", {"path": "config.py"}, SOURCE),
+        wire.turn("c2", "read_file", {"path": "config.py"}, SOURCE),
+        wire.turn("c3", "bash", {"command": "ls"}, "ok"),
+    )
+    four = [*three, *wire.turn("c4", "read_file", {"path": "config.py"}, SOURCE)]
+    prune = PruneToolResults()
+    first, _ = prune.apply(wire.conversation(three), Goal(10**6, 10**6), wire.meter)
+    second, _ = prune.apply(wire.conversation(four), Goal(10**6, 10**6), wire.meter)
+    assert "c2" in result_of(first, "c1") and result_of(first, "c2") == SOURCE
+    assert second.messages[:3] == first.messages[:3]  # c1's pointer (to c2) stays as it was
+    assert "c4" in result_of(second, "c2") and result_of(second, "c4") == SOURCE
+
+
+def test_a_file_read_edited_and_read_again_keeps_both_until_needed(wire: Builder) -> None:
+    items = session(
+        wire,
+        wire.turn("c0", "list_dir", {"path": "."}, NOISE),
+        wire.turn("c1", "read_file", {"path": "config.py"}, SOURCE),
+        wire.turn("c2", "edit_file", {"path": "config.py", "old": "[1]", "new": "[-1]"}, "ok"),
+        wire.turn("c3", "read_file", {"path": "config.py"}, EDITED),
+        wire.turn("c4", "bash", {"command": "pytest -q tests/test_config.py"}, "3 passed"),
+    )
+    before = wire.conversation(items)
+    pruned, records = PruneToolResults().apply(before, Goal(10**6, 10**6), wire.meter)
+    assert records == [] and pruned.messages == before.messages  # different content: no pointer
+    stale = {call for (_, call), why in stale_results(before).items() if why == "superseded"}
+    assert stale == {"c1"}  # the older read is out of date: first to go when room is needed
+
+    # Clearing one result is enough: the superseded read goes, not the older listing.
+    goal = Goal(target=before.total - 1, limit=before.total)
+    clear = ClearToolResults(ClearSettings(keep=2, clear_at_least=0))
+    cleared, records = clear.apply(before, goal, wire.meter)
+    assert [r.action for r in records] == ["cleared"]
+    assert result_of(cleared, "c1").startswith("[brim cleared this read_file result")
+    assert result_of(cleared, "c0") == NOISE and result_of(cleared, "c3") == EDITED
+    assert valid(cleared)
+
+    # Evicting: the superseded read's whole turn goes before the listing's.
+    evicted, records = Evict(EvictSettings(keep_recent_turns=1, evict_at_least=0)).apply(
+        before, goal, wire.meter
+    )
+    gone = [r for r in records if r.action == "evicted"]
+    assert len(gone) == 1 and gone[0].detail == "tools"
+    assert result_of(evicted, "c0") == NOISE and result_of(evicted, "c3") == EDITED
+    with pytest.raises(AssertionError):
+        result_of(evicted, "c1")
+    assert valid(evicted)
+
+
+def test_clear_keeps_results_with_evidence_longer(wire: Builder) -> None:
+    failing = NOISE + "\nERROR: parse_config: no [staging] section in profile.ini"
+    items = session(
+        wire,
+        wire.turn("c0", "bash", {"command": "make config"}, failing),  # the oldest: evidence
+        wire.turn("c1", "list_dir", {"path": "build"}, NOISE.replace("dir_", "out_")),
+        wire.turn("c2", "list_dir", {"path": "dist"}, NOISE.replace("dir_", "pkg_")),
+        wire.turn("c3", "bash", {"command": "true"}, "ok"),
+    )
+    before = wire.conversation(items)
+    goal = Goal(target=before.total - 1, limit=before.total)
+    after, records = ClearToolResults(ClearSettings(keep=1, clear_at_least=0)).apply(
+        before, goal, wire.meter
+    )
+    assert len(records) == 1
+    assert result_of(after, "c0") == failing  # older, but it holds the error
+    assert result_of(after, "c1").startswith("[brim cleared this list_dir result")
+    assert result_of(after, "c2").startswith("pkg_") is False and "pkg_" in result_of(after, "c2")
+    assert valid(after)
+
+
+def test_clear_by_value_can_be_turned_off(wire: Builder) -> None:
+    failing = NOISE + "\nERROR: parse_config: no [staging] section in profile.ini"
+    items = session(
+        wire,
+        wire.turn("c0", "bash", {"command": "make config"}, failing),
+        wire.turn("c1", "list_dir", {"path": "build"}, NOISE),
+        wire.turn("c2", "bash", {"command": "true"}, "ok"),
+    )
+    before = wire.conversation(items)
+    goal = Goal(target=before.total - 1, limit=before.total)
+    settings = ClearSettings(keep=1, clear_at_least=0, by_value=False)
+    after, records = ClearToolResults(settings).apply(before, goal, wire.meter)
+    assert len(records) == 1 and result_of(after, "c1") == NOISE  # the oldest goes, as before
+    assert result_of(after, "c0").startswith("[brim cleared this bash result")
+
+
+def test_gemini_results_paired_by_name_are_never_rewritten_one_for_another() -> None:
+    """Two calls of the same function without ids in one turn share their key: rewriting one
+    by it would overwrite both, so neither is pointed onward, cut or cleared."""
+    wire = BUILDERS["gemini.generate"]
+    log, _ = build_log()
+    twin = {
+        "role": "user",
+        "parts": [
+            {"functionResponse": {"name": "read_file", "response": {"output": SOURCE}}},
+            {"functionResponse": {"name": "read_file", "response": {"output": log}}},
+        ],
+    }
+    calls = {
+        "role": "model",
+        "parts": [
+            {"functionCall": {"name": "read_file", "args": {"path": "config.py"}}},
+            {"functionCall": {"name": "read_file", "args": {"path": "build.log"}}},
+        ],
+    }
+    items = [
+        wire.user("Why does parse_config fail?"),
+        calls,
+        twin,
+        *wire.turn("c9", "read_file", {"path": "config.py"}, SOURCE),
+    ]
+    before = wire.conversation(items)
+    prune = PruneToolResults(PruneSettings(max_text_tokens=300, cut_at_least=0))
+    pruned, _ = prune.apply(before, Goal(0, 0), wire.meter)
+    cleared, _ = ClearToolResults(ClearSettings(keep=0)).apply(before, Goal(0, 0), wire.meter)
+    assert pruned.messages[2] == twin and cleared.messages[2] == twin
+    assert valid(pruned) and valid(cleared)
+
+
+def test_evict_removes_stale_tool_turns_before_chatter(wire: Builder) -> None:
+    items = session(
+        wire,
+        [wire.said("First I will read the configuration module and its callers. " * 8)],
+        wire.turn("c1", "read_file", {"path": "config.py"}, SOURCE),
+        [wire.said("Now I will edit the split so it takes the last field. " * 8)],
+        wire.turn("c2", "read_file", {"path": "config.py"}, EDITED),
+        [wire.said("Done.")],
+        [wire.user("And now?")],
+    )
+    before = wire.conversation(items)
+    goal = Goal(target=before.total - 1, limit=before.total)
+    after, records = Evict(EvictSettings(keep_recent_turns=1, evict_at_least=0)).apply(
+        before, goal, wire.meter
+    )
+    assert [r.detail for r in records if r.action == "evicted"] == ["tools"]
+    assert result_of(after, "c2") == EDITED
+    assert any("First I will read" in after.dialect.text(m) for m in after.messages)
+    assert valid(after)
+
+
+# ---- 2. inside a result: task lines, error lines and task items are kept ---------------------
+
+
+def build_log(lines: int = 600) -> tuple[str, list[str]]:
+    rows = [
+        f"2026-11-22 12:{n // 60:02d}:{n % 60:02d} INFO compiled unit {n} in {n % 97} ms"
+        for n in range(lines)
+    ]
+    facts = {
+        150: "2026-11-22 12:02:30 WARNING disk usage at 91% on /var/build",
+        300: "2026-11-22 12:05:00 ERROR step 7 exited with code 2",
+        450: "2026-11-22 12:07:30 DEBUG parse_config loaded profile staging from profile.ini",
+    }
+    for at, line in facts.items():
+        rows[at] = line
+    return "\n".join(rows), list(facts.values())
+
+
+def test_a_long_log_keeps_error_and_task_lines_and_loses_noise(wire: Builder) -> None:
+    log, facts = build_log()
+    items = session(
+        wire,
+        wire.turn("c1", "bash", {"command": "make build"}, log),
+        wire.turn("c2", "bash", {"command": "cat profile.ini"}, "[default]\nname = dev"),
+    )
+    before = wire.conversation(items)
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0))
+    after, records = prune.apply(before, Goal(0, 0), wire.meter)
+    kept = result_of(after, "c1")
+    assert all(fact in kept for fact in facts)
+    assert kept.startswith("2026-11-22 12:00:00 INFO") and kept.endswith("unit 599 in 17 ms")
+    assert "lines without task terms or errors omitted by brim …]" in kept
+    assert len(wire.meter.tokens(kept)) <= 400
+    assert [r.action for r in records] == ["pruned"]
+    assert records[0].original and plain_text(records[0].original) == log
+    assert prune.apply(before, Goal(0, 0), wire.meter)[0].messages == after.messages
+    assert PruneToolResults(prune.settings).apply(before, Goal(0, 0), wire.meter)[0] == after
+    assert valid(after)
+
+
+def test_json_arrays_keep_the_items_that_mention_the_tasks_identifiers(wire: Builder) -> None:
+    orders = [{"id": f"ORD-{1000 + n}", "status": "shipped", "total": n} for n in range(200)]
+    orders[90]["status"] = "payment_failed"
+    orders[120]["id"] = "ORD-4711"
+    items = [
+        wire.user("What happened to order ORD-4711?"),
+        *wire.turn("c1", "list_orders", {"since": "2026-11-01"}, orjson.dumps(orders).decode()),
+        *wire.turn("c2", "bash", {"command": "date"}, "Sun Nov 22 12:00:00 UTC 2026"),
+    ]
+    before = wire.conversation(items)
+    after, _ = PruneToolResults().apply(before, Goal(0, 0), wire.meter)
+    kept = orjson.loads(result_of(after, "c1"))
+    ids = [item["id"] for item in kept if isinstance(item, dict)]
+    assert ids[:8] == [f"ORD-{1000 + n}" for n in range(8)]
+    assert ids[-4:] == [f"ORD-{1000 + n}" for n in range(196, 200)]
+    assert "ORD-4711" in ids and "ORD-1090" in ids  # the task's order, and the failed one
+    assert len(ids) == 14
+    assert [item for item in kept if isinstance(item, str)] == [
+        "… 82 more items …",
+        "… 29 more items …",
+        "… 75 more items …",
+    ]
+    assert valid(after)
+
+
+# ---- 3. no cut into text while the request is under its target -------------------------------
+
+
+def test_no_text_is_cut_while_the_request_is_under_its_target(wire: Builder) -> None:
+    log, _ = build_log()
+    other = log.replace("INFO compiled", "INFO linked")
+    items = session(
+        wire,
+        wire.turn("c1", "bash", {"command": "make build"}, log),
+        wire.turn("c2", "bash", {"command": "make link"}, other),
+        wire.turn("c3", "bash", {"command": "make test"}, other.replace("linked", "tested")),
+    )
+    before = wire.conversation(items)
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0))
+    untouched, records = prune.apply(before, Goal(before.total, before.total), wire.meter)
+    assert records == [] and untouched.messages == before.messages
+
+    # A little over: only the oldest result is cut, just enough; the newest turn never.
+    goal = Goal(target=before.total - 100, limit=before.total)
+    after, records = prune.apply(before, goal, wire.meter)
+    assert len(records) == 1 and after.total <= goal.target
+    assert "omitted by brim" in result_of(after, "c1")
+    assert result_of(after, "c2") == other
+    everything, _ = prune.apply(before, Goal(0, 0), wire.meter)
+    assert "omitted by brim" in result_of(everything, "c2")
+    assert result_of(everything, "c3") == result_of(before, "c3")  # the newest turn: whole
+    assert valid(after) and valid(everything)
+
+
+# ---- generated sessions through the whole policy chain ---------------------------------------
+
+POLICIES = build_policies(DEFAULT_ORDER, {})
+FILES = {
+    "config.py": SOURCE,
+    "config.py@edited": EDITED,
+    "listing": NOISE,
+    "log": build_log(500)[0],
+}
+
+
+@st.composite
+def generated(draw: Any) -> tuple[str, list[Item]]:
+    api = draw(st.sampled_from(sorted(WIRES)))
+    builder = BUILDERS[api]
+    items = [builder.user("Why does parse_config fail on the staging profile?")]
+    for turn in range(draw(st.integers(1, 12))):
+        kind = draw(st.sampled_from(["read", "read", "edited", "listing", "log", "chatter", "ask"]))
+        if kind == "chatter":
+            items.append(builder.said(f"step {turn}: thinking about it"))
+        elif kind == "ask":
+            items.append(builder.user(f"also check module_{turn}"))
+        else:
+            content = FILES[
+                "config.py@edited" if kind == "edited" else kind.replace("read", "config.py")
+            ]
+            path = "config.py" if kind in ("read", "edited") else kind
+            items += builder.turn(f"c{turn}", "read_file", {"path": path}, content)
+    items.append(builder.user("So what is the fix?"))
+    return api, items
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(case=generated(), limit=st.integers(800, 12_000))
+def test_generated_sessions_stay_valid_deterministic_and_keep_the_newest_copy(
+    case: tuple[str, list[Item]], limit: int
+) -> None:
+    api, items = case
+    builder = BUILDERS[api]
+    dialect = WIRES[api].dialect
+    original = copy.deepcopy(items)
+    outcome = compress(dialect, items, 3, builder.meter, POLICIES, limit=limit, low_water=0.85)
+    assert dialect.violations(list(outcome.messages)) == []
+    assert items == original
+    again = compress(dialect, items, 3, builder.meter, POLICIES, limit=limit, low_water=0.85)
+    assert again.messages == outcome.messages
+    conversation = builder.conversation(list(outcome.messages))
+    names = dialect.tools_by_call(conversation.messages)
+    shown = {
+        result.call_id: plain_text(result.text)
+        for message in conversation.messages
+        for result in dialect.tool_results(message, names)
+    }
+    for call_id, text in shown.items():
+        if text.startswith(SAME_AS_PREFIX):  # a pointer names a later call that is still there
+            target = text.split("for call ", 1)[1].split(";", 1)[0]
+            assert target in shown and int(target[1:]) > int(call_id[1:])

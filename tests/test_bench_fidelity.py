@@ -1,0 +1,163 @@
+"""The fidelity bench, at its quick size, so it cannot rot (the real run is
+`python -m bench.fidelity`); and its session generator, rendered in every wire API."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from bench import fidelity, sessions
+from policies.wires import WIRES
+
+COLUMNS = (
+    "valid",
+    "within budget",
+    "system kept",
+    "newest kept",
+    "facts kept, older",
+    "facts kept, last 8",
+    "tokens / budget",
+    "refused",
+    "prefix kept 8K",
+    "prefix kept 32K",
+    "first · later · resend",
+)
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
+    out = tmp_path_factory.mktemp("fidelity") / "fidelity.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.fidelity", "--quick", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[1],
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text()), result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_brim_sends_valid_requests_within_budget_on_every_api(
+    quick: tuple[dict[str, Any], str],
+) -> None:
+    report, _ = quick
+    brim_rows = [
+        r for r in report["fidelity"] if r["method"] in (fidelity.BRIM, fidelity.BRIM_SUMMARIZE)
+    ]
+    assert {(r["factor"], r["method"], r["api"]) for r in brim_rows} == {
+        (f, m, a)
+        for f in fidelity.FACTORS
+        for m in (fidelity.BRIM, fidelity.BRIM_SUMMARIZE)
+        for a in fidelity.APIS
+    }
+    for row in brim_rows:
+        assert row["refused"] == 0, row
+        assert row["valid_pct"] == 100 and row["within_budget_pct"] == 100, row
+        assert row["system_kept_pct"] == 100, row
+    for case in report["cases"]:
+        if case["method"].startswith("brim"):
+            assert case["tokens_out"] <= case["budget"], case
+    for row in report["growth"]:
+        if row["method"].startswith("brim"):
+            for window in map(str, report["windows"]):
+                assert row[window]["valid_pct"] == 100 and row[window]["within_budget_pct"] == 100
+                assert row[window]["pairs"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_every_method_and_column_is_reported(quick: tuple[dict[str, Any], str]) -> None:
+    report, table = quick
+    for method in fidelity.METHODS:
+        assert f"| {method} |" in table
+        assert {r["factor"] for r in report["fidelity"] if r["method"] == method} == set(
+            fidelity.FACTORS
+        )
+        assert any(r["method"] == method for r in report["growth"])
+    for column in COLUMNS:
+        assert column in table, column
+    assert "n/a" in table  # baselines only take Chat Completions messages
+    for row in report["fidelity"]:
+        if row["method"] in fidelity.BASELINES:
+            assert row["api"] == "openai.chat"
+        for key in ("facts_older_kept_pct", "facts_recent_kept_pct"):
+            assert row[key] is not None and 0 <= row[key] <= 100, row
+    assert all(s["facts"] > 0 for s in report["sessions"])
+
+
+@pytest.mark.timeout(300)
+def test_litellm_trim_messages_breaks_tool_pairing_or_budget(
+    quick: tuple[dict[str, Any], str],
+) -> None:
+    """LiteLLM's trim_messages skips a message that does not fit and goes on with older ones,
+    so a tool result can lose its call; it counts tool calls low and appends trailing tool
+    messages without counting them, so it ends over budget."""
+    report, _ = quick
+    litellm = [c for c in report["cases"] if c["method"] == fidelity.LITELLM]
+    assert litellm
+    assert any(not c["valid"] for c in litellm)
+    assert any("answered by" in e for c in litellm for e in c["errors"])
+    assert any(not c["within"] for c in litellm)
+
+
+@pytest.mark.timeout(300)
+def test_a_resent_request_costs_no_summarizer_call(quick: tuple[dict[str, Any], str]) -> None:
+    report, _ = quick
+    for row in report["growth"]:
+        if row["method"] == fidelity.BRIM_SUMMARIZE:
+            for window in map(str, report["windows"]):
+                assert row[window]["resend_calls"] == 0
+
+
+def test_sessions_are_valid_in_every_api_and_deterministic() -> None:
+    from tests.fake_anthropic import anthropic_errors
+    from tests.fakes import gemini_errors, pairing_errors, responses_errors
+
+    checks = {
+        "openai.chat": pairing_errors,
+        "anthropic.messages": anthropic_errors,
+        "openai.responses": responses_errors,
+        "gemini.generate": gemini_errors,
+    }
+    for seed, ending in ((4, "user"), (5, "tools")):
+        session = sessions.generate(seed, 30_000)
+        again = sessions.generate(seed, 30_000)
+        for api, render in sessions.RENDER.items():
+            body = render(session, None)
+            assert orjson.dumps(body) == orjson.dumps(render(again, None))
+            WIRES[api].check(body)
+            items = WIRES[api].conversation(body)
+            assert checks[api](items) == [], api
+            for point in session.request_points():  # every request of the growing session
+                assert checks[api](WIRES[api].conversation(render(session, point))) == []
+        assert session.turns[-1].role == ("user" if ending == "user" else "assistant")
+        facts = fidelity.facts_of(session)
+        assert facts.older and facts.recent  # planted all along, and in the last 8 messages
+        places = set(sessions.fact_places(session).values())
+        assert {"user message"} < places
+        chat = sessions.chat_body(session)
+        kinds = {c["function"]["name"] for m in chat["messages"] for c in m.get("tool_calls") or []}
+        assert {"read_file", "http_get", "run_build", "run_tests"} <= kinds
+        paths = [
+            c["function"]["arguments"]
+            for m in chat["messages"]
+            for c in m.get("tool_calls") or []
+            if c["function"]["name"] == "read_file"
+        ]
+        assert len(paths) > len(set(paths))  # some file is read again
+
+
+def test_the_window_gives_the_guard_exactly_the_target_budget() -> None:
+    session = sessions.generate(6, 4_000)
+    for api, render in sessions.RENDER.items():
+        body = render(session, None)
+        for budget in (1_000, 7_777, 50_001):
+            window = fidelity.window_for(api, body, budget)
+            assert fidelity.window_budget(api, body, window) == budget
