@@ -174,8 +174,9 @@ class Guard:
         turn, so what is kept and how it is summarized change only when more is evicted."""
         allowance = int(outcome.limit * SUMMARY_ALLOWANCE)
         reserved = self.outcome(exchange, reserve=allowance)
-        if not reserved.fits:
-            return outcome
+        cut = sum(r.policy == "truncate" for r in reserved.records)
+        if not reserved.fits or cut > sum(r.policy == "truncate" for r in outcome.records):
+            return outcome  # room for summaries is not worth cutting into text
         return dataclasses.replace(reserved, limit=outcome.limit)
 
     def _needs_work(self, exchange: Exchange) -> bool:
