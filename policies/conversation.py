@@ -343,15 +343,14 @@ def is_anomaly(text: str) -> bool:
     )
 
 
-_EVIDENCE: LRUCache[tuple[bytes, frozenset[str]], bool] = LRUCache(maxsize=8_192)
+_EVIDENCE: LRUCache[tuple[int, int, frozenset[str]], bool] = LRUCache(maxsize=8_192)
 _EVIDENCE_LOCK = threading.Lock()
 
 
 def has_evidence(text: str, terms: frozenset[str]) -> bool:
     """Whether a result mentions a task term or an anomaly (remembered by content: results come
     back every turn)."""
-    digest = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-    key = (digest, terms)
+    key = (len(text), hash(text), terms)  # the string's own cached hash: cheap, as in tokens.py
     with _EVIDENCE_LOCK:
         known = _EVIDENCE.get(key)
     if known is None:
@@ -474,12 +473,12 @@ def stale_results(conversation: Conversation) -> dict[tuple[int, str], str]:
     for index in range(len(messages) - 1, -1, -1):  # newest first: "later" is already seen
         for result in reversed(dialect.tool_results(messages[index], names)):
             key = (index, result.call_id)
-            content = archive_key(result.text.strip())
+            content = result.text.strip()  # compared whole: a set of texts, no digest needed
             query = asked.get(result.call_id)
             placeholder = is_placeholder(result.text)
             if placeholder:
                 stale[key] = "placeholder"
-            elif content in seen_content and len(result.text.strip()) >= MIN_DUPLICATE_CHARS:
+            elif content in seen_content and len(content) >= MIN_DUPLICATE_CHARS:
                 stale[key] = "duplicate"
             elif query is not None and query in seen_query:
                 stale[key] = "superseded"

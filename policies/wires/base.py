@@ -217,6 +217,8 @@ NO_RESULT = "[no result was recorded for this tool call]"
 
 
 def role_of(message: Any) -> str:
+    if type(message) is dict:  # parsed JSON: skip the slow abstract-class check
+        return str(message.get("role", ""))
     return str(message.get("role", "")) if isinstance(message, Mapping) else ""
 
 
