@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
+from pydantic import BaseModel, ConfigDict
 
 from policies.conversation import Dialect
 
@@ -186,6 +187,24 @@ def as_text(value: Any) -> str:
 
 def text_part(text: str) -> dict[str, Any]:
     return {"type": "text", "content": text}
+
+
+def image_part(url: str) -> dict[str, Any]:
+    """An image by URL as a GenAI part: inline data by its size only, a link as it is."""
+    if url.startswith("data:"):
+        return {"type": "blob", "modality": "image", "content": f"[{len(url)} bytes]"}
+    return {"type": "uri", "modality": "image", "uri": url}
+
+
+def whole_number(value: Any) -> int | None:
+    """`value` if it is an int (and not a bool), else None: usage figures as providers send them."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class OpenModel(BaseModel):
+    """A body check that names the fields it checks and lets every other field through."""
+
+    model_config = ConfigDict(extra="allow")
 
 
 def sse_data(chunk: bytes) -> Iterator[bytes]:

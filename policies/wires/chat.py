@@ -17,8 +17,6 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     StrictBool,
     StrictStr,
@@ -43,10 +41,12 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    OpenModel,
     RequestFacts,
     Usage,
     as_text,
     first_of_each,
+    image_part,
     largest_part_text,
     param_path,
     repeats,
@@ -54,6 +54,7 @@ from policies.wires.base import (
     text_of,
     text_part,
     token_count,
+    whole_number,
     with_part_text,
 )
 
@@ -212,22 +213,18 @@ class ChatDialect:
 # Body checks -------------------------------------------------------------------------------
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _FunctionCall(_Open):
+class _FunctionCall(OpenModel):
     name: StrictStr
     arguments: StrictStr
 
 
-class _ToolCall(_Open):
+class _ToolCall(OpenModel):
     id: StrictStr
     type: StrictStr = "function"
     function: _FunctionCall | None = None
 
 
-class _ChatMessage(_Open):
+class _ChatMessage(OpenModel):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Any = None
     name: StrictStr | None = None
@@ -244,7 +241,7 @@ class _ChatMessage(_Open):
         raise ValueError("content must be a string, an array of content parts, or null")
 
 
-class _ChatRequest(_Open):
+class _ChatRequest(OpenModel):
     model: StrictStr = Field(min_length=1)
     messages: list[_ChatMessage] = Field(min_length=1)
     stream: StrictBool | None = False
@@ -276,7 +273,7 @@ def openai_error_body(error: ErrorInfo) -> bytes:
     )
 
 
-def _openai_usage(usage: Any) -> Usage | None:
+def openai_usage(usage: Any) -> Usage | None:
     """`usage` of Chat Completions (prompt/completion tokens) or Responses (input/output)."""
     if not isinstance(usage, Mapping):
         return None
@@ -285,7 +282,7 @@ def _openai_usage(usage: Any) -> Usage | None:
         value: Any = usage
         for key in path:
             value = value.get(key) if isinstance(value, Mapping) else None
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
+        return whole_number(value)
 
     details = "prompt_tokens_details" if "prompt_tokens" in usage else "input_tokens_details"
     return Usage(
@@ -318,16 +315,10 @@ def _content_parts(content: Any) -> list[dict[str, Any]]:
             parts.append(text_part(part["text"]))
         elif part.get("type") == "image_url" and isinstance(part.get("image_url"), Mapping):
             url = str(part["image_url"].get("url", ""))
-            parts.append(_image_part(url))
+            parts.append(image_part(url))
         else:
             parts.append({"type": str(part.get("type", "unknown"))})
     return parts
-
-
-def _image_part(url: str) -> dict[str, Any]:
-    if url.startswith("data:"):
-        return {"type": "blob", "modality": "image", "content": f"[{len(url)} bytes]"}
-    return {"type": "uri", "modality": "image", "uri": url}
 
 
 class ChatWire(FieldConversation):
@@ -420,7 +411,7 @@ class ChatWire(FieldConversation):
         return b"data: " + openai_error_body(error) + b"\n\n"
 
     def usage(self, payload: Any) -> Usage | None:
-        return _openai_usage(payload.get("usage")) if isinstance(payload, Mapping) else None
+        return openai_usage(payload.get("usage")) if isinstance(payload, Mapping) else None
 
     def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
         out: list[GenAiMessage] = []

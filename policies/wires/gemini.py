@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.tokens import (
@@ -29,11 +29,13 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    OpenModel,
     RequestFacts,
     Usage,
     as_text,
     text_part,
     token_count,
+    whole_number,
 )
 
 if TYPE_CHECKING:
@@ -256,16 +258,12 @@ def _no_response(call: str, text: str = NO_RESULT) -> dict[str, Any]:
     return {"functionResponse": {"name": call, "response": {"output": text}}}
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _Content(_Open):
+class _Content(OpenModel):
     role: Literal["user", "model"] | None = None
     parts: list[dict[str, Any]] = Field(min_length=1)
 
 
-class _GenerateRequest(_Open):
+class _GenerateRequest(OpenModel):
     contents: list[_Content] = Field(min_length=1)
 
 
@@ -283,10 +281,6 @@ STATUSES = {
     503: "UNAVAILABLE",
     504: "DEADLINE_EXCEEDED",
 }
-
-
-def _number(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _genai_part(part: Any) -> dict[str, Any] | None:
@@ -405,14 +399,14 @@ class GeminiWire(FieldConversation):
         metadata = payload.get("usageMetadata") if isinstance(payload, Mapping) else None
         if not isinstance(metadata, Mapping):
             return None
-        output = _number(metadata.get("candidatesTokenCount"))
-        thoughts = _number(metadata.get("thoughtsTokenCount"))
+        output = whole_number(metadata.get("candidatesTokenCount"))
+        thoughts = whole_number(metadata.get("thoughtsTokenCount"))
         if thoughts is not None:
             output = (output or 0) + thoughts
         return Usage(
-            input=_number(metadata.get("promptTokenCount")),
+            input=whole_number(metadata.get("promptTokenCount")),
             output=output,
-            cached_input=_number(metadata.get("cachedContentTokenCount")),
+            cached_input=whole_number(metadata.get("cachedContentTokenCount")),
         )
 
     def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:

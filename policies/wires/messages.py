@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic import Field, StrictBool, StrictStr, ValidationError
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import ANTHROPIC_MAX_IMAGE_TOKENS, anthropic_image_tokens, pdf_tokens
@@ -31,6 +31,7 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    OpenModel,
     RequestFacts,
     Usage,
     as_text,
@@ -40,6 +41,7 @@ from policies.wires.base import (
     text_of,
     text_part,
     token_count,
+    whole_number,
 )
 
 if TYPE_CHECKING:
@@ -301,20 +303,16 @@ def _result_block(call_id: str, text: str = NO_RESULT) -> dict[str, Any]:
 # Body checks -------------------------------------------------------------------------------
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _Block(_Open):
+class _Block(OpenModel):
     type: StrictStr
 
 
-class _Message(_Open):
+class _Message(OpenModel):
     role: Literal["user", "assistant"]
     content: StrictStr | list[_Block]
 
 
-class _MessagesRequest(_Open):
+class _MessagesRequest(OpenModel):
     model: StrictStr = Field(min_length=1)
     messages: list[_Message] = Field(min_length=1)
     max_tokens: int = Field(ge=1)
@@ -366,18 +364,14 @@ ERROR_TYPES = {
 }
 
 
-def _number(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _usage(usage: Any) -> Usage | None:
     if not isinstance(usage, Mapping):
         return None
-    fresh = _number(usage.get("input_tokens"))
-    read = _number(usage.get("cache_read_input_tokens"))
-    written = _number(usage.get("cache_creation_input_tokens"))
+    fresh = whole_number(usage.get("input_tokens"))
+    read = whole_number(usage.get("cache_read_input_tokens"))
+    written = whole_number(usage.get("cache_creation_input_tokens"))
     total = None if fresh is None else fresh + (read or 0) + (written or 0)
-    return Usage(input=total, output=_number(usage.get("output_tokens")), cached_input=read)
+    return Usage(input=total, output=whole_number(usage.get("output_tokens")), cached_input=read)
 
 
 def _genai_block(block: Any) -> dict[str, Any] | None:

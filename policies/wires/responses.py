@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr, ValidationError
+from pydantic import Field, StrictBool, StrictStr, ValidationError
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import image_tokens
@@ -31,14 +31,16 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    OpenModel,
     RequestFacts,
     Usage,
+    image_part,
     param_path,
     text_of,
     text_part,
     token_count,
 )
-from policies.wires.chat import _image_part, _openai_usage, openai_error_body
+from policies.wires.chat import openai_error_body, openai_usage
 
 if TYPE_CHECKING:
     import tiktoken
@@ -235,11 +237,7 @@ class ResponsesDialect:
         return out, done
 
 
-class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-
-class _ResponsesRequest(_Open):
+class _ResponsesRequest(OpenModel):
     model: StrictStr = Field(min_length=1)
     input: StrictStr | list[dict[str, Any]] | None = None
     stream: StrictBool | None = False
@@ -247,6 +245,12 @@ class _ResponsesRequest(_Open):
 
 
 SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
+
+
+def _reasoning_summary(item: Mapping[str, Any]) -> str:
+    return " ".join(
+        str(s.get("text", "")) for s in item.get("summary") or [] if isinstance(s, Mapping)
+    )
 
 
 def _genai_item(item: Mapping[str, Any]) -> GenAiMessage | None:
@@ -262,7 +266,7 @@ def _genai_item(item: Mapping[str, Any]) -> GenAiMessage | None:
             if isinstance(part.get("text"), str):  # input_text, output_text
                 parts.append(text_part(part["text"]))
             elif part.get("type") == "input_image":
-                parts.append(_image_part(str(part.get("image_url") or "")))
+                parts.append(image_part(str(part.get("image_url") or "")))
             elif isinstance(part.get("refusal"), str):
                 parts.append(text_part(part["refusal"]))
             else:
@@ -286,10 +290,8 @@ def _genai_item(item: Mapping[str, Any]) -> GenAiMessage | None:
         }
         return {"role": "tool", "parts": [response]}
     if kind == "reasoning":
-        summary = " ".join(
-            str(s.get("text", "")) for s in item.get("summary") or [] if isinstance(s, Mapping)
-        )
-        return {"role": "assistant", "parts": [{"type": "reasoning", "content": summary}]}
+        reasoning = {"type": "reasoning", "content": _reasoning_summary(item)}
+        return {"role": "assistant", "parts": [reasoning]}
     return None
 
 
@@ -346,10 +348,8 @@ class ResponsesWire(FieldConversation):
                     tokens += count(part.get("text") or part.get("refusal"))
             return tokens
         if kind == "reasoning":
-            summary = " ".join(
-                str(s.get("text", "")) for s in item.get("summary") or [] if isinstance(s, Mapping)
-            )
-            return tokens + count(summary) + len(str(item.get("encrypted_content") or "")) // 4
+            encrypted = len(str(item.get("encrypted_content") or "")) // 4
+            return tokens + count(_reasoning_summary(item)) + encrypted
         tokens += count(item.get("name")) + count(item.get("arguments")) + count(item.get("input"))
         tokens += count(item.get("action")) + count(item.get("call_id"))
         return tokens + count(item.get("output"))
@@ -397,8 +397,8 @@ class ResponsesWire(FieldConversation):
             return None
         response = payload.get("response")  # response.completed and the other response events
         if isinstance(response, Mapping):
-            return _openai_usage(response.get("usage"))
-        return _openai_usage(payload.get("usage"))
+            return openai_usage(response.get("usage"))
+        return openai_usage(payload.get("usage"))
 
     def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
         return [m for item in items if isinstance(item, Mapping) and (m := _genai_item(item))]
