@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -36,6 +35,39 @@ log = logging.getLogger("brim.guard")
 SUMMARY_HEADER = "[brim: a summary of earlier messages, removed to fit the context window]\n"
 PER_SUMMARY = 32  # tokens a summary message costs beyond its text (header, message overhead)
 SUMMARY_ALLOWANCE = 0.1  # of the budget, set aside for summaries when evicting with a summarizer
+
+
+def summary_low_water(low_water: float, *, summarizing: bool) -> float:
+    """With a summarizer, reversible cuts go far enough below the budget to leave the
+    summaries' allowance free (the default low-water mark already does)."""
+    return min(low_water, 1 - SUMMARY_ALLOWANCE) if summarizing else low_water
+
+
+def guard_outcome(
+    counter: TokenCounter,
+    policies: Sequence[Policy],
+    body: Mapping[str, Any],
+    wire: Wire,
+    tokenizer: str,
+    model: str,
+    budget: int,
+    *,
+    low_water: float,
+    repair: bool,
+    provider_ratio: float | None = None,
+) -> Outcome:
+    """What the guard does to a request (the stage, and `brim inspect`). Policies measure with
+    brim's counter; where the provider counted the request (`provider_ratio` = its count ÷
+    brim's), the budget is scaled to brim's counts."""
+    limit = int(budget / provider_ratio) if provider_ratio else budget
+    return compress_request(
+        body,
+        CounterMeter(counter, tokenizer, model, wire),
+        policies,
+        limit=limit,
+        low_water=low_water,
+        repair=repair,
+    )
 
 
 def summary_batches(
@@ -143,41 +175,30 @@ class Guard:
             raise ValueError(f"low_water must be in (0, 1], not {low_water}")
         self.counter = counter
         self.policies = list(policies)
-        self.low_water = low_water
+        self.low_water = summary_low_water(low_water, summarizing=summarizer is not None)
         self.repair_pairs = repair_pairs
         self.archive = archive
         self.summarizer = summarizer
         self.summary_deadline_s = summary_deadline_s
+        evicts = [p for p in self.policies if isinstance(p, Evict)]
+        self._evict_at_least = evicts[0].settings.evict_at_least if evicts else None
 
-    def outcome(self, exchange: Exchange, reserve: int = 0) -> Outcome:
-        """What the guard does to this exchange (also used by `brim inspect`), within the
-        budget less `reserve` tokens (set aside for summaries). Policies measure with brim's
-        counter; where the provider counted the request, the budget is scaled to those counts."""
+    def outcome(self, exchange: Exchange) -> Outcome:
+        """What the guard does to this exchange."""
         assert exchange.context is not None and exchange.body is not None
-        limits = exchange.context.limits.limits
-        limit = exchange.context.budget.effective() - reserve
-        ratio = exchange.context.tokens.provider_ratio
-        if ratio:  # the provider counted this request: the budget in brim's own counts
-            limit = int(limit / ratio)
-        return compress_request(
-            exchange.body,
-            CounterMeter(self.counter, limits.tokenizer, exchange.model, exchange.wire),
+        context = exchange.context
+        return guard_outcome(
+            self.counter,
             self.policies,
-            limit=limit,
+            exchange.body,
+            exchange.wire,
+            context.limits.limits.tokenizer,
+            exchange.model,
+            context.budget.effective(),
             low_water=self.low_water,
             repair=self.repair_pairs,
+            provider_ratio=context.tokens.provider_ratio,
         )
-
-    def _outcome_with_room_for_summaries(self, exchange: Exchange, outcome: Outcome) -> Outcome:
-        """When eviction was needed: the outcome again with `SUMMARY_ALLOWANCE` of the budget
-        set aside, so the summaries always fit beside what is kept — the same allowance every
-        turn, so what is kept and how it is summarized change only when more is evicted."""
-        allowance = int(outcome.limit * SUMMARY_ALLOWANCE)
-        reserved = self.outcome(exchange, reserve=allowance)
-        cut = sum(r.policy == "truncate" for r in reserved.records)
-        if not reserved.fits or cut > sum(r.policy == "truncate" for r in outcome.records):
-            return outcome  # room for summaries is not worth cutting into text
-        return dataclasses.replace(reserved, limit=outcome.limit)
 
     def _needs_work(self, exchange: Exchange) -> bool:
         assert exchange.context is not None and exchange.body is not None
@@ -216,18 +237,22 @@ class Guard:
         conversation (`summary_batches`), so that as a session grows, earlier batches keep their
         summary byte for byte (from the cache) and only a newly evicted batch costs a call —
         when all can be made in time and fit; otherwise the outcome as it was."""
-        wire, meter, task, credentials = self._summary_inputs(exchange)
+        wire = exchange.wire
         at = _notice_at(wire, outcome.messages)
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
         if at is None or not evicted:
             return outcome
+        wire, meter, task, credentials = self._summary_inputs(exchange)
         rest = outcome.tokens_out - meter.message(outcome.messages[at])
+        # The allowance is the same every turn; only a turn that evicts to its last resorts,
+        # up to the budget itself, leaves less (and then no summarizer call is wasted).
+        allowance = min(int(outcome.limit * SUMMARY_ALLOWANCE), outcome.limit - rest)
         assert exchange.body is not None
         client = None if outcome.repairs else wire.conversation(exchange.body)
         batches = summary_batches(evicted, client, self._eviction_step(outcome))
         contents = [transcript(wire.genai_messages(items)) for items in batches]
         sizes = [meter.text_tokens(content) for content in contents]
-        plan = _summary_plan(sizes, int(outcome.limit * SUMMARY_ALLOWANCE))
+        plan = _summary_plan(sizes, allowance)
         if plan is None:
             return outcome
         merged, targets = plan
@@ -236,14 +261,14 @@ class Guard:
             sizes = [sum(sizes[:merged]), *sizes[merged:]]
         summaries = await asyncio.gather(
             *(
-                self._batch_summary(content, size, target, task, credentials)
-                for content, size, target in zip(contents, sizes, targets, strict=True)
+                self._summary(content, target, task, credentials)
+                for content, target in zip(contents, targets, strict=True)
             )
         )
         made = [summary for summary in summaries if summary is not None]
         if len(made) != len(summaries):
             return outcome
-        messages = [wire.dialect.notice(SUMMARY_HEADER + text) for text, _ in made]
+        messages = [wire.dialect.notice(SUMMARY_HEADER + summary.text) for summary in made]
         added = sum(meter.message(message) for message in messages)
         if rest + added > outcome.limit:
             return outcome
@@ -255,12 +280,10 @@ class Guard:
                 size,
                 meter.message(message),
                 archive_key=archive_key(content),
-                detail=detail,
+                detail=_detail(summary),
                 original=content,
             )
-            for content, size, message, (_, detail) in zip(
-                contents, sizes, messages, made, strict=True
-            )
+            for content, size, message, summary in zip(contents, sizes, messages, made, strict=True)
         ]
         return dataclasses.replace(
             outcome,
@@ -271,20 +294,7 @@ class Guard:
 
     def _eviction_step(self, outcome: Outcome) -> int:
         """The token grid `evict` snaps its removals to (`evict_at_least`, else the slack)."""
-        configured = next(
-            (p.settings.evict_at_least for p in self.policies if isinstance(p, Evict)), None
-        )
-        return max(1, configured or outcome.limit - outcome.target)
-
-    async def _batch_summary(
-        self, content: str, size: int, target: int, task: str, credentials: dict[str, str]
-    ) -> tuple[str, str] | None:
-        """One batch's summary text and how it was made; a batch already within its target is
-        its own summary."""
-        if size <= target:
-            return content, "verbatim"
-        summary = await self._summary(content, target, task, credentials)
-        return None if summary is None else (summary.text, _detail(summary))
+        return max(1, self._evict_at_least or outcome.limit - outcome.target)
 
     async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """A tool result `truncate` had to cut, summarized into the same room instead."""
@@ -337,13 +347,10 @@ class Guard:
         if not self._needs_work(exchange):
             return await call_next(exchange)
 
-        off_loop = len(exchange.raw) > OFF_LOOP_BYTES
-        outcome = (
-            await asyncio.to_thread(self.outcome, exchange) if off_loop else self.outcome(exchange)
-        )
-        if self.summarizer is not None and any(r.action == "evicted" for r in outcome.records):
-            again = functools.partial(self._outcome_with_room_for_summaries, exchange, outcome)
-            outcome = await asyncio.to_thread(again) if off_loop else again()
+        if len(exchange.raw) > OFF_LOOP_BYTES:
+            outcome = await asyncio.to_thread(self.outcome, exchange)
+        else:
+            outcome = self.outcome(exchange)
         if not outcome.messages:
             raise NothingLeftToSend(
                 "Nothing is left to send: every message was a tool result that answers no tool "

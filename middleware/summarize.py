@@ -148,13 +148,14 @@ class Summarizer:
     async def summarize(
         self, text: str, target: int, task: str, headers: Mapping[str, str] | None = None
     ) -> Summary | None:
-        """`text` in at most `target` tokens, or None if no provider could make one. `headers`
-        are the requesting client's credentials: they travel down as arguments, never kept on
-        this shared object, so concurrent requests never lend each other their keys."""
+        """`text` in at most `target` tokens — the text itself when it is that short already —
+        or None if no provider could make one. `headers` are the requesting client's
+        credentials: they travel down as arguments, never kept on this shared object, so
+        concurrent requests never lend each other their keys."""
         credentials = dict(headers or {})
         size = self.meter.text_tokens(text)
         if size <= target:
-            return None
+            return Summary(text, "verbatim", "", size, size, cache_hit=False)
         level = next((name for name, share in LEVELS.items() if size * share <= target), "headline")
         for provider in self.providers:
             try:
@@ -170,9 +171,9 @@ class Summarizer:
         key = "|".join(
             (_digest(text), _digest(job.task), job.level, job.provider, self.prompt_version)
         )
-        if self.cache is not None and (cached := await self.cache.get(key)) is not None:
-            text_tokens = self.meter.text_tokens(cached)
-            return Summary(cached, job.level, job.provider, size, text_tokens, True)
+        cached = await self.cache.get(key) if self.cache is not None else None
+        if cached is not None and (after := self.meter.text_tokens(cached)) <= target:
+            return Summary(cached, job.level, job.provider, size, after, True)
         levels = list(LEVELS)
         summary = ""
         for name in levels[levels.index(job.level) :]:

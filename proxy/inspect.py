@@ -11,12 +11,13 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict
 
+from middleware.guard import guard_outcome, summary_low_water
 from policies import model_table
 from policies.budget import budget_for, requested_output
 from policies.clients import match_client
-from policies.compress import build_policies, compress_request
+from policies.compress import build_policies
 from policies.limits import LimitsRegistry, ResolvedLimits
-from policies.tokens import CLAUDE, CounterMeter, TokenCounter
+from policies.tokens import CLAUDE, TokenCounter
 from policies.wires import WIRES, wire_of_body
 from policies.wires.base import Wire
 from proxy.config import BrimConfig
@@ -136,14 +137,18 @@ def guard_report(
     limit: int,
     wire: Wire,
 ) -> dict[str, Any]:
-    """What the guard would do to this request, as `brim serve` is configured."""
+    """What the guard would do to this request, as `brim serve` is configured (offline: no
+    provider count, no summaries)."""
     guard = config.guard
-    outcome = compress_request(
-        body,
-        CounterMeter(counter, resolved.limits.tokenizer, resolved.limits.model, wire),
+    outcome = guard_outcome(
+        counter,
         build_policies(guard.policies, guard.policy_settings()),
-        limit=limit,
-        low_water=guard.low_water,
+        body,
+        wire,
+        resolved.limits.tokenizer,
+        resolved.limits.model,
+        limit,
+        low_water=summary_low_water(guard.low_water, summarizing=config.summarize.enabled),
         repair=guard.repair_pairs,
     )
     return {

@@ -128,6 +128,36 @@ def test_when_every_provider_fails_there_is_no_summary() -> None:
     )
 
 
+def test_a_text_already_within_its_target_is_its_own_summary() -> None:
+    model = FakeModel()
+    short = "step 1: the build ran the suite"
+    summary = asyncio.run(summarizer(model).summarize(short, 500, "task"))
+    assert summary is not None and summary.text == short and summary.level == "verbatim"
+    assert model.calls == []  # nothing to summarize: no model call, and not a failure
+
+
+def test_a_cached_summary_longer_than_the_target_is_made_again() -> None:
+    class Wordy(FakeModel):  # as many words as tokens asked for: always a little too long
+        async def __call__(
+            self,
+            provider: str,
+            messages: list[dict[str, str]],
+            max_tokens: int,
+            headers: Mapping[str, str],
+        ) -> str:
+            self.calls.append((provider, max_tokens))
+            return " ".join(messages[1]["content"].split()[:max_tokens])
+
+    model, cache = Wordy(), MemoryCache(ttl_hours=1)
+    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_200, "task"))
+    assert first is not None and first.level == "headline" and first.tokens_after > 1_200
+    calls = len(model.calls)
+    # The same level is asked for (the key), with less room: the cached text no longer fits.
+    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 1_200, "task"))
+    assert again is not None and not again.cache_hit and again.tokens_after <= 1_200
+    assert len(model.calls) > calls
+
+
 def test_the_cache_serves_the_same_bytes_and_misses_on_any_change(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
