@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import importlib
 import logging
 import math
@@ -420,24 +421,24 @@ def judge(
     tokens_in = counter.request(wire, original, tokenizer, MODELS[api]).total
     if sent is None:
         return Case(
-            method,
-            api,
-            factor,
-            session.seed,
-            budget,
-            tokens_in,
-            None,
-            True,
-            False,
-            False,
-            False,
-            False,
-            len(facts.older),
-            0,
-            len(facts.recent),
-            0,
-            summarizer_calls,
-            seconds,
+            method=method,
+            api=api,
+            factor=factor,
+            seed=session.seed,
+            budget=budget,
+            tokens_in=tokens_in,
+            tokens_out=None,
+            refused=True,
+            valid=False,
+            within=False,
+            system_kept=False,
+            newest_kept=False,
+            facts_older=len(facts.older),
+            facts_older_kept=0,
+            facts_recent=len(facts.recent),
+            facts_recent_kept=0,
+            summarizer_calls=summarizer_calls,
+            seconds=seconds,
             lost=[f.split()[0] for f in (*facts.older, *facts.recent)],
         )
     items = wire.conversation(sent)
@@ -481,6 +482,17 @@ def fidelity_cases(
             tokens = counter.request(WIRES[api], body, tokenizer_of(api), MODELS[api]).total
             budget = int(tokens / factor)
             window = window_for(api, body, budget)
+            judged = functools.partial(
+                judge,
+                api=api,
+                factor=factor,
+                session=session,
+                original=body,
+                budget=budget,
+                counter=counter,
+                facts=facts,
+                check=check[api],
+            )
             for method, summarize in ((BRIM, False), (BRIM_SUMMARIZE, True)):
                 brim = Brim(counter, api, window, summarize)
                 started = time.perf_counter()
@@ -488,19 +500,11 @@ def fidelity_cases(
                 seconds = time.perf_counter() - started
                 assert forwarded.budget == budget, (forwarded.budget, budget)
                 cases.append(
-                    judge(
+                    judged(
                         method,
-                        api,
-                        factor,
-                        session,
-                        body,
-                        forwarded.body,
-                        budget,
-                        counter,
-                        facts,
-                        check[api],
-                        seconds,
-                        forwarded.summarizer_calls,
+                        sent=forwarded.body,
+                        seconds=seconds,
+                        summarizer_calls=forwarded.summarizer_calls,
                     )
                 )
             if api != "openai.chat":
@@ -509,21 +513,7 @@ def fidelity_cases(
                 started = time.perf_counter()
                 sent, note = baseline(method, body, budget, counter)
                 seconds = time.perf_counter() - started
-                cases.append(
-                    judge(
-                        method,
-                        api,
-                        factor,
-                        session,
-                        body,
-                        sent,
-                        budget,
-                        counter,
-                        facts,
-                        check[api],
-                        seconds,
-                    )
-                )
+                cases.append(judged(method, sent=sent, seconds=seconds))
                 cases[-1].note = note
     return cases
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -95,18 +95,55 @@ class Session:
 
 # ---------------------------------------------------------------- rendering, one API each
 
+Item = dict[str, Any]
+
 
 def _args(call: Call) -> str:
     return orjson.dumps(call.arguments).decode()
 
 
-def chat_body(session: Session, turns: int | None = None) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = [{"role": "system", "content": session.system}]
-    for turn in session.turns[:turns]:
-        if turn.role == "user":
-            messages.append({"role": "user", "content": turn.text})
-            continue
-        message: dict[str, Any] = {"role": "assistant", "content": turn.text}
+def _anthropic_id(call: Call) -> str:
+    return "toolu_" + call.id.removeprefix("call_")
+
+
+class Renderer(ABC):
+    """One wire API's rendering of a session. The walk is shared: each user turn is one item,
+    each assistant turn its items then, if it made calls, their results' items. Each API only
+    says how it writes those, a tool definition, and the body around them."""
+
+    def __call__(self, session: Session, turns: int | None = None) -> dict[str, Any]:
+        conversation: list[Item] = []
+        for turn in session.turns[:turns]:
+            if turn.role == "user":
+                conversation.append(self.user(turn.text))
+                continue
+            conversation += self.assistant(turn)
+            if turn.calls:
+                conversation += self.results(turn.calls)
+        return self.body(session, conversation, [self.tool(tool) for tool in session.tools])
+
+    @abstractmethod
+    def user(self, text: str | None) -> Item: ...
+
+    @abstractmethod
+    def assistant(self, turn: Turn) -> list[Item]: ...
+
+    @abstractmethod
+    def results(self, calls: tuple[Call, ...]) -> list[Item]: ...
+
+    @abstractmethod
+    def tool(self, tool: Tool) -> Item: ...
+
+    @abstractmethod
+    def body(self, session: Session, conversation: list[Item], tools: list[Item]) -> Item: ...
+
+
+class ChatRenderer(Renderer):
+    def user(self, text: str | None) -> Item:
+        return {"role": "user", "content": text}
+
+    def assistant(self, turn: Turn) -> list[Item]:
+        message: Item = {"role": "assistant", "content": turn.text}
         if turn.calls:
             message["tool_calls"] = [
                 {
@@ -116,84 +153,84 @@ def chat_body(session: Session, turns: int | None = None) -> dict[str, Any]:
                 }
                 for call in turn.calls
             ]
-        messages.append(message)
-        messages += [
-            {"role": "tool", "tool_call_id": call.id, "content": call.result} for call in turn.calls
-        ]
-    return {
-        "model": MODELS["openai.chat"],
-        "messages": messages,
-        "tools": [
-            {
-                "type": "function",
-                "function": {
-                    "name": tool.name,
-                    "description": tool.description,
-                    "parameters": tool.parameters,
-                },
-            }
-            for tool in session.tools
-        ],
-    }
+        return [message]
+
+    def results(self, calls: tuple[Call, ...]) -> list[Item]:
+        return [{"role": "tool", "tool_call_id": call.id, "content": call.result} for call in calls]
+
+    def tool(self, tool: Tool) -> Item:
+        return {
+            "type": "function",
+            "function": {
+                "name": tool.name,
+                "description": tool.description,
+                "parameters": tool.parameters,
+            },
+        }
+
+    def body(self, session: Session, conversation: list[Item], tools: list[Item]) -> Item:
+        return {
+            "model": MODELS["openai.chat"],
+            "messages": [{"role": "system", "content": session.system}, *conversation],
+            "tools": tools,
+        }
 
 
-def messages_body(session: Session, turns: int | None = None) -> dict[str, Any]:
-    messages: list[dict[str, Any]] = []
-    for turn in session.turns[:turns]:
-        if turn.role == "user":
-            messages.append({"role": "user", "content": turn.text})
-            continue
-        blocks: list[dict[str, Any]] = []
-        if turn.text:
-            blocks.append({"type": "text", "text": turn.text})
+class MessagesRenderer(Renderer):
+    def user(self, text: str | None) -> Item:
+        return {"role": "user", "content": text}
+
+    def assistant(self, turn: Turn) -> list[Item]:
+        blocks: list[Item] = [{"type": "text", "text": turn.text}] if turn.text else []
         blocks += [
             {
                 "type": "tool_use",
-                "id": "toolu_" + call.id.removeprefix("call_"),
+                "id": _anthropic_id(call),
                 "name": call.name,
                 "input": call.arguments,
             }
             for call in turn.calls
         ]
-        messages.append({"role": "assistant", "content": blocks})
-        if turn.calls:
-            messages.append(
-                {
-                    "role": "user",
-                    "content": [
-                        {
-                            "type": "tool_result",
-                            "tool_use_id": "toolu_" + call.id.removeprefix("call_"),
-                            "content": call.result,
-                        }
-                        for call in turn.calls
-                    ],
-                }
-            )
-    return {
-        "model": MODELS["anthropic.messages"],
-        "max_tokens": ANTHROPIC_MAX_TOKENS,
-        "system": session.system,
-        "tools": [
-            {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
-            for tool in session.tools
-        ],
-        "messages": messages,
-    }
+        return [{"role": "assistant", "content": blocks}]
+
+    def results(self, calls: tuple[Call, ...]) -> list[Item]:
+        return [
+            {
+                "role": "user",
+                "content": [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": _anthropic_id(call),
+                        "content": call.result,
+                    }
+                    for call in calls
+                ],
+            }
+        ]
+
+    def tool(self, tool: Tool) -> Item:
+        return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
+
+    def body(self, session: Session, conversation: list[Item], tools: list[Item]) -> Item:
+        return {
+            "model": MODELS["anthropic.messages"],
+            "max_tokens": ANTHROPIC_MAX_TOKENS,
+            "system": session.system,
+            "tools": tools,
+            "messages": conversation,
+        }
 
 
-def responses_body(session: Session, turns: int | None = None) -> dict[str, Any]:
-    items: list[dict[str, Any]] = []
-    for turn in session.turns[:turns]:
-        if turn.role == "user":
-            items.append(
-                {
-                    "type": "message",
-                    "role": "user",
-                    "content": [{"type": "input_text", "text": turn.text}],
-                }
-            )
-            continue
+class ResponsesRenderer(Renderer):
+    def user(self, text: str | None) -> Item:
+        return {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": text}],
+        }
+
+    def assistant(self, turn: Turn) -> list[Item]:
+        items: list[Item] = []
         if turn.text:
             items.append(
                 {
@@ -211,69 +248,66 @@ def responses_body(session: Session, turns: int | None = None) -> dict[str, Any]
             }
             for call in turn.calls
         ]
-        items += [
+        return items
+
+    def results(self, calls: tuple[Call, ...]) -> list[Item]:
+        return [
             {"type": "function_call_output", "call_id": call.id, "output": call.result}
-            for call in turn.calls
+            for call in calls
         ]
-    return {
-        "model": MODELS["openai.responses"],
-        "instructions": session.system,
-        "tools": [
-            {
-                "type": "function",
-                "name": tool.name,
-                "description": tool.description,
-                "parameters": tool.parameters,
-            }
-            for tool in session.tools
-        ],
-        "input": items,
-    }
+
+    def tool(self, tool: Tool) -> Item:
+        return {
+            "type": "function",
+            "name": tool.name,
+            "description": tool.description,
+            "parameters": tool.parameters,
+        }
+
+    def body(self, session: Session, conversation: list[Item], tools: list[Item]) -> Item:
+        return {
+            "model": MODELS["openai.responses"],
+            "instructions": session.system,
+            "tools": tools,
+            "input": conversation,
+        }
 
 
-def gemini_body(session: Session, turns: int | None = None) -> dict[str, Any]:
-    contents: list[dict[str, Any]] = []
-    for turn in session.turns[:turns]:
-        if turn.role == "user":
-            contents.append({"role": "user", "parts": [{"text": turn.text}]})
-            continue
-        parts: list[dict[str, Any]] = [{"text": turn.text}] if turn.text else []
+class GeminiRenderer(Renderer):
+    def user(self, text: str | None) -> Item:
+        return {"role": "user", "parts": [{"text": text}]}
+
+    def assistant(self, turn: Turn) -> list[Item]:
+        parts: list[Item] = [{"text": turn.text}] if turn.text else []
         parts += [
             {"functionCall": {"id": call.id, "name": call.name, "args": call.arguments}}
             for call in turn.calls
         ]
-        contents.append({"role": "model", "parts": parts})
-        if turn.calls:
-            contents.append(
-                {
-                    "role": "user",
-                    "parts": [
-                        {
-                            "functionResponse": {
-                                "id": call.id,
-                                "name": call.name,
-                                "response": {"output": call.result},
-                            }
-                        }
-                        for call in turn.calls
-                    ],
-                }
-            )
-    return {
-        "systemInstruction": {"parts": [{"text": session.system}]},
-        "tools": [
-            {
-                "functionDeclarations": [
-                    {"name": t.name, "description": t.description, "parameters": t.parameters}
-                    for t in session.tools
-                ]
-            }
-        ],
-        "contents": contents,
-    }
+        return [{"role": "model", "parts": parts}]
+
+    def results(self, calls: tuple[Call, ...]) -> list[Item]:
+        responses = [
+            {"functionResponse": {"id": c.id, "name": c.name, "response": {"output": c.result}}}
+            for c in calls
+        ]
+        return [{"role": "user", "parts": responses}]
+
+    def tool(self, tool: Tool) -> Item:
+        return {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+
+    def body(self, session: Session, conversation: list[Item], tools: list[Item]) -> Item:
+        return {
+            "systemInstruction": {"parts": [{"text": session.system}]},
+            "tools": [{"functionDeclarations": tools}],
+            "contents": conversation,
+        }
 
 
-RENDER: dict[str, Callable[[Session, int | None], dict[str, Any]]] = {
+chat_body = ChatRenderer()
+messages_body = MessagesRenderer()
+responses_body = ResponsesRenderer()
+gemini_body = GeminiRenderer()
+RENDER: dict[str, Renderer] = {
     "openai.chat": chat_body,
     "anthropic.messages": messages_body,
     "openai.responses": responses_body,
