@@ -8,6 +8,10 @@ from typing import Any, Protocol, runtime_checkable
 
 from adapters.exchange import Exchange
 
+# Work on a request body larger than this (serializing it, say) runs in a worker thread rather
+# than on the event loop, where it would hold up every other request.
+OFF_LOOP_BYTES = 256 * 1024
+
 
 @dataclass(slots=True)
 class UpstreamResponse:

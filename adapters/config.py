@@ -8,9 +8,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from adapters.native import NATIVE_COUNTS
+
 WireApi = Literal["openai", "anthropic", "gemini", "litellm"]
 # Upstreams with a token counter of their own (Anthropic `count_tokens`, Gemini `countTokens`).
-NATIVE_COUNT_APIS = frozenset({"anthropic", "gemini"})
+NATIVE_COUNT_APIS = frozenset(NATIVE_COUNTS)
 
 
 class FrozenModel(BaseModel):

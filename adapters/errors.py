@@ -131,11 +131,7 @@ class ContextTooLarge(BrimError):
     code = "context_length_exceeded"
 
     def __init__(self, refusal: Refusal, *, param: str | None = None) -> None:
-        super().__init__(
-            f"This request has {refusal.tokens_in} input tokens, over the {refusal.limit}-token "
-            f"budget brim keeps for this model, and could not be made to fit: {refusal.how}",
-            param=param,
-        )
+        super().__init__(refusal.openai_message(), param=param)
         self.refusal = refusal
 
     def info(self) -> ErrorInfo:

@@ -6,14 +6,13 @@ and closed by `aclose()`.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
 
 import aiohttp
 import orjson
 
-from adapters.base import UpstreamResponse
+from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
 from adapters.config import UpstreamConfig
 from adapters.errors import (
     ContextOverflow,
@@ -26,6 +25,7 @@ from adapters.errors import (
 )
 from adapters.exchange import Exchange
 from adapters.headers import upstream_request_headers
+from adapters.native import NATIVE_COUNTS
 from adapters.overflow import Overflow, classify
 
 MAX_ERROR_BODY = 1024 * 1024
@@ -57,60 +57,6 @@ def is_error_event(stream: bytes, data: bytes) -> bool:
     return stripped.startswith(b"{") and (
         b'"error"' in stripped[:200] or b'"type":"error"' in stripped[:40]
     )
-
-
-# Fields of a Messages request that `count_tokens` takes; it refuses the others (`max_tokens`,
-# `stream`, sampling settings, `metadata`, …) as extra inputs.
-ANTHROPIC_COUNT_FIELDS = ("model", "messages", "system", "tools", "tool_choice", "thinking")
-# What of a generateContent request `countTokens` counts (its `generateContentRequest`), in
-# either spelling the API accepts.
-GEMINI_COUNT_FIELDS = (
-    "contents",
-    "systemInstruction",
-    "system_instruction",
-    "tools",
-    "toolConfig",
-    "tool_config",
-)
-
-
-def _anthropic_count_body(exchange: Exchange) -> dict[str, Any]:
-    body = exchange.body or {}
-    return {key: body[key] for key in ANTHROPIC_COUNT_FIELDS if key in body}
-
-
-def _gemini_count_body(exchange: Exchange) -> dict[str, Any]:
-    body = exchange.body or {}
-    request = {key: body[key] for key in GEMINI_COUNT_FIELDS if key in body}
-    return {"generateContentRequest": {"model": f"models/{exchange.model}", **request}}
-
-
-@dataclass(frozen=True, slots=True)
-class NativeCount:
-    """A provider's own token counter: which client API's requests it counts, its path (from
-    the conversation endpoint's), the body it takes, and the field of its answer."""
-
-    counts: str
-    path: Callable[[str], str]
-    body: Callable[[Exchange], dict[str, Any]]
-    answer: str
-
-
-# By upstream `api` (`adapters.config.NATIVE_COUNT_APIS`).
-NATIVE_COUNTS = {
-    "anthropic": NativeCount(
-        "anthropic.messages",
-        lambda endpoint: f"{endpoint}/count_tokens",  # /v1/messages/count_tokens
-        _anthropic_count_body,
-        "input_tokens",
-    ),
-    "gemini": NativeCount(
-        "gemini.generate",
-        lambda endpoint: f"{endpoint.rpartition(':')[0]}:countTokens",
-        _gemini_count_body,
-        "totalTokens",
-    ),
-}
 
 
 class RawHttpAdapter:
@@ -248,15 +194,23 @@ class RawHttpAdapter:
         )
         headers["Content-Type"] = "application/json"
         headers["Accept"] = "application/json"
-        data = orjson.dumps(native.body(exchange))
+        request = native.body(exchange)
+        if len(exchange.raw) > OFF_LOOP_BYTES:
+            data = await asyncio.to_thread(orjson.dumps, request)
+        else:
+            data = orjson.dumps(request)
         try:
-            async with self._client().post(
+            response = await self._client().post(
                 url, data=data, headers=headers, allow_redirects=False
-            ) as response:
-                ok = 200 <= response.status < 300
-                body = await (response.read() if ok else response.content.read(MAX_ERROR_BODY))
+            )
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._failure(exc, answered=False) from exc
+        async with response:  # the headers have arrived: a failure now breaks off the reply
+            ok = 200 <= response.status < 300
+            try:
+                body = await (response.read() if ok else response.content.read(MAX_ERROR_BODY))
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                raise self._failure(exc, answered=True) from exc
         if not ok:
             raise UpstreamError.from_reply(
                 upstream=self.name, status=response.status, headers=response.headers, body=body

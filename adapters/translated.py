@@ -29,6 +29,7 @@ from adapters.errors import (
 )
 from adapters.exchange import Exchange
 from adapters.overflow import Overflow, classify
+from adapters.raw import MAX_PEEK, first_event_data, is_error_event
 from policies.wires import wire_for
 from policies.wires.base import ErrorInfo
 from policies.wires.chat import CHAT
@@ -152,11 +153,15 @@ class LitellmAdapter:
         reads the first event): litellm raises a provider's refusal — a context overflow among
         them — only when a stream is first read, and a stream that ends before its first chunk
         is how some servers answer a prompt longer than their context. Either becomes a
-        `ContextOverflow` here, where the retry stage can still act on it. Returns the iterator
-        and the chunk to replay; closes the stream when it raises."""
+        `ContextOverflow` here, where the retry stage can still act on it. So does an overflow
+        sent as the first event of a stream litellm relays as bytes (Anthropic's own, for a
+        Messages request), as `RawHttpAdapter` finds it. Returns the iterator and the chunk to
+        replay; closes the stream when it raises."""
         iterator = aiter(stream)
         try:
             first = await anext(iterator, _END)
+            if isinstance(first, bytes | bytearray | str):
+                first, iterator = await self._first_event(first, iterator)
         except BaseException:
             await _close(stream)
             raise
@@ -170,6 +175,27 @@ class LitellmAdapter:
                 overflow=Overflow(message="the provider sent an empty stream", empty_stream=True),
             )
         return iterator, first
+
+    async def _first_event(
+        self, first: bytes | bytearray | str, iterator: AsyncIterator[Any]
+    ) -> tuple[bytes, AsyncIterator[Any]]:
+        """A stream of raw server-sent event bytes, read up to its first event with data: an
+        overflow there raises `ContextOverflow`. Returns the bytes read (one chunk to replay)
+        and the rest of the stream."""
+        seen = first.encode() if isinstance(first, str) else bytes(first)
+        while (data := first_event_data(seen)) is None and len(seen) <= MAX_PEEK:
+            chunk = await anext(iterator, _END)
+            if not isinstance(chunk, bytes | bytearray | str):  # the end, or not bytes after all
+                if chunk is not _END:
+                    iterator = _chain(chunk, iterator)
+                break
+            seen += chunk.encode() if isinstance(chunk, str) else bytes(chunk)
+        overflow = classify(200, data) if data is not None and is_error_event(seen, data) else None
+        if overflow is not None:
+            raise ContextOverflow(
+                upstream=self.name, status=200, headers=_SSE, body=seen, overflow=overflow
+            )
+        return seen, iterator
 
     def _deadline(self) -> float:
         """When this request must be over, streaming included (`max_duration_s`)."""
@@ -257,6 +283,12 @@ def _anthropic_sse(event: Any) -> bytes:
         + orjson.dumps(data)
         + b"\n\n"
     )
+
+
+async def _chain(head: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield head
+    async for item in rest:
+        yield item
 
 
 async def _close(stream: Any) -> None:

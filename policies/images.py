@@ -5,6 +5,9 @@ counted as high so the estimate errs high) scales the image down to fit 2048×20
 its shorter side is at most 768 (images are never scaled up), and costs 85 + 170 per 512-px
 tile. gpt-4o-mini bills the same tiles at 2833 + 5667 per tile. Remote URLs are never fetched:
 they are counted as a 1024×1536 image.
+
+Anthropic's and Gemini's rules are below with their constants; what a PDF costs needs its pages
+counted, which decodes it, so page counts are cached by content.
 """
 
 from __future__ import annotations
@@ -14,8 +17,20 @@ import binascii
 import math
 import re
 import struct
+import threading
+
+from cachetools import LRUCache
 
 REMOTE_IMAGE_SIZE = (1024, 1536)
+TILE_SIDE = 512
+MAX_LONG_SIDE = 2048  # an image is scaled down to fit 2048×2048 …
+MAX_SHORT_SIDE = 768  # … then so that its shorter side is at most 768
+# The most tiles an image can have after scaling: 2048×768 is 4 × 2 tiles.
+MAX_TILES = math.ceil(MAX_LONG_SIDE / TILE_SIDE) * math.ceil(MAX_SHORT_SIDE / TILE_SIDE)
+OPENAI_IMAGE_BASE, OPENAI_PER_TILE = 85, 170  # `detail: low` costs the base alone
+MINI_IMAGE_BASE, MINI_PER_TILE = 2833, 5667  # gpt-4o-mini
+MAX_IMAGE_TOKENS = MINI_IMAGE_BASE + MINI_PER_TILE * MAX_TILES  # the most any rule here counts
+GEMINI_IMAGE_TOKENS = 258  # Gemini bills an image (up to 384 px a side) as 258 tokens
 _HEADER_BASE64_CHARS = 64 * 1024  # enough for any PNG/GIF/WebP header and most JPEG SOF markers
 
 
@@ -88,13 +103,16 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
 def tile_count(width: int, height: int) -> int:
     if width <= 0 or height <= 0:
         return 1
-    scale = min(1.0, 2048 / max(width, height))
-    scale *= min(1.0, 768 / (min(width, height) * scale))
-    return math.ceil(width * scale / 512) * math.ceil(height * scale / 512)
+    scale = min(1.0, MAX_LONG_SIDE / max(width, height))
+    scale *= min(1.0, MAX_SHORT_SIDE / (min(width, height) * scale))
+    return math.ceil(width * scale / TILE_SIDE) * math.ceil(height * scale / TILE_SIDE)
 
 
 def image_tokens(url: str, detail: str | None, model: str = "") -> int:
-    base, per_tile = (2833, 5667) if "gpt-4o-mini" in model.lower() else (85, 170)
+    mini = "gpt-4o-mini" in model.lower()
+    base, per_tile = (
+        (MINI_IMAGE_BASE, MINI_PER_TILE) if mini else (OPENAI_IMAGE_BASE, OPENAI_PER_TILE)
+    )
     if detail == "low":
         return base
     size = data_url_size(url) if url.startswith("data:") else REMOTE_IMAGE_SIZE
@@ -124,11 +142,31 @@ def anthropic_image_tokens(source: object) -> int:
 
 
 def pdf_tokens(source: object) -> int:
+    """A PDF's pages at their top cost (at least one); a PDF by URL as `REMOTE_PDF_PAGES`."""
     if isinstance(source, dict) and source.get("type") == "base64":
-        try:
-            data = base64.b64decode(str(source.get("data", "")), validate=False)
-        except (binascii.Error, ValueError):
-            data = b""
-        pages = len(re.findall(rb"/Type\s*/Page(?![a-zA-Z])", data))
-        return PDF_PAGE_TOKENS * max(1, pages)
+        return PDF_PAGE_TOKENS * max(1, pdf_pages(str(source.get("data", ""))))
     return PDF_PAGE_TOKENS * REMOTE_PDF_PAGES
+
+
+_PAGE = re.compile(rb"/Type\s*/Page(?![a-zA-Z])")
+# Page counts by (length, hash) of the base64 text: a PDF stays in a conversation for many turns,
+# and decoding it (tens of ms for a large one) every request would hold up the event loop.
+_page_counts: LRUCache[tuple[int, int], int] = LRUCache(maxsize=1_024)
+_pdf_lock = threading.Lock()
+
+
+def pdf_pages(data: str) -> int:
+    """The pages of a base64-encoded PDF (0 if none can be found), cached by content."""
+    key = (len(data), hash(data))
+    with _pdf_lock:
+        cached = _page_counts.get(key)
+    if cached is not None:
+        return cached
+    try:
+        decoded = base64.b64decode(data, validate=False)
+    except (binascii.Error, ValueError):
+        decoded = b""
+    pages = len(_PAGE.findall(decoded))
+    with _pdf_lock:
+        _page_counts[key] = pages
+    return pages

@@ -4,8 +4,10 @@ Encodings: `o200k_base` (gpt-4o, 4.1, 4.5, 5, o-series, unknown modern models), 
 (gpt-4, gpt-3.5), and `claude` — Anthropic publishes no offline tokenizer, so Claude models are
 counted with o200k_base times a calibration factor (default 1.15, erring high).
 
-What a message costs is each wire API's own rule (`policies.wires`); this module holds what they
-share: encodings, the per-message cache, and OpenAI's accounting of tool definitions:
+What a message costs is each wire API's own rule (`policies.wires`), and so is the fixed cost
+outside the conversation (`Wire.fixed_tokens`); this module holds what they share: encodings,
+the caches, the request's shape (Σ item + fixed + 3 for reply priming), and OpenAI's accounting
+of tool definitions:
 
     tools    = 12 + Σ tool: 7 (cl100k: 10) + tokens("name:description")
                + (3 + Σ property: 3 + tokens("key:type:description")
@@ -13,15 +15,16 @@ share: encodings, the per-message cache, and OpenAI's accounting of tool definit
                (`required` is free; other schema keys and nested schemas: tokens of their JSON)
 
 Counts of single messages are cached by content hash, so turn N+1 of a session tokenizes only
-its new messages. `upper_bound` is free: a byte-level BPE token is at least one byte long.
+its new messages; so are texts and tool definitions (the system prompt and tools are counted
+again by every request and every compression pass). `upper_bound` is free: a byte-level BPE
+token is at least one byte long.
 """
 
 from __future__ import annotations
 
-import hashlib
 import math
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,7 +36,6 @@ if TYPE_CHECKING:
     from policies.wires.base import Wire
 
 
-GEMINI_IMAGE_TOKENS = 258  # Gemini bills an image (up to 384 px a side) as 258 tokens
 ANTHROPIC_TOOL_PROMPT = 346  # tokens Anthropic adds to the system prompt when tools are given
 O200K = "o200k_base"
 CL100K = "cl100k_base"
@@ -53,11 +55,15 @@ ENUM_START = -3
 PER_ENUM_ITEM = 3
 # Schema keys the provider's rendering of a tool spends no separate tokens on.
 _RENDERED_WITHOUT_TOKENS = frozenset({"type", "properties", "required", "additionalProperties"})
-MAX_IMAGE_TOKENS = 2833 + 5667 * 8  # the most one image can cost under any rule counted here
 
 
 @dataclass(frozen=True, slots=True)
 class ChatCount:
+    """A request's tokens by where they are. `tools` is the whole fixed cost `Wire.fixed_tokens`
+    counts: tool definitions, and the system prompt of the APIs that keep it outside the
+    conversation (the name stays for its readers, `brim inspect` among them); the reply's schema
+    is `response_format`."""
+
     messages: tuple[int, ...]
     tools: int
     response_format: int
@@ -68,20 +74,41 @@ class ChatCount:
         return sum(self.messages) + self.tools + self.response_format + self.priming
 
 
-def _text(value: Any) -> str:
+def as_text(value: Any) -> str:
+    """A string as it is, anything else as its JSON."""
     return value if isinstance(value, str) else orjson.dumps(value).decode()
+
+
+def token_count(enc: tiktoken.Encoding) -> Callable[[Any], int]:
+    """Tokens of a value in `enc`: a string as it is, anything else as its JSON; 0 for empty."""
+
+    def count(value: Any) -> int:
+        return len(enc.encode_ordinary(as_text(value))) if value else 0
+
+    return count
+
+
+TextCache = LRUCache[tuple[str, int, int], int]  # (tokenizer, length, hash) → tokens
 
 
 class TokenCounter:
     """Counts with tiktoken. Thread-safe, so large counts can run off the event loop."""
 
     def __init__(
-        self, *, claude_factor: float = DEFAULT_CLAUDE_FACTOR, cache_size: int = 200_000
+        self,
+        *,
+        claude_factor: float = DEFAULT_CLAUDE_FACTOR,
+        cache_size: int = 200_000,
+        fixed_cache_size: int = 4_096,
     ) -> None:
         if claude_factor < 1:
             raise ValueError(f"claude_factor must be at least 1, not {claude_factor}")
         self.claude_factor = claude_factor
         self._cache: LRUCache[tuple[str, int, int], int] = LRUCache(maxsize=cache_size)
+        # Texts and tool definitions (system prompts, tools: few, long, counted every request),
+        # apart from the messages so that a long session cannot evict them.
+        self._fixed: LRUCache[tuple[str, int, int], int] = LRUCache(maxsize=fixed_cache_size)
+        self._texts: LRUCache[tuple[str, int, int], int] = LRUCache(maxsize=50_000)  # any text
         self._lock = threading.Lock()
         self.cache_hits = 0
         self.cache_misses = 0
@@ -107,9 +134,26 @@ class TokenCounter:
         return math.ceil(tokens * self.claude_factor) if tokenizer == CLAUDE else tokens
 
     def text(self, text: str, tokenizer: str) -> int:
-        if not text:
-            return 0
-        return self.scale(len(self.encoding(tokenizer).encode_ordinary(text)), tokenizer)
+        """Tokens of a text (cached by content: a system prompt is counted again every turn)."""
+        return self.scale(self._counted(self._fixed, text, tokenizer), tokenizer) if text else 0
+
+    def raw_text(self, text: str, tokenizer: str) -> int:
+        """Tokens of a text in the encoding itself, before any calibration factor; cached by
+        content, shared by every request (tool results and summaries come back every turn)."""
+        return self._counted(self._texts, text, tokenizer) if text else 0
+
+    def _counted(
+        self, cache: LRUCache[tuple[str, int, int], int], text: str, tokenizer: str
+    ) -> int:
+        key = (tokenizer, len(text), hash(text))
+        with self._lock:
+            cached = cache.get(key)
+        if cached is not None:
+            return cached
+        counted = len(self.encoding(tokenizer).encode_ordinary(text))
+        with self._lock:
+            cache[key] = counted
+        return counted
 
     def message(self, message: Mapping[str, Any], tokenizer: str, model: str, wire: Wire) -> int:
         """One item's tokens (cached by content), by the rule of the wire API it is written in."""
@@ -132,18 +176,46 @@ class TokenCounter:
     def request(
         self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str = ""
     ) -> ChatCount:
-        """A whole request of `wire`'s API: per item, plus its fixed cost."""
-        return wire.count(self, body, tokenizer, model)
+        """A whole request of `wire`'s API: Σ item + its fixed cost + reply priming."""
+        return ChatCount(
+            messages=tuple(
+                self.message(item, tokenizer, model, wire)
+                for item in wire.conversation(body)
+                if isinstance(item, Mapping)
+            ),
+            tools=wire.fixed_tokens(self, body, tokenizer, model),
+            response_format=self.response_format(wire, body, tokenizer),
+            priming=REPLY_PRIMING,
+        )
+
+    def fixed(self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str = "") -> int:
+        """Everything of a request but its conversation: what `request` counts besides the items."""
+        fixed = wire.fixed_tokens(self, body, tokenizer, model)
+        return fixed + self.response_format(wire, body, tokenizer) + REPLY_PRIMING
+
+    def response_format(self, wire: Wire, body: Mapping[str, Any], tokenizer: str) -> int:
+        """Tokens of the schema the reply must follow (as its JSON), if the request gives one."""
+        schema = wire.response_schema(body)
+        return self.text(as_text(schema), tokenizer) if schema is not None else 0
 
     def tools(self, tools: Iterable[Any], tokenizer: str) -> int:
+        """Tool definitions by OpenAI's accounting (cached by their JSON)."""
         definitions = [t.get("function", t) for t in tools if isinstance(t, Mapping)]
         if not definitions:
             return 0
-        enc = self.encoding(tokenizer)
+        serialized = orjson.dumps(definitions)
+        key = (f"tools:{tokenizer}", len(serialized), hash(serialized))
+        with self._lock:
+            cached = self._fixed.get(key)
+        if cached is not None:
+            return cached
+        counted = self.scale(self._tools_raw(definitions, tokenizer), tokenizer)
+        with self._lock:
+            self._fixed[key] = counted
+        return counted
 
-        def count(text: str) -> int:
-            return len(enc.encode_ordinary(text)) if text else 0
-
+    def _tools_raw(self, definitions: Sequence[Mapping[str, Any]], tokenizer: str) -> int:
+        count = token_count(self.encoding(tokenizer))
         tokens = TOOLS_END
         for function in definitions:
             description = str(function.get("description") or "").removesuffix(".")
@@ -158,28 +230,31 @@ class TokenCounter:
                     tokens += PER_PROPERTY + self._property_raw(key, schema, count)
             rest = {k: v for k, v in parameters.items() if k not in _RENDERED_WITHOUT_TOKENS}
             if rest:
-                tokens += count(orjson.dumps(rest).decode())
-        return self.scale(tokens, tokenizer)
+                tokens += count(rest)
+        return tokens
 
     @staticmethod
-    def _property_raw(key: str, schema: Any, count: Any) -> int:
+    def _property_raw(key: str, schema: Any, count: Callable[[Any], int]) -> int:
         if not isinstance(schema, Mapping):
-            return int(count(f"{key}:{_text(schema)}"))
+            return count(f"{key}:{as_text(schema)}")
         description = str(schema.get("description") or "").removesuffix(".")
-        tokens = int(count(f"{key}:{schema.get('type', '')}:{description}"))
+        tokens = count(f"{key}:{schema.get('type', '')}:{description}")
         enum = schema.get("enum")
         if isinstance(enum, list):
-            tokens += ENUM_START + sum(PER_ENUM_ITEM + count(_text(item)) for item in enum)
+            tokens += ENUM_START + sum(PER_ENUM_ITEM + count(as_text(item)) for item in enum)
         rest = {k: v for k, v in schema.items() if k not in ("type", "description", "enum")}
         if rest:  # nested objects, arrays, formats: counted as their JSON, erring high
-            tokens += int(count(orjson.dumps(rest).decode()))
+            tokens += count(rest)
         return tokens
 
     def upper_bound(self, raw: bytes, body: Mapping[str, Any], tokenizer: str, wire: Wire) -> int:
         """A bound no exact count can exceed, without tokenizing: every token is at least one
-        byte of the text, and all text is inside the body's bytes; what costs more than its
-        bytes (per-item overheads, images, documents) the wire adds."""
-        return self.scale(len(raw) + wire.bound_overhead(body), tokenizer)
+        byte of the text, and all text is inside the body's bytes. What costs more than its
+        bytes: reply priming and each item's overhead (its role and separators), here; what else
+        (tool calls, images, documents, tool definitions) the wire adds."""
+        items = sum(isinstance(item, Mapping) for item in wire.conversation(body))
+        overhead = REPLY_PRIMING + (PER_MESSAGE + PER_NAME) * items + wire.bound_overhead(body)
+        return self.scale(len(raw) + overhead, tokenizer)
 
 
 def tool_definitions_bound(definitions: Iterable[Any]) -> int:
@@ -211,15 +286,11 @@ class CounterMeter:
         self.model = model
         self.wire = wire
         self._encoding = counter.encoding(tokenizer)
-        self._text_sizes: LRUCache[bytes, int] = LRUCache(maxsize=50_000)
 
     def text_tokens(self, text: str) -> int:
-        """Tokens of a text, cached by content (tool results are measured again every turn)."""
-        key = hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
-        size = self._text_sizes.get(key)
-        if size is None:
-            size = self._text_sizes[key] = len(self._encoding.encode_ordinary(text))
-        return size
+        """Tokens of a text, from the counter's cache (a meter lives for one request; tool
+        results and evicted transcripts come back every turn)."""
+        return self.counter.raw_text(text, self.tokenizer)
 
     def message(self, message: Any) -> int:
         return self.counter.message(message, self.tokenizer, self.model, self.wire)
@@ -232,5 +303,4 @@ class CounterMeter:
 
     def fixed(self, body: Mapping[str, Any]) -> int:
         """Everything but the conversation: system prompt, tool definitions, reply priming."""
-        bare = self.wire.with_conversation(body, [])
-        return self.counter.request(self.wire, bare, self.tokenizer, self.model).total
+        return self.counter.fixed(self.wire, body, self.tokenizer, self.model)

@@ -33,11 +33,8 @@ def conversation_wire(api: str) -> Wire | None:
 
 def wire_for_path(path: str) -> Wire:
     """Which wire a client on this URL path expects its errors from; Chat Completions (OpenAI's
-    shape) for any path no wire claims."""
-    for wire in (MESSAGES, GEMINI, RESPONSES):
-        if wire.owns_path(path):
-            return wire
-    return CHAT
+    shape) for any path no wire claims. No two wires claim one path, so the order is free."""
+    return next((wire for wire in WIRES.values() if wire.owns_path(path)), CHAT)
 
 
 def wire_of_body(body: Mapping[str, Any]) -> Wire:

@@ -6,19 +6,21 @@ A wire object holds no per-request state: everything it needs comes in as argume
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import orjson
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from policies.conversation import Dialect
+from policies.conversation import NO_RESULT as NO_RESULT  # what answers a lost call
+from policies.conversation import Dialect, UnitKind
+from policies.tokens import as_text  # one copy, there: `policies.tokens` imports no wire
 
 if TYPE_CHECKING:
     import tiktoken
 
-    from policies.tokens import ChatCount, TokenCounter
+    from policies.tokens import TokenCounter
 
 NOTICE_PREFIX = "[brim removed "
 
@@ -48,6 +50,13 @@ class Refusal:
     tokens_in: int
     limit: int
     how: str
+
+    def openai_message(self) -> str:
+        """The wording of OpenAI's APIs (and of `ContextTooLarge.message`)."""
+        return (
+            f"This request has {self.tokens_in} input tokens, over the {self.limit}-token "
+            f"budget brim keeps for this model, and could not be made to fit: {self.how}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,15 +124,21 @@ class Wire(Protocol):
         """One item's tokens in the raw encoding (before any calibration factor)."""
         ...
 
-    def count(
+    def fixed_tokens(
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
-    ) -> ChatCount:
-        """The whole request: per item, plus the fixed cost (system prompt, tools, priming)."""
+    ) -> int:
+        """The cost outside the conversation (system prompt, tool definitions), scaled.
+        `TokenCounter.request` adds the items, the reply's schema and the reply priming."""
+        ...
+
+    def response_schema(self, body: Mapping[str, Any]) -> Any:
+        """The schema the reply must follow, counted as its JSON; None if the body gives none."""
         ...
 
     def bound_overhead(self, body: Mapping[str, Any]) -> int:
-        """Tokens a count can have beyond one per byte of the body: per-item overheads, and
-        images or documents, which cost by the provider's rule rather than by their bytes."""
+        """Tokens a count can have beyond one per byte of the body, reply priming and a fixed
+        overhead per item (`TokenCounter.upper_bound` adds those): tool calls, tool definitions,
+        and images or documents, which cost by the provider's rule rather than by their bytes."""
         ...
 
     def error_body(self, error: ErrorInfo) -> bytes: ...
@@ -159,13 +174,10 @@ class FieldConversation:
         return {**body, self.conversation_field: list(items)}
 
 
-def token_count(enc: tiktoken.Encoding) -> Callable[[Any], int]:
-    """Tokens of a value in `enc`: a string as it is, anything else as its JSON; 0 for empty."""
-
-    def count(value: Any) -> int:
-        return len(enc.encode_ordinary(as_text(value))) if value else 0
-
-    return count
+def under(path: str, *roots: str) -> bool:
+    """Whether `path` is one of `roots` or below one (`/v1/messages/count_tokens` is under
+    `/v1/messages`; `/v1/messagesx` is not)."""
+    return any(path == root or path.startswith(f"{root}/") for root in roots)
 
 
 def text_of(content: Any) -> str:
@@ -179,10 +191,6 @@ def text_of(content: Any) -> str:
             if isinstance(part, Mapping) and isinstance(part.get("text"), str)
         )
     return ""
-
-
-def as_text(value: Any) -> str:
-    return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
 def text_part(text: str) -> dict[str, Any]:
@@ -207,11 +215,13 @@ class OpenModel(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-def sse_data(chunk: bytes) -> Iterator[bytes]:
-    """The `data:` payloads of complete server-sent events in `chunk`."""
-    for line in chunk.splitlines():
-        if line.startswith(b"data:"):
-            yield line[5:].strip()
+def sse_data(chunk: bytes) -> list[bytes]:
+    """The `data:` payloads (stripped) of the complete lines of a server-sent event stream: a
+    line after `chunk`'s last newline is not complete yet (a reader keeps it for the next read)."""
+    end = chunk.rfind(b"\n")
+    if end < 0:
+        return []
+    return [line[5:].strip() for line in chunk[:end].splitlines() if line.startswith(b"data:")]
 
 
 def transcript(messages: Sequence[GenAiMessage]) -> str:
@@ -231,8 +241,15 @@ def transcript(messages: Sequence[GenAiMessage]) -> str:
     return "\n".join(lines)
 
 
-# What a dialect writes where a tool call has no recorded result.
-NO_RESULT = "[no result was recorded for this tool call]"
+# The unit a lone message (not part of a tool group) makes, by its role (Chat Completions and
+# Responses); a role not listed is the dialect's to decide.
+UNIT_KINDS: Mapping[str, UnitKind] = {
+    "system": "system",
+    "developer": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "orphan",
+}
 
 
 def role_of(message: Any) -> str:
@@ -283,6 +300,23 @@ def with_part_text(parts: Sequence[Any], old: str | None, new: str) -> list[Any]
             out[position] = {**part, "text": new}
             break
     return out
+
+
+# How pydantic names a union's members in an error location: `str`, `list[_Block]`,
+# `function-after[...]`, …; a field of a wire API's body is never named so.
+_UNION_TAG = re.compile(r"str|int|float|bool|bytes|none|[\w-]+\[.*\]", re.S)
+
+
+def first_error(exc: ValidationError, *, deepest: bool = False) -> tuple[list[int | str], str, str]:
+    """The error a body check reports: (location without union tags, pydantic's error type, its
+    message). The first error, or with `deepest` the one whose location goes deepest (of a
+    union's failed branches, the one that got furthest names the real problem)."""
+    errors = exc.errors()
+    error = max(errors, key=lambda e: len(e["loc"])) if deepest else errors[0]
+    location = [
+        part for part in error["loc"] if not (isinstance(part, str) and _UNION_TAG.fullmatch(part))
+    ]
+    return location, error["type"], error["msg"]
 
 
 def param_path(location: Sequence[int | str]) -> str:

@@ -13,6 +13,7 @@ Counting follows OpenAI's published accounting for chat models:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
@@ -25,18 +26,18 @@ from pydantic import (
 )
 
 from policies.conversation import Dialect, ToolResult, Unit
-from policies.images import image_tokens
+from policies.images import MAX_IMAGE_TOKENS, image_tokens
 from policies.tokens import (
-    MAX_IMAGE_TOKENS,
     PER_MESSAGE,
     PER_NAME,
     PER_TOOL_CALL,
-    REPLY_PRIMING,
-    ChatCount,
+    as_text,
+    token_count,
     tool_definitions_bound,
 )
 from policies.wires.base import (
     NO_RESULT,
+    UNIT_KINDS,
     BodyError,
     ErrorInfo,
     FieldConversation,
@@ -44,7 +45,7 @@ from policies.wires.base import (
     OpenModel,
     RequestFacts,
     Usage,
-    as_text,
+    first_error,
     first_of_each,
     image_part,
     largest_part_text,
@@ -53,7 +54,7 @@ from policies.wires.base import (
     role_of,
     text_of,
     text_part,
-    token_count,
+    under,
     whole_number,
     with_part_text,
 )
@@ -82,6 +83,21 @@ class ChatDialect:
             return []
         return [i for call in message.get("tool_calls") or () if (i := _call_id(call)) is not None]
 
+    def call_arguments(self, message: Any) -> list[tuple[str, Any]]:
+        """(id, `function.arguments` parsed from their JSON text) for each call `calls` lists."""
+        found: list[tuple[str, Any]] = []
+        for call in message.get("tool_calls") or () if self.role(message) == "assistant" else ():
+            if (call_id := _call_id(call)) is None:
+                continue
+            function = call.get("function")
+            arguments = function.get("arguments") if isinstance(function, Mapping) else None
+            try:
+                parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
+            except orjson.JSONDecodeError:
+                parsed = arguments  # not JSON: the text as it is
+            found.append((call_id, parsed))
+        return found
+
     def units(self, messages: Sequence[Any]) -> list[Unit]:
         units: list[Unit] = []
         index = 0
@@ -94,14 +110,7 @@ class ChatDialect:
                 units.append(Unit("tools", index, end))
                 index = end
                 continue
-            kind = {
-                "system": "system",
-                "developer": "system",
-                "user": "user",
-                "assistant": "assistant",
-                "tool": "orphan",
-            }.get(role, "user")
-            units.append(Unit(kind, index, index + 1))  # type: ignore[arg-type]
+            units.append(Unit(UNIT_KINDS.get(role, "user"), index, index + 1))
             index += 1
         return units
 
@@ -252,25 +261,29 @@ class _ChatRequest(OpenModel):
 # Errors ------------------------------------------------------------------------------------
 
 
+def openai_error(error: ErrorInfo) -> dict[str, Any]:
+    """OpenAI's error object (the value of a reply's `error`), shared by Chat Completions and
+    Responses."""
+    message = error.message if error.refusal is None else error.refusal.openai_message()
+    return {"message": message, "type": error.error_type, "param": error.param, "code": error.code}
+
+
 def openai_error_body(error: ErrorInfo) -> bytes:
-    """OpenAI's error object, shared by Chat Completions and Responses."""
-    message = error.message
-    if error.refusal is not None:
-        refusal = error.refusal
-        message = (
-            f"This request has {refusal.tokens_in} input tokens, over the {refusal.limit}-token "
-            f"budget brim keeps for this model, and could not be made to fit: {refusal.how}"
-        )
-    return orjson.dumps(
-        {
-            "error": {
-                "message": message,
-                "type": error.error_type,
-                "param": error.param,
-                "code": error.code,
-            }
-        }
-    )
+    return orjson.dumps({"error": openai_error(error)})
+
+
+def openai_body_error(exc: ValidationError) -> BodyError:
+    """A failed body check in OpenAI's wording (Chat Completions and Responses)."""
+    location, kind, message = first_error(exc)
+    param = param_path(location)
+    if kind == "missing":
+        return BodyError(f"Missing required parameter '{param}'.", param)
+    return BodyError(f"Invalid value for '{param}': {message}.", param)
+
+
+def _definitions(body: Mapping[str, Any]) -> list[Any]:
+    """Tool definitions: `tools`, and the deprecated `functions`."""
+    return list(body.get("tools") or []) + list(body.get("functions") or [])
 
 
 def openai_usage(usage: Any) -> Usage | None:
@@ -326,23 +339,21 @@ class ChatWire(FieldConversation):
     conversation_field = "messages"
     operation = "chat"
     dialect: Dialect = ChatDialect()
-    serving: Mapping[str, frozenset[str]] = {
-        "openai.chat": frozenset({"openai", "litellm"}),
-        "openai.models": frozenset({"openai"}),
-    }
+    serving: Mapping[str, frozenset[str]] = MappingProxyType(
+        {
+            "openai.chat": frozenset({"openai", "litellm"}),
+            "openai.models": frozenset({"openai"}),
+        }
+    )
 
     def owns_path(self, path: str) -> bool:
-        return path.rstrip("/").endswith("/chat/completions")
+        return under(path, "/v1/chat/completions", "/chat/completions")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:
             request = _ChatRequest.model_validate(body)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            param = param_path(first["loc"])
-            if first["type"] == "missing":
-                raise BodyError(f"Missing required parameter '{param}'.", param) from None
-            raise BodyError(f"Invalid value for '{param}': {first['msg']}.", param) from None
+            raise openai_body_error(exc) from None
         for index, message in enumerate(request.messages):
             if message.role == "tool" and not message.tool_call_id:
                 param = f"messages[{index}].tool_call_id"
@@ -370,39 +381,29 @@ class ChatWire(FieldConversation):
             tokens += count(message.get(field))
         return tokens
 
-    def count(
+    def fixed_tokens(
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
-    ) -> ChatCount:
-        messages = body.get("messages") or []
-        per_message = tuple(
-            counter.message(m, tokenizer, model, self) for m in messages if isinstance(m, Mapping)
-        )
-        definitions = list(body.get("tools") or []) + list(body.get("functions") or [])
+    ) -> int:
+        return counter.tools(_definitions(body), tokenizer)
+
+    def response_schema(self, body: Mapping[str, Any]) -> Any:
         response_format = body.get("response_format")
-        schema_tokens = 0
         if isinstance(response_format, Mapping) and response_format.get("type") == "json_schema":
-            schema_tokens = counter.text(as_text(response_format.get("json_schema")), tokenizer)
-        return ChatCount(
-            messages=per_message,
-            tools=counter.tools(definitions, tokenizer),
-            response_format=schema_tokens,
-            priming=REPLY_PRIMING,
-        )
+            return response_format.get("json_schema")
+        return None
 
     def bound_overhead(self, body: Mapping[str, Any]) -> int:
-        tokens = REPLY_PRIMING
+        tokens = 0
         for message in self.conversation(body):
             if not isinstance(message, Mapping):
                 continue
-            tokens += PER_MESSAGE + PER_NAME
             tokens += PER_TOOL_CALL * len(message.get("tool_calls") or ())
             tokens += PER_TOOL_CALL if message.get("function_call") else 0
             content = message.get("content")
             for part in content if isinstance(content, list) else ():
                 if isinstance(part, Mapping) and part.get("type") == "image_url":
                     tokens += MAX_IMAGE_TOKENS
-        definitions = list(body.get("tools") or []) + list(body.get("functions") or [])
-        return tokens + tool_definitions_bound(definitions)
+        return tokens + tool_definitions_bound(_definitions(body))
 
     def error_body(self, error: ErrorInfo) -> bytes:
         return openai_error_body(error)

@@ -9,20 +9,15 @@ or file part at Gemini's flat 258 tokens.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from pydantic import Field, ValidationError
 
 from policies.conversation import Dialect, ToolResult, Unit
-from policies.tokens import (
-    GEMINI_IMAGE_TOKENS,
-    PER_MESSAGE,
-    PER_NAME,
-    PER_TOOL_CALL,
-    REPLY_PRIMING,
-    ChatCount,
-)
+from policies.images import GEMINI_IMAGE_TOKENS
+from policies.tokens import PER_MESSAGE, PER_TOOL_CALL, as_text, token_count
 from policies.wires.base import (
     NO_RESULT,
     BodyError,
@@ -32,10 +27,11 @@ from policies.wires.base import (
     OpenModel,
     RequestFacts,
     Usage,
-    as_text,
+    first_error,
+    largest_part_text,
     text_part,
-    token_count,
     whole_number,
+    with_part_text,
 )
 
 if TYPE_CHECKING:
@@ -70,6 +66,16 @@ class GeminiDialect:
             return []
         return [
             self._call_key(p["functionCall"])
+            for p in _parts(item)
+            if isinstance(p, Mapping) and isinstance(p.get("functionCall"), Mapping)
+        ]
+
+    def call_arguments(self, item: Any) -> list[tuple[str, Any]]:
+        """(call key, `args`) for each `functionCall` `calls` lists, keyed as it keys them."""
+        if self.role(item) != "model":
+            return []
+        return [
+            (self._call_key(p["functionCall"]), p["functionCall"].get("args"))
             for p in _parts(item)
             if isinstance(p, Mapping) and isinstance(p.get("functionCall"), Mapping)
         ]
@@ -118,11 +124,14 @@ class GeminiDialect:
         for part in _parts(item) if self.role(item) == "user" else []:
             response = part.get("functionResponse") if isinstance(part, Mapping) else None
             if isinstance(response, Mapping):
-                text = (
-                    orjson.dumps(response.get("response")).decode()
-                    if not isinstance(response.get("response"), str)
-                    else str(response.get("response"))
-                )
+                value = response.get("response")
+                if (  # `{"output": text}`, the shape `with_tool_result` writes: the text
+                    isinstance(value, Mapping)
+                    and len(value) == 1
+                    and isinstance(value.get("output"), str)
+                ):
+                    value = value["output"]
+                text = value if isinstance(value, str) else orjson.dumps(value).decode()
                 results.append(
                     ToolResult(self._call_key(response), str(response.get("name", "tool")), text)
                 )
@@ -152,30 +161,16 @@ class GeminiDialect:
             for p in _parts(item)
         ):
             return None
-        texts = [
-            str(p["text"])
-            for p in _parts(item)
-            if isinstance(p, Mapping) and isinstance(p.get("text"), str)
-        ]
-        return max(texts, key=len) if texts else None
+        return largest_part_text(_parts(item))
 
     def with_largest_text(self, item: Any, text: str) -> Any:
-        largest = self.largest_text(item)
-        parts = _parts(item)
-        for position, part in enumerate(parts):
-            if isinstance(part, Mapping) and part.get("text") == largest:
-                parts[position] = {**part, "text": text}
-                break
-        return {**item, "parts": parts}
+        return {**item, "parts": with_part_text(_parts(item), self.largest_text(item), text)}
 
     def notice(self, text: str) -> Any:
         return {"role": "user", "parts": [{"text": text}]}
 
     def placeholder_result(self, call_id: str, text: str = NO_RESULT) -> Any:
-        return {
-            "role": "user",
-            "parts": [{"functionResponse": {"name": call_id, "response": {"output": text}}}],
-        }
+        return {"role": "user", "parts": [_no_response(call_id, text)]}
 
     def violations(self, items: Sequence[Any]) -> list[str]:
         problems: list[str] = []
@@ -224,13 +219,7 @@ class GeminiDialect:
                 if len(kept) != len(_parts(item)):
                     done.append("dropped function responses that answer no call")
                 if missing and self.role(item) == "user":
-                    kept = [
-                        *(
-                            {"functionResponse": {"name": c, "response": {"output": NO_RESULT}}}
-                            for c in missing
-                        ),
-                        *kept,
-                    ]
+                    kept = [*(_no_response(c) for c in missing), *kept]
                     done.append(f"added responses for unanswered calls {missing}")
                 elif missing:  # the next turn is not the user's: answer in a turn of our own
                     out.append({"role": "user", "parts": [_no_response(c) for c in missing]})
@@ -241,15 +230,7 @@ class GeminiDialect:
             out.append(item)
         if out and self.calls(out[-1]):
             missing = self.calls(out[-1])
-            out.append(
-                {
-                    "role": "user",
-                    "parts": [
-                        {"functionResponse": {"name": c, "response": {"output": NO_RESULT}}}
-                        for c in missing
-                    ],
-                }
-            )
+            out.append({"role": "user", "parts": [_no_response(c) for c in missing]})
             done.append(f"added responses for unanswered calls {missing}")
         return out, done
 
@@ -322,10 +303,12 @@ class GeminiWire(FieldConversation):
     conversation_field = "contents"
     operation = "generate_content"
     dialect: Dialect = GeminiDialect()
-    serving: Mapping[str, frozenset[str]] = {
-        "gemini.generate": frozenset({"gemini"}),
-        "gemini.count_tokens": frozenset({"gemini"}),
-    }
+    serving: Mapping[str, frozenset[str]] = MappingProxyType(
+        {
+            "gemini.generate": frozenset({"gemini"}),
+            "gemini.count_tokens": frozenset({"gemini"}),
+        }
+    )
 
     def owns_path(self, path: str) -> bool:
         return path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path)
@@ -334,9 +317,9 @@ class GeminiWire(FieldConversation):
         try:
             _GenerateRequest.model_validate(body)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            param = ".".join(str(part) for part in first["loc"])
-            raise BodyError(f"Invalid JSON payload: {param}: {first['msg']}", param) from None
+            location, _, message = first_error(exc)
+            param = ".".join(str(part) for part in location)
+            raise BodyError(f"Invalid JSON payload: {param}: {message}", param) from None
         return RequestFacts(model=None, stream=False)
 
     def message_tokens(self, message: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
@@ -357,21 +340,21 @@ class GeminiWire(FieldConversation):
                 tokens += count(part)
         return tokens
 
-    def count(
+    def fixed_tokens(
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
-    ) -> ChatCount:
-        items = [i for i in self.conversation(body) if isinstance(i, Mapping)]
-        per_item = tuple(counter.message(i, tokenizer, model, self) for i in items)
+    ) -> int:
         system = body.get("systemInstruction") or body.get("system_instruction") or {}
         fixed = counter.text(as_text(system), tokenizer) if system else 0
         if body.get("tools"):
             fixed += counter.text(as_text(body["tools"]), tokenizer)
-        return ChatCount(messages=per_item, tools=fixed, response_format=0, priming=REPLY_PRIMING)
+        return fixed
+
+    def response_schema(self, body: Mapping[str, Any]) -> Any:
+        return None
 
     def bound_overhead(self, body: Mapping[str, Any]) -> int:
-        tokens = REPLY_PRIMING
+        tokens = 0
         for item in self.conversation(body):
-            tokens += PER_MESSAGE + PER_NAME
             for part in _parts(item):
                 if not isinstance(part, Mapping):
                     continue

@@ -9,7 +9,8 @@ length of its data), and, when tools are given, the tool-use system prompt Anthr
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
@@ -17,14 +18,7 @@ from pydantic import Field, StrictBool, StrictStr, ValidationError
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import ANTHROPIC_MAX_IMAGE_TOKENS, anthropic_image_tokens, pdf_tokens
-from policies.tokens import (
-    ANTHROPIC_TOOL_PROMPT,
-    PER_MESSAGE,
-    PER_NAME,
-    PER_TOOL_CALL,
-    REPLY_PRIMING,
-    ChatCount,
-)
+from policies.tokens import ANTHROPIC_TOOL_PROMPT, PER_MESSAGE, PER_TOOL_CALL, as_text, token_count
 from policies.wires.base import (
     NO_RESULT,
     BodyError,
@@ -34,13 +28,13 @@ from policies.wires.base import (
     OpenModel,
     RequestFacts,
     Usage,
-    as_text,
+    first_error,
     first_of_each,
     repeats,
     role_of,
     text_of,
     text_part,
-    token_count,
+    under,
     whole_number,
 )
 
@@ -81,6 +75,16 @@ class AnthropicDialect:
             return []
         return [
             i for block in _blocks(message.get("content")) if (i := _tool_use_id(block)) is not None
+        ]
+
+    def call_arguments(self, message: Any) -> list[tuple[str, Any]]:
+        """(id, `input`) for each `tool_use` block `calls` lists."""
+        if self.role(message) != "assistant":
+            return []
+        return [
+            (i, block.get("input"))
+            for block in _blocks(message.get("content"))
+            if (i := _tool_use_id(block)) is not None
         ]
 
     def answers(self, message: Any) -> list[str]:
@@ -324,12 +328,6 @@ class _CountTokensRequest(_MessagesRequest):
     max_tokens: int | None = Field(None, ge=1)  # type: ignore[assignment]
 
 
-def _param(location: Sequence[int | str]) -> str:
-    # Anthropic names parameters with dots: messages.0.content.1.type
-    parts = [str(part) for part in location if str(part) not in ("str", "list[_Block]")]
-    return ".".join(parts)
-
-
 def check_count_tokens(body: dict[str, Any]) -> RequestFacts:
     """A `count_tokens` body: a Messages body that need not say `max_tokens`."""
     return _checked(_CountTokensRequest, body)
@@ -339,12 +337,11 @@ def _checked(model: type[_MessagesRequest], body: dict[str, Any]) -> RequestFact
     try:
         request = model.model_validate(body)
     except ValidationError as exc:
-        # Of a union's failed branches, the one that got deepest names the real problem.
-        first = max(exc.errors(), key=lambda error: len(error["loc"]))
-        param = _param(first["loc"])
-        if first["type"] == "missing":
+        location, kind, message = first_error(exc, deepest=True)
+        param = ".".join(str(part) for part in location)  # Anthropic's: messages.0.content.1.type
+        if kind == "missing":
             raise BodyError(f"{param}: Field required", param) from None
-        raise BodyError(f"{param}: {first['msg']}", param) from None
+        raise BodyError(f"{param}: {message}", param) from None
     return RequestFacts(model=request.model, stream=bool(request.stream))
 
 
@@ -419,13 +416,15 @@ class MessagesWire(FieldConversation):
     conversation_field = "messages"
     operation = "chat"
     dialect: Dialect = AnthropicDialect()
-    serving: Mapping[str, frozenset[str]] = {
-        "anthropic.messages": frozenset({"anthropic", "litellm"}),
-        "anthropic.count_tokens": frozenset({"anthropic", "litellm"}),
-    }
+    serving: Mapping[str, frozenset[str]] = MappingProxyType(
+        {
+            "anthropic.messages": frozenset({"anthropic", "litellm"}),
+            "anthropic.count_tokens": frozenset({"anthropic", "litellm"}),
+        }
+    )
 
     def owns_path(self, path: str) -> bool:
-        return path.startswith(("/v1/messages", "/messages"))
+        return under(path, "/v1/messages", "/messages")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         return _checked(_MessagesRequest, body)
@@ -440,31 +439,24 @@ class MessagesWire(FieldConversation):
             tokens += _block_tokens(block, count)
         return tokens
 
-    def count(
+    def fixed_tokens(
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
-    ) -> ChatCount:
-        messages = body.get("messages") or []
-        per_message = tuple(
-            counter.message(m, tokenizer, model, self) for m in messages if isinstance(m, Mapping)
-        )
+    ) -> int:
         tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
-        tool_tokens = sum(
+        tokens = sum(
             counter.text(as_text({k: v for k, v in t.items() if k != "cache_control"}), tokenizer)
             for t in tools
         )
         if tools:
-            tool_tokens += counter.scale(ANTHROPIC_TOOL_PROMPT, tokenizer)
-        return ChatCount(
-            messages=per_message,
-            tools=tool_tokens + counter.text(_system_text(body.get("system")), tokenizer),
-            response_format=0,
-            priming=REPLY_PRIMING,
-        )
+            tokens += counter.scale(ANTHROPIC_TOOL_PROMPT, tokenizer)
+        return tokens + counter.text(_system_text(body.get("system")), tokenizer)
+
+    def response_schema(self, body: Mapping[str, Any]) -> Any:
+        return None
 
     def bound_overhead(self, body: Mapping[str, Any]) -> int:
-        tokens = REPLY_PRIMING + (ANTHROPIC_TOOL_PROMPT if body.get("tools") else 0)
+        tokens = ANTHROPIC_TOOL_PROMPT if body.get("tools") else 0
         for message in self.conversation(body):
-            tokens += PER_MESSAGE + PER_NAME
             content = message.get("content") if isinstance(message, Mapping) else None
             for block in content if isinstance(content, list) else ():
                 tokens += _block_bound(block)
@@ -507,30 +499,30 @@ class MessagesWire(FieldConversation):
         return [text_part(text)] if text else []
 
 
-def _block_tokens(block: Any, count: Any) -> int:
+def _block_tokens(block: Any, count: Callable[[Any], int]) -> int:
     if not isinstance(block, Mapping):
-        return int(count(block))
+        return count(block)
     kind = block.get("type")
     if kind == "text":
-        return int(count(block.get("text")))
+        return count(block.get("text"))
     if kind == "image":
         return anthropic_image_tokens(block.get("source"))
     if kind == "document":
         source = block.get("source")
         if isinstance(source, Mapping) and source.get("type") == "text":
-            return int(count(source.get("data")))
+            return count(source.get("data"))
         return pdf_tokens(source)
     if kind == "tool_use":
-        return PER_TOOL_CALL + int(count(block.get("name"))) + int(count(block.get("input")))
+        return PER_TOOL_CALL + count(block.get("name")) + count(block.get("input"))
     if kind == "tool_result":
         inner = block.get("content")
         parts = [{"type": "text", "text": inner}] if isinstance(inner, str) else inner or []
         return PER_TOOL_CALL + sum(_block_tokens(p, count) for p in parts)
     if kind == "thinking":
-        return int(count(block.get("thinking")))
+        return count(block.get("thinking"))
     if kind == "redacted_thinking":
         return len(str(block.get("data", ""))) // 4
-    return int(count({k: v for k, v in block.items() if k != "cache_control"}))
+    return count({k: v for k, v in block.items() if k != "cache_control"})
 
 
 def _block_bound(block: Any) -> int:

@@ -10,24 +10,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from pydantic import Field, StrictBool, StrictStr, ValidationError
 
 from policies.conversation import Dialect, ToolResult, Unit
-from policies.images import image_tokens
-from policies.tokens import (
-    MAX_IMAGE_TOKENS,
-    PER_MESSAGE,
-    PER_NAME,
-    REPLY_PRIMING,
-    ChatCount,
-    tool_definitions_bound,
-)
+from policies.images import MAX_IMAGE_TOKENS, image_tokens
+from policies.tokens import PER_MESSAGE, token_count, tool_definitions_bound
 from policies.wires.base import (
     NO_RESULT,
-    BodyError,
+    UNIT_KINDS,
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
@@ -35,12 +29,13 @@ from policies.wires.base import (
     RequestFacts,
     Usage,
     image_part,
-    param_path,
+    largest_part_text,
     text_of,
     text_part,
-    token_count,
+    under,
+    with_part_text,
 )
-from policies.wires.chat import openai_error_body, openai_usage
+from policies.wires.chat import openai_body_error, openai_error, openai_error_body, openai_usage
 
 if TYPE_CHECKING:
     import tiktoken
@@ -90,6 +85,21 @@ class ResponsesDialect:
     def calls(self, item: Any) -> list[str]:
         return [str(item.get("call_id"))] if _kind(item) in CALL_TYPES else []
 
+    def call_arguments(self, item: Any) -> list[tuple[str, Any]]:
+        """(call id, arguments): a `function_call`'s `arguments` parsed from their JSON text, a
+        custom tool call's `input`, a local shell call's `action`."""
+        kind = _kind(item)
+        if kind not in CALL_TYPES:
+            return []
+        field = {"function_call": "arguments", "custom_tool_call": "input"}.get(kind, "action")
+        arguments = item.get(field)
+        try:
+            if kind == "function_call" and isinstance(arguments, str):
+                arguments = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            arguments = item.get(field)  # not JSON: the text as it is
+        return [(str(item.get("call_id")), arguments)]
+
     def answers(self, item: Any) -> list[str]:
         return [str(item.get("call_id"))] if _kind(item) in OUTPUT_TYPES else []
 
@@ -114,14 +124,7 @@ class ResponsesDialect:
                 index = end
                 continue
             role = self.role(items[index])
-            unit_kind = {
-                "system": "system",
-                "developer": "system",
-                "user": "user",
-                "assistant": "assistant",
-                "tool": "orphan",
-            }.get(role, "assistant")
-            units.append(Unit(unit_kind, index, index + 1))  # type: ignore[arg-type]
+            units.append(Unit(UNIT_KINDS.get(role, "assistant"), index, index + 1))
             index += 1
         return units
 
@@ -157,10 +160,7 @@ class ResponsesDialect:
         content = item.get("content")
         if isinstance(content, str):
             return content
-        texts = [
-            str(p.get("text")) for p in content or [] if isinstance(p, Mapping) and p.get("text")
-        ]
-        return max(texts, key=len) if texts else None
+        return largest_part_text(content) if isinstance(content, list) else None
 
     def with_largest_text(self, item: Any, text: str) -> Any:
         if _kind(item) in OUTPUT_TYPES:
@@ -168,13 +168,7 @@ class ResponsesDialect:
         content = item.get("content")
         if isinstance(content, str):
             return {**item, "content": text}
-        largest = self.largest_text(item)
-        parts = list(content)
-        for position, part in enumerate(parts):
-            if isinstance(part, Mapping) and part.get("text") == largest:
-                parts[position] = {**part, "text": text}
-                break
-        return {**item, "content": parts}
+        return {**item, "content": with_part_text(content, self.largest_text(item), text)}
 
     def notice(self, text: str) -> Any:
         return {"type": "message", "role": "developer", "content": text}
@@ -300,25 +294,21 @@ class ResponsesWire(FieldConversation):
     conversation_field = "input"
     operation = "chat"
     dialect: Dialect = ResponsesDialect()
-    serving: Mapping[str, frozenset[str]] = {
-        "openai.responses": frozenset({"openai"}),
-        "openai.input_tokens": frozenset({"openai"}),
-    }
+    serving: Mapping[str, frozenset[str]] = MappingProxyType(
+        {
+            "openai.responses": frozenset({"openai"}),
+            "openai.input_tokens": frozenset({"openai"}),
+        }
+    )
 
     def owns_path(self, path: str) -> bool:
-        return "/responses" in path
+        return under(path, "/v1/responses", "/responses")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:
             request = _ResponsesRequest.model_validate(body)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            # Union members appear in the location as tags ("str", "list[...]"); fields do not.
-            location = [p for p in first["loc"] if p != "str" and not str(p).startswith("list[")]
-            param = param_path(location)
-            if first["type"] == "missing":
-                raise BodyError(f"Missing required parameter '{param}'.", param) from None
-            raise BodyError(f"Invalid value for '{param}': {first['msg']}.", param) from None
+            raise openai_body_error(exc) from None
         return RequestFacts(model=request.model, stream=bool(request.stream))
 
     def conversation(self, body: Mapping[str, Any]) -> list[Any]:
@@ -329,12 +319,11 @@ class ResponsesWire(FieldConversation):
 
     def message_tokens(self, message: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
         count = token_count(enc)
-        item = message
-        kind = item.get("type") or "message"
+        kind = _kind(message)
         tokens = PER_MESSAGE
         if kind == "message":
-            tokens += count(item.get("role"))
-            content = item.get("content")
+            tokens += count(message.get("role"))
+            content = message.get("content")
             if isinstance(content, str):
                 return tokens + count(content)
             for part in content if isinstance(content, list) else ():
@@ -348,28 +337,25 @@ class ResponsesWire(FieldConversation):
                     tokens += count(part.get("text") or part.get("refusal"))
             return tokens
         if kind == "reasoning":
-            encrypted = len(str(item.get("encrypted_content") or "")) // 4
-            return tokens + count(_reasoning_summary(item)) + encrypted
-        tokens += count(item.get("name")) + count(item.get("arguments")) + count(item.get("input"))
-        tokens += count(item.get("action")) + count(item.get("call_id"))
-        return tokens + count(item.get("output"))
+            encrypted = len(str(message.get("encrypted_content") or "")) // 4
+            return tokens + count(_reasoning_summary(message)) + encrypted
+        for field in ("name", "arguments", "input", "action", "call_id", "output"):
+            tokens += count(message.get(field))
+        return tokens
 
-    def count(
+    def fixed_tokens(
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
-    ) -> ChatCount:
-        items = self.conversation(body)
-        per_item = tuple(
-            counter.message(i, tokenizer, model, self) for i in items if isinstance(i, Mapping)
-        )
+    ) -> int:
         tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
         fixed = counter.text(str(body.get("instructions") or ""), tokenizer)
-        fixed += counter.tools(tools, tokenizer) if tools else 0
-        return ChatCount(messages=per_item, tools=fixed, response_format=0, priming=REPLY_PRIMING)
+        return fixed + counter.tools(tools, tokenizer)
+
+    def response_schema(self, body: Mapping[str, Any]) -> Any:
+        return None
 
     def bound_overhead(self, body: Mapping[str, Any]) -> int:
-        tokens = REPLY_PRIMING
+        tokens = 0
         for item in self.conversation(body):
-            tokens += PER_MESSAGE + PER_NAME
             content = item.get("content") if isinstance(item, Mapping) else None
             for part in content if isinstance(content, list) else ():
                 if isinstance(part, Mapping) and part.get("type") == "input_image":
@@ -382,7 +368,7 @@ class ResponsesWire(FieldConversation):
 
     def stream_error(self, error: ErrorInfo, last_event: bytes) -> bytes:
         numbers = SEQUENCE.findall(last_event)
-        body = orjson.loads(openai_error_body(error))["error"]
+        body = openai_error(error)
         event = {
             "type": "error",
             "code": body["code"],

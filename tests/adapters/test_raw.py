@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import threading
+import types
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -306,3 +309,83 @@ async def test_a_stream_under_the_wrong_content_type_is_relayed_only_when_one_wa
     with pytest.raises(UpstreamProtocolError, match=r"not JSON \(text/plain, 37 bytes\)"):
         await adapter.send(exchange())
     await adapter.aclose()
+
+
+# ---- the provider's own token count ----------------------------------------------------------
+
+
+def count_exchange(body: dict[str, Any]) -> Exchange:
+    raw = orjson.dumps(body)
+    return dataclasses.replace(
+        exchange(),
+        api="anthropic.messages",
+        endpoint="/v1/messages",
+        model="claude-x",
+        body=body,
+        raw=raw,
+    )
+
+
+async def test_a_count_reply_that_stalls_after_its_headers_is_a_stalled_reply_not_no_answer(
+    aiohttp_server: Any,
+) -> None:
+    async def stalls(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "application/json"})
+        response.content_length = 100
+        await response.prepare(request)
+        await response.write(b'{"input_tok')
+        await asyncio.sleep(5)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/v1/messages/count_tokens", stalls)
+    server = await aiohttp_server(app)
+    config = UpstreamConfig(api="anthropic", base_url=str(server.make_url("")).rstrip("/"))
+    adapter = RawHttpAdapter("p", config.model_copy(update={"timeout_s": 0.3}))
+    with pytest.raises(UpstreamTimeout, match="sent no next chunk within timeout_s"):
+        await adapter.count_tokens(count_exchange({"model": "claude-x", "messages": []}))
+    await adapter.aclose()
+
+
+async def test_a_large_count_body_is_written_out_off_the_event_loop(
+    aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from adapters import raw
+    from adapters.base import OFF_LOOP_BYTES
+
+    bodies: list[bytes] = []
+
+    async def counts(request: web.Request) -> web.Response:
+        bodies.append(await request.read())
+        return web.json_response({"input_tokens": 70_000})
+
+    app = web.Application(client_max_size=4 * OFF_LOOP_BYTES)
+    app.router.add_post("/v1/messages/count_tokens", counts)
+    server = await aiohttp_server(app)
+    base = str(server.make_url("")).rstrip("/")
+    threads: list[threading.Thread] = []
+
+    def dumps(value: Any, *args: Any) -> bytes:
+        threads.append(threading.current_thread())
+        return orjson.dumps(value, *args)
+
+    fake = types.SimpleNamespace(
+        dumps=dumps, loads=orjson.loads, JSONDecodeError=orjson.JSONDecodeError
+    )
+    monkeypatch.setattr(raw, "orjson", fake)
+    adapter = adapter_for(base, api="anthropic")
+    small = {"model": "claude-x", "messages": [{"role": "user", "content": "hi"}]}
+    large = {"model": "claude-x", "messages": [{"role": "user", "content": "x" * OFF_LOOP_BYTES}]}
+    assert await adapter.count_tokens(count_exchange(small)) == 70_000
+    assert await adapter.count_tokens(count_exchange(large)) == 70_000
+    await adapter.aclose()
+    assert threads[0] is threading.current_thread()  # small: not worth a thread
+    assert threads[1] is not threading.current_thread()
+    assert orjson.loads(bodies[1]) == large
+
+
+def test_the_upstreams_that_count_natively_are_listed_once() -> None:
+    from adapters.config import NATIVE_COUNT_APIS
+    from adapters.native import NATIVE_COUNTS
+
+    assert frozenset(NATIVE_COUNTS) == NATIVE_COUNT_APIS == {"anthropic", "gemini"}

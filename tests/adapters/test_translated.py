@@ -251,3 +251,61 @@ def test_an_empty_litellm_stream_is_an_overflow_not_an_empty_success(
     assert reply.status_code == 502  # not a 200 with nothing in it
     assert "empty stream" in reply.json()["error"]["message"]
     assert len(calls) == 1 and refused[0].closed
+
+
+class ByteStream:
+    """A litellm stream that relays the provider's server-sent events as raw bytes (as it does
+    for a Messages request to Anthropic itself)."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = list(chunks)
+        self.closed = False
+
+    def __aiter__(self) -> ByteStream:
+        return self
+
+    async def __anext__(self) -> bytes:
+        if not self.chunks:
+            raise StopAsyncIteration
+        return self.chunks.pop(0)
+
+    async def aclose(self) -> None:
+        self.closed = True
+
+
+ANTHROPIC_OVERFLOW_EVENT = (
+    b'event: error\ndata: {"type": "error", "error": {"type": "invalid_request_error", '
+    b'"message": "prompt is too long: 250000 tokens > 200000 maximum"}}\n\n'
+)
+
+
+@pytest.mark.parametrize("split", [len(ANTHROPIC_OVERFLOW_EVENT), 20])
+async def test_an_overflow_as_the_first_event_of_a_raw_litellm_stream_is_an_overflow(
+    split: int,
+) -> None:
+    from adapters.config import UpstreamConfig
+    from adapters.errors import ContextOverflow
+    from adapters.translated import LitellmAdapter
+
+    adapter = LitellmAdapter("via-litellm", UpstreamConfig(api="litellm"))
+    event = ANTHROPIC_OVERFLOW_EVENT
+    stream = ByteStream(event[:split], event[split:]) if split < len(event) else ByteStream(event)
+    with pytest.raises(ContextOverflow) as caught:
+        await adapter._peek(stream)
+    assert (caught.value.overflow.limit, caught.value.overflow.requested) == (200_000, 250_000)
+    assert caught.value.status == 200 and caught.value.body == event
+    assert stream.closed
+
+
+async def test_a_raw_litellm_stream_is_relayed_whole_after_the_check() -> None:
+    from adapters.config import UpstreamConfig
+    from adapters.translated import LitellmAdapter
+
+    adapter = LitellmAdapter("via-litellm", UpstreamConfig(api="litellm"))
+    start = b'event: message_start\ndata: {"type": "message_start", "message": {}}\n\n'
+    rest = b'event: ping\ndata: {"type": "ping"}\n\n'
+    stream = ByteStream(start[:15], start[15:], rest)
+    iterator, first = await adapter._peek(stream)
+    assert first == start  # read up to the first whole event, replayed as one chunk
+    assert [chunk async for chunk in iterator] == [rest]
+    assert not stream.closed

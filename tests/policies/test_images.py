@@ -289,3 +289,44 @@ def test_data_urls_that_are_not_base64_are_not_decoded() -> None:
 
 def test_model_names_match_regardless_of_case() -> None:
     assert image_tokens("https://example.test/a.png", "low", "GPT-4o-mini") == 2833
+
+
+# ---- PDF pages -----------------------------------------------------------------------------
+
+
+def test_a_pdf_is_decoded_once_however_often_it_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
+    import uuid
+
+    from policies import images
+
+    decoded: list[int] = []
+    real = images.base64.b64decode
+
+    def counting(data: str | bytes, validate: bool = False) -> bytes:
+        decoded.append(len(data))
+        return real(data, validate=validate)
+
+    monkeypatch.setattr(images.base64, "b64decode", counting)
+    pdf = b"%PDF-1.4 " + uuid.uuid4().hex.encode() + b"\n" + b"1 0 obj << /Type /Page >>\n" * 3
+    text = base64.b64encode(pdf).decode()
+    for _ in range(3):  # each request parses its body anew: an equal string, not the same one
+        source = {"type": "base64", "media_type": "application/pdf", "data": "".join([text])}
+        assert images.pdf_tokens(source) == 3 * images.PDF_PAGE_TOKENS
+    assert len(decoded) == 1
+
+
+def test_a_pdf_without_pages_counts_as_one_page_and_a_remote_one_as_ten() -> None:
+    from policies.images import PDF_PAGE_TOKENS, pdf_tokens
+
+    empty = {"type": "base64", "data": base64.b64encode(b"%PDF-1.4 nothing").decode()}
+    assert pdf_tokens(empty) == PDF_PAGE_TOKENS
+    assert pdf_tokens({"type": "url", "url": "https://e.com/a.pdf"}) == 10 * PDF_PAGE_TOKENS
+
+
+def test_the_image_constants_are_the_rules_own_figures() -> None:
+    from policies.images import GEMINI_IMAGE_TOKENS, MAX_IMAGE_TOKENS, MAX_TILES
+
+    assert MAX_TILES == tile_count(2048, 768) == 8
+    largest = data_url(png_header(2048, 768))
+    assert MAX_IMAGE_TOKENS == 2833 + 5667 * 8 == image_tokens(largest, "high", "gpt-4o-mini")
+    assert GEMINI_IMAGE_TOKENS == 258

@@ -478,3 +478,103 @@ def test_the_bound_counts_images_where_the_old_bound_missed_them(
     exact = counter.request(wire, body, "o200k_base", "gpt-4o-mini").total
     assert exact > 10 * len(orjson.dumps(body))  # images cost far more than their bytes
     assert counter.upper_bound(orjson.dumps(body), body, "o200k_base", wire) >= exact
+
+
+class _CountedEncoding:
+    """An encoding that counts how often it is asked to encode."""
+
+    def __init__(self, encoding: tiktoken.Encoding) -> None:
+        self._encoding = encoding
+        self.calls = 0
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        self.calls += 1
+        return self._encoding.encode_ordinary(text)
+
+    def decode(self, tokens: list[int]) -> str:
+        return self._encoding.decode(tokens)
+
+
+class _CountingCounter(TokenCounter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counted = _CountedEncoding(O200K)
+
+    def encoding(self, tokenizer: str) -> Any:  # type: ignore[override]
+        return self.counted
+
+
+SYSTEM = "You are a careful coding agent. " * 400
+FIXED_COST_BODIES = {
+    "openai.chat": {
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": TOOLS,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {}}},
+    },
+    "openai.responses": {"instructions": SYSTEM, "input": "hi", "tools": TOOLS},
+    "anthropic.messages": {
+        "system": SYSTEM,
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [{"name": "read", "description": "read a file", "input_schema": {}}],
+    },
+    "gemini.generate": {
+        "systemInstruction": {"parts": [{"text": SYSTEM}]},
+        "contents": [{"role": "user", "parts": [{"text": "hi"}]}],
+        "tools": [{"functionDeclarations": [{"name": "read"}]}],
+    },
+}
+
+
+@pytest.mark.parametrize("api", FIXED_COST_BODIES)
+def test_the_system_prompt_and_tools_are_tokenized_once_not_every_request_and_pass(
+    api: str,
+) -> None:
+    from policies.tokens import CounterMeter
+    from policies.wires import WIRES
+
+    wire, body = WIRES[api], FIXED_COST_BODIES[api]
+    counter = _CountingCounter()
+    first = counter.request(wire, body, "o200k_base")
+    encoded = counter.counted.calls
+    assert encoded > 0
+    meter = CounterMeter(counter, "o200k_base", "", wire)
+    assert counter.request(wire, body, "o200k_base") == first
+    assert meter.fixed(body) == first.total - sum(first.messages)
+    assert meter.fixed(body) == first.total - sum(first.messages)
+    assert counter.counted.calls == encoded  # every figure came from a cache
+
+
+@pytest.mark.parametrize("api", FIXED_COST_BODIES)
+def test_the_fixed_cost_is_the_request_without_its_conversation(api: str) -> None:
+    from policies.tokens import CounterMeter
+    from policies.wires import WIRES
+
+    wire, body = WIRES[api], FIXED_COST_BODIES[api]
+    counter = TokenCounter()
+    bare = wire.with_conversation(body, [])
+    meter = CounterMeter(counter, "claude", "", wire)
+    assert meter.fixed(body) == counter.request(wire, bare, "claude").total
+    assert counter.fixed(wire, body, "claude") == meter.fixed(body)
+
+
+def test_tool_definitions_are_cached_by_content_and_tokenizer() -> None:
+    counter = TokenCounter()
+    assert counter.tools(TOOLS, "o200k_base") == counter.tools(
+        orjson.loads(orjson.dumps(TOOLS)), "o200k_base"
+    )
+    assert counter.tools(TOOLS, "claude") == math.ceil(counter.tools(TOOLS, "o200k_base") * 1.15)
+    changed = [{**TOOLS[0], "function": {**TOOLS[0]["function"], "name": "other_name"}}]
+    assert counter.tools(changed, "o200k_base") != counter.tools(TOOLS, "o200k_base")
+
+
+def test_texts_measured_for_one_request_are_not_tokenized_again_for_the_next() -> None:
+    """A meter lives for one request; what it measures (tool results, evicted transcripts)
+    comes back the next turn, through a new meter: the counter remembers it."""
+    from policies.tokens import CounterMeter
+
+    counter = _CountingCounter()
+    text = "an evicted transcript, summarized every turn " * 200
+    first = CounterMeter(counter, "o200k_base", "m", CHAT).text_tokens(text)
+    assert counter.counted.calls == 1
+    assert CounterMeter(counter, "o200k_base", "m", CHAT).text_tokens(text) == first
+    assert counter.counted.calls == 1
