@@ -8,28 +8,31 @@ the last user message before them) and report no anomaly, then the ones that hol
 oldest first within each class, in batches of at least `clear_at_least` tokens. A result's class
 depends only on the session up to it and on later copies of it, never on the turn at hand, so
 consecutive turns clear the same results and the request prefix changes rarely.
+
+Older copies that `prune_tool_results` pointed onward to a result are cleared with it, in the
+same step and with the same placeholder (same content, same sha256): a pointer never names a
+result that is gone.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
+    STALE,
     Conversation,
     FidelityRecord,
     Goal,
     Meter,
+    ResultKey,
     archive_key,
-    editable,
-    has_evidence,
-    requests,
+    facts,
+    result_values,
     snapped_count,
-    stale_results,
 )
-
-STALE, PLAIN, EVIDENCE = 0, 1, 2  # value classes, cleared in this order
 
 
 class ClearSettings(BaseModel):
@@ -47,30 +50,29 @@ def placeholder(tool: str, tokens: int, key: str) -> str:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Cleared:
+    """One result's placeholder: its text, the key it names and the text it stands for; for an
+    older copy pointed onward, the call of the result it pointed to."""
+
+    text: str
+    key: str
+    original: str
+    pointed_to: str | None = None
+
+
+@dataclass(slots=True)
+class _Candidate:
+    index: int  # the message whose results are cleared
+    edits: dict[ResultKey, _Cleared]  # its results, and the pointers naming them
+    saving: int
+
+
 class ClearToolResults:
     name = "clear_tool_results"
 
     def __init__(self, settings: ClearSettings | None = None) -> None:
         self.settings = settings or ClearSettings()
-
-    @staticmethod
-    def _values(conversation: Conversation, indices: list[int]) -> dict[int, int]:
-        """Each message's value class: that of its most valuable result (a message is cleared
-        whole)."""
-        dialect = conversation.dialect
-        names = dialect.tools_by_call(conversation.messages)
-        stale = stale_results(conversation)
-        request = requests(conversation)
-        values = {}
-        for index in indices:
-            worth = STALE
-            for result in dialect.tool_results(conversation.messages[index], names):
-                if (index, result.call_id) in stale:
-                    continue
-                telling = has_evidence(result.text, request[index])
-                worth = max(worth, EVIDENCE if telling else PLAIN)
-            values[index] = worth
-        return values
 
     def apply(
         self, conversation: Conversation, goal: Goal, meter: Meter
@@ -78,47 +80,80 @@ class ClearToolResults:
         needed = conversation.total - goal.target
         if needed <= 0:
             return conversation, []
-        dialect = conversation.dialect
-        names = dialect.tools_by_call(conversation.messages)
-        results = [
-            index
-            for index, message in enumerate(conversation.messages)
-            if dialect.tool_results(message, names)
-        ]
-        eligible = results[: max(0, len(results) - self.settings.keep)]
-        candidates: list[tuple[int, Any, int, list[tuple[str, str]]]] = []
+        known = facts(conversation)
+        holding = [index for index, found in enumerate(known.results) if found]
+        eligible = holding[: max(0, len(holding) - self.settings.keep)]
+        candidates: list[_Candidate] = []
         for index in eligible:
-            message = conversation.messages[index]
-            updated, keys = message, []
-            for result in editable(dialect.tool_results(message, names)):
+            tokens = conversation.sizes[index]  # the message it is in: near enough, and free
+            edits: dict[ResultKey, _Cleared] = {}
+            for result in known.editable[index]:
                 key = archive_key(result.text)
-                tokens = conversation.sizes[index]  # the message it is in: near enough, and free
                 text = placeholder(result.tool, tokens, key)
                 if len(text) < len(result.text):
-                    updated = dialect.with_tool_result(updated, result.call_id, text)
-                    keys.append((key, result.text))
-            if updated is not message:
-                candidates.append((index, updated, meter.message(updated), keys))
-        step = self.settings.clear_at_least
-        if step is None:
-            step = max(1, goal.limit - goal.target)
+                    cleared = _Cleared(text, key, result.text)
+                    edits[index, result.call_id] = cleared
+                    self._with_pointers((index, result.call_id), cleared, known.pointers, edits)
+            if edits:
+                saving = sum(
+                    conversation.sizes[i] - size
+                    for i, (_, size) in self._rewritten(conversation, edits, meter).items()
+                )
+                candidates.append(_Candidate(index, edits, saving))
         if self.settings.by_value:
-            value = self._values(conversation, [index for index, _, _, _ in candidates])
-            candidates.sort(key=lambda candidate: (value[candidate[0]], candidate[0]))
-        savings = [conversation.sizes[index] - size for index, _, size, _ in candidates]
-        taken = sorted(candidates[: snapped_count(savings, needed, step)], key=lambda c: c[0])
+            values = result_values(conversation)
+            candidates.sort(key=lambda c: (max(values[c.index], default=STALE), c.index))
+        step = goal.step(self.settings.clear_at_least)
+        taken = candidates[: snapped_count((c.saving for c in candidates), needed, step)]
+
+        edits = {}
+        for candidate in sorted(taken, key=lambda c: c.index):
+            for at, cleared in candidate.edits.items():
+                if cleared.pointed_to is None:
+                    edits.setdefault(at, cleared)
+                else:  # a pointer takes the placeholder of what it pointed to
+                    edits[at] = cleared
+        changes = self._rewritten(conversation, edits, meter)
         records = [
             FidelityRecord(
                 self.name,
                 "cleared",
                 conversation.origin[index],
                 conversation.sizes[index],
-                size,
-                archive_key=key,
-                original=original,
+                changes[index][1],
+                archive_key=cleared.key,
+                detail=f"pointed to {cleared.pointed_to}" if cleared.pointed_to else "",
+                original=cleared.original,
             )
-            for index, _, size, keys in taken
-            for key, original in keys
+            for (index, _), cleared in sorted(edits.items(), key=lambda edit: edit[0][0])
         ]
-        changes = {index: (updated, size) for index, updated, size, _ in taken}
         return conversation.replace(changes), records
+
+    @staticmethod
+    def _with_pointers(
+        at: ResultKey,
+        cleared: _Cleared,
+        pointers: dict[ResultKey, list[ResultKey]],
+        edits: dict[ResultKey, _Cleared],
+    ) -> None:
+        """The older copies pointed onward to the result at `at` (and those pointed onward to
+        them), each to take its placeholder."""
+        pending = [at]
+        while pending:
+            named = pending.pop()
+            for pointer in pointers.get(named, ()):
+                if pointer not in edits:
+                    edits[pointer] = _Cleared(cleared.text, cleared.key, cleared.original, at[1])
+                    pending.append(pointer)
+
+    @staticmethod
+    def _rewritten(
+        conversation: Conversation, edits: dict[ResultKey, _Cleared], meter: Meter
+    ) -> dict[int, tuple[Any, int]]:
+        """Each message the edits reach, with its results replaced, and its size."""
+        dialect = conversation.dialect
+        updated: dict[int, Any] = {}
+        for (index, call_id), cleared in edits.items():
+            message = updated.get(index, conversation.messages[index])
+            updated[index] = dialect.with_tool_result(message, call_id, cleared.text)
+        return {index: (message, meter.message(message)) for index, message in updated.items()}

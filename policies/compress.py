@@ -2,11 +2,11 @@
 
     outcome = compress(dialect, messages, fixed, meter, policies, limit=..., low_water=0.85)
 
-Policies whose cuts are reversible and made in snapped batches (clearing, eviction) run until
-the request is at or under `low_water × limit` (the target), so the next turns of the session fit
-without a new cut and the prefix stays put. A policy that cuts into text (`cuts_text`, e.g.
-`truncate`) runs only while the request is over `limit`, and only as far as `limit`: it never
-destroys more than the budget needs. The last resorts inside `evict` stop at `limit` too.
+The policies run in order while the request is over `low_water × limit` (the target): cuts that
+are reversible and made in snapped batches (placeholders, evictions) go down to it, so the next
+turns of the session fit without a new cut and the prefix stays put. Each policy gets the whole
+`Goal`, and a cut into text (`truncate`, the last resorts inside `evict`) goes only as far as
+`limit`: it never destroys more than the budget needs.
 The outcome says whether the result fits the limit, and what each policy did.
 """
 
@@ -94,15 +94,10 @@ def compress(
     tried: list[str] = []
     if conversation.total > limit:
         for policy in policies:
-            # A cut into text goes only as far as the budget needs; reversible, batched cuts
-            # (placeholders, evictions) go on to the low-water mark, for a stable prefix.
-            cuts_text = getattr(policy, "cuts_text", False)
-            enough = limit if cuts_text else goal.target
-            if conversation.total <= enough:
-                continue
+            if conversation.total <= goal.target:
+                break
             tried.append(policy.name)
-            policy_goal = Goal(target=limit, limit=limit) if cuts_text else goal
-            conversation, done = policy.apply(conversation, policy_goal, meter)
+            conversation, done = policy.apply(conversation, goal, meter)
             records += done
         if dialect.violations(conversation.messages):  # e.g. Anthropic's "start with a user"
             fixed_messages, notes = dialect.repaired(conversation.messages)

@@ -17,14 +17,16 @@ import functools
 import hashlib
 import re
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 import orjson
 from cachetools import LRUCache
 
 UnitKind = Literal["system", "user", "assistant", "tools", "orphan"]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +78,11 @@ class Dialect(Protocol):
 
     def calls(self, message: Any) -> list[str]: ...
 
+    def call_arguments(self, message: Any) -> list[tuple[str, Any]]:
+        """(call key, arguments) for each call `calls` lists, in its order: the arguments as
+        the tool got them, JSON text parsed."""
+        ...
+
     def with_tool_result(self, message: Any, call_id: str, text: str) -> Any: ...
 
     def text(self, message: Any) -> str: ...
@@ -105,14 +112,6 @@ class Meter(Protocol):
     def decode(self, tokens: Sequence[int]) -> str: ...
 
 
-def archive_key(content: str) -> str:
-    return hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def message_key(message: Any) -> str:
-    return archive_key(orjson.dumps(message).decode())
-
-
 @dataclass(frozen=True, slots=True)
 class Conversation:
     dialect: Dialect
@@ -120,6 +119,9 @@ class Conversation:
     sizes: tuple[int, ...]
     fixed: int  # tool definitions, response format, reply priming
     origin: tuple[int, ...]  # each message's index in the client's list; -1 for brim's own
+    # What the policies work out about these very messages (`facts`): kept on the conversation
+    # it describes, so it lives as long as this request's compression and no longer.
+    memo: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def of(
@@ -141,11 +143,14 @@ class Conversation:
         return self.dialect.units(self.messages)
 
     def replace(self, changes: Mapping[int, tuple[Any, int]]) -> Conversation:
-        """A conversation with message i replaced by (new message, its size) for each change."""
+        """A conversation with message i replaced by (new message, its size) for each change
+        (this very one when there are none: what was learned about it still holds)."""
+        if not changes:
+            return self
         messages, sizes = list(self.messages), list(self.sizes)
         for index, (message, size) in changes.items():
             messages[index], sizes[index] = message, size
-        return dataclasses.replace(self, messages=tuple(messages), sizes=tuple(sizes))
+        return dataclasses.replace(self, messages=tuple(messages), sizes=tuple(sizes), memo={})
 
     def keep(
         self, keep: Callable[[int], bool], inserts: Mapping[int, tuple[Any, int]]
@@ -165,17 +170,24 @@ class Conversation:
                 sizes.append(self.sizes[index])
                 origin.append(self.origin[index])
         return dataclasses.replace(
-            self, messages=tuple(messages), sizes=tuple(sizes), origin=tuple(origin)
+            self, messages=tuple(messages), sizes=tuple(sizes), origin=tuple(origin), memo={}
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Goal:
-    """Where a policy should take the request: `target` is the low-water mark to aim for;
-    `limit` is the budget that must not be exceeded (only the last-resort steps use it)."""
+    """Where a policy should take the request: `target` is the low-water mark that reversible
+    cuts made in batches aim for; `limit` is the budget that must not be exceeded — what the
+    last-resort steps (evict's protected units, truncate's cuts into text) aim for, going no
+    further than it needs."""
 
     target: int
     limit: int
+
+    def step(self, configured: int | None) -> int:
+        """The batch a snapped cut moves by: `configured`, or by default the slack between the
+        limit and the target."""
+        return configured if configured is not None else max(1, self.limit - self.target)
 
 
 class Policy(Protocol):
@@ -186,22 +198,22 @@ class Policy(Protocol):
     ) -> tuple[Conversation, list[FidelityRecord]]: ...
 
 
-def snapped_count(savings: Sequence[int], needed: int, step: int) -> int:
+def snapped_count(savings: Iterable[int], needed: int, step: int) -> int:
     """How many items (in their fixed order) to take so their savings reach `needed`, rounded up
     to the next grid point — where the running sum crosses a multiple of `step` — so that as a
-    session grows, the number taken (and so the request prefix) changes only now and then."""
+    session grows, the number taken (and so the request prefix) changes only now and then.
+    `savings` may be a generator: it is read no further than the items taken."""
     if needed <= 0:
         return 0
-    running = 0
-    reached: int | None = None
+    running = taken = 0
+    reached = False
     for taken, saving in enumerate(savings, start=1):
         before = running
         running += saving
-        if reached is None and running >= needed:
-            reached = taken
-        if reached is not None and (step <= 0 or running // step > before // step):
+        reached = reached or running >= needed
+        if reached and (step <= 0 or running // step > before // step):
             return taken
-    return len(savings)
+    return taken
 
 
 # What a tool result is worth: duplicates, superseded reads, task terms and anomalies.
@@ -209,15 +221,19 @@ def snapped_count(savings: Sequence[int], needed: int, step: int) -> int:
 # (what to remove first). All of it is a pure function of the conversation, so the same history
 # is judged the same way every turn.
 
+NO_RESULT = "[no result was recorded for this tool call]"  # what repair answers a lost call with
 SAME_AS_PREFIX = "[brim: same content as "  # an older copy `prune_tool_results` points onward
-_PLACEHOLDER_PREFIXES = ("[brim", "[no result was recorded")  # brim's own and repair's texts
-_ARGUMENT_FIELDS = ("arguments", "input", "args", "action")
-_ONE_STRING_FIELD = re.compile(r'\s*\{\s*"(?:[^"\\]|\\.)*"\s*:\s*"')
+_PLACEHOLDER_PREFIXES = ("[brim", NO_RESULT)  # brim's own stand-ins, and repair's
+STALE, PLAIN, EVIDENCE = 0, 1, 2  # a result's value: redundant, no task term or anomaly, evidence
 _TERM_SOURCE_CHARS = 4_000  # of each text the task terms are read from
 MIN_DUPLICATE_CHARS = 256  # shorter equal results ("ok", "done") are not worth pointing onward
 
 _TOKEN = re.compile(r"[\w][\w.\-/]*")
 _PIECES = re.compile(r"[/.\-_]+")
+_POINTER = re.compile(
+    r"for call (?P<call>.*?)(?: in message (?P<at>\d+))?; see there; sha256:[0-9a-f]{16}\]\Z",
+    re.DOTALL,
+)
 _ANOMALY_WORDS = (  # found in lower-cased text, inside words too: KeyError, FAILED, UserWarning
     "error",
     "exception",
@@ -254,43 +270,57 @@ _STOP_WORDS = """
 """
 STOP_WORDS = frozenset(_STOP_WORDS.split())
 
+# Remembered by content (results come back every turn), keyed by the string's own cached hash
+# and its length: cheap, and collisions are negligible at these sizes (as in tokens.py).
+_ARCHIVE_KEYS: LRUCache[tuple[int, int], str] = LRUCache(maxsize=8_192)
+_TEXT_FACTS: LRUCache[tuple[int, int], _TextFacts] = LRUCache(maxsize=8_192)
+_CACHE_LOCK = threading.Lock()
 
-def plain_text(text: str) -> str:
-    """A result's text, unwrapped from a JSON object whose one field is a string (the shape in
-    which Gemini's `functionResponse` carries a text result)."""
-    if _ONE_STRING_FIELD.match(text) and text.rstrip().endswith('"}'):
-        try:
-            value = orjson.loads(text)
-        except orjson.JSONDecodeError:
-            return text
-        if isinstance(value, dict) and len(value) == 1:
-            (inner,) = value.values()
-            if isinstance(inner, str):
-                return inner
-    return text
+
+def archive_key(content: str) -> str:
+    """The sha256 of `content`, under which the archive keeps it."""
+    key = (len(content), hash(content))
+    with _CACHE_LOCK:
+        known = _ARCHIVE_KEYS.get(key)
+    if known is None:
+        known = hashlib.sha256(content.encode("utf-8", "surrogatepass")).hexdigest()
+        with _CACHE_LOCK:
+            _ARCHIVE_KEYS[key] = known
+    return known
+
+
+def message_key(message: Any) -> str:
+    return archive_key(orjson.dumps(message).decode())
 
 
 def is_placeholder(text: str) -> bool:
     """Whether a result is already a stand-in: cleared, pointed onward, or never recorded."""
-    if text.startswith(_PLACEHOLDER_PREFIXES):
-        return True
-    head = text[:80]
-    return any(f'"{prefix}' in head for prefix in _PLACEHOLDER_PREFIXES) and plain_text(
-        text
-    ).startswith(_PLACEHOLDER_PREFIXES)
+    return text.startswith(_PLACEHOLDER_PREFIXES)
+
+
+def pointer(tool: str, call_id: str, key: str, at: int | None = None) -> str:
+    """What an older exact copy of a result becomes: a pointer to the next copy — its tool and
+    call, and where the call key is not unique in the conversation (Gemini calls without ids
+    are keyed by name) the position of its message in the client's list — with the sha256 of
+    the copy's own text, under which the archive keeps it."""
+    where = f" in message {at}" if at is not None else ""
+    return (
+        f"{SAME_AS_PREFIX}the later {tool} result for call {call_id}{where}; see there; "
+        f"sha256:{key[:16]}]"
+    )
 
 
 def editable(results: Sequence[ToolResult]) -> list[ToolResult]:
     """The results a policy may rewrite one by one: those whose call id is the only one of its
     kind in the message (Gemini pairs calls without ids by name, and a rewrite by a shared key
     would reach every result that has it)."""
-    ids = [result.call_id for result in results]
-    return [result for result in results if ids.count(result.call_id) == 1]
+    if len(results) < 2:
+        return list(results)
+    counts = Counter(result.call_id for result in results)
+    return [result for result in results if counts[result.call_id] == 1]
 
 
-def keys_of(text: str) -> set[str]:
-    """Every lower-case word, identifier, file name and path piece in `text`: what a task term
-    is matched against (`parse_config`, `config`, `prune.py`, `prune` from `policies/prune.py`)."""
+def _keys(text: str) -> frozenset[str]:
     keys: set[str] = set()
     for token in _TOKEN.findall(text.lower()):
         token = token.strip(".-/")
@@ -299,7 +329,49 @@ def keys_of(text: str) -> set[str]:
         if "/" in token:
             keys.update(token.split("/"))
     keys.discard("")
-    return keys
+    return frozenset(keys)
+
+
+class _TextFacts:
+    """What is known of one text: whether it reports an anomaly, and its keys once asked for."""
+
+    __slots__ = ("anomaly", "keys")
+
+    def __init__(self, anomaly: bool) -> None:
+        self.anomaly = anomaly
+        self.keys: frozenset[str] | None = None
+
+
+def _text_facts(text: str) -> _TextFacts:
+    key = (len(text), hash(text))
+    with _CACHE_LOCK:
+        known = _TEXT_FACTS.get(key)
+    if known is None:
+        known = _TextFacts(is_anomaly(text))
+        with _CACHE_LOCK:
+            _TEXT_FACTS[key] = known
+    return known
+
+
+def keys_of(text: str) -> frozenset[str]:
+    """Every lower-case word, identifier, file name and path piece in `text`: what a task term
+    is matched against (`parse_config`, `config`, `prune.py`, `prune` from `policies/prune.py`).
+    Remembered by content: meant for whole results, which come back every turn."""
+    known = _text_facts(text)
+    if known.keys is None:
+        known.keys = _keys(text)  # a race computes the same keys twice
+    return known.keys
+
+
+def mentions(text: str, terms: frozenset[str]) -> bool:
+    """Whether a line or an item mentions a task term (worked out afresh: for pieces of a
+    result, which are not worth remembering one by one)."""
+    return bool(terms) and not terms.isdisjoint(_keys(text))
+
+
+def has_evidence(text: str, terms: frozenset[str]) -> bool:
+    """Whether a result mentions a task term or an anomaly."""
+    return _text_facts(text).anomaly or bool(terms and not terms.isdisjoint(keys_of(text)))
 
 
 def terms_of(text: str) -> frozenset[str]:
@@ -343,57 +415,6 @@ def is_anomaly(text: str) -> bool:
     )
 
 
-_EVIDENCE: LRUCache[tuple[int, int, frozenset[str]], bool] = LRUCache(maxsize=8_192)
-_EVIDENCE_LOCK = threading.Lock()
-
-
-def has_evidence(text: str, terms: frozenset[str]) -> bool:
-    """Whether a result mentions a task term or an anomaly (remembered by content: results come
-    back every turn)."""
-    key = (len(text), hash(text), terms)  # the string's own cached hash: cheap, as in tokens.py
-    with _EVIDENCE_LOCK:
-        known = _EVIDENCE.get(key)
-    if known is None:
-        known = is_anomaly(text) or bool(terms and not terms.isdisjoint(keys_of(text)))
-        with _EVIDENCE_LOCK:
-            _EVIDENCE[key] = known
-    return known
-
-
-def _parsed(value: Any) -> Any:
-    if isinstance(value, str):
-        try:
-            return orjson.loads(value)
-        except orjson.JSONDecodeError:
-            return value
-    return value
-
-
-def call_arguments(message: Any, call_id: str) -> Any:
-    """The arguments of tool call `call_id` made in `message`, JSON text parsed — whatever the
-    wire calls them (`function.arguments`, `input`, `args`, `action`); None if not found."""
-    stack = [message]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, dict):
-            ident = node.get("call_id", node.get("id"))
-            if (ident is not None and str(ident) == call_id) or (
-                ident is None and node.get("name") == call_id
-            ):
-                for holder in (node, node.get("function"), node.get("functionCall")):
-                    if isinstance(holder, dict):
-                        for name in _ARGUMENT_FIELDS:
-                            if name in holder:
-                                return _parsed(holder[name])
-            children: Iterable[Any] = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        stack.extend(child for child in children if isinstance(child, dict | list))
-    return None
-
-
 def strings_of(value: Any) -> list[str]:
     """Every string inside a JSON value (not its keys), in order."""
     if isinstance(value, str):
@@ -405,48 +426,6 @@ def strings_of(value: Any) -> list[str]:
     return []
 
 
-def requests(conversation: Conversation) -> list[frozenset[str]]:
-    """The terms of the user's request before each message, and last, the current one (one
-    more entry than messages): those of the first user message (the task, as agents get it)
-    and of the last one so far; brim's own notices aside.
-
-    A result is judged by the request it was fetched for, never by later turns: so it is judged
-    the same way in every later turn, and what brim makes of it (and the request prefix) stays
-    put as the session grows."""
-    dialect = conversation.dialect
-    first: frozenset[str] | None = None
-    request: frozenset[str] = frozenset()
-    found: list[frozenset[str]] = []
-    for message in conversation.messages:
-        found.append(request)
-        if dialect.role(message) == "user":
-            text = dialect.text(message).strip()
-            if text and not text.startswith("[brim"):
-                first = terms_of(text) if first is None else first
-                request = first | terms_of(text)
-    found.append(request)
-    return found
-
-
-def call_terms(conversation: Conversation, unit: Unit) -> frozenset[str]:
-    """The terms of the arguments of the tool calls a unit makes."""
-    dialect, messages = conversation.dialect, conversation.messages
-    terms: set[str] = set()
-    for index in unit.indices:
-        for call in dialect.calls(messages[index]):
-            for text in strings_of(call_arguments(messages[index], call)):
-                terms |= terms_of(text)
-    return frozenset(terms)
-
-
-def task_terms(conversation: Conversation) -> frozenset[str]:
-    """The terms of the current task: those of the first and the last user message (brim's own
-    notices aside) and of the arguments of the latest tool calls."""
-    latest = next((u for u in reversed(conversation.units()) if u.kind == "tools"), None)
-    calls = call_terms(conversation, latest) if latest else frozenset()
-    return requests(conversation)[-1] | calls
-
-
 def _canonical(value: Any) -> str:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
@@ -454,36 +433,253 @@ def _canonical(value: Any) -> str:
         return repr(value)
 
 
-def stale_results(conversation: Conversation) -> dict[tuple[int, str], str]:
-    """Tool results a later one makes (nearly) redundant, by (message index, call id):
+ResultKey = tuple[int, str]  # (message index, call key)
+
+
+def copies(
+    results: Sequence[Sequence[ToolResult]], texts: Mapping[ResultKey, str] | None = None
+) -> dict[ResultKey, tuple[int, ToolResult]]:
+    """Older exact copies of a later result: (message index, call key) → the next copy's
+    message index and result. `results` are each message's editable results; `texts` stand in
+    for a result's own text where given. Compared whole (stripped), by the texts themselves;
+    placeholders and results under `MIN_DUPLICATE_CHARS` are no copies. Each copy names the
+    next, so what an older one names never changes when yet another copy comes."""
+    found: dict[ResultKey, tuple[int, ToolResult]] = {}
+    later: dict[str, tuple[int, ToolResult]] = {}  # content → the next copy
+    for index in range(len(results) - 1, -1, -1):
+        for result in reversed(results[index]):
+            text = result.text if texts is None else texts.get((index, result.call_id), result.text)
+            text = text.strip()
+            if len(text) < MIN_DUPLICATE_CHARS or is_placeholder(text):
+                continue
+            if text in later:
+                found[index, result.call_id] = later[text]
+            later[text] = (index, result)
+    return found
+
+
+class _Once(Generic[T]):
+    """A value computed on first use and then kept on the instance, as `functools.cached_property`
+    does, without its class-wide lock (Python 3.11): a race computes the same value twice."""
+
+    def __init__(self, compute: Callable[[Any], T]) -> None:
+        self.compute = compute
+        self.name = compute.__name__
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> _Once[T]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: type) -> T: ...
+
+    def __get__(self, instance: object, owner: type) -> T | _Once[T]:
+        if instance is None:
+            return self
+        value = self.compute(instance)
+        instance.__dict__[self.name] = value
+        return value
+
+
+class Facts:
+    """What the policies ask about one conversation, worked out once for it (see `facts`): the
+    tool of each call, each message's results, units, the user's requests, call arguments,
+    copies, stale results, pointers and what each result is worth. Each part is computed the
+    first time it is asked for."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        # The dialect and messages, not the conversation: the conversation keeps its facts.
+        self.dialect, self.messages = conversation.dialect, conversation.messages
+        self.origin = conversation.origin
+        dialect, messages = self.dialect, self.messages
+        self.names = dialect.tools_by_call(messages)
+        self.results = tuple(dialect.tool_results(m, self.names) for m in messages)
+        self.editable = tuple(editable(found) for found in self.results)
+        self._call_terms: dict[Unit, frozenset[str]] = {}
+
+    @_Once
+    def units(self) -> list[Unit]:
+        return self.dialect.units(self.messages)
+
+    @_Once
+    def _walk(self) -> tuple[tuple[frozenset[str], ...], int]:
+        """The requests before each message (and the current one), and where the last is: a
+        user message that is no notice of brim's and says something, or at least answers no
+        tool call (an image alone is a request; a turn of tool results is not)."""
+        dialect = self.dialect
+        answering = {i for u in self.units if u.kind in ("tools", "orphan") for i in u.indices}
+        first: frozenset[str] | None = None
+        request: frozenset[str] = frozenset()
+        found: list[frozenset[str]] = []
+        last = -1
+        for index, message in enumerate(self.messages):
+            found.append(request)
+            if dialect.role(message) != "user":
+                continue
+            text = dialect.text(message).strip()
+            if text.startswith("[brim") or (not text and index in answering):
+                continue
+            last = index
+            if text:
+                first = terms_of(text) if first is None else first
+                request = first | terms_of(text)
+        found.append(request)
+        return tuple(found), last
+
+    @property
+    def requests(self) -> tuple[frozenset[str], ...]:
+        return self._walk[0]
+
+    @property
+    def last_request(self) -> int:
+        return self._walk[1]
+
+    @_Once
+    def arguments(self) -> tuple[list[tuple[str, Any]], ...]:
+        dialect = self.dialect
+        return tuple(dialect.call_arguments(m) for m in self.messages)
+
+    @_Once
+    def call_counts(self) -> Counter[str]:
+        """How often each call key occurs in the conversation (more than once: keyed by name)."""
+        return Counter(key for found in self.arguments for key, _ in found)
+
+    def call_terms(self, unit: Unit) -> frozenset[str]:
+        known = self._call_terms.get(unit)
+        if known is None:
+            terms: set[str] = set()
+            for index in unit.indices:
+                for _, arguments in self.arguments[index]:
+                    for text in strings_of(arguments):
+                        terms |= terms_of(text)
+            known = self._call_terms[unit] = frozenset(terms)
+        return known
+
+    @_Once
+    def copies(self) -> dict[ResultKey, tuple[int, ToolResult]]:
+        return copies(self.editable)
+
+    @_Once
+    def stale(self) -> dict[ResultKey, str]:
+        asked: dict[str, str] = {}
+        for found in self.arguments:
+            for call, arguments in found:
+                if arguments is not None and self.call_counts[call] == 1:
+                    asked[call] = f"{self.names.get(call, 'tool')}:{_canonical(arguments)}"
+        duplicates = self.copies
+        stale: dict[ResultKey, str] = {}
+        seen: set[str] = set()
+        for index in range(len(self.editable) - 1, -1, -1):  # newest first: "later" is seen
+            for result in reversed(self.editable[index]):
+                key = (index, result.call_id)
+                query = asked.get(result.call_id)
+                placeholder = is_placeholder(result.text)
+                if placeholder:
+                    stale[key] = "placeholder"
+                elif key in duplicates:
+                    stale[key] = "duplicate"
+                elif query is not None and query in seen:
+                    stale[key] = "superseded"
+                if query is not None and not placeholder:
+                    seen.add(query)
+        return stale
+
+    @_Once
+    def pointers(self) -> dict[ResultKey, list[ResultKey]]:
+        """The results pointers name (their later copy), each with the pointers naming it."""
+        held: dict[str, list[int]] = {}  # call key → the messages with an editable result of it
+        for index, found in enumerate(self.editable):
+            for result in found:
+                held.setdefault(result.call_id, []).append(index)
+        origin = self.origin
+        named: dict[ResultKey, list[ResultKey]] = {}
+        for index, found in enumerate(self.editable):
+            for result in found:
+                if not result.text.startswith(SAME_AS_PREFIX):
+                    continue
+                match = _POINTER.search(result.text)
+                if match is None:
+                    continue
+                at = None if match["at"] is None else int(match["at"])
+                target = next(
+                    (
+                        later
+                        for later in held.get(match["call"], ())
+                        if later > index and (at is None or origin[later] == at)
+                    ),
+                    None,
+                )
+                if target is not None:
+                    named.setdefault((target, match["call"]), []).append((index, result.call_id))
+        return named
+
+    @_Once
+    def values(self) -> tuple[tuple[int, ...], ...]:
+        stale, request = self.stale, self.requests
+        return tuple(
+            tuple(
+                STALE
+                if (index, result.call_id) in stale
+                else EVIDENCE
+                if has_evidence(result.text, request[index])
+                else PLAIN
+                for result in found
+            )
+            for index, found in enumerate(self.results)
+        )
+
+
+def facts(conversation: Conversation) -> Facts:
+    """The facts of `conversation`, worked out once: the policies of one compression ask about
+    the same messages (a policy that changes nothing passes the very conversation on)."""
+    known = conversation.memo.get("facts")
+    if not isinstance(known, Facts):
+        known = conversation.memo["facts"] = Facts(conversation)
+    return known
+
+
+def requests(conversation: Conversation) -> tuple[frozenset[str], ...]:
+    """The terms of the user's request before each message, and last, the current one (one
+    more entry than messages): those of the first user message (the task, as agents get it)
+    and of the last one so far; brim's own notices and turns that only carry tool results
+    aside.
+
+    A result is judged by the request it was fetched for, never by later turns: so it is judged
+    the same way in every later turn, and what brim makes of it (and the request prefix) stays
+    put as the session grows."""
+    return facts(conversation).requests
+
+
+def last_request(conversation: Conversation) -> int:
+    """Where the last user message is, as `requests` walks them: never a turn that only
+    carries tool results (Anthropic and Gemini send those as user turns) nor a notice of
+    brim's; -1 if there is none."""
+    return facts(conversation).last_request
+
+
+def call_terms(conversation: Conversation, unit: Unit) -> frozenset[str]:
+    """The terms of the arguments of the tool calls a unit makes."""
+    return facts(conversation).call_terms(unit)
+
+
+def stale_results(conversation: Conversation) -> dict[ResultKey, str]:
+    """Tool results a later one makes (nearly) redundant, by (message index, call key), among
+    the results a policy may rewrite one by one (`editable`):
     "placeholder" — already a stand-in; "duplicate" — a later result has the same content;
     "superseded" — a later call of the same tool with the same arguments answered differently
-    (a file read, edited and read again: the older read is out of date)."""
-    dialect, messages = conversation.dialect, conversation.messages
-    names = dialect.tools_by_call(messages)
-    asked: dict[str, str] = {}
-    for message in messages:
-        for call in dialect.calls(message):
-            arguments = call_arguments(message, call)
-            if arguments is not None:
-                asked[call] = f"{names.get(call, 'tool')}:{_canonical(arguments)}"
-    stale: dict[tuple[int, str], str] = {}
-    seen_content: set[str] = set()
-    seen_query: set[str] = set()
-    for index in range(len(messages) - 1, -1, -1):  # newest first: "later" is already seen
-        for result in reversed(dialect.tool_results(messages[index], names)):
-            key = (index, result.call_id)
-            content = result.text.strip()  # compared whole: a set of texts, no digest needed
-            query = asked.get(result.call_id)
-            placeholder = is_placeholder(result.text)
-            if placeholder:
-                stale[key] = "placeholder"
-            elif content in seen_content and len(content) >= MIN_DUPLICATE_CHARS:
-                stale[key] = "duplicate"
-            elif query is not None and query in seen_query:
-                stale[key] = "superseded"
-            if not placeholder:
-                seen_content.add(content)
-                if query is not None:
-                    seen_query.add(query)
-    return stale
+    (a file read, edited and read again: the older read is out of date). Only a call whose key
+    occurs once in the conversation is known by its arguments: calls keyed by name (Gemini's
+    without ids) are never superseded by another call of the same tool."""
+    return facts(conversation).stale
+
+
+def result_values(conversation: Conversation) -> tuple[tuple[int, ...], ...]:
+    """What each result is worth, per message and in the order of its results: STALE (see
+    `stale_results`), EVIDENCE — it mentions a term of the request it was fetched for or
+    reports an anomaly — or PLAIN."""
+    return facts(conversation).values
+
+
+def pointed_at(conversation: Conversation) -> dict[ResultKey, list[ResultKey]]:
+    """The results that pointers (older copies pointed onward) name, each with the pointers
+    that name it."""
+    return facts(conversation).pointers

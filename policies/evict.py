@@ -5,7 +5,8 @@ when the conversation ends with it (an ongoing tool loop). Kept unless nothing e
 first user message and the most recent `keep_recent_turns` turns (a turn is a user message or
 an assistant reply with its tool results: agent sessions have many turns per user message).
 Everything else may go, lowest value first — tool groups whose results are all stale
-(already cleared or pointed onward, exact copies or superseded reads of a later result) and
+(already cleared or pointed onward, exact copies or superseded reads of a later result; never a
+group holding a result that an older copy points to, which goes only after the pointer) and
 orphans, then plain assistant chatter, then the other tool groups, then user messages — and
 oldest first within each class, in batches of at least `evict_at_least` tokens so the cut point
 moves only now and then as a session grows.
@@ -30,20 +31,23 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
+    STALE,
     Conversation,
     FidelityRecord,
     Goal,
     Meter,
     Unit,
+    facts,
+    last_request,
     message_key,
+    pointed_at,
+    result_values,
     snapped_count,
-    stale_results,
 )
 from policies.wires.base import NOTICE_PREFIX
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests.
-PRIORITY = {"orphan": 0, "system": 1, "assistant": 1, "tools": 2, "user": 3}
-STALE = 0
+PRIORITY = {"orphan": STALE, "system": 1, "assistant": 1, "tools": 2, "user": 3}
 QUOTE = 80
 
 
@@ -72,7 +76,7 @@ class Evict:
         count = sum(len(unit.indices) for unit in removed)
         tokens = sum(conversation.sizes[i] for unit in removed for i in unit.indices)
         tools: Counter[str] = Counter()
-        names = dialect.tools_by_call(messages)
+        names = facts(conversation).names
         requests: list[str] = []
         for unit in removed:
             if unit.kind == "tools":
@@ -108,42 +112,40 @@ class Evict:
     @staticmethod
     def _values(conversation: Conversation, units: list[Unit]) -> dict[Unit, int]:
         """Each unit's value class: a tool group whose every result is stale is worth no more
-        than an orphan."""
-        dialect = conversation.dialect
-        names = dialect.tools_by_call(conversation.messages)
-        stale = stale_results(conversation)
-        values = {}
+        than an orphan — unless an older copy points to one of them: the pointer goes first."""
+        known = facts(conversation)
+        values, named = result_values(conversation), pointed_at(conversation)
+        worth = {}
         for unit in units:
             value = PRIORITY[unit.kind]
-            if unit.kind == "tools":
-                results = [
-                    (index, result.call_id)
-                    for index in unit.indices
-                    for result in dialect.tool_results(conversation.messages[index], names)
-                ]
-                if results and all(key in stale for key in results):
-                    value = STALE
-            values[unit] = value
-        return values
+            if (
+                unit.kind == "tools"
+                and any(values[i] for i in unit.indices)
+                and all(v == STALE for i in unit.indices for v in values[i])
+                and not any(
+                    (i, result.call_id) in named
+                    for i in unit.indices
+                    for result in known.editable[i]
+                )
+            ):
+                value = STALE
+            worth[unit] = value
+        return worth
 
     def apply(
         self, conversation: Conversation, goal: Goal, meter: Meter
     ) -> tuple[Conversation, list[FidelityRecord]]:
         if conversation.total <= goal.target:
             return conversation, []
-        units = conversation.units()
+        units = facts(conversation).units
         system = set()
         for unit in units:
             if unit.kind != "system":
                 break
             system.add(unit)
         users = [unit for unit in units if unit.kind == "user"]
-        role = conversation.dialect.role
-        last_user_at = max(
-            (i for i, message in enumerate(conversation.messages) if role(message) == "user"),
-            default=-1,
-        )
-        always = {unit for unit in units if last_user_at in unit.indices}  # the last user message
+        last = last_request(conversation)
+        always = {unit for unit in units if last in unit.indices}  # the last user message
         if units and units[-1].kind == "tools":  # an ongoing tool loop: the model needs it
             always.add(units[-1])
         turns = [unit for unit in units if unit.kind in ("user", "assistant", "tools")]
@@ -167,9 +169,7 @@ class Evict:
             built = self._build(conversation, removed, meter, notice)
             return built, built.total
 
-        step = self.settings.evict_at_least
-        if step is None:
-            step = max(1, goal.limit - goal.target)
+        step = goal.step(self.settings.evict_at_least)
         removed: list[Unit] = []
         notice_allowance = 0
         result, total = conversation, conversation.total

@@ -5,7 +5,8 @@ Three steps, the cheapest first; the newest tool turn's results are never touche
 1. Lossless, on every result: JSON minified, noise fields dropped (URLs, images, base64 blobs,
    nulls by default).
 2. Nearly lossless, on every result: an exact copy of a later result (a file read twice with the
-   same content, the same command output again) becomes a one-line pointer to the next copy.
+   same content, the same command output again) becomes a one-line pointer to the next copy,
+   with the sha256 under which the archive keeps the copy (`policies.conversation.pointer`).
 3. Lossy, only while the request is still over its target, oldest result first, in batches of at
    least `cut_at_least` tokens (by default the budget's slack): a text result over
    `max_text_tokens` keeps its head and tail and, in between, the lines that report an anomaly
@@ -24,10 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
-import hashlib
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -35,22 +35,20 @@ from cachetools import LRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
-    MIN_DUPLICATE_CHARS,
-    SAME_AS_PREFIX,
     Conversation,
+    Facts,
     FidelityRecord,
     Goal,
     Meter,
     ToolResult,
-    Unit,
     archive_key,
-    call_terms,
-    editable,
+    copies,
+    facts,
     is_anomaly,
-    is_placeholder,
     keys_of,
-    plain_text,
-    requests,
+    mentions,
+    pointer,
+    snapped_count,
     strings_of,
 )
 from policies.nesting import SAFE_DEPTH, nests_deeper_than
@@ -75,11 +73,18 @@ class PruneSettings(BaseModel):
 
 
 def cut_middle(
-    text: str, keep_tokens: int, meter: Meter, head_share: float = 1 / 3
+    text: str,
+    keep_tokens: int,
+    meter: Meter,
+    head_share: float = 1 / 3,
+    *,
+    tokens: Sequence[int] | None = None,
 ) -> tuple[str, int]:
     """`text` with its middle replaced by a marker so about `keep_tokens` remain, cut at line
-    ends where there are any. Returns the new text and how many tokens were removed."""
-    tokens = meter.tokens(text)
+    ends where there are any (`tokens`: the text's own, when the caller has them already).
+    Returns the new text and how many tokens were removed."""
+    if tokens is None:
+        tokens = meter.tokens(text)
     if len(tokens) <= keep_tokens:
         return text, 0
     head_n = max(1, int(keep_tokens * head_share))
@@ -104,16 +109,16 @@ def _line_marker(omitted: int, telling: int) -> str:
 def relevant_lines(text: str, terms: frozenset[str], keep_tokens: int, meter: Meter) -> str:
     """`text` cut to about `keep_tokens` by lines: head and tail, then every line that reports an
     anomaly, then every line that mentions a task term (in that order, while they fit), then
-    more head and tail; each run of dropped lines becomes one marker with its count."""
+    more head and tail; each run of dropped lines becomes one marker with its count. Each line
+    is tokenized once, and the text as a whole not at all."""
     lines = text.split("\n")
-    if len(lines) < _MIN_LINES or len(meter.tokens(text)) <= keep_tokens:
+    if len(lines) < _MIN_LINES:
         return cut_middle(text, keep_tokens, meter)[0]
     cost = [len(meter.tokens(line)) + 1 for line in lines]
+    if sum(cost) - 1 <= keep_tokens:
+        return text
     count = len(lines)
-    rank = [
-        2 if is_anomaly(line) else 1 if terms and not terms.isdisjoint(keys_of(line)) else 0
-        for line in lines
-    ]
+    rank = [2 if is_anomaly(line) else 1 if mentions(line, terms) else 0 for line in lines]
     kept = [False] * count
     used = _MARKER_TOKENS  # nothing kept yet: one run of dropped lines
 
@@ -160,21 +165,12 @@ def relevant_lines(text: str, terms: frozenset[str], keep_tokens: int, meter: Me
         out.append(_line_marker(end - index, sum(1 for r in rank[index:end] if r)))
         index = end
     shrunk = "\n".join(out)
-    if len(meter.tokens(shrunk)) > keep_tokens * 1.25:  # a few giant lines: cut by tokens too
+    if used > keep_tokens * 1.25:  # a few giant lines (the first, the last): cut by tokens too
         shrunk = cut_middle(shrunk, keep_tokens, meter)[0]
     return shrunk
 
 
-def _digest(*parts: str) -> bytes:
-    hasher = hashlib.blake2b(digest_size=16)
-    for part in parts:
-        hasher.update(part.encode("utf-8", "surrogatepass"))
-        hasher.update(b"\0")
-    return hasher.digest()
-
-
-def pointer(tool: str, call_id: str) -> str:
-    return f"{SAME_AS_PREFIX}the later {tool} result for call {call_id}; see there]"
+Key = tuple[int, str]  # (message index, call key)
 
 
 class PruneToolResults:
@@ -183,8 +179,7 @@ class PruneToolResults:
     def __init__(self, settings: PruneSettings | None = None) -> None:
         self.settings = settings or PruneSettings()
         # A result is pruned the same way every turn; remember it instead of re-tokenizing.
-        self._pruned: LRUCache[tuple[str, int, int, bytes], str] = LRUCache(maxsize=20_000)
-        self._keys: LRUCache[tuple[str, int, int], frozenset[str]] = LRUCache(maxsize=2_000)
+        self._pruned: LRUCache[tuple[str, int, int, Hashable], str] = LRUCache(maxsize=20_000)
         self._lock = threading.Lock()
 
     def _noise(self, key: str) -> bool:
@@ -229,9 +224,9 @@ class PruneToolResults:
             if telling >= settings.max_array_items:
                 break
             item = items[index]
-            dumped = orjson.dumps(item).decode() if not isinstance(item, str) else item
-            strings = " ".join(strings_of(item))
-            if is_anomaly(dumped) or (terms and not terms.isdisjoint(keys_of(strings))):
+            # Fields without a value say nothing: `{"failed": false}` is no failure.
+            said = item if isinstance(item, str) else orjson.dumps(_said(item)).decode()
+            if is_anomaly(said) or mentions(" ".join(strings_of(item)), terms):
                 keep.add(index)
                 telling += 1
         out: list[Any] = []
@@ -258,7 +253,7 @@ class PruneToolResults:
                     return parsed
         return None
 
-    def _cached(self, meter: Meter, text: str, mode: bytes, make: Any) -> str:
+    def _cached(self, meter: Meter, text: str, mode: Hashable, make: Callable[[], str]) -> str:
         # Python's own string hash (cached on the string) and the length: several times faster
         # than a digest, and collisions are negligible at this cache's size (as in tokens.py).
         key = (getattr(meter, "tokenizer", ""), len(text), hash(text), mode)
@@ -277,20 +272,7 @@ class PruneToolResults:
             parsed = self._json(text)
             return text if parsed is None else orjson.dumps(self._clean(parsed)).decode()
 
-        return self._cached(meter, text, b"lossless", make)
-
-    def _matched(self, text: str, terms: frozenset[str], meter: Meter) -> frozenset[str]:
-        """The task terms `text` mentions: all a relevance cut of it depends on."""
-        if not terms:
-            return terms
-        key = (getattr(meter, "tokenizer", ""), len(text), hash(text))
-        with self._lock:
-            keys = self._keys.get(key)
-        if keys is None:
-            keys = frozenset(keys_of(text))
-            with self._lock:
-                self._keys[key] = keys
-        return terms & keys
+        return self._cached(meter, text, "lossless", make)
 
     def lossy_text(
         self,
@@ -302,11 +284,10 @@ class PruneToolResults:
         """`text` (already lossless) cut to its relevant part. `at_most` bounds its tokens when
         the caller knows it (its message's size): a text that cannot be over `max_text_tokens`
         is not tokenized to find out."""
-        inner = plain_text(text)
-        matched = self._matched(inner, terms, meter)
+        matched = terms & keys_of(text) if terms else terms  # all a relevance cut depends on
         short = at_most is not None and at_most <= self.settings.max_text_tokens
-        mode = b"lossy:" + _digest(str(short), *sorted(matched))
-        return self._cached(meter, inner, mode, lambda: self._lossy(inner, matched, meter, short))
+        mode = ("lossy", short, matched)
+        return self._cached(meter, text, mode, lambda: self._lossy(text, matched, meter, short))
 
     def _lossy(self, text: str, terms: frozenset[str], meter: Meter, short: bool) -> str:
         limit = self.settings.max_text_tokens
@@ -327,142 +308,121 @@ class PruneToolResults:
         self, conversation: Conversation, goal: Goal, meter: Meter
     ) -> tuple[Conversation, list[FidelityRecord]]:
         settings = self.settings
-        messages = conversation.messages
-        units = conversation.units()
-        newest_tools = next((u for u in reversed(units) if u.kind == "tools"), None)
+        dialect = conversation.dialect
+        known = facts(conversation)
+        newest_tools = next((u for u in reversed(known.units) if u.kind == "tools"), None)
         spared = set(newest_tools.indices) if newest_tools else set()
-        names = conversation.dialect.tools_by_call(messages)
-        results = {
-            index: editable(conversation.dialect.tool_results(m, names))
-            for index, m in enumerate(messages)
-        }
+        results = known.editable
         prunable = [
             index
-            for index, found in results.items()
+            for index, found in enumerate(results)
             if found and index not in spared and conversation.sizes[index] >= settings.min_tokens
         ]
 
         # 1. lossless, and 2. older exact copies pointed onward, on every result: both lose
         # (next to) nothing, and doing them everywhere keeps them out of the cut's arithmetic —
         # a copy pointed onward only when needed would move the cut as rereads come and go.
-        texts: dict[tuple[int, str], str] = {}
+        texts: dict[Key, str] = {}
         for index in prunable:
             for result in results[index]:
                 lossless = self.lossless_text(result.text, meter)
                 if lossless != result.text:
                     texts[index, result.call_id] = lossless
-        pointed: dict[tuple[int, str], str] = {}  # (index, call) → the call of the next copy
+        pointed: dict[Key, str] = {}  # (index, call) → the call of the next copy
         if settings.dedupe:
-            for key, (tool, call_id) in self._copies(results, texts, spared).items():
-                texts[key] = pointer(tool, call_id)
-                pointed[key] = call_id
+            collide = known.call_counts
+            for (index, call_id), (later, copy) in copies(results, texts).items():
+                if index in spared:
+                    continue
+                original = next(r for r in results[index] if r.call_id == call_id)
+                at = conversation.origin[later] if collide[copy.call_id] > 1 else None
+                sha = archive_key(original.text)
+                texts[index, call_id] = pointer(copy.tool, copy.call_id, sha, at)
+                pointed[index, call_id] = copy.call_id
         changes = self._rewritten(conversation, results, texts, meter)
-        pointed = {key: call for key, call in pointed.items() if key in texts}
         pruned = conversation.replace(changes)
 
         # 3. cuts, oldest first, only while over the target, in batches
         edited: dict[int, tuple[Any, int]] = {}
-        cut: dict[int, list[ToolResult]] = {}
+        cut: dict[int, set[str]] = {}  # index → the calls whose results were cut
         needed = pruned.total - goal.target
         if needed > 0:
-            step = settings.cut_at_least
-            if step is None:
-                step = max(1, goal.limit - goal.target)
-            lossy = self._lossy_edits(pruned, units, results, texts, meter)
-            running = 0
-            reached = False
-            for index in prunable:
-                message, size = pruned.messages[index], pruned.sizes[index]
-                edits = lossy(index, size, {c for i, c in pointed if i == index})
-                if not edits:
-                    continue
-                updated = message
-                for call_id, text in edits.items():
-                    updated = conversation.dialect.with_tool_result(updated, call_id, text)
-                smaller = meter.message(updated)
-                if smaller >= size:
-                    continue
-                edited[index] = (updated, smaller)
-                cut[index] = [r for r in results[index] if r.call_id in edits]
-                before, running = running, running + size - smaller
-                reached = reached or running >= needed
-                if reached and (step <= 0 or running // step > before // step):
-                    break
+            skip: dict[int, set[str]] = {}
+            for index, call_id in pointed:
+                if (index, call_id) in texts:
+                    skip.setdefault(index, set()).add(call_id)
+            edits = self._lossy_edits(known, texts, meter)
+
+            def savings() -> Iterator[int]:
+                for index in prunable:
+                    message, size = pruned.messages[index], pruned.sizes[index]
+                    found = edits(index, size, skip.get(index, set()))
+                    if not found:
+                        continue
+                    updated = message
+                    for call_id, text in found.items():
+                        updated = dialect.with_tool_result(updated, call_id, text)
+                    smaller = meter.message(updated)
+                    if smaller < size:
+                        edited[index] = (updated, smaller)
+                        cut[index] = set(found)
+                        yield size - smaller
+
+            snapped_count(savings(), needed, goal.step(settings.cut_at_least))
 
         records: list[FidelityRecord] = []
         for index in sorted(changes.keys() | edited.keys()):
             origin, before = conversation.origin[index], conversation.sizes[index]
             after = edited[index][1] if index in edited else changes[index][1]
-            found = results[index]
-            records += [
-                FidelityRecord(
-                    self.name,
-                    "deduplicated",
-                    origin,
-                    before,
-                    after,
-                    archive_key=archive_key(r.text),
-                    detail=f"same as {pointed[index, r.call_id]}",
-                    original=r.text,
-                )
-                for r in found
-                if (index, r.call_id) in pointed
-            ]
-            records += [
-                FidelityRecord(
-                    self.name,
-                    "pruned",
-                    origin,
-                    before,
-                    after,
-                    archive_key=archive_key(r.text),
-                    detail="cut to its relevant lines and items",
-                    original=r.text,
-                )
-                for r in cut.get(index, ())
-            ]
-            touched = pointed.keys() | {(index, r.call_id) for r in cut.get(index, ())}
-            if any((index, r.call_id) in texts.keys() - touched for r in found):
+            cut_here = cut.get(index, set())
+            deduplicated: list[FidelityRecord] = []
+            shrunk: list[FidelityRecord] = []
+            only_lossless = False
+            for r in results[index]:
+                key = (index, r.call_id)
+                if key in pointed and key in texts:
+                    deduplicated.append(
+                        FidelityRecord(
+                            self.name,
+                            "deduplicated",
+                            origin,
+                            before,
+                            after,
+                            archive_key=archive_key(r.text),
+                            detail=f"same as {pointed[key]}",
+                            original=r.text,
+                        )
+                    )
+                elif r.call_id in cut_here:
+                    shrunk.append(
+                        FidelityRecord(
+                            self.name,
+                            "pruned",
+                            origin,
+                            before,
+                            after,
+                            archive_key=archive_key(r.text),
+                            detail="cut to its relevant lines and items",
+                            original=r.text,
+                        )
+                    )
+                elif key in texts:
+                    only_lossless = True
+            records += deduplicated + shrunk
+            if only_lossless:
                 records.append(FidelityRecord(self.name, "pruned", origin, before, after))
-        final = pruned.replace(edited)
-        return final, records
-
-    def _copies(
-        self,
-        results: dict[int, list[ToolResult]],
-        texts: dict[tuple[int, str], str],
-        spared: set[int],
-    ) -> dict[tuple[int, str], tuple[str, str]]:
-        """Older exact copies of a later result: (index, call) → the next copy's (tool, call).
-        Each points to the next, so an older pointer never changes when yet another copy
-        comes."""
-        copies: dict[tuple[int, str], tuple[str, str]] = {}
-        later: dict[bytes, tuple[str, str]] = {}  # content → the next copy's (tool, call)
-        for index in sorted(results, reverse=True):
-            for result in reversed(results[index]):
-                text = texts.get((index, result.call_id), result.text).strip()
-                if is_placeholder(text) or len(text) < MIN_DUPLICATE_CHARS:
-                    continue
-                content = _digest(text)
-                if content in later and index not in spared:
-                    copies[index, result.call_id] = later[content]
-                later[content] = (result.tool, result.call_id)
-        return copies
+        return pruned.replace(edited), records
 
     def _lossy_edits(
-        self,
-        conversation: Conversation,
-        units: list[Unit],
-        results: dict[int, list[ToolResult]],
-        texts: dict[tuple[int, str], str],
-        meter: Meter,
+        self, known: Facts, texts: dict[Key, str], meter: Meter
     ) -> Callable[[int, int, set[str]], dict[str, str]]:
         """A function giving a message's results cut to their relevant part (call → new text),
-        judged by the request each was fetched for and the calls that fetched it."""
+        judged by the request each was fetched for and the calls that fetched it (the facts
+        of the conversation before steps 1 and 2, which touch neither)."""
         settings = self.settings
-        request = requests(conversation)
-        unit_of = {i: unit for unit in units if unit.kind == "tools" for i in unit.indices}
-        calls_of: dict[Unit | None, frozenset[str]] = {}
+        results = known.editable
+        request = known.requests
+        unit_of = {i: unit for unit in known.units if unit.kind == "tools" for i in unit.indices}
 
         def edits(index: int, size: int, skip: set[str]) -> dict[str, str]:
             found: dict[str, str] = {}
@@ -473,10 +433,9 @@ class PruneToolResults:
                 if size <= settings.max_text_tokens and text.lstrip()[:1] not in ("{", "["):
                     continue  # a short text: nothing to cut
                 unit = unit_of.get(index)
-                if unit not in calls_of:
-                    calls_of[unit] = call_terms(conversation, unit) if unit else frozenset()
-                shrunk = self.lossy_text(text, meter, request[index] | calls_of[unit], size)
-                if shrunk not in (text, plain_text(text)):
+                terms = request[index] | (known.call_terms(unit) if unit else frozenset())
+                shrunk = self.lossy_text(text, meter, terms, size)
+                if shrunk != text:
                     found[result.call_id] = shrunk
             return found
 
@@ -485,15 +444,15 @@ class PruneToolResults:
     def _rewritten(
         self,
         conversation: Conversation,
-        results: dict[int, list[ToolResult]],
-        texts: dict[tuple[int, str], str],
+        results: Sequence[Sequence[ToolResult]],
+        texts: dict[Key, str],
         meter: Meter,
     ) -> dict[int, tuple[Any, int]]:
         """Each message with its new result texts, where that makes it smaller (the texts of
         the others are forgotten)."""
         dialect = conversation.dialect
         changes: dict[int, tuple[Any, int]] = {}
-        for index, found in results.items():
+        for index, found in enumerate(results):
             message = conversation.messages[index]
             updated = message
             for result in found:
@@ -509,3 +468,13 @@ class PruneToolResults:
                 for result in found:
                     texts.pop((index, result.call_id), None)
         return changes
+
+
+def _said(value: Any) -> Any:
+    """A JSON value without its fields and items that hold nothing — false, null, zero, empty
+    (nested ones too): what is left is what the value says."""
+    if isinstance(value, dict):
+        return {key: said for key, item in value.items() if (said := _said(item))}
+    if isinstance(value, list):
+        return [said for item in value if (said := _said(item))]
+    return value

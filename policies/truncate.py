@@ -2,17 +2,25 @@
 
 Head and tail are kept (a third and two thirds: the end of a log is where the error is), with a
 marker saying how many tokens went. The largest text goes first, then the next, until the request
-reaches its goal — the budget itself: this cut destroys text, so it goes no further than needed
-(`cuts_text`) — or no text is left to cut. The newest message and the last user message are cut
-only after every other message has been, and only if the request still does not fit. Tool-call
-arguments are never cut (they must stay valid JSON).
+fits the budget itself (`Goal.limit`, not the low-water mark: this cut destroys text, so it goes
+no further than the budget needs) or no text is left to cut. The newest message and the last
+user message (`last_request`) are cut only after every other message has been, and only if the
+request still does not fit. Tool-call arguments are never cut (they must stay valid JSON).
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import Conversation, FidelityRecord, Goal, Meter, archive_key
+from policies.conversation import (
+    Conversation,
+    FidelityRecord,
+    Goal,
+    Meter,
+    archive_key,
+    facts,
+    last_request,
+)
 from policies.prune import cut_middle
 
 
@@ -24,7 +32,6 @@ class TruncateSettings(BaseModel):
 
 class Truncate:
     name = "truncate"
-    cuts_text = True
 
     def __init__(self, settings: TruncateSettings | None = None) -> None:
         self.settings = settings or TruncateSettings()
@@ -34,38 +41,32 @@ class Truncate:
     ) -> tuple[Conversation, list[FidelityRecord]]:
         dialect = conversation.dialect
         records: list[FidelityRecord] = []
-        messages = conversation.messages
-        names = dialect.tools_by_call(messages)
-        last_user = max(
-            (
-                i
-                for i, m in enumerate(messages)
-                if dialect.role(m) == "user" and not dialect.tool_results(m, names)
-            ),
-            default=-1,
+        known = facts(conversation)
+        spared = {len(conversation.messages) - 1, last_request(conversation)}  # cut last
+        order = sorted(
+            range(len(conversation.messages)),
+            key=lambda i: (i in spared, -conversation.sizes[i], i),
         )
-        spared = {len(messages) - 1, last_user}  # cut last, and only if nothing else is left
-        order = sorted(range(len(messages)), key=lambda i: (i in spared, -conversation.sizes[i], i))
         for index in order:
-            excess = conversation.total - goal.target
+            excess = conversation.total - goal.limit
             if excess <= 0:
                 break
             message = conversation.messages[index]
             text = dialect.largest_text(message)
             if not text:
                 continue
-            length = len(meter.tokens(text))
-            keep = max(self.settings.min_keep_tokens, length - excess - 24)  # 24: the marker
-            if keep >= length:
+            tokens = meter.tokens(text)
+            keep = max(self.settings.min_keep_tokens, len(tokens) - excess - 24)  # 24: the marker
+            if keep >= len(tokens):
                 continue
-            cut, removed = cut_middle(text, keep, meter)
+            cut, removed = cut_middle(text, keep, meter, tokens=tokens)
             if not removed:
                 continue
             updated = dialect.with_largest_text(message, cut)
             size = meter.message(updated)
             if size >= conversation.sizes[index]:
                 continue
-            result = next((r for r in dialect.tool_results(message, names) if r.text == text), None)
+            result = next((r for r in known.results[index] if r.text == text), None)
             records.append(
                 FidelityRecord(
                     self.name,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -54,6 +55,25 @@ def test_snapped_count_moves_in_batches() -> None:
     assert snapped_count(savings, 501, 500) == 10
     assert snapped_count(savings, 10_000, 500) == 30
     assert snapped_count(savings, 150, 0) == 2  # no batching: just enough
+
+
+def test_snapped_count_reads_savings_only_as_far_as_it_takes() -> None:
+    read: list[int] = []
+
+    def savings() -> Iterator[int]:
+        for n in range(30):
+            read.append(n)
+            yield 100
+
+    assert snapped_count(savings(), 450, 500) == 5 and len(read) == 5
+    assert snapped_count(iter([100] * 30), 10_000, 500) == 30  # all of it, when not enough
+    assert snapped_count(iter([]), 10, 500) == 0
+
+
+def test_a_goal_steps_by_its_slack_unless_told() -> None:
+    goal = Goal(target=850, limit=1_000)
+    assert goal.step(None) == 150 and goal.step(0) == 0 and goal.step(40) == 40
+    assert Goal(target=1_000, limit=1_000).step(None) == 1
 
 
 def test_prune_shrinks_json_and_logs_but_spares_the_newest_turn() -> None:
@@ -145,6 +165,18 @@ def test_evict_degrades_but_never_drops_the_system_prompt_or_last_user_message()
     assert after.total == minimum
 
 
+def test_evict_keeps_a_last_user_message_that_is_an_image_alone() -> None:
+    image = {"type": "image_url", "image_url": {"url": "https://example.com/screen.png"}}
+    messages = [
+        {"role": "user", "content": "first " * 400},
+        *tool_turn(1, LOG[:4000]),
+        {"role": "user", "content": [image]},
+    ]
+    before = conv(messages)
+    after, _ = Evict(EvictSettings(keep_recent_turns=0)).apply(before, Goal(1, 1), METER)
+    assert after.messages[-1] is messages[-1]
+
+
 def test_truncate_cuts_the_largest_message_keeping_head_and_tail() -> None:
     messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": LOG}]
     before = conv(messages)
@@ -155,6 +187,16 @@ def test_truncate_cuts_the_largest_message_keeping_head_and_tail() -> None:
     assert "tokens cut from the middle by brim" in text
     assert records[0].tokens_before > records[0].tokens_after
     assert after.messages[0] is messages[0]
+
+
+def test_truncate_cuts_only_as_far_as_the_budget_not_the_low_water_mark() -> None:
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": LOG}]
+    before = conv(messages)
+    goal = Goal(target=1_000, limit=2_000)
+    after, records = Truncate().apply(before, goal, METER)
+    assert len(records) == 1
+    assert goal.target < after.total <= goal.limit  # text destroyed only as far as needed
+    assert after.total >= goal.limit - 50  # …and not much further
 
 
 def test_prune_leaves_json_too_deep_to_write_back_as_text() -> None:
