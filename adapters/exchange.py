@@ -6,14 +6,14 @@ import asyncio
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import orjson
 from multidict import CIMultiDictProxy
 
 from policies.budget import TokenBudget
 from policies.compress import Outcome
-from policies.limits import ResolvedLimits
+from policies.limits import ResolvedLimits, wants_long_context
 from policies.wires import wire_for
 from policies.wires.base import Usage, Wire
 
@@ -44,6 +44,17 @@ class RequestTokens:
         if self.estimate is None or self.exact is None or self.estimate <= 0:
             return None
         return self.exact / self.estimate
+
+    def known(self) -> int:
+        """The exact count if it is known by now (a pending count that has finished counts),
+        else the bound — without waiting."""
+        if self.exact is not None:
+            return self.exact
+        pending = self.pending
+        finished = pending is not None and pending.done() and not pending.cancelled()
+        if pending is not None and finished and pending.exception() is None:
+            return pending.result()
+        return self.upper_bound
 
     async def resolve(self) -> int:
         if self.exact is not None:
@@ -92,6 +103,12 @@ class RequestReport:
         """Every compression, in order: the guard's, then each retry's cut."""
         return [o for o in (self.outcome, *self.retry_outcomes) if o is not None]
 
+    @overload
+    def tokens_sent(self, received: int) -> int: ...
+
+    @overload
+    def tokens_sent(self, received: None) -> int | None: ...
+
     def tokens_sent(self, received: int | None) -> int | None:
         """What went to the provider last: the last cut's size, else `received`."""
         outcomes = self.outcomes
@@ -101,10 +118,7 @@ class RequestReport:
         """The request's size as the client sent it, without waiting for a pending count."""
         if self.outcome is not None:
             return self.outcome.tokens_in
-        if self.context is None:
-            return None
-        tokens = self.context.tokens
-        return tokens.exact if tokens.exact is not None else tokens.upper_bound
+        return None if self.context is None else self.context.tokens.known()
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +148,11 @@ class Exchange:
     @property
     def wire(self) -> Wire:
         return wire_for(self.api)
+
+    @property
+    def long_context(self) -> bool:
+        """Whether the client opted into Anthropic's 1M-token window (`anthropic-beta`)."""
+        return wants_long_context(self.headers.getall("anthropic-beta", ()))
 
     def with_body(self, body: dict[str, Any]) -> Exchange:
         """The same exchange carrying a changed request, serialized once, here."""

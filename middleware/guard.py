@@ -14,13 +14,12 @@ from typing import Any
 
 import orjson
 
-from adapters.base import UpstreamResponse
+from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
 from adapters.errors import ContextTooLarge, NothingLeftToSend
 from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
-from middleware.limits import OFF_LOOP_BYTES
 from middleware.summarize import LEVELS, Summarizer, Summary
 from policies.compress import Outcome, compress_request
 from policies.conversation import FidelityRecord, Policy, archive_key

@@ -23,16 +23,21 @@ def actions(report: RequestReport) -> str:
     return ",".join(f"{name}:{n}" for name, n in done.items()) or "none"
 
 
-async def brim_headers(report: RequestReport, *, warn_at: float) -> dict[str, str]:
+async def brim_headers(
+    report: RequestReport, *, warn_at: float, wait: bool = True
+) -> dict[str, str]:
     """tokens in (as received) and out (as sent), budget, actions, retries, and how much of the
-    context window the request used (with a warning past `warn_at`)."""
+    context window the request used (with a warning past `warn_at`). A count still running
+    beside the upstream call is waited for only with `wait` (a streamed reply's headers do not
+    wait: they carry the byte bound unless the count is done)."""
     context = report.context
     if context is None:  # answered before limits were resolved (e.g. the loop breaker)
         return {}
-    received = (
-        report.outcome.tokens_in if report.outcome is not None else await context.tokens.resolve()
-    )
-    sent = report.tokens_sent(received) or 0
+    if report.outcome is not None:
+        received = report.outcome.tokens_in
+    else:
+        received = await context.tokens.resolve() if wait else context.tokens.known()
+    sent = report.tokens_sent(received)
     headers = {
         "x-brim-tokens-in": str(received),
         "x-brim-tokens-out": str(sent),

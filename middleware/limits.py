@@ -23,7 +23,7 @@ from typing import Any
 
 from cachetools import LRUCache, TTLCache
 
-from adapters.base import NativeCounter, UpstreamResponse
+from adapters.base import OFF_LOOP_BYTES, NativeCounter, UpstreamResponse
 from adapters.config import UpstreamConfig
 from adapters.errors import UpstreamError, UpstreamFailure
 from adapters.exchange import Exchange, RequestContext, RequestTokens
@@ -37,7 +37,7 @@ from policies.budget import (
     undecided,
 )
 from policies.clients import ClientRule, match_client
-from policies.limits import LimitSource, LimitsRegistry, wants_long_context
+from policies.limits import LimitSource, LimitsRegistry
 from policies.tokens import TokenCounter
 from policies.wires.base import Wire
 
@@ -49,7 +49,6 @@ async def _thread(count: Callable[[], int]) -> int:
 
 
 INLINE_BYTES = 64 * 1024  # smaller bodies are counted on the spot: well under a millisecond
-OFF_LOOP_BYTES = 256 * 1024  # larger bodies are counted in a worker thread
 
 
 NATIVE_CACHE_SIZE = 4_096
@@ -89,8 +88,6 @@ class NativeCounts:
         self._resting: TTLCache[str, bool] = TTLCache(maxsize=1_024, ttl=RESTING_TTL_S)
         self._warned: set[str] = set()  # upstream names: bounded by the configuration
         self.calls = 0  # counts asked of an upstream
-        self.hits = 0  # answered from the cache
-        self.failures = 0  # asked, and the estimate had to stand
 
     def band(self, exchange: Exchange, tokenizer: str) -> float | None:
         """The estimate's error band for this request, or None if the upstream is not asked."""
@@ -120,6 +117,12 @@ class NativeCounts:
     async def count(self, exchange: Exchange) -> int | None:
         """The upstream's count of this request, or None if it cannot give one in time."""
         name, model = exchange.upstream, exchange.model
+        adapter = self.upstreams.adapters.get(name)
+        config = self.upstreams.configs[name]
+        if not isinstance(adapter, NativeCounter):
+            return None
+        if (name, model) in self._missing or name in self._resting:
+            return None
         betas = exchange.headers.getall("anthropic-beta", ())
         if len(exchange.raw) > OFF_LOOP_BYTES:
             digest = await asyncio.to_thread(_digest, exchange.raw, betas)
@@ -128,20 +131,12 @@ class NativeCounts:
         key = (name, model, digest)
         cached = self._cache.get(key)
         if cached is not None:
-            self.hits += 1
             return cached
-        adapter = self.upstreams.adapters.get(name)
-        config = self.upstreams.configs[name]
-        if not isinstance(adapter, NativeCounter):
-            return None
-        if (name, model) in self._missing or name in self._resting:
-            return None
         self.calls += 1
         try:
             async with asyncio.timeout(config.native_count_timeout_s):
                 counted = await adapter.count_tokens(exchange)
         except Exception as exc:  # never fail the request: the estimate stands
-            self.failures += 1
             self._failed(exchange, config, exc)
             return None
         self._cache[key] = counted
@@ -222,15 +217,17 @@ class ResolveLimits:
         self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str, bound: int
     ) -> int:
         try:
-            return self.counter.request(wire, body, tokenizer, model).total
+            # The count reads the parsed body, written out again where a value is not a string
+            # (`9e15` becomes `9000000000000000.0`); the provider reads the bytes as sent, which
+            # the bound covers: the smaller figure is still a sound one.
+            return min(self.counter.request(wire, body, tokenizer, model).total, bound)
         except Exception:  # a count must never fail a request: the bound is still true
             log.exception("token count failed; using the byte bound %d", bound)
             return bound
 
     async def context_for(self, exchange: Exchange) -> RequestContext:
         # Anthropic's context-1m beta gives this request (an Anthropic model's) a 1M window.
-        betas = exchange.headers.getall("anthropic-beta", ())
-        resolved = self.registry.resolve(exchange.model, long_context=wants_long_context(betas))
+        resolved = self.registry.resolve(exchange.model, long_context=exchange.long_context)
         if resolved.source is LimitSource.DEFAULT and exchange.model not in self._warned:
             self._warned[exchange.model] = True
             limits = resolved.limits

@@ -43,7 +43,7 @@ from middleware.headers import actions
 from middleware.telemetry import StatusBoard, Telemetry
 from policies.budget import requested_output
 from policies.limits import LimitSource
-from policies.wires.base import Wire
+from policies.wires.base import Wire, sse_data
 
 log = logging.getLogger("brim.observe")
 PROPAGATOR = TraceContextTextMapPropagator()
@@ -123,12 +123,8 @@ class EventData:
 
     def feed(self, chunk: bytes) -> list[bytes]:
         data = self._pending + chunk
-        end = data.rfind(b"\n")
-        if end < 0:
-            self._pending = data[-MAX_PENDING:]
-            return []
-        self._pending = data[end + 1 :][-MAX_PENDING:]
-        return [line[5:].strip() for line in data[:end].splitlines() if line.startswith(b"data:")]
+        self._pending = data[data.rfind(b"\n") + 1 :][-MAX_PENDING:]  # the unfinished line
+        return sse_data(data)
 
 
 MAX_PENDING = 4 * 1024 * 1024  # a usage-bearing event is small; a longer line is not one
@@ -158,9 +154,10 @@ class Observe:
         self.status = status
         self.audit = audit
         self.upstreams = dict(upstreams or {})
+        self.tracing = not isinstance(telemetry.tracer, trace.NoOpTracer)
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        tracing = not isinstance(self.telemetry.tracer, trace.NoOpTracer)
+        tracing = self.tracing
         parent = PROPAGATOR.extract(carrier=dict(exchange.headers)) if tracing else None
         body = exchange.body or {}
         wire = exchange.wire
@@ -352,7 +349,9 @@ class Observe:
 
         # Model ids are client input: bounded labels, so a flood of names cannot grow metrics.
         known = context is not None and context.limits.source is not LimitSource.DEFAULT
-        label = self.status.labels(exchange.model, known=known)
+        label = self.status.record(
+            exchange.model, outcome, tokens_in or 0, tokens_out or 0, known=known
+        )
         labels = {"route": exchange.api, "model": label, "outcome": outcome}
         telemetry.requests.add(1, labels)
         model = {"model": label}
@@ -369,7 +368,6 @@ class Observe:
         telemetry.upstream_latency.record(upstream_ms, model)
         telemetry.added_latency.record(max(0.0, total_ms - upstream_ms), model)
 
-        self.status.record(exchange.model, outcome, tokens_in or 0, tokens_out or 0, known=known)
         eventful = outcome in ("compressed", "repaired", "retried", "refused") or (
             context is not None and not context.fits
         )

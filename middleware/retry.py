@@ -26,13 +26,12 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
-from adapters.base import UpstreamResponse
+from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
 from adapters.errors import ContextOverflow, NoRoute
 from adapters.exchange import Exchange, RequestContext
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.guard import keep_originals
-from middleware.limits import OFF_LOOP_BYTES
 from policies.budget import budget_for, requested_output
 from policies.compress import Outcome, compress_request
 from policies.conversation import Policy
@@ -133,7 +132,7 @@ class RetryOnOverflow:
                 continue
             assert exchange.body is not None and exchange.context is not None
             body = {**exchange.body, "model": model}
-            resolved = self.registry.resolve(model)
+            resolved = self.registry.resolve(model, long_context=exchange.long_context)
             budget = budget_for(resolved, requested_output(body), safety_margin=self.safety_margin)
             context = dataclasses.replace(exchange.context, limits=resolved, budget=budget)
             log.info("request %s: overflow; trying fallback model %r", exchange.request_id, model)
@@ -150,7 +149,7 @@ class RetryOnOverflow:
         if not stated:
             return int(step)
         assert exchange.body is not None
-        resolved = self.registry.resolve(exchange.model)
+        resolved = self.registry.resolve(exchange.model, long_context=exchange.long_context)
         if overflow.overflow.counts_output and not resolved.limits.output_counts:
             # "input length and `max_tokens` exceed context limit": the output limit shares the
             # window, so the cut makes room for it too.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Iterable, Mapping
@@ -76,20 +75,17 @@ class ModelLabels:
         self._labels: set[str] = set(configured)
         self._given = 0  # labels given out first come, to known or unknown ids
         self._unknown = 0  # of which to ids the registry does not know
-        self._lock = threading.Lock()  # labels are given on the event loop; this is cheap cover
 
     def __call__(self, model: str, *, known: bool = True) -> str:
+        """The label of `model` (called on the event loop only: no lock needed)."""
         if model in self._labels:
             return model
-        with self._lock:
-            if model in self._labels:
-                return model
-            if self._given >= self.cap or (not known and self._unknown >= self.unknown_cap):
-                return OTHER_MODELS
-            self._labels.add(model)
-            self._given += 1
-            self._unknown += not known
-            return model
+        if self._given >= self.cap or (not known and self._unknown >= self.unknown_cap):
+            return OTHER_MODELS
+        self._labels.add(model)
+        self._given += 1
+        self._unknown += not known
+        return model
 
     def __len__(self) -> int:
         return len(self._labels)
@@ -108,14 +104,17 @@ class StatusBoard:
 
     def record(
         self, model: str, outcome: str, tokens_in: int, tokens_out: int, *, known: bool = True
-    ) -> None:
+    ) -> str:
+        """Count a request under its model's label, and return the label (for metrics)."""
         self.totals["requests"] += 1
         self.totals[outcome] += 1
-        usage = self.models.setdefault(self.labels(model, known=known), Counter())
+        label = self.labels(model, known=known)
+        usage = self.models.setdefault(label, Counter())
         usage["requests"] += 1
         usage[outcome] += 1
         usage["tokens_in"] += tokens_in
         usage["tokens_out"] += tokens_out
+        return label
 
     def snapshot(self) -> dict[str, Any]:
         return {

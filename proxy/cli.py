@@ -113,10 +113,9 @@ def refuse_open_without_keys(config: BrimConfig) -> None:
 
 def check_config(args: argparse.Namespace) -> int:
     """The checks `serve` makes before it listens, on the config `serve` would find."""
-    path = find_config(args.path)
-    config = _load(path)
+    config = _load(args.config)
     refuse_open_without_keys(config)
-    print(f"{path or 'built-in defaults'}: OK", file=sys.stderr)
+    print(f"{args.config or 'built-in defaults'}: OK", file=sys.stderr)
     print(json.dumps(describe_config(config), indent=2, ensure_ascii=False))
     return 0
 
@@ -133,7 +132,7 @@ def find_config(explicit: str | None) -> str | None:
 def inspect(args: argparse.Namespace) -> int:
     from proxy.app import build_services
 
-    config = _load(find_config(args.config))
+    config = _load(args.config)
     services = build_services(config)
     body = read_request(args.request)
     report = inspect_request(
@@ -155,7 +154,7 @@ def inspect(args: argparse.Namespace) -> int:
 def models(args: argparse.Namespace) -> int:
     from proxy.app import build_limits
 
-    rows = model_rows(build_limits(_load(find_config(args.config))), args.pattern)
+    rows = model_rows(build_limits(_load(args.config)), args.pattern)
     print(json.dumps(rows, indent=2) if args.json else render_models(rows))
     return 0
 
@@ -163,7 +162,7 @@ def models(args: argparse.Namespace) -> int:
 def archive(args: argparse.Namespace) -> int:
     from middleware.archive import ContentArchive
 
-    config = _load(find_config(args.config))
+    config = _load(args.config)
     store = ContentArchive(config.archive.dir, config.archive.ttl_hours)
     try:
         key = store.resolve(args.key)
@@ -207,7 +206,10 @@ def parser() -> argparse.ArgumentParser:
         help="make the checks serve makes and print the resolved config, secrets masked",
     )
     check.add_argument(
-        "path", nargs="?", help="proxy.toml to check (default: found as serve finds it)"
+        "config",
+        nargs="?",
+        metavar="path",
+        help="proxy.toml to check (default: found as serve finds it)",
     )
     check.set_defaults(func=check_config)
 
@@ -257,8 +259,8 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    args.config = find_config(args.config)  # every command finds its config as serve does
     if args.command == "serve":
-        args.config = find_config(args.config)
         print(f"brim: configuration from {args.config or 'built-in defaults'}", file=sys.stderr)
     try:
         return int(args.func(args))

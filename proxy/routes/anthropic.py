@@ -9,16 +9,22 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from adapters.errors import InvalidRequest, UpstreamError
-from policies.wires.base import BodyError
+from adapters.errors import UpstreamError
 from policies.wires.messages import MESSAGES, check_count_tokens
 from proxy.keys import SERVICES, UPSTREAMS
-from proxy.routes.common import checked, make_exchange, proxied, read_json, send_direct
+from proxy.routes.common import (
+    checked,
+    make_exchange,
+    proxied,
+    read_json,
+    request_id_header,
+    send_direct,
+)
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
     raw, body = await read_json(request)
-    facts = checked(MESSAGES, body)
+    facts = checked(MESSAGES.check, body)
     return await proxied(
         request,
         api=MESSAGES.name,
@@ -33,10 +39,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     """The upstream's own count; brim's count where the upstream has no such endpoint."""
     raw, body = await read_json(request)
-    try:
-        model = check_count_tokens(body).model or ""
-    except BodyError as exc:
-        raise InvalidRequest(exc.message, param=exc.param) from None
+    model = checked(check_count_tokens, body).model or ""
     upstreams = request.app[UPSTREAMS]
     name = upstreams.route(model, "anthropic.count_tokens")
     exchange = make_exchange(
@@ -56,12 +59,12 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
             if error.status not in (404, 405):
                 raise
     services = request.app[SERVICES]
-    limits = services.limits.resolve(model).limits
+    limits = services.limits.resolve(model, long_context=exchange.long_context).limits
     total = services.counter.request(MESSAGES, body, limits.tokenizer, model).total
     return web.Response(
         body=orjson.dumps({"input_tokens": total}),
         content_type="application/json",
-        headers={"x-brim-request-id": exchange.request_id, "x-brim-counted-by": "brim"},
+        headers={**request_id_header(exchange), "x-brim-counted-by": "brim"},
     )
 
 

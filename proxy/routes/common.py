@@ -3,6 +3,7 @@ and relay the reply with brim's headers."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -14,8 +15,7 @@ from adapters.errors import BrimError, InvalidRequest, PayloadTooLarge
 from adapters.exchange import ClientApi, Exchange
 from middleware.headers import brim_headers
 from policies.nesting import nests_deeper_than
-from policies.wires import wire_for
-from policies.wires.base import BodyError, RequestFacts, Wire
+from policies.wires.base import BodyError, RequestFacts
 from proxy.keys import BRIM_KEY_HEADER, CONFIG, PIPELINE, REQUEST_ID, UPSTREAMS
 from proxy.relay import relay
 
@@ -50,10 +50,11 @@ async def read_json(request: web.Request) -> tuple[bytes, dict[str, Any]]:
     return raw, parse_object(raw, max_depth=server.max_json_depth)
 
 
-def checked(wire: Wire, body: dict[str, Any]) -> RequestFacts:
-    """`wire`'s checks of a body, failing as the client's own API would (field named)."""
+def checked(check: Callable[[dict[str, Any]], RequestFacts], body: dict[str, Any]) -> RequestFacts:
+    """A body check (a wire's `check`, or another of its endpoints'), failing as the client's
+    own API would (field named)."""
     try:
-        return wire.check(body)
+        return check(body)
     except BodyError as exc:
         raise InvalidRequest(exc.message, param=exc.param) from None
 
@@ -96,10 +97,10 @@ def make_exchange(
 async def send_direct(request: web.Request, exchange: Exchange) -> web.StreamResponse:
     """Straight to the upstream, past the pipeline (model lists, token counts)."""
     reply = await request.app[UPSTREAMS][exchange.upstream].send(exchange)
-    return await relay(request, reply, _request_id(exchange), wire=exchange.wire)
+    return await relay(request, reply, request_id_header(exchange), wire=exchange.wire)
 
 
-def _request_id(exchange: Exchange) -> dict[str, str]:
+def request_id_header(exchange: Exchange) -> dict[str, str]:
     return {"x-brim-request-id": exchange.request_id}
 
 
@@ -135,5 +136,8 @@ async def proxied(
     except BrimError as error:
         error.brim_headers.update(await brim_headers(exchange.report, warn_at=warn_at))
         raise
-    headers = {**await brim_headers(exchange.report, warn_at=warn_at), **_request_id(exchange)}
-    return await relay(request, reply, headers, wire=wire_for(api))
+    headers = {
+        **await brim_headers(exchange.report, warn_at=warn_at),
+        **request_id_header(exchange),
+    }
+    return await relay(request, reply, headers, wire=exchange.wire)

@@ -19,7 +19,7 @@ async def models(request: web.Request) -> web.StreamResponse:
     if method not in METHODS or not model:
         raise UnknownEndpoint(f"Unknown method {method!r}; brim serves {', '.join(METHODS)}.")
     raw, body = await read_json(request)
-    checked(GEMINI, body)
+    checked(GEMINI.check, body)
     api: ClientApi = "gemini.count_tokens" if method == "countTokens" else GEMINI.name
     return await proxied(
         request,

@@ -13,7 +13,7 @@ from proxy.routes.common import checked, make_exchange, proxied, read_json, send
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     raw, body = await read_json(request)
-    facts = checked(CHAT, body)
+    facts = checked(CHAT.check, body)
     return await proxied(
         request,
         api=CHAT.name,
@@ -29,7 +29,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
     """OpenAI Responses (Codex CLI). With `previous_response_id` the provider holds the earlier
     turns: brim counts and guards only what the request itself carries."""
     raw, body = await read_json(request)
-    facts = checked(RESPONSES, body)
+    facts = checked(RESPONSES.check, body)
     return await proxied(
         request,
         api=RESPONSES.name,
@@ -44,7 +44,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     """Forwarded: the provider's own count of a Responses request."""
     raw, body = await read_json(request)
-    facts = checked(RESPONSES, body)
+    facts = checked(RESPONSES.check, body)
     return await proxied(
         request,
         api="openai.input_tokens",
