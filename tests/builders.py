@@ -1,8 +1,13 @@
-"""Building blocks for test conversations in Chat Completions shape."""
+"""Building blocks for tests: conversations in Chat Completions shape, and exchanges."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import orjson
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from adapters.exchange import Exchange
 
 
 def tool_turn(
@@ -19,3 +24,43 @@ def tool_turn(
         },
         {"role": "tool", "tool_call_id": call_id, "content": content},
     ]
+
+
+def tool_session(outputs: list[str], *, system: str | None = None) -> list[dict[str, Any]]:
+    """A task, one `bash` call per output (answered by it), and a last question."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": system}] if system else []
+    messages.append({"role": "user", "content": "go"})
+    for n, output in enumerate(outputs):
+        messages += tool_turn(f"c{n}", output, name="bash")
+    messages.append({"role": "user", "content": "so?"})
+    return messages
+
+
+def exchange(
+    api: str = "openai.chat",
+    model: str = "m",
+    body: dict[str, Any] | None = None,
+    *,
+    headers: dict[str, str] | None = None,
+    endpoint: str = "/",
+    query: str = "",
+    stream: bool = False,
+    upstream: str = "u",
+    user_agent: str = "",
+) -> Exchange:
+    """An exchange as a route would build it, for driving stages directly."""
+    body = {} if body is None else body
+    return Exchange(
+        api=api,
+        method="POST",
+        endpoint=endpoint,
+        query=query,
+        model=model,
+        body=body,
+        raw=orjson.dumps(body),
+        headers=CIMultiDictProxy(CIMultiDict(headers or {})),
+        stream=stream,
+        upstream=upstream,
+        request_id="r",
+        user_agent=user_agent,
+    )

@@ -41,7 +41,6 @@ Items = list[dict[str, Any]]
 @dataclass(frozen=True)
 class Case:
     api: str
-    prefix: str  # model-name prefix the routes send to this case's fake provider
     refusing: str  # model prefix the fake refuses with an error status past N tokens
     refusing_in_stream: str  # …and inside a 200 stream
     provider_name: str  # gen_ai.provider.name expected on its spans
@@ -52,6 +51,7 @@ class Case:
     path: Callable[[str, bool], str]
     violations: Callable[[Items], list[str]]  # the provider's own rules, not brim's
     error_message: Callable[[dict[str, Any], int], str]  # checks the shape, returns the text
+    refused: Callable[[dict[str, Any]], bool]  # the error body says "too long" the API's way
     bad_body: dict[str, Any]
     bad_field: str
 
@@ -59,10 +59,10 @@ class Case:
     def wire(self) -> Wire:
         return WIRES[self.api]
 
-    def model(self, window: int, *, refusing: bool = False, stream: bool = False) -> str:
-        if refusing:
-            return f"{self.refusing_in_stream if stream else self.refusing}{window}"
-        return f"{self.refusing}{window}"
+    def model(self, window: int, *, in_stream: bool = False) -> str:
+        """A model whose fake provider holds `window` tokens and refuses past it — with an
+        error status, or (`in_stream`) inside a 200 stream."""
+        return f"{self.refusing_in_stream if in_stream else self.refusing}{window}"
 
 
 def _openai_error(body: dict[str, Any], status: int) -> str:
@@ -74,6 +74,11 @@ def _openai_error(body: dict[str, Any], status: int) -> str:
 def _anthropic_error(body: dict[str, Any], status: int) -> str:
     assert body["type"] == "error" and isinstance(body["error"]["type"], str), body
     return str(body["error"]["message"])
+
+
+def _openai_refusal(body: dict[str, Any], field: str) -> bool:
+    error = body["error"]
+    return bool(error["code"] == "context_length_exceeded" and error["param"] == field)
 
 
 def _gemini_error(body: dict[str, Any], status: int) -> str:
@@ -124,7 +129,6 @@ def _gemini_call(call_id: str, result: str) -> Items:
 CASES: dict[str, Case] = {
     "openai.chat": Case(
         api="openai.chat",
-        prefix="",
         refusing="tight-",
         refusing_in_stream="streamtight-",
         provider_name="openai",
@@ -141,12 +145,12 @@ CASES: dict[str, Case] = {
         path=lambda model, stream: "/v1/chat/completions",
         violations=pairing_errors,
         error_message=_openai_error,
+        refused=lambda body: _openai_refusal(body, "messages"),
         bad_body={"model": "m"},
         bad_field="messages",
     ),
     "anthropic.messages": Case(
         api="anthropic.messages",
-        prefix="claude-",
         refusing="claude-window-",
         refusing_in_stream="claude-streamerr-",
         provider_name="anthropic",
@@ -165,12 +169,13 @@ CASES: dict[str, Case] = {
         path=lambda model, stream: "/v1/messages",
         violations=anthropic_errors,
         error_message=_anthropic_error,
+        # What Claude Code recognises and offers to compact on.
+        refused=lambda body: body["error"]["message"].startswith("prompt is too long:"),
         bad_body={"model": "claude-x", "max_tokens": 5},
         bad_field="messages",
     ),
     "openai.responses": Case(
         api="openai.responses",
-        prefix="resp",
         refusing="resp-",
         refusing_in_stream="respstream-",
         provider_name="openai",
@@ -194,12 +199,12 @@ CASES: dict[str, Case] = {
         path=lambda model, stream: "/v1/responses",
         violations=responses_errors,
         error_message=_openai_error,
+        refused=lambda body: _openai_refusal(body, "input"),
         bad_body={"model": "resp-x", "input": 5},
         bad_field="input",
     ),
     "gemini.generate": Case(
         api="gemini.generate",
-        prefix="gem",
         refusing="gem-",
         refusing_in_stream="gemstream-",
         provider_name="gcp.gemini",
@@ -217,6 +222,10 @@ CASES: dict[str, Case] = {
         ),
         violations=gemini_errors,
         error_message=_gemini_error,
+        refused=lambda body: (
+            body["error"]["status"] == "INVALID_ARGUMENT"
+            and body["error"]["message"].startswith("The input token count")
+        ),
         bad_body={"contents": []},
         bad_field="contents",
     ),
@@ -287,10 +296,16 @@ def send(base: str, case: Case, model: str, items: Items, stream: bool = False) 
     return httpx.post(f"{base}{case.path(model, stream)}", json=body, timeout=60)
 
 
+def fake_of(
+    case: Case, provider: FakeProvider, anthropic_fake: FakeAnthropic
+) -> FakeProvider | FakeAnthropic:
+    """The fake provider the case's requests go to."""
+    return anthropic_fake if case.api == "anthropic.messages" else provider
+
+
 def forwarded(case: Case, provider: FakeProvider, anthropic_fake: FakeAnthropic) -> Items:
     """The conversation the fake provider received last."""
-    fake = anthropic_fake if case.api == "anthropic.messages" else provider
-    body = orjson.loads(fake.requests[-1].body)
+    body = orjson.loads(fake_of(case, provider, anthropic_fake).requests[-1].body)
     return list(case.wire.conversation(body))
 
 
@@ -333,7 +348,7 @@ def test_an_overflow_the_provider_reports_is_retried(
     provider: FakeProvider,
     anthropic_fake: FakeAnthropic,
 ) -> None:
-    model = case.model(3_000, refusing=True, stream=stream)
+    model = case.model(3_000, in_stream=stream)
     base = serve(models={model: {"context_window": 100_000}})  # brim believes it is larger
     reply = send(base, case, model, session(case, 5), stream=stream)
     assert reply.status_code == 200, reply.text
@@ -451,25 +466,20 @@ def test_a_request_that_cannot_fit_is_refused_in_the_apis_own_words(
     assert reply.status_code == 400
     message = case.error_message(reply.json(), 400)
     assert reply.headers["x-brim-tokens-in"] in message  # the size, stated
-    if case.api == "anthropic.messages":
-        assert message.startswith("prompt is too long:")  # what Claude Code compacts on
-    elif case.api == "gemini.generate":
-        assert message.startswith("The input token count")
-        assert reply.json()["error"]["status"] == "INVALID_ARGUMENT"
-    else:
-        error = reply.json()["error"]
-        assert error["code"] == "context_length_exceeded"
-        assert error["param"] == case.wire.conversation_field
+    assert case.refused(reply.json())
 
 
 def test_bad_input_is_refused_in_the_apis_own_shape(
-    case: Case, serve: Callable[..., str], provider: FakeProvider
+    case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
 ) -> None:
     base = serve()
     model = case.model(1_000)
     path = case.path(model, False)
-    before = len(provider.requests)
+    fake = fake_of(case, provider, anthropic_fake)
+    assert send(base, case, model, [case.user("ping")]).status_code == 200
+    before = len(fake.requests)  # the case's fake provider is the one that saw the good body
+    assert before >= 1
     reply = httpx.post(f"{base}{path}", json=case.bad_body)
     assert reply.status_code == 400
     assert case.bad_field in case.error_message(reply.json(), 400)
-    assert len(provider.requests) == before  # nothing broken went upstream
+    assert len(fake.requests) == before  # nothing broken went upstream

@@ -17,7 +17,7 @@ import pytest
 from middleware.archive import ContentArchive
 from policies.clear import placeholder
 from policies.conversation import archive_key
-from tests.builders import tool_turn
+from tests.builders import tool_session
 from tests.conftest import BrimFactory
 from tests.fakes import FakeProvider
 
@@ -31,11 +31,7 @@ def tool_output(n: int) -> str:
 
 
 def big_session() -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
-    for n in range(8):
-        messages += tool_turn(f"c{n}", tool_output(n), name="bash")
-    messages.append({"role": "user", "content": "so?"})
-    return messages
+    return tool_session([tool_output(n) for n in range(8)])
 
 
 def two_originals_sharing_8_digits() -> tuple[str, str]:

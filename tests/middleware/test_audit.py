@@ -12,17 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.builders import tool_turn
+from tests.builders import tool_session
 from tests.conftest import BrimFactory
 
 
 def big_session() -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [{"role": "user", "content": "go"}]
-    for n in range(8):
-        output = "\n".join(f"output {n} line {i}: value value value" for i in range(80))
-        messages += tool_turn(f"c{n}", output, name="bash")
-    messages.append({"role": "user", "content": "so?"})
-    return messages
+    return tool_session(
+        ["\n".join(f"output {n} line {i}: value value value" for i in range(80)) for n in range(8)]
+    )
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Any
@@ -10,7 +11,6 @@ import httpx
 import openai
 import orjson
 import pytest
-from multidict import CIMultiDict, CIMultiDictProxy
 
 from adapters.base import UpstreamResponse
 from adapters.exchange import Exchange
@@ -20,26 +20,23 @@ from policies.clients import ClientRule
 from policies.limits import LimitSource, LimitsRegistry, ModelFacts
 from policies.tokens import ChatCount, TokenCounter
 from policies.wires.chat import CHAT
+from proxy.resources import use_bundled_tiktoken_files
+from tests import builders
 from tests.conftest import BrimFactory
 from tests.fake_anthropic import FakeAnthropic, token_count
+
+use_bundled_tiktoken_files()
 
 
 def exchange(
     model: str, body: dict[str, Any] | None = None, user_agent: str = "", **headers: str
 ) -> Exchange:
     full = {"model": model, "messages": [], **(body or {})}
-    return Exchange(
-        api="openai.chat",
-        method="POST",
-        endpoint="/chat/completions",
-        query="",
+    return builders.exchange(
         model=model,
         body=full,
-        raw=orjson.dumps(full),
-        headers=CIMultiDictProxy(CIMultiDict(headers)),
-        stream=False,
-        upstream="u",
-        request_id="r",
+        headers=headers,
+        endpoint="/chat/completions",
         user_agent=user_agent,
     )
 
@@ -140,7 +137,7 @@ async def test_the_context_1m_beta_gives_an_anthropic_model_a_million_token_wind
     assert other.limits.limits.context_window == 128_000  # not an Anthropic model: no change
 
 
-def claude_session(turns: int) -> list[dict[str, Any]]:
+def file_reading_session(turns: int) -> list[dict[str, Any]]:
     """A tool-use session: each turn reads a ~10k-token file."""
     messages: list[dict[str, Any]] = [
         {"role": "user", "content": "Find the bug in the payment service."}
@@ -175,7 +172,7 @@ def test_a_1m_context_claude_session_is_not_compressed_to_200k(
     base = brim(upstreams={"claude": {"api": "anthropic", "base_url": anthropic_fake.url}})
     # Claude Code's 1M Sonnet: a dated id (the fake reads no window into its date suffix).
     body: dict[str, Any] = {"model": "claude-sonnet-4-5-20250929", "max_tokens": 1_024}
-    body["messages"] = claude_session(30)
+    body["messages"] = file_reading_session(30)
     tokens = token_count(body)
     assert 250_000 < tokens < 400_000
     headers = {"x-api-key": "sk-ant-client", "anthropic-version": "2023-06-01"}
@@ -266,3 +263,20 @@ async def test_large_requests_near_the_budget_are_counted_before_forwarding(
     assert context.tokens.exact == TokenCounter().request(CHAT, body, "o200k_base").total
     assert not context.fits
     assert stage.counter.threads[0] is not threading.main_thread()  # type: ignore[attr-defined]
+
+
+async def test_the_count_never_exceeds_the_free_bound(stage: ResolveLimits) -> None:
+    """Counting reads the parsed body, which writes `9e15` out again as `9000000000000000.0`;
+    the provider reads the bytes sent. The bound holds for those bytes, so it caps the count."""
+    capture = Capture()
+    samples = ",".join(["9e15"] * 20_000)
+    raw = (
+        '{"model": "local", "messages": [{"role": "user", "content": '
+        f'[{{"type": "input_audio", "samples": [{samples}]}}]}}]}}'
+    ).encode()
+    body = orjson.loads(raw)
+    await stage(dataclasses.replace(exchange("local", body), raw=raw), capture)
+    tokens = capture.seen[0].context.tokens  # type: ignore[union-attr]
+    assert tokens.exact is not None and tokens.exact == tokens.upper_bound
+    uncapped = TokenCounter().request(CHAT, body, "o200k_base").total
+    assert uncapped > tokens.upper_bound  # what the cap corrects

@@ -30,7 +30,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from middleware.telemetry import MODEL_LABELS, OTHER_MODELS, ModelLabels, StatusBoard
-from tests.builders import tool_turn
+from tests import builders
+from tests.builders import tool_session
 from tests.conftest import BrimFactory, fake_upstream
 from tests.fakes import FakeProvider, LoopThread
 
@@ -74,16 +75,8 @@ def by_name(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
 
 
 def big_session() -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "sys"},
-        {"role": "user", "content": "go"},
-    ]
-    for n in range(8):
-        messages += tool_turn(
-            f"c{n}", "\n".join(f"line {i}: value value {n}" for i in range(80)), name="bash"
-        )
-    messages.append({"role": "user", "content": "so?"})
-    return messages
+    outputs = ["\n".join(f"line {i}: value value {n}" for i in range(80)) for n in range(8)]
+    return tool_session(outputs, system="sys")
 
 
 def test_a_fitting_request_gets_a_genai_span_with_stage_and_upstream_children(
@@ -140,7 +133,7 @@ def test_a_compressed_request_records_what_each_policy_did(
     events = {event.name: dict(event.attributes or {}) for event in root.events}
     assert events["brim.overflow.predicted"]["brim.budget"] == int(reply.headers["x-brim-budget"])
     compressed = [dict(e.attributes or {}) for e in root.events if e.name == "brim.compressed"]
-    assert {c["brim.policy"] for c in compressed} & {"prune_tool_results", "clear_tool_results"}
+    assert {c["brim.policy"] for c in compressed} >= {"clear_tool_results"}
     assert all(c["brim.tokens.after"] < c["brim.tokens.before"] for c in compressed)
     assert dict(root.attributes or {})["brim.outcome"] == "compressed"
     assert "x-brim-context-warning" in reply.headers  # above warn_at = 0.5 of the window
@@ -157,7 +150,8 @@ def test_a_compressed_request_records_what_each_policy_did(
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
     assert stat.S_IMODE((folder / key[:2] / key).stat().st_mode) == 0o600
     original = httpx.get(f"{traced}/admin/archive/{key}", headers={"x-brim-admin-key": ADMIN})
-    assert original.status_code == 200 and original.text.startswith("line 0: value value")
+    outputs = {"\n".join(f"line {i}: value value {n}" for i in range(80)) for n in range(8)}
+    assert original.status_code == 200 and original.text in outputs
     assert httpx.get(f"{traced}/admin/archive/{key}").status_code == 401
     assert (
         httpx.get(
@@ -574,10 +568,8 @@ async def test_a_flood_of_made_up_model_names_cannot_grow_metrics_status_or_memo
     # Warm up: connection pools, the tokenizer, metric instruments, the allocator's arenas.
     assert await chat_flood(base, ["house-model"] * WARM_UP) == {200: WARM_UP}
     before = rss_of(pid)
-    started = time.monotonic()
     names = [f"m-{uuid.uuid4().hex}" for _ in range(FLOOD)]
     assert await chat_flood(base, names) == {200: FLOOD}
-    flood_s = time.monotonic() - started
     # After the flood, the configured model and a model brim knows still get their own labels.
     assert await chat_flood(base, ["house-model", "gpt-4o-mini"], workers=1) == {200: 2}
     after = rss_of(pid)
@@ -587,10 +579,6 @@ async def test_a_flood_of_made_up_model_names_cannot_grow_metrics_status_or_memo
         admin = {"Authorization": f"Bearer {ADMIN}"}
         status = (await client.get("/admin/status", headers=admin)).json()
     grown = after - before if after is not None and before is not None else None
-    print(
-        f"\n{FLOOD} names in {flood_s:.1f} s; brim's RSS {before} -> {after} bytes; "
-        f"/metrics {len(metrics)} bytes; {len(status['models'])} status models"
-    )
 
     labelled = {
         sample.labels["model"]
@@ -609,12 +597,13 @@ async def test_a_flood_of_made_up_model_names_cannot_grow_metrics_status_or_memo
     assert set(status["models"]) == labelled
     assert status["models"][OTHER_MODELS]["requests"] == FLOOD - MODEL_LABELS // 2
     assert status["totals"]["requests"] == WARM_UP + FLOOD + 2
-    if grown is not None:
-        # What brim keeps of 20 000 names: ~100 labels' series and status entries, and up to
-        # 10 000 names in the unknown-model warning's LRU. Measured: 4-6 MiB of growth (and
-        # 18.5 MiB before labels were bounded). 32 MiB leaves room for other allocators and
-        # Pythons, and still fails anything that keeps more than ~1.6 KB for every name.
-        assert grown < 32 * 2**20
+    if grown is None:
+        pytest.skip("no /proc here to read brim's RSS from: the memory bound is not checked")
+    # What brim keeps of 20 000 names: ~100 labels' series and status entries, and up to
+    # 10 000 names in the unknown-model warning's LRU. Measured: 4-6 MiB of growth (and
+    # 18.5 MiB before labels were bounded). 32 MiB leaves room for other allocators and
+    # Pythons, and still fails anything that keeps more than ~1.6 KB for every name.
+    assert grown < 32 * 2**20
 
 
 # Usage from each wire API's stream, however the provider's bytes were split into reads.
@@ -669,7 +658,6 @@ USAGE_STREAMS: dict[str, tuple[list[bytes], tuple[int, int, int]]] = {
     cuts=st.lists(st.integers(1, 400), max_size=12),
 )
 def test_stream_usage_is_read_however_the_events_are_split(api: str, cuts: list[int]) -> None:
-    from multidict import CIMultiDict, CIMultiDictProxy
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.trace import NoOpTracer
 
@@ -690,19 +678,7 @@ def test_stream_usage_is_read_however_the_events_are_split(api: str, cuts: list[
     async def reply(exchange: Exchange) -> UpstreamResponse:
         return UpstreamResponse(status=200, headers={}, chunks=chunks())
 
-    exchange = Exchange(
-        api=api,
-        method="POST",
-        endpoint="/",
-        query="",
-        model="m",
-        body={},
-        raw=b"{}",
-        headers=CIMultiDictProxy(CIMultiDict()),
-        stream=True,
-        upstream="u",
-        request_id="r",
-    )
+    exchange = builders.exchange(api, stream=True)
     telemetry = Telemetry(NoOpTracer(), MeterProvider().get_meter("t"))
     observe = Observe(telemetry, StatusBoard())
 

@@ -172,7 +172,7 @@ def test_retry_can_be_switched_off(brim: BrimFactory, provider: FakeProvider) ->
     assert len(provider.tight_seen) == 1
 
 
-def claude_session(turns: int) -> list[dict[str, Any]]:
+def anthropic_log_session(turns: int) -> list[dict[str, Any]]:
     """An Anthropic conversation of `turns` test-log turns, ~4 800 tokens each."""
     messages: list[dict[str, Any]] = [{"role": "user", "content": "Find the failing test."}]
     for n in range(turns):
@@ -199,7 +199,7 @@ def test_max_tokens_is_made_room_for_when_the_provider_says_it_shares_the_window
         models={model: {"context_window": 1_000_000, "max_output": 64_000}},  # stale: too big
     )
     sdk = anthropic.Anthropic(base_url=base, api_key="k", max_retries=0)
-    messages = claude_session(40)  # ~194 000 tokens: under the window, not with max_tokens
+    messages = anthropic_log_session(40)  # ~194 000 tokens: under the window, not with max_tokens
     with caplog.at_level(logging.WARNING, logger="brim.retry"):
         raw = sdk.messages.with_raw_response.create(
             model=model,

@@ -258,7 +258,11 @@ def test_a_fact_from_an_evicted_turn_survives_in_the_summary(
         for m in sent
         if m["role"] == "system" and m["content"].startswith("[brim: a summary")
     ]
-    assert summaries and "password rotates every Tuesday" in "".join(summaries)
+    # One summary per evicted batch; the fact was in the first tool result, so in the first.
+    fact = "password rotates every Tuesday"
+    assert len(summaries) >= 2 and [fact in s for s in summaries] == [True] + [False] * (
+        len(summaries) - 1
+    )
     assert "summarizer-down" in provider.summarizer_calls  # the failing primary was tried first
     calls_before = len([c for c in provider.summarizer_calls if c == "summarizer-good"])
     httpx.post(

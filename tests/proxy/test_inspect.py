@@ -116,11 +116,10 @@ def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
     assert guard["action"] == "compress"
     assert guard["tokens_in"] > 2000 >= guard["tokens_out"]
     assert guard["tokens_out"] <= guard["target"]
-    policies = {r["policy"] for r in guard["records"]}
-    assert policies & {"prune_tool_results", "clear_tool_results", "evict"}
-    assert guard["actions"] != "none"
+    assert "clear:" in guard["actions"]
+    assert {r["policy"] for r in guard["records"]} >= {"clear_tool_results"}
     text = brim("inspect", str(path), cwd=tmp_path).stdout
-    assert "guard     compress" in text
+    assert "guard     compress" in text and "clear_tool_results   cleared" in text
     assert all(f"{record['policy']:<20} {record['action']}" in text for record in guard["records"])
 
 
