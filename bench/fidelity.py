@@ -52,6 +52,8 @@ from bench import sessions
 from bench.sessions import API_LABELS, FACT_PATTERN, MODELS, RENDER, Session
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
+from middleware.sessions import SessionMemory
+from middleware.settings import GuardConfig
 from middleware.summarize import MemoryCache, Summarizer
 from policies.budget import DEFAULT_SAFETY_MARGIN, budget_for, requested_output
 from policies.compress import DEFAULT_ORDER, build_policies
@@ -65,7 +67,8 @@ FACTORS = (1.3, 2.5, 5.0, 10.0)
 WINDOWS = (8_192, 32_768, 131_072)
 APIS = tuple(MODELS)
 MAX_OUTPUT = 4_096
-LOW_WATER = 0.85
+GUARD = GuardConfig()  # brim's defaults, as deployed
+LOW_WATER = GUARD.low_water
 RECENT = 8  # "the last 8 messages" (of the Chat rendering, system prompt not counted)
 SUMMARIZER_MODEL = "bench-summarizer"
 LITELLM_TURNS_PAST_32K = 6
@@ -171,6 +174,10 @@ class Brim:
             low_water=LOW_WATER,
             repair_pairs=True,
             summarizer=summarizer,
+            sessions=SessionMemory(int(GUARD.session_memory_mb * 2**20))
+            if GUARD.carry_forward
+            else None,
+            room_for_turns=GUARD.room_for_turns,
         )
 
     def exchange(self, body: dict[str, Any]) -> Exchange:

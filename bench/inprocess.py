@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -13,6 +14,7 @@ from adapters.base import UpstreamResponse
 from adapters.exchange import Exchange
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
+from middleware.sessions import SessionMemory
 from policies.compress import DEFAULT_ORDER, build_policies, compress_request
 from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import CounterMeter, TokenCounter
@@ -154,6 +156,7 @@ def compression(tool_calls: int, tokens_per_result: int, budget: int) -> dict[st
     warm = compress_request(later, meter, policies, limit=budget, low_water=0.85)
     warm_ms = (time.perf_counter() - started) * 1000
     assert cold.fits and warm.fits
+    carried_ms = asyncio.run(guard_carrying_ms(counter, body, later, budget))
     return {
         "tokens_in": cold.tokens_in,
         "tokens_out": cold.tokens_out,
@@ -162,4 +165,37 @@ def compression(tool_calls: int, tokens_per_result: int, budget: int) -> dict[st
         "actions": cold.actions,
         "cold_ms": round(cold_ms, 1),
         "warm_ms": round(warm_ms, 1),
+        "carried_ms": round(carried_ms, 1),
     }
+
+
+async def guard_carrying_ms(
+    counter: TokenCounter, body: dict[str, Any], later: dict[str, Any], budget: int
+) -> float:
+    """The guard stage as deployed (with its session memory) on the session's next turn after
+    a compressed one, which goes out as that one plus what is new: the stage's own time."""
+    window = math.ceil(budget / 0.95)  # the safety margin; no max_tokens asked
+    registry = LimitsRegistry({body["model"]: ModelFacts(context_window=window, max_output=8_192)})
+    limits = ResolveLimits(registry, counter, safety_margin=0.05, clients={})
+    guard = Guard(
+        counter,
+        build_policies(DEFAULT_ORDER, {}),
+        low_water=0.85,
+        repair_pairs=True,
+        sessions=SessionMemory(32 * 2**20),
+        room_for_turns=4,
+    )
+    elapsed = 0.0
+
+    async def guarded(exchange: Exchange) -> UpstreamResponse:
+        nonlocal elapsed
+        started = time.perf_counter()
+        answer = await guard(exchange, _answer)
+        elapsed = (time.perf_counter() - started) * 1000
+        return answer
+
+    await limits(_exchange(body), guarded)
+    exchange = _exchange(later)
+    await limits(exchange, guarded)
+    assert exchange.report.outcome is not None and exchange.report.outcome.carried
+    return elapsed

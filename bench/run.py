@@ -183,7 +183,7 @@ def render(report: dict[str, Any]) -> str:
         "",
         f"throughput through brim at c=256: {throughput['rps']} req/s (brim CPU {throughput['brim_cpu_share']:.0%} of a core)",
         f"guard, fitting {report['guard_fitting']['tokens']:,}-token request, {report['guard_fitting']['tool_calls']} tool calls: cold {report['guard_fitting']['cold_ms']} ms, warm {report['guard_fitting']['warm_ms']} ms",
-        f"compression {report['compression']['tokens_in']:,} → {report['compression']['tokens_out']:,} tokens (budget {report['compression']['budget']:,}): cold {report['compression']['cold_ms']} ms, warm {report['compression']['warm_ms']} ms",
+        f"compression {report['compression']['tokens_in']:,} → {report['compression']['tokens_out']:,} tokens (budget {report['compression']['budget']:,}): cold {report['compression']['cold_ms']} ms, warm {report['compression']['warm_ms']} ms, next turn carried forward {report['compression']['carried_ms']} ms",
     ]
     for label, figures in report["startup"].items():
         lines.append(

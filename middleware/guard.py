@@ -20,7 +20,9 @@ from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
+from middleware.sessions import SessionMemory
 from middleware.summarize import LEVELS, Summarizer, Summary
+from policies.carry import carried_from, carry, growth, prefix_digests
 from policies.compress import Outcome, compress_request
 from policies.conversation import FidelityRecord, Policy, archive_key
 from policies.evict import PRIORITY, Evict
@@ -54,19 +56,25 @@ def guard_outcome(
     low_water: float,
     repair: bool,
     provider_ratio: float | None = None,
+    room: int = 0,
 ) -> Outcome:
     """What the guard does to a request (the stage, and `brim inspect`). Policies measure with
     brim's counter; where the provider counted the request (`provider_ratio` = its count ÷
     brim's), the budget is scaled to brim's counts."""
-    limit = int(budget / provider_ratio) if provider_ratio else budget
     return compress_request(
         body,
         CounterMeter(counter, tokenizer, model, wire),
         policies,
-        limit=limit,
+        limit=counted_limit(budget, provider_ratio),
         low_water=low_water,
+        room=room,
         repair=repair,
     )
+
+
+def counted_limit(budget: int, provider_ratio: float | None) -> int:
+    """The budget in brim's counts, where the provider counted the request itself."""
+    return int(budget / provider_ratio) if provider_ratio else budget
 
 
 def summary_batches(
@@ -169,9 +177,13 @@ class Guard:
         archive: ContentArchive | None = None,
         summarizer: Summarizer | None = None,
         summary_deadline_s: float = 30.0,
+        sessions: SessionMemory | None = None,
+        room_for_turns: float = 0,
     ) -> None:
         if not 0 < low_water <= 1:
             raise ValueError(f"low_water must be in (0, 1], not {low_water}")
+        if room_for_turns < 0:
+            raise ValueError(f"room_for_turns must be at least 0, not {room_for_turns}")
         self.counter = counter
         self.policies = list(policies)
         self.low_water = summary_low_water(low_water, summarizing=summarizer is not None)
@@ -179,25 +191,61 @@ class Guard:
         self.archive = archive
         self.summarizer = summarizer
         self.summary_deadline_s = summary_deadline_s
+        self.sessions = sessions
+        self.room_for_turns = room_for_turns
         evicts = [p for p in self.policies if isinstance(p, Evict)]
         self._evict_at_least = evicts[0].settings.evict_at_least if evicts else None
 
-    def outcome(self, exchange: Exchange) -> Outcome:
-        """What the guard does to this exchange."""
+    def _decide(self, exchange: Exchange) -> tuple[Outcome, bytes | None]:
+        """What the guard does to this exchange: the session's previous compressed turn plus
+        the new items, while that fits; else the policies, leaving room for the next turns.
+        Also the digest of the client's items (None without a session memory)."""
         assert exchange.context is not None and exchange.body is not None
         context = exchange.context
-        return guard_outcome(
+        tokenizer = context.limits.limits.tokenizer
+        budget = context.budget.effective()
+        room = 0
+        digest = None
+        if self.sessions is not None:
+            wire = exchange.wire
+            client = wire.conversation(exchange.body)
+            digests = prefix_digests(client)
+            digest = digests[-1] if digests else None
+            carried = self.sessions.latest(exchange.api, tokenizer, digests)
+            if carried is not None:
+                meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
+                limit = counted_limit(budget, context.tokens.provider_ratio)
+                fixed = meter.fixed(exchange.body)
+                carried_on = carry(carried, wire.dialect, client, fixed, meter, limit=limit)
+                if carried_on is not None:
+                    return carried_on, digest
+                room = int(self.room_for_turns * growth(carried, client, meter))
+        outcome = guard_outcome(
             self.counter,
             self.policies,
             exchange.body,
             exchange.wire,
-            context.limits.limits.tokenizer,
+            tokenizer,
             exchange.model,
-            context.budget.effective(),
+            budget,
             low_water=self.low_water,
             repair=self.repair_pairs,
             provider_ratio=context.tokens.provider_ratio,
+            room=room,
         )
+        return outcome, digest
+
+    def _remember(self, exchange: Exchange, outcome: Outcome, digest: bytes | None) -> None:
+        """Keep what this turn was made into, for the session's next turn to build on."""
+        if self.sessions is None or digest is None:
+            return
+        assert exchange.body is not None and exchange.context is not None
+        wire = exchange.wire
+        tokenizer = exchange.context.limits.limits.tokenizer
+        meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
+        carried = carried_from(outcome, wire.conversation(exchange.body), meter)
+        if carried is not None:
+            self.sessions.remember(exchange.api, tokenizer, digest, carried)
 
     def _needs_work(self, exchange: Exchange) -> bool:
         assert exchange.context is not None and exchange.body is not None
@@ -293,7 +341,7 @@ class Guard:
 
     def _eviction_step(self, outcome: Outcome) -> int:
         """The token grid `evict` snaps its removals to (`evict_at_least`, else the slack)."""
-        return max(1, self._evict_at_least or outcome.limit - outcome.target)
+        return max(1, self._evict_at_least or outcome.grid or outcome.limit - outcome.target)
 
     async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """A tool result `truncate` had to cut, summarized into the same room instead."""
@@ -347,9 +395,9 @@ class Guard:
             return await call_next(exchange)
 
         if len(exchange.raw) > OFF_LOOP_BYTES:
-            outcome = await asyncio.to_thread(self.outcome, exchange)
+            outcome, digest = await asyncio.to_thread(self._decide, exchange)
         else:
-            outcome = self.outcome(exchange)
+            outcome, digest = self._decide(exchange)
         if not outcome.messages:
             raise NothingLeftToSend(
                 "Nothing is left to send: every message was a tool result that answers no tool "
@@ -366,6 +414,10 @@ class Guard:
         ):
             outcome = await self._summarized_results(exchange, outcome)
         exchange.report.outcome = outcome
+        if len(exchange.raw) > OFF_LOOP_BYTES:
+            await asyncio.to_thread(self._remember, exchange, outcome, digest)
+        else:
+            self._remember(exchange, outcome, digest)
         await keep_originals(self.archive, outcome, exchange)
         if outcome.repairs:
             log.warning(

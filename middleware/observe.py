@@ -289,6 +289,9 @@ class Observe:
             attributes["brim.tokens.out"] = tokens_out
         outcomes = report.outcomes
         attributes["brim.actions"] = actions(report)
+        if report.outcome is not None and report.outcome.carried:
+            # the previous turn's compressed request, then what is new (`policies.carry`)
+            attributes["brim.carried_forward"] = True
         removed: dict[str, int] = defaultdict(int)
         for stage_outcome in outcomes:
             by_policy: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])

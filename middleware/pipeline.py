@@ -16,6 +16,7 @@ from middleware.limits import ResolveLimits
 from middleware.loops import LoopBreaker
 from middleware.observe import Observe
 from middleware.retry import RetryOnOverflow
+from middleware.sessions import SessionMemory
 from middleware.settings import GuardConfig, RetryConfig, SummarizeConfig
 from middleware.summarize import Summarizer
 from middleware.telemetry import StatusBoard, Telemetry
@@ -89,6 +90,10 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 archive=services.archive,
                 summarizer=services.summarizer,
                 summary_deadline_s=config.summarize.deadline_s,
+                sessions=SessionMemory(int(guard.session_memory_mb * 2**20))
+                if guard.carry_forward
+                else None,
+                room_for_turns=guard.room_for_turns if guard.carry_forward else 0,
             )
         )
     if config.retry.enabled:

@@ -21,6 +21,12 @@ class GuardConfig(BaseModel):
     enabled: bool = True
     safety_margin: float = Field(DEFAULT_SAFETY_MARGIN, ge=0, lt=0.5)
     low_water: float = Field(0.85, gt=0.1, le=1.0)
+    # A compressed session's next turns go out as its compressed request plus what is new,
+    # while that fits (the provider's prompt cache keeps the prefix); the next re-cut leaves
+    # room for this many turns of the session's growth (at most down to half the budget).
+    carry_forward: bool = True
+    room_for_turns: float = Field(4, ge=0, le=100)
+    session_memory_mb: float = Field(32, gt=0)
     warn_at: float = Field(0.8, gt=0, le=1.0)  # x-brim-context-warning above this usage
     loop_limit: int = Field(5, ge=0)  # identical failures before brim answers 429 itself (0: off)
     loop_window_s: float = Field(120, gt=0)

@@ -6,7 +6,9 @@ The policies run in order while the request is over `low_water × limit` (the ta
 are reversible and made in snapped batches (placeholders, evictions) go down to it, so the next
 turns of the session fit without a new cut and the prefix stays put. Each policy gets the whole
 `Goal`, and a cut into text (`truncate`, the last resorts inside `evict`) goes only as far as
-`limit`: it never destroys more than the budget needs.
+`limit`: it never destroys more than the budget needs. A session known to grow (`room`: tokens
+to leave free for its next turns, `policies.carry`) is cut below the low-water mark, at most to
+`MIN_TARGET_SHARE` of the limit; the batches stay on the grid the low-water mark sets.
 The outcome says whether the result fits the limit, and what each policy did.
 """
 
@@ -34,6 +36,7 @@ REGISTRY: dict[str, tuple[Callable[[Any], Policy], type[BaseModel], str]] = {
     "truncate": (Truncate, TruncateSettings, "truncate"),
 }
 DEFAULT_ORDER = tuple(REGISTRY)
+MIN_TARGET_SHARE = 0.5  # room for a session's next turns takes the target no lower than this
 SHORT = {name: short for name, (_, _, short) in REGISTRY.items()} | {"summarize": "summarize"}
 
 
@@ -55,6 +58,8 @@ class Outcome:
     records: tuple[FidelityRecord, ...]
     repairs: tuple[str, ...]
     tried: tuple[str, ...]
+    grid: int = 0  # the step snapped cuts were made in (`Goal.step`)
+    carried: bool = False  # the previous turn's compressed request plus the new items
 
     @property
     def fits(self) -> bool:
@@ -82,6 +87,7 @@ def compress(
     *,
     limit: int,
     low_water: float,
+    room: int = 0,
     repair: bool = True,
 ) -> Outcome:
     repairs: list[str] = []
@@ -89,7 +95,11 @@ def compress(
         messages, repairs = dialect.repaired(messages)
     conversation = Conversation.of(dialect, messages, meter, fixed)
     tokens_in = conversation.total
-    goal = Goal(target=int(limit * low_water), limit=limit)
+    goal = Goal(
+        target=room_target(limit, low_water, room),
+        limit=limit,
+        grid=max(1, limit - int(limit * low_water)),
+    )
     records: list[FidelityRecord] = []
     tried: list[str] = []
     if conversation.total > limit:
@@ -113,7 +123,16 @@ def compress(
         records=tuple(records),
         repairs=tuple(repairs),
         tried=tuple(tried),
+        grid=goal.step(None),
     )
+
+
+def room_target(limit: int, low_water: float, room: int) -> int:
+    """The low-water mark, or lower where `room` asks it (never below `MIN_TARGET_SHARE`)."""
+    mark = int(limit * low_water)
+    if room <= 0:
+        return mark
+    return min(mark, max(limit - room, int(limit * MIN_TARGET_SHARE)))
 
 
 def compress_request(
@@ -123,6 +142,7 @@ def compress_request(
     *,
     limit: int,
     low_water: float,
+    room: int = 0,
     repair: bool = True,
 ) -> Outcome:
     """`compress` for a request body of the meter's wire API."""
@@ -135,5 +155,6 @@ def compress_request(
         policies,
         limit=limit,
         low_water=low_water,
+        room=room,
         repair=repair,
     )

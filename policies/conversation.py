@@ -179,15 +179,19 @@ class Goal:
     """Where a policy should take the request: `target` is the low-water mark that reversible
     cuts made in batches aim for; `limit` is the budget that must not be exceeded — what the
     last-resort steps (evict's protected units, truncate's cuts into text) aim for, going no
-    further than it needs."""
+    further than it needs. `grid`: the batch snapped cuts move by when none is configured —
+    by default the slack between limit and target; a target lowered to leave a growing session
+    room keeps the low-water mark's grid, so its batches (and their summaries) stay the same."""
 
     target: int
     limit: int
+    grid: int = 0
 
     def step(self, configured: int | None) -> int:
-        """The batch a snapped cut moves by: `configured`, or by default the slack between the
-        limit and the target."""
-        return configured if configured is not None else max(1, self.limit - self.target)
+        """The batch a snapped cut moves by: `configured`, or the grid."""
+        if configured is not None:
+            return configured
+        return self.grid or max(1, self.limit - self.target)
 
 
 class Policy(Protocol):

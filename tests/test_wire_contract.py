@@ -326,6 +326,56 @@ def test_the_guard_makes_a_long_session_fit_and_keeps_every_pair(
     assert case.violations(forwarded(case, provider, anthropic_fake)) == []
 
 
+def test_a_growing_session_keeps_its_compressed_prefix_until_it_must_cut_again(
+    case: Case,
+    serve: Callable[..., str],
+    provider: FakeProvider,
+    anthropic_fake: FakeAnthropic,
+    spans: InMemorySpanExporter,
+) -> None:
+    model = case.model(6_000)
+    base = serve(models=windows((model, 6_000)))
+    items = session(case, 10)
+    first = send(base, case, model, items)
+    assert first.status_code == 200, first.text
+    assert first.headers["x-brim-actions"] != "none"
+    sent = forwarded(case, provider, anthropic_fake)
+
+    # A small next turn: the last compressed request, byte for byte, then what is new.
+    added = [*case.tool_turn("call_small", "3 files changed"), case.user("And now?")]
+    items += added
+    second = send(base, case, model, items)
+    assert second.status_code == 200, second.text
+    again = forwarded(case, provider, anthropic_fake)
+    assert [orjson.dumps(item) for item in again[: len(sent)]] == [
+        orjson.dumps(item) for item in sent
+    ]
+    assert again[len(sent) :] == added
+    assert second.headers["x-brim-actions"] == first.headers["x-brim-actions"]
+    assert case.violations(again) == []
+    name = f"{case.wire.operation} {model}"
+    requests = [s for s in spans.get_finished_spans() if s.name == name]
+    assert [(s.attributes or {}).get("brim.carried_forward") for s in requests] == [None, True]
+
+    # Turns that no longer fit beside it: cut again, from the client's own items, deep enough
+    # to leave room for more turns like them (room_for_turns = 4 of ~700 tokens each).
+    grown = 0
+    while True:
+        grown += 1
+        big = "\n".join(f"test log {grown}.{i}: passed without warnings" for i in range(70))
+        items += [*case.tool_turn(f"call_big_{grown}", big), case.user("Next?")]
+        reply = send(base, case, model, items)
+        assert reply.status_code == 200, reply.text
+        latest = forwarded(case, provider, anthropic_fake)
+        if orjson.dumps(latest[: len(again)]) != orjson.dumps(again):
+            break
+        assert grown < 8, "the session never had to be cut again"
+    budget = int(reply.headers["x-brim-budget"])
+    assert int(reply.headers["x-brim-tokens-out"]) <= budget * 0.85 - 700
+    assert case.violations(latest) == []
+    assert texts(case, latest)[-1] == "Next?"
+
+
 def test_a_broken_pairing_is_repaired_before_it_goes_out(
     case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
 ) -> None:

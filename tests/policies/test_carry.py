@@ -1,0 +1,118 @@
+"""Carrying a compressed session forward: digests, what is carried, when it still fits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from hypothesis import given
+from hypothesis import strategies as st
+
+from policies.carry import Made, carried_from, carry, growth, prefix_digests
+from policies.compress import DEFAULT_ORDER, build_policies, compress, room_target
+from policies.tokens import CounterMeter, TokenCounter
+from policies.wires.chat import CHAT, ChatDialect
+from proxy.resources import use_bundled_tiktoken_files
+from tests.builders import tool_session, tool_turn
+from tests.fakes import pairing_errors
+
+use_bundled_tiktoken_files()
+METER = CounterMeter(TokenCounter(), "o200k_base", "gpt-4o", CHAT)
+DIALECT = ChatDialect()
+POLICIES = build_policies(DEFAULT_ORDER, {})
+
+
+def log(n: int) -> str:
+    return "\n".join(f"step {n}.{i}: compiled a module without warnings" for i in range(120))
+
+
+LOGS = [log(n) for n in range(12)]
+
+items = st.lists(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": st.text()}),
+    max_size=8,
+)
+
+
+@given(items, items)
+def test_digests_agree_exactly_as_far_as_the_items_do(a: list[Any], b: list[Any]) -> None:
+    da, db = prefix_digests(a), prefix_digests(b)
+    assert len(da) == len(a)
+    for k in range(1, min(len(a), len(b)) + 1):
+        same = [orjson.dumps(x) for x in a[:k]] == [orjson.dumps(x) for x in b[:k]]
+        assert (da[k - 1] == db[k - 1]) == same  # bytes: the order of keys counts too
+
+
+def test_an_item_split_differently_has_another_digest() -> None:
+    # The same bytes cut into items differently: not the same conversation.
+    one = [{"role": "user", "content": "ab"}, {"role": "user", "content": "c"}]
+    two = [{"role": "user", "content": "a"}, {"role": "user", "content": "bc"}]
+    assert prefix_digests(one)[-1] != prefix_digests(two)[-1]
+
+
+def compressed(messages: list[Any], limit: int) -> Any:
+    return compress(
+        DIALECT, messages, METER.fixed({}), METER, POLICIES, limit=limit, low_water=0.85
+    )
+
+
+def test_the_next_turn_is_the_compressed_one_plus_the_new_items() -> None:
+    client = tool_session(LOGS[:8])
+    outcome = compressed(client, 4_000)
+    assert outcome.records and outcome.fits
+    carried = carried_from(outcome, client, METER)
+    assert carried is not None and carried.covers == len(client)
+    assert all(record.original is None for record in carried.records)
+    # Untouched items are indices into the next request, not copies.
+    assert any(isinstance(item, int) for item in carried.items)
+    assert any(isinstance(item, Made) for item in carried.items)
+
+    added = [*tool_turn("c_next", "ok"), {"role": "user", "content": "and?"}]
+    grown = [*client, *added]
+    following = carry(carried, DIALECT, grown, METER.fixed({}), METER, limit=4_000)
+    assert following is not None and following.carried
+    assert [orjson.dumps(m) for m in following.messages] == [
+        orjson.dumps(m) for m in (*outcome.messages, *added)
+    ]
+    assert following.tokens_out == outcome.tokens_out + sum(METER.message(m) for m in added)
+    assert following.tokens_in > following.tokens_out
+    assert following.records == carried.records
+    assert pairing_errors(list(following.messages)) == []
+    assert growth(carried, grown, METER) == sum(METER.message(m) for m in added)
+
+
+def test_nothing_is_carried_past_the_limit_or_into_a_broken_pairing() -> None:
+    client = tool_session(LOGS[:8])
+    outcome = compressed(client, 4_000)
+    carried = carried_from(outcome, client, METER)
+    assert carried is not None
+    big = [*tool_turn("c_big", log(99) * 3), {"role": "user", "content": "and?"}]
+    assert carry(carried, DIALECT, [*client, *big], METER.fixed({}), METER, limit=4_000) is None
+    orphan = [{"role": "tool", "tool_call_id": "nobody", "content": "stray"}]
+    assert carry(carried, DIALECT, [*client, *orphan], METER.fixed({}), METER, limit=4_000) is None
+    assert carry(carried, DIALECT, client[:3], METER.fixed({}), METER, limit=4_000) is None
+
+
+def test_an_uncut_or_repaired_request_is_not_carried() -> None:
+    client = tool_session(["short"])
+    assert carried_from(compressed(client, 100_000), client, METER) is None
+    broken = [*client, {"role": "tool", "tool_call_id": "nobody", "content": "stray"}]
+    repaired = compressed(broken, 100_000)
+    assert repaired.repairs
+    assert carried_from(repaired, broken, METER) is None
+
+
+def test_room_lowers_the_target_to_half_the_limit_at_most_and_keeps_the_grid() -> None:
+    assert room_target(10_000, 0.85, 0) == 8_500
+    assert room_target(10_000, 0.85, 500) == 8_500  # the low-water mark already leaves it
+    assert room_target(10_000, 0.85, 3_000) == 7_000
+    assert room_target(10_000, 0.85, 60_000) == 5_000
+    assert room_target(10_000, 0.4, 60_000) == 4_000  # never above the low-water mark
+    client = tool_session(LOGS)
+    plain = compressed(client, 6_000)
+    roomy = compress(
+        DIALECT, client, METER.fixed({}), METER, POLICIES, limit=6_000, low_water=0.85, room=2_500
+    )
+    assert roomy.target == 3_500 < plain.target
+    assert roomy.tokens_out <= 3_500 < plain.tokens_out
+    assert roomy.grid == plain.grid == 6_000 - 5_100
