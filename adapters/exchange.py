@@ -97,6 +97,8 @@ class RequestReport:
     fallbacks: list[str] = field(default_factory=list)
     archive_keys: list[str] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)  # what the provider's reply reported
+    restore_offered: bool = False  # brim added `brim_restore` to the request's tools
+    restored: list[str] = field(default_factory=list)  # keys the model fetched back
 
     @property
     def outcomes(self) -> list[Outcome]:

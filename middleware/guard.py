@@ -20,9 +20,12 @@ from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
+from middleware.restore import RESTORE_TOOL, offers_restore
 from middleware.sessions import SessionMemory
+from middleware.store import ContentStore
 from middleware.summarize import LEVELS, Summarizer, Summary
 from policies.carry import carried_from, carry, growth, prefix_digests
+from policies.clients import ClientRule
 from policies.compress import Outcome, compress_request
 from policies.conversation import FidelityRecord, Policy, archive_key
 from policies.evict import PRIORITY, Evict
@@ -179,6 +182,8 @@ class Guard:
         summary_deadline_s: float = 30.0,
         sessions: SessionMemory | None = None,
         room_for_turns: float = 0,
+        store: ContentStore | None = None,
+        clients: Mapping[str, ClientRule] | None = None,
     ) -> None:
         if not 0 < low_water <= 1:
             raise ValueError(f"low_water must be in (0, 1], not {low_water}")
@@ -193,6 +198,8 @@ class Guard:
         self.summary_deadline_s = summary_deadline_s
         self.sessions = sessions
         self.room_for_turns = room_for_turns
+        self.store = store  # None: brim_restore is not offered
+        self.clients = dict(clients or {})
         evicts = [p for p in self.policies if isinstance(p, Evict)]
         self._evict_at_least = evicts[0].settings.evict_at_least if evicts else None
 
@@ -394,10 +401,18 @@ class Guard:
         if not self._needs_work(exchange):
             return await call_next(exchange)
 
+        original = exchange
+        offer = self.store is not None and offers_restore(
+            exchange.wire, exchange.body, exchange.context.client, self.clients
+        )
+        if offer:  # measured with brim_restore among the tools, in case something is cut
+            exchange = exchange.with_body(exchange.wire.with_tool(exchange.body, RESTORE_TOOL))
         if len(exchange.raw) > OFF_LOOP_BYTES:
             outcome, digest = await asyncio.to_thread(self._decide, exchange)
         else:
             outcome, digest = self._decide(exchange)
+        if offer and not any(record.archive_key for record in outcome.records):
+            exchange = original  # nothing cut: nothing to restore
         if not outcome.messages:
             raise NothingLeftToSend(
                 "Nothing is left to send: every message was a tool result that answers no tool "
@@ -418,13 +433,15 @@ class Guard:
             await asyncio.to_thread(self._remember, exchange, outcome, digest)
         else:
             self._remember(exchange, outcome, digest)
-        await keep_originals(self.archive, outcome, exchange)
+        await keep_originals(self.archive, self.store, outcome, exchange)
+        exchange.report.restore_offered = exchange is not original
         if outcome.repairs:
             log.warning(
                 "request %s: repaired tool pairing: %s",
                 exchange.request_id,
                 "; ".join(outcome.repairs),
             )
+        assert exchange.body is not None and exchange.context is not None
         body = exchange.wire.with_conversation(exchange.body, outcome.messages)
         changed = exchange.with_body(body)
         context = dataclasses.replace(exchange.context, outcome=outcome)
@@ -432,10 +449,16 @@ class Guard:
 
 
 async def keep_originals(
-    archive: ContentArchive | None, outcome: Outcome, exchange: Exchange
+    archive: ContentArchive | None,
+    store: ContentStore | None,
+    outcome: Outcome,
+    exchange: Exchange,
 ) -> None:
-    """Store what the policies removed, under the keys their records name, before it goes."""
+    """Keep what the policies removed, under the keys their records name, before it goes: in
+    the archive (for people) and the content store (for `brim_restore`)."""
     items = [(r.archive_key, r.original) for r in outcome.records if r.archive_key and r.original]
     exchange.report.archive_keys += [key for key, _ in items]
     if archive is not None and items:
         await asyncio.to_thread(archive.put_many, items)
+    if store is not None and items:
+        await store.put_many(items)

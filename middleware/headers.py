@@ -45,6 +45,8 @@ async def brim_headers(
         "x-brim-actions": actions(report),
         "x-brim-retries": str(report.retries),
     }
+    if report.restored:  # originals the model fetched back in hidden rounds (`brim_restore`)
+        headers["x-brim-restored"] = str(len(report.restored))
     window = context.limits.limits.context_window
     usage = sent / window
     headers["x-brim-context-usage"] = f"{usage:.3f}"

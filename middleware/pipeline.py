@@ -15,9 +15,11 @@ from middleware.guard import Guard
 from middleware.limits import ResolveLimits
 from middleware.loops import LoopBreaker
 from middleware.observe import Observe
+from middleware.restore import RestoreRounds
 from middleware.retry import RetryOnOverflow
 from middleware.sessions import SessionMemory
-from middleware.settings import GuardConfig, RetryConfig, SummarizeConfig
+from middleware.settings import GuardConfig, RestoreConfig, RetryConfig, SummarizeConfig
+from middleware.store import ContentStore
 from middleware.summarize import Summarizer
 from middleware.telemetry import StatusBoard, Telemetry
 from policies.clients import ClientRule
@@ -41,6 +43,9 @@ class PipelineConfig(Protocol):
     @property
     def summarize(self) -> SummarizeConfig: ...
 
+    @property
+    def restore(self) -> RestoreConfig: ...
+
 
 @dataclass(frozen=True, slots=True)
 class Services:
@@ -55,6 +60,7 @@ class Services:
     audit: AuditLog | None = None
     archive: ContentArchive | None = None
     summarizer: Summarizer | None = None
+    store: ContentStore | None = None  # originals the model may fetch back (`[restore]`)
 
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
@@ -94,7 +100,13 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 if guard.carry_forward
                 else None,
                 room_for_turns=guard.room_for_turns if guard.carry_forward else 0,
+                store=services.store,
+                clients=config.clients,
             )
+        )
+    if services.store is not None:
+        stages.append(
+            RestoreRounds(services.store, services.counter, max_rounds=config.restore.max_rounds)
         )
     if config.retry.enabled:
         stages.append(

@@ -97,7 +97,7 @@ class RetryOnOverflow:
                     exchange.report.retries = retries - 1
                     raise
                 exchange.report.retry_outcomes.append(cut)
-                await keep_originals(self.archive, cut, exchange)
+                await keep_originals(self.archive, None, cut, exchange)
                 current = self._with_outcome(current, cut)
 
     def _learn(self, model: str, overflow: ContextOverflow) -> None:

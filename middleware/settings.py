@@ -121,6 +121,18 @@ class SummarizeConfig(BaseModel):
         return tuple(p for p in (self.provider, *self.providers) if p)
 
 
+class RestoreConfig(BaseModel):
+    """Nothing cut is lost: the model may fetch back what brim removed, by its key."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    # Off until hidden rounds are finished for streams that start with text (issue 17).
+    enabled: bool = False
+    max_rounds: int = Field(3, ge=1, le=10)  # restore rounds brim answers in one request
+    store_mb: float = Field(64, gt=0)  # in-process store (and local copy when Redis is used)
+    ttl_hours: float = Field(24, gt=0)
+
+
 class CacheConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 

@@ -1,5 +1,6 @@
 """`[clients.NAME]` rules: recognise a client (a coding CLI, say) by User-Agent or a header, and
-say how many tokens its provider spends before the user's input (CLI overhead)."""
+say how many tokens its provider spends before the user's input (CLI overhead), and whether
+brim may offer its model `brim_restore`."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ class ClientRule(BaseModel):
     header: str | None = None  # "Name: value-glob", e.g. "x-client: codex*"
     cli: str | None = None  # take the overhead of this CLI from the built-in table
     cli_overhead: int | None = Field(None, ge=0)  # or state it
+    restore: bool = True  # offer brim_restore to this client's requests when brim cut them
 
     @model_validator(mode="after")
     def _complete(self) -> ClientRule:
@@ -25,14 +27,16 @@ class ClientRule(BaseModel):
             raise ValueError("a client rule needs user_agent or header to match on")
         if self.header is not None and ":" not in self.header:
             raise ValueError('header must look like "Name: value-glob"')
-        if self.cli is None and self.cli_overhead is None:
-            raise ValueError("a client rule needs cli or cli_overhead")
+        if self.cli is None and self.cli_overhead is None and self.restore:
+            raise ValueError("a client rule needs cli or cli_overhead (or restore = false)")
         return self
 
     @property
     def overhead(self) -> int:
         if self.cli_overhead is not None:
             return self.cli_overhead
+        if self.cli is None:
+            return 0
         return model_table.CLI_OVERHEAD.get(self.cli or "", model_table.DEFAULT_CLI_OVERHEAD)
 
     def matches(self, user_agent: str, headers: Mapping[str, str]) -> bool:

@@ -29,6 +29,7 @@ from middleware.archive import ContentArchive
 from middleware.audit import AuditLog
 from middleware.base import Pipeline
 from middleware.pipeline import Services, default_pipeline
+from middleware.store import ContentStore, MemoryStore, RedisStore
 from middleware.summarize import (
     MemoryCache,
     RedisCache,
@@ -253,6 +254,7 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
         audit=audit,
         archive=archive,
         summarizer=build_summarizer(config, upstreams, counter, limits),
+        store=build_store(config),
     )
 
 
@@ -287,6 +289,18 @@ def build_summarizer(
         prompt_version=settings.prompt_version,
         truncate_fallback=settings.truncate_fallback,
     )
+
+
+def build_store(config: BrimConfig) -> ContentStore | None:
+    """The restore store, one per app: in process, and shared through `[cache] url` when set."""
+    settings = config.restore
+    if not settings.enabled:
+        return None
+    ttl_s = settings.ttl_hours * 3600
+    local = MemoryStore(int(settings.store_mb * 1024 * 1024), ttl_s)
+    if config.cache.url:
+        return RedisStore(config.cache.url, ttl_s, local)
+    return local
 
 
 def _warm(counter: TokenCounter) -> None:
@@ -327,6 +341,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     cache = services.summarizer.cache if services.summarizer else None
     if isinstance(cache, RedisCache):
         await cache.aclose()
+    if services.store is not None:
+        await services.store.aclose()
     await asyncio.to_thread(app[PROVIDERS].shutdown)
 
 

@@ -34,6 +34,7 @@ from middleware.settings import (
     AuditConfig,
     CacheConfig,
     GuardConfig,
+    RestoreConfig,
     RetryConfig,
     SummarizeConfig,
     TelemetryConfig,
@@ -114,6 +115,7 @@ class BrimConfig(FrozenModel):
     audit: AuditConfig = AuditConfig()
     archive: ArchiveConfig = ArchiveConfig()
     summarize: SummarizeConfig = SummarizeConfig()
+    restore: RestoreConfig = RestoreConfig()
     cache: CacheConfig = CacheConfig()
 
     @model_validator(mode="after")

@@ -35,7 +35,7 @@ from aiohttp import web
 from policies.tokens import TokenCounter
 from policies.wires.messages import MESSAGES
 from proxy.resources import use_bundled_tiktoken_files
-from tests.fakes import Seen, record
+from tests.fakes import Seen, client_tools, record
 
 OUTPUT_TOKENS = 12
 STREAMERR_PREFIX = "claude-streamerr-"
@@ -282,11 +282,11 @@ class FakeAnthropic:
 
     @staticmethod
     def _reply(body: dict[str, Any], turn: int) -> tuple[list[dict[str, Any]], str]:
-        tools = body.get("tools")
-        if not tools:
+        names = client_tools([t.get("name", "tool") for t in body.get("tools") or []])
+        if not names:
             return [{"type": "text", "text": "pong"}], "end_turn"
         thinking = f"I should look at file {turn}."
-        name = tools[0].get("name", "tool") if isinstance(tools[0], dict) else "tool"
+        name = names[0]
         uses = [
             {
                 "type": "tool_use",

@@ -46,6 +46,15 @@ class Seen:
 STRICT_WINDOW = 8_192
 
 
+BRIM_TOOL = "brim_restore"
+
+
+def client_tools(names: list[Any]) -> list[Any]:
+    """The tools a fake model calls: the client's own. brim's `brim_restore` is called only by
+    the fakes scripted to (a model calls it when it needs what a placeholder names)."""
+    return [name for name in names if name != BRIM_TOOL]
+
+
 def pairing_errors(messages: list[dict[str, Any]]) -> list[str]:
     """OpenAI's tool pairing rules, written independently of brim's dialect: after an assistant
     message with tool_calls come exactly the tool messages answering those ids; a tool message
@@ -385,13 +394,13 @@ class FakeProvider:
         self.tight_seen.append((model, tokens))
         self.strict_counts.append(tokens)
         turn = len(self.strict_counts)
-        if body.get("tools"):
+        if client_tools([t.get("name") for t in body.get("tools") or []]):
             output: list[dict[str, Any]] = [
                 {
                     "type": "function_call",
                     "id": f"fc_{turn}",
                     "call_id": f"call_{turn}",
-                    "name": body["tools"][0]["name"],
+                    "name": client_tools([t["name"] for t in body["tools"]])[0],
                     "arguments": orjson.dumps({"cmd": f"cat f{turn}.py"}).decode(),
                     "status": "completed",
                 }
@@ -508,8 +517,13 @@ class FakeProvider:
             return web.json_response(error, status=400)
         self.strict_counts.append(tokens)
         turn = len(self.strict_counts)
-        if body.get("tools"):
-            name = body["tools"][0]["functionDeclarations"][0]["name"]
+        declared = [
+            d.get("name")
+            for t in body.get("tools") or []
+            for d in t.get("functionDeclarations", [])
+        ]
+        if client_tools(declared):
+            name = client_tools(declared)[0]
             parts: list[dict[str, Any]] = [
                 {"text": "Let me look.", "thought": True, "thoughtSignature": f"sig{turn}"},
                 {"functionCall": {"name": name, "args": {"path": f"f{turn}.py"}}},

@@ -9,8 +9,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+import orjson
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from policies.conversation import NO_RESULT as NO_RESULT  # what answers a lost call
@@ -88,6 +89,79 @@ class Usage:
             later.cached_input if later.cached_input is not None else self.cached_input,
         )
 
+    def added(self, other: Usage) -> Usage:
+        """Both reports summed field by field (a field None in both stays None): the usage of
+        several rounds together."""
+        return Usage(
+            _sum(self.input, other.input),
+            _sum(self.output, other.output),
+            _sum(self.cached_input, other.cached_input),
+        )
+
+    def plus(self, earlier: Usage) -> Usage:
+        """This report with `earlier` added to each figure it gives; a figure it does not give
+        stays None (a stream event that reports only output tokens still reports only those).
+        Cached input counts as given wherever input is."""
+        cached = self.cached_input
+        if cached is None and self.input is not None and earlier.cached_input is not None:
+            cached = 0
+        return Usage(
+            None if self.input is None else self.input + (earlier.input or 0),
+            None if self.output is None else self.output + (earlier.output or 0),
+            None if cached is None else cached + (earlier.cached_input or 0),
+        )
+
+    @property
+    def empty(self) -> bool:
+        return self.input is None and self.output is None and self.cached_input is None
+
+
+def _sum(a: int | None, b: int | None) -> int | None:
+    return None if a is None and b is None else (a or 0) + (b or 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A tool brim offers the model itself (e.g. `brim_restore`); `parameters` is a JSON
+    schema."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call in a reply: `id` pairs it with its result (for Gemini calls that carry
+    no id, one made up from the call's position and name: see `GeminiWire.reply_calls`)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+StartKind = Literal["text", "call"]
+
+
+class TurnReader(Protocol):
+    """Reads one streamed reply, event by event, into the reply the API would have sent
+    unstreamed. One reader per stream; it holds that stream's state only."""
+
+    @property
+    def started(self) -> StartKind | None:
+        """What the turn's first content was: text, thinking or reasoning text ("text"), or
+        a tool call ("call"); None until either came. Empty openers (a role-only chunk, an
+        empty text block) are not content."""
+        ...
+
+    def feed(self, data: bytes) -> None:
+        """One event's data payload, as `sse_data` gives it."""
+        ...
+
+    def reply(self) -> dict[str, Any]:
+        """The turn so far as the API's non-streamed reply JSON."""
+        ...
+
 
 # A message in the OpenTelemetry GenAI input-messages shape:
 # {"role": ..., "parts": [{"type": "text", "content": ...}, {"type": "tool_call", "id", "name",
@@ -158,6 +232,52 @@ class Wire(Protocol):
 
     def system_instructions(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         """The system prompt outside the conversation, as GenAI parts (empty if none)."""
+        ...
+
+    # Tools brim answers itself (hidden rounds): pure functions of their arguments -------------
+
+    def tool_names(self, body: Mapping[str, Any]) -> frozenset[str]:
+        """The names of the tools the request defines."""
+        ...
+
+    def with_tool(self, body: Mapping[str, Any], spec: ToolSpec) -> dict[str, Any]:
+        """A new body with `spec` appended at the end of the request's tools, in this API's
+        shape; the same body and spec give the same bytes (prompt caches see a stable prefix)."""
+        ...
+
+    def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
+        """The tool calls of a non-streamed reply, in the reply's order."""
+        ...
+
+    def continued(
+        self,
+        body: Mapping[str, Any],
+        reply: Mapping[str, Any],
+        calls: Sequence[ToolCall],
+        results: Sequence[str],
+    ) -> dict[str, Any]:
+        """`body` with the reply's assistant turn appended — its text, thinking and reasoning
+        as the API needs them back, but of its tool calls only `calls` — and then one result
+        per call (`results[i]` answers `calls[i]`), paired as the API requires. Raises
+        `ValueError` for a call the reply does not make."""
+        ...
+
+    def with_usage(self, reply: Mapping[str, Any], usage: Usage) -> dict[str, Any]:
+        """The reply with its usage replaced by `usage` in this API's fields (a None field of
+        `usage` leaves the reply's own figure): `usage(with_usage(r, u)) == usage(r).merged(u)`."""
+        ...
+
+    def with_tool_choice_none(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """The body with tool calling turned off for this request (tools still defined)."""
+        ...
+
+    def turn_reader(self) -> TurnReader:
+        """A fresh reader for one streamed reply."""
+        ...
+
+    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
+        """One stream event's data with `earlier` added to each usage figure it reports (see
+        `Usage.plus`); an event without usage comes back as it was, byte for byte."""
         ...
 
 
@@ -325,3 +445,54 @@ def param_path(location: Sequence[int | str]) -> str:
     for part in location:
         text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
     return text
+
+
+# Tools brim answers itself: what the wire modules share ----------------------------------------
+
+
+def json_object(text: Any) -> dict[str, Any]:
+    """Tool-call arguments as a dict: a JSON object's text parsed, a dict as it is; anything else
+    (not JSON, not an object, cut short) is no arguments."""
+    if isinstance(text, Mapping):
+        return dict(text)
+    if not isinstance(text, str | bytes) or not text:
+        return {}
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def answered_in_order(
+    calls: Sequence[ToolCall], results: Sequence[str], order: Sequence[str]
+) -> list[tuple[ToolCall, str]]:
+    """(call, result) pairs in `order` (the reply's order of call ids). Raises `ValueError` when
+    the counts differ or a call is not in `order`."""
+    if len(calls) != len(results):
+        raise ValueError(f"{len(calls)} tool calls but {len(results)} results")
+    by_id = {call.id: (call, result) for call, result in zip(calls, results, strict=True)}
+    missing = [call_id for call_id in by_id if call_id not in order]
+    if missing:
+        raise ValueError(f"the reply makes no tool call {missing}")
+    return [by_id.pop(call_id) for call_id in order if call_id in by_id]
+
+
+def usage_event(
+    data: bytes,
+    earlier: Usage,
+    read: Callable[[Any], Usage | None],
+    write: Callable[[dict[str, Any], Usage], dict[str, Any]],
+) -> bytes:
+    """`stream_usage` for any wire: `read` is the wire's `usage`, `write` puts a usage back into
+    the event. Events without usage (or not JSON, like `[DONE]`) come back untouched."""
+    if b"usage" not in data:
+        return data
+    try:
+        event = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data
+    reported = read(event) if isinstance(event, dict) else None
+    if reported is None or reported.empty:
+        return data
+    return orjson.dumps(write(event, reported.plus(earlier)))

@@ -44,10 +44,16 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
+    StartKind,
+    ToolCall,
+    ToolSpec,
+    TurnReader,
     Usage,
+    answered_in_order,
     first_error,
     first_of_each,
     image_part,
+    json_object,
     largest_part_text,
     param_path,
     repeats,
@@ -55,6 +61,7 @@ from policies.wires.base import (
     text_of,
     text_part,
     under,
+    usage_event,
     whole_number,
     with_part_text,
 )
@@ -307,6 +314,32 @@ def openai_usage(usage: Any) -> Usage | None:
     )
 
 
+def openai_usage_written(existing: Any, usage: Usage, *, responses: bool) -> dict[str, Any]:
+    """`existing` (a `usage` object, or None) with `usage` written into it in Chat Completions'
+    fields (`prompt_tokens`, …) or, with `responses`, the Responses API's (`input_tokens`, …);
+    None fields of `usage` leave the figure as it was. The total follows."""
+    prompt, completion, details = (
+        ("input_tokens", "output_tokens", "input_tokens_details")
+        if responses
+        else ("prompt_tokens", "completion_tokens", "prompt_tokens_details")
+    )
+    out: dict[str, Any] = dict(existing) if isinstance(existing, Mapping) else {}
+    if usage.input is not None:
+        out[prompt] = usage.input
+    if usage.output is not None:
+        out[completion] = usage.output
+    if usage.cached_input is not None:
+        found = out.get(details)
+        out[details] = {
+            **(found if isinstance(found, Mapping) else {}),
+            "cached_tokens": usage.cached_input,
+        }
+    into, out_of = whole_number(out.get(prompt)), whole_number(out.get(completion))
+    if into is not None and out_of is not None:
+        out["total_tokens"] = into + out_of
+    return out
+
+
 def _tool_call_part(call: Any) -> dict[str, Any]:
     function = call.get("function") or {} if isinstance(call, Mapping) else {}
     return {
@@ -332,6 +365,151 @@ def _content_parts(content: Any) -> list[dict[str, Any]]:
         else:
             parts.append({"type": str(part.get("type", "unknown"))})
     return parts
+
+
+# Tools brim answers itself --------------------------------------------------------------------
+
+
+def _first_choice(reply: Mapping[str, Any]) -> Mapping[str, Any]:
+    choices = reply.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    return choice if isinstance(choice, Mapping) else {}
+
+
+def _reply_message(reply: Mapping[str, Any]) -> Mapping[str, Any]:
+    message = _first_choice(reply).get("message")
+    return message if isinstance(message, Mapping) else {}
+
+
+def _as_tool_call(call: Any) -> ToolCall | None:
+    """A `tool_calls` entry as a `ToolCall`: a function call, or a custom tool's call (its
+    free-form `input` as the argument `input`)."""
+    if not isinstance(call, Mapping) or call.get("id") is None:
+        return None
+    if isinstance(call.get("custom"), Mapping):
+        custom = call["custom"]
+        return ToolCall(
+            str(call["id"]), str(custom.get("name", "")), {"input": custom.get("input")}
+        )
+    function = call.get("function")
+    if not isinstance(function, Mapping):
+        return None
+    return ToolCall(
+        str(call["id"]), str(function.get("name", "")), json_object(function.get("arguments"))
+    )
+
+
+# Fields of a reply's message that a request's assistant message does not take.
+_REPLY_ONLY = frozenset({"annotations"})
+_NULL_DROPPED = frozenset({"refusal", "audio", "function_call", "tool_calls"})
+
+# Text a streamed delta carries: the reply's text, reasoning (DeepSeek, vLLM: `reasoning_content`;
+# OpenRouter, Ollama: `reasoning`) and a refusal.
+_DELTA_TEXTS = ("content", "reasoning_content", "reasoning", "refusal")
+
+
+class ChatTurnReader:
+    """`chat.completion.chunk` events into one `chat.completion`: the deltas' texts joined,
+    tool calls assembled by their `index` (name set, arguments appended, as OpenAI's SDKs do),
+    the finish reason, and the usage chunk (`stream_options.include_usage`). Only choice 0."""
+
+    def __init__(self) -> None:
+        self._envelope: dict[str, Any] = {}
+        self._texts: dict[str, list[str]] = {}
+        self._calls: list[dict[str, Any]] = []
+        self._slots: dict[int, int] = {}  # a delta's tool call `index` → its place in _calls
+        self._finish: Any = None
+        self._usage: Any = None
+        self._started: StartKind | None = None
+
+    @property
+    def started(self) -> StartKind | None:
+        return self._started
+
+    def feed(self, data: bytes) -> None:
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return  # `[DONE]`
+        if not isinstance(chunk, dict):
+            return
+        for key in ("id", "created", "model", "system_fingerprint", "service_tier"):
+            if chunk.get(key) is not None:
+                self._envelope.setdefault(key, chunk[key])
+        if isinstance(chunk.get("usage"), Mapping):
+            self._usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if isinstance(choice, Mapping) and choice.get("index", 0) == 0:
+                self._choice(choice)
+
+    def _choice(self, choice: Mapping[str, Any]) -> None:
+        delta = choice.get("delta")
+        delta = delta if isinstance(delta, Mapping) else {}
+        for field in _DELTA_TEXTS:
+            text = delta.get(field)
+            if isinstance(text, str) and text:
+                self._texts.setdefault(field, []).append(text)
+                self._started = self._started or "text"
+        for call in delta.get("tool_calls") or ():
+            if isinstance(call, Mapping):
+                self._call(call)
+                self._started = self._started or "call"
+        if choice.get("finish_reason") is not None:
+            self._finish = choice["finish_reason"]
+
+    def _call(self, delta: Mapping[str, Any]) -> None:
+        index = delta.get("index")
+        index = index if isinstance(index, int) else len(self._slots)
+        slot = self._slots.get(index)
+        new_id = delta.get("id")
+        if slot is not None and new_id and self._calls[slot]["id"] not in ("", new_id):
+            slot = None  # a provider that reuses the index for a new call (it sends a new id)
+        if slot is None:
+            slot = len(self._calls)
+            self._slots[index] = slot
+            self._calls.append(
+                {"id": "", "type": "function", "function": {"name": "", "arguments": ""}}
+            )
+        call = self._calls[slot]
+        if new_id:
+            call["id"] = str(new_id)
+        if delta.get("type"):
+            call["type"] = delta["type"]
+        function = delta.get("function")
+        if isinstance(function, Mapping):
+            if function.get("name"):
+                call["function"]["name"] = function["name"]
+            if isinstance(function.get("arguments"), str):
+                call["function"]["arguments"] += function["arguments"]
+
+    def reply(self) -> dict[str, Any]:
+        content = self._texts.get("content")
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": "".join(content) if content else None,
+        }
+        for field in _DELTA_TEXTS[1:]:
+            if field in self._texts:
+                message[field] = "".join(self._texts[field])
+        if self._calls:
+            message["tool_calls"] = [
+                {**call, "function": dict(call["function"])} for call in self._calls
+            ]
+        reply: dict[str, Any] = {
+            "id": self._envelope.get("id", ""),
+            "object": "chat.completion",
+            "created": self._envelope.get("created", 0),
+            "model": self._envelope.get("model", ""),
+        }
+        for key in ("system_fingerprint", "service_tier"):
+            if key in self._envelope:
+                reply[key] = self._envelope[key]
+        reply["choices"] = [
+            {"index": 0, "message": message, "logprobs": None, "finish_reason": self._finish}
+        ]
+        if self._usage is not None:
+            reply["usage"] = self._usage
+        return reply
 
 
 class ChatWire(FieldConversation):
@@ -435,6 +613,87 @@ class ChatWire(FieldConversation):
 
     def system_instructions(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         return []  # Chat Completions keeps its system prompt among the messages
+
+    def tool_names(self, body: Mapping[str, Any]) -> frozenset[str]:
+        names: set[str] = set()
+        for tool in _definitions(body):
+            if not isinstance(tool, Mapping):
+                continue
+            inner = tool.get("function") or tool.get("custom") or tool  # `functions`: flat
+            if isinstance(inner, Mapping) and isinstance(inner.get("name"), str):
+                names.add(inner["name"])
+        return frozenset(names)
+
+    def with_tool(self, body: Mapping[str, Any], spec: ToolSpec) -> dict[str, Any]:
+        tool = {
+            "type": "function",
+            "function": {
+                "name": spec.name,
+                "description": spec.description,
+                "parameters": spec.parameters,
+            },
+        }
+        tools = body.get("tools")
+        return {**body, "tools": [*(tools if isinstance(tools, list) else ()), tool]}
+
+    def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
+        calls = _reply_message(reply).get("tool_calls")
+        found = (_as_tool_call(call) for call in (calls if isinstance(calls, list) else ()))
+        return [call for call in found if call is not None]
+
+    def continued(
+        self,
+        body: Mapping[str, Any],
+        reply: Mapping[str, Any],
+        calls: Sequence[ToolCall],
+        results: Sequence[str],
+    ) -> dict[str, Any]:
+        message = _reply_message(reply)
+        made = message.get("tool_calls")
+        made = made if isinstance(made, list) else []
+        order = [str(call["id"]) for call in made if _as_tool_call(call) is not None]
+        answered = answered_in_order(calls, results, order)
+        wanted = {call.id for call, _ in answered}
+        assistant = {
+            key: value
+            for key, value in message.items()
+            if key not in _REPLY_ONLY and not (key in _NULL_DROPPED and value is None)
+        }
+        assistant["role"] = "assistant"
+        audio = assistant.get("audio")
+        if isinstance(audio, Mapping) and audio.get("id") is not None:
+            assistant["audio"] = {"id": audio["id"]}  # a request names a reply's audio by id
+        kept = [
+            call for call in made if isinstance(call, Mapping) and str(call.get("id")) in wanted
+        ]
+        if kept:
+            assistant["tool_calls"] = kept
+        else:
+            assistant.pop("tool_calls", None)
+        results_out = [
+            {"role": "tool", "tool_call_id": call.id, "content": result}
+            for call, result in answered
+        ]
+        return self.with_conversation(body, [*self.conversation(body), assistant, *results_out])
+
+    def with_usage(self, reply: Mapping[str, Any], usage: Usage) -> dict[str, Any]:
+        return {**reply, "usage": openai_usage_written(reply.get("usage"), usage, responses=False)}
+
+    def with_tool_choice_none(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        # OpenAI refuses `tool_choice` in a request without `tools`: there is nothing to turn off.
+        if not body.get("tools"):
+            return dict(body)
+        return {**body, "tool_choice": "none"}
+
+    def turn_reader(self) -> TurnReader:
+        return ChatTurnReader()
+
+    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
+        return usage_event(data, earlier, self.usage, _write_chat_usage)
+
+
+def _write_chat_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:
+    return {**event, "usage": openai_usage_written(event.get("usage"), usage, responses=False)}
 
 
 def _content_tokens(content: Any, enc: tiktoken.Encoding, model: str) -> int:

@@ -26,10 +26,17 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
+    StartKind,
+    ToolCall,
+    ToolSpec,
+    TurnReader,
     Usage,
+    answered_in_order,
     first_error,
+    json_object,
     largest_part_text,
     text_part,
+    usage_event,
     whole_number,
     with_part_text,
 )
@@ -298,6 +305,135 @@ def _genai_part(part: Any) -> dict[str, Any] | None:
     return None
 
 
+# Tools brim answers itself --------------------------------------------------------------------
+
+
+def _reply_content(reply: Mapping[str, Any]) -> Mapping[str, Any]:
+    candidates = reply.get("candidates")
+    candidate = candidates[0] if isinstance(candidates, list) and candidates else None
+    content = candidate.get("content") if isinstance(candidate, Mapping) else None
+    return content if isinstance(content, Mapping) else {}
+
+
+def _reply_calls(parts: Sequence[Any]) -> list[tuple[int, ToolCall]]:
+    """(part index, call) for each `functionCall` part. A call without an `id` (Gemini pairs
+    those by name and order) gets one made of its place among the calls and its name, so the
+    same reply always gives the same ids."""
+    found: list[tuple[int, ToolCall]] = []
+    for index, part in enumerate(parts):
+        call = part.get("functionCall") if isinstance(part, Mapping) else None
+        if not isinstance(call, Mapping):
+            continue
+        name = str(call.get("name", ""))
+        call_id = str(call.get("id") or f"{name}#{len(found)}")
+        found.append((index, ToolCall(call_id, name, json_object(call.get("args")))))
+    return found
+
+
+def _text_only(part: Any) -> bool:
+    """A part that is text and nothing else (no signature): the one kind streamed chunks may be
+    joined into."""
+    return (
+        isinstance(part, Mapping)
+        and isinstance(part.get("text"), str)
+        and set(part) <= {"text", "thought"}
+    )
+
+
+def _usage_written(existing: Any, usage: Usage) -> dict[str, Any]:
+    """`existing` (a `usageMetadata`, or None) with `usage` written into it: output is
+    `candidatesTokenCount` + `thoughtsTokenCount` (thoughts kept, cut if the new output is
+    smaller); the total follows."""
+    out: dict[str, Any] = dict(existing) if isinstance(existing, Mapping) else {}
+    if usage.input is not None:
+        out["promptTokenCount"] = usage.input
+    if usage.cached_input is not None:
+        out["cachedContentTokenCount"] = usage.cached_input
+    if usage.output is not None:
+        thoughts = whole_number(out.get("thoughtsTokenCount")) or 0
+        if thoughts > usage.output:
+            thoughts = out["thoughtsTokenCount"] = usage.output
+        out["candidatesTokenCount"] = usage.output - thoughts
+    prompt = whole_number(out.get("promptTokenCount"))
+    candidates = whole_number(out.get("candidatesTokenCount"))
+    if prompt is not None and candidates is not None:
+        out["totalTokenCount"] = (
+            prompt
+            + candidates
+            + (whole_number(out.get("thoughtsTokenCount")) or 0)
+            + (whole_number(out.get("toolUsePromptTokenCount")) or 0)
+        )
+    return out
+
+
+class GeminiTurnReader:
+    """`streamGenerateContent?alt=sse` chunks (each a `GenerateContentResponse` holding the
+    parts made since the last one) into one reply: adjacent text-only parts of one kind
+    (thought or not) joined, every other part — function calls, parts that carry a
+    `thoughtSignature`, even with empty text — kept whole and in order, as Gemini needs them
+    back; the last chunk's usage, finish reason and envelope."""
+
+    def __init__(self) -> None:
+        self._envelope: dict[str, Any] = {}
+        self._candidate: dict[str, Any] = {}
+        self._role = "model"
+        self._parts: list[dict[str, Any]] = []
+        self._started: StartKind | None = None
+
+    @property
+    def started(self) -> StartKind | None:
+        return self._started
+
+    def feed(self, data: bytes) -> None:
+        try:
+            chunk = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(chunk, dict):
+            return
+        for key, value in chunk.items():
+            if key != "candidates":
+                self._envelope[key] = value  # usageMetadata, modelVersion, responseId: latest
+        candidates = chunk.get("candidates")
+        candidate = candidates[0] if isinstance(candidates, list) and candidates else None
+        if not isinstance(candidate, Mapping):
+            return
+        for key, value in candidate.items():
+            if key != "content":
+                self._candidate[key] = value  # finishReason, safetyRatings, …: latest
+        content = candidate.get("content")
+        if not isinstance(content, Mapping):
+            return
+        self._role = str(content.get("role") or self._role)
+        for part in _parts(content):
+            if isinstance(part, Mapping):
+                self._add(dict(part))
+
+    def _add(self, part: dict[str, Any]) -> None:
+        if "functionCall" in part:
+            self._started = self._started or "call"
+        elif part.get("text") or not ("text" in part or "thoughtSignature" in part):
+            self._started = self._started or "text"  # text, or an image, code, …
+        last = self._parts[-1] if self._parts else None
+        if (
+            last is not None
+            and _text_only(last)
+            and _text_only(part)
+            and bool(last.get("thought")) == bool(part.get("thought"))
+        ):
+            last["text"] += part["text"]
+        else:
+            self._parts.append(part)
+
+    def reply(self) -> dict[str, Any]:
+        candidate = {
+            "content": {"role": self._role, "parts": [dict(part) for part in self._parts]},
+            **self._candidate,
+        }
+        candidate.setdefault("index", 0)
+        return {"candidates": [candidate], **self._envelope}
+
+
 class GeminiWire(FieldConversation):
     name = "gemini.generate"
     conversation_field = "contents"
@@ -412,6 +548,109 @@ class GeminiWire(FieldConversation):
             for p in parts or ()
             if isinstance(p, Mapping) and isinstance(p.get("text"), str)
         ]
+
+    def tool_names(self, body: Mapping[str, Any]) -> frozenset[str]:
+        return frozenset(
+            declaration["name"]
+            for tool in _tools(body)
+            for declaration in _declarations(tool)[1]
+            if isinstance(declaration, Mapping) and isinstance(declaration.get("name"), str)
+        )
+
+    def with_tool(self, body: Mapping[str, Any], spec: ToolSpec) -> dict[str, Any]:
+        declaration = {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        }
+        tools = _tools(body)
+        for position in range(len(tools) - 1, -1, -1):
+            key, declarations = _declarations(tools[position])
+            if key is not None:
+                tools[position] = {**tools[position], key: [*declarations, declaration]}
+                return {**body, "tools": tools}
+        return {**body, "tools": [*tools, {"functionDeclarations": [declaration]}]}
+
+    def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
+        return [call for _, call in _reply_calls(_parts(_reply_content(reply)))]
+
+    def continued(
+        self,
+        body: Mapping[str, Any],
+        reply: Mapping[str, Any],
+        calls: Sequence[ToolCall],
+        results: Sequence[str],
+    ) -> dict[str, Any]:
+        content = _reply_content(reply)
+        parts = _parts(content)
+        made = _reply_calls(parts)
+        answered = answered_in_order(calls, results, [call.id for _, call in made])
+        wanted = {call.id for call, _ in answered}
+        dropped = {index for index, call in made if call.id not in wanted}
+        kept: list[Any] = []
+        signature: Any = None  # of a dropped call: Gemini 3 wants it on a step's first call
+        for index, part in enumerate(parts):
+            if index in dropped:
+                if signature is None and isinstance(part, Mapping):
+                    signature = part.get("thoughtSignature")
+                continue
+            if signature is not None and isinstance(part, Mapping) and "functionCall" in part:
+                if "thoughtSignature" not in part:
+                    part = {**part, "thoughtSignature": signature}
+                signature = None
+            kept.append(part)
+        model_turn = {**content, "role": "model", "parts": kept}
+        ids = {call.id: parts[index]["functionCall"].get("id") for index, call in made}
+        responses = []
+        for call, result in answered:
+            response: dict[str, Any] = {"name": call.name, "response": {"output": result}}
+            if ids[call.id]:  # the call's own id; one brim made up stays brim's
+                response = {"id": ids[call.id], **response}
+            responses.append({"functionResponse": response})
+        answers = {"role": "user", "parts": responses}
+        return self.with_conversation(body, [*self.conversation(body), model_turn, answers])
+
+    def with_usage(self, reply: Mapping[str, Any], usage: Usage) -> dict[str, Any]:
+        return {**reply, "usageMetadata": _usage_written(reply.get("usageMetadata"), usage)}
+
+    def with_tool_choice_none(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        snake = "tool_config" in body and "toolConfig" not in body
+        field, inner = (
+            ("tool_config", "function_calling_config")
+            if snake
+            else ("toolConfig", "functionCallingConfig")
+        )
+        config = body.get(field)
+        config = config if isinstance(config, Mapping) else {}
+        calling = config.get(inner)
+        calling = {
+            key: value
+            for key, value in (calling.items() if isinstance(calling, Mapping) else ())
+            # Gemini takes a list of allowed functions only with mode ANY (or VALIDATED).
+            if key not in ("allowedFunctionNames", "allowed_function_names")
+        }
+        return {**body, field: {**config, inner: {**calling, "mode": "NONE"}}}
+
+    def turn_reader(self) -> TurnReader:
+        return GeminiTurnReader()
+
+    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
+        return usage_event(data, earlier, self.usage, self.with_usage)
+
+
+def _tools(body: Mapping[str, Any]) -> list[Any]:
+    tools = body.get("tools")
+    return list(tools) if isinstance(tools, list) else []
+
+
+def _declarations(tool: Any) -> tuple[str | None, list[Any]]:
+    """A `tools` entry's function declarations and the key they are under (Gemini reads the
+    snake_case spelling too); (None, []) for an entry without any (search, code execution)."""
+    for key in ("functionDeclarations", "function_declarations"):
+        found = tool.get(key) if isinstance(tool, Mapping) else None
+        if isinstance(found, list):
+            return key, found
+    return None, []
 
 
 GEMINI = GeminiWire()

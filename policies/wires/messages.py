@@ -27,14 +27,21 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
+    StartKind,
+    ToolCall,
+    ToolSpec,
+    TurnReader,
     Usage,
+    answered_in_order,
     first_error,
     first_of_each,
+    json_object,
     repeats,
     role_of,
     text_of,
     text_part,
     under,
+    usage_event,
     whole_number,
 )
 
@@ -371,6 +378,26 @@ def _usage(usage: Any) -> Usage | None:
     return Usage(input=total, output=whole_number(usage.get("output_tokens")), cached_input=read)
 
 
+def _usage_written(existing: Any, usage: Usage) -> dict[str, Any]:
+    """`existing` (a `usage` object, or None) with `usage` written into it. Anthropic splits
+    input three ways: `input_tokens` (fresh) + `cache_read_input_tokens` (`cached_input`) +
+    `cache_creation_input_tokens` (kept as it was, cut if the new total is smaller)."""
+    out: dict[str, Any] = dict(existing) if isinstance(existing, Mapping) else {}
+    if usage.cached_input is not None:
+        out["cache_read_input_tokens"] = usage.cached_input
+    if usage.input is not None:
+        read = whole_number(out.get("cache_read_input_tokens")) or 0
+        if read > usage.input:
+            read = out["cache_read_input_tokens"] = usage.input
+        written = whole_number(out.get("cache_creation_input_tokens")) or 0
+        if read + written > usage.input:
+            written = out["cache_creation_input_tokens"] = usage.input - read
+        out["input_tokens"] = usage.input - read - written
+    if usage.output is not None:
+        out["output_tokens"] = usage.output
+    return out
+
+
 def _genai_block(block: Any) -> dict[str, Any] | None:
     if isinstance(block, str):
         return text_part(block)
@@ -409,6 +436,126 @@ def _system_text(system: Any) -> str:
     if isinstance(system, str):
         return system
     return "\n".join(str(b.get("text", "")) for b in system or [] if isinstance(b, Mapping))
+
+
+# Tools brim answers itself --------------------------------------------------------------------
+
+
+def _reply_blocks(reply: Mapping[str, Any]) -> list[Any]:
+    content = reply.get("content")
+    return list(content) if isinstance(content, list) else []
+
+
+def _as_tool_call(block: Any) -> ToolCall | None:
+    if not isinstance(block, Mapping) or block.get("type") != "tool_use":
+        return None
+    return ToolCall(
+        str(block.get("id")), str(block.get("name", "")), json_object(block.get("input"))
+    )
+
+
+def _index(event: Mapping[str, Any], default: int) -> int:
+    index = whole_number(event.get("index"))
+    return default if index is None else index
+
+
+class MessagesTurnReader:
+    """Anthropic's stream (`message_start`, `content_block_start` / `_delta` / `_stop`,
+    `message_delta`, `message_stop`) into one `message`. Blocks are updated in place from their
+    opening shape, so a thinking block comes out as `{"type", "thinking", "signature"}` — the
+    bytes of the unstreamed reply's block — and a tool_use block gets the `input` its
+    `input_json_delta`s spell."""
+
+    def __init__(self) -> None:
+        self._message: dict[str, Any] = {}
+        self._usage: dict[str, Any] = {}
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._json: dict[int, list[str]] = {}
+        self._started: StartKind | None = None
+
+    @property
+    def started(self) -> StartKind | None:
+        return self._started
+
+    def _start(self, kind: StartKind) -> None:
+        self._started = self._started or kind
+
+    def feed(self, data: bytes) -> None:
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(event, dict):
+            return
+        kind = event.get("type")
+        if kind == "message_start" and isinstance(event.get("message"), Mapping):
+            self._message = dict(event["message"])
+            usage = self._message.get("usage")
+            self._usage = dict(usage) if isinstance(usage, Mapping) else {}
+        elif kind == "content_block_start" and isinstance(event.get("content_block"), Mapping):
+            block = dict(event["content_block"])
+            self._blocks[_index(event, len(self._blocks))] = block
+            opened = block.get("type")
+            if opened == "tool_use":
+                self._start("call")
+            elif opened not in ("text", "thinking") or block.get("text") or block.get("thinking"):
+                self._start("text")  # redacted thinking, server tools' blocks: content as they open
+        elif kind == "content_block_delta" and isinstance(event.get("delta"), Mapping):
+            self._delta(_index(event, 0), event["delta"])
+        elif kind == "content_block_stop":
+            self._close(_index(event, 0))
+        elif kind == "message_delta":
+            delta = event.get("delta")
+            if isinstance(delta, Mapping):
+                self._message.update(delta)
+            usage = event.get("usage")
+            if isinstance(usage, Mapping):  # cumulative figures: later ones win
+                self._usage.update({k: v for k, v in usage.items() if v is not None})
+
+    def _delta(self, index: int, delta: Mapping[str, Any]) -> None:
+        block = self._blocks.setdefault(index, {"type": "text", "text": ""})
+        kind = delta.get("type")
+        if kind == "text_delta":
+            block["text"] = str(block.get("text", "")) + str(delta.get("text", ""))
+            if delta.get("text"):
+                self._start("text")
+        elif kind == "thinking_delta":
+            block["thinking"] = str(block.get("thinking", "")) + str(delta.get("thinking", ""))
+            if delta.get("thinking"):
+                self._start("text")
+        elif kind == "signature_delta":
+            block["signature"] = str(block.get("signature", "")) + str(delta.get("signature", ""))
+        elif kind == "input_json_delta":
+            self._json.setdefault(index, []).append(str(delta.get("partial_json", "")))
+            if block.get("type") == "tool_use":
+                self._start("call")
+        elif kind == "citations_delta" and "citation" in delta:
+            citations = block.get("citations")
+            block["citations"] = [
+                *(citations if isinstance(citations, list) else ()),
+                delta["citation"],
+            ]
+
+    def _close(self, index: int) -> None:
+        parts = self._json.pop(index, None)
+        if parts and "".join(parts).strip() and index in self._blocks:
+            self._blocks[index]["input"] = json_object("".join(parts))
+
+    def reply(self) -> dict[str, Any]:
+        for index in list(self._json):
+            self._close(index)
+        message = {
+            "id": "",
+            "type": "message",
+            "role": "assistant",
+            "model": "",
+            **self._message,
+            "content": [self._blocks[index] for index in sorted(self._blocks)],
+        }
+        message.setdefault("stop_reason", None)
+        message.setdefault("stop_sequence", None)
+        message["usage"] = dict(self._usage)
+        return message
 
 
 class MessagesWire(FieldConversation):
@@ -497,6 +644,75 @@ class MessagesWire(FieldConversation):
     def system_instructions(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         text = _system_text(body.get("system"))
         return [text_part(text)] if text else []
+
+    def tool_names(self, body: Mapping[str, Any]) -> frozenset[str]:
+        tools = body.get("tools")
+        return frozenset(
+            tool["name"]
+            for tool in (tools if isinstance(tools, list) else ())
+            if isinstance(tool, Mapping) and isinstance(tool.get("name"), str)
+        )
+
+    def with_tool(self, body: Mapping[str, Any], spec: ToolSpec) -> dict[str, Any]:
+        tool = {"name": spec.name, "description": spec.description, "input_schema": spec.parameters}
+        tools = body.get("tools")
+        return {**body, "tools": [*(tools if isinstance(tools, list) else ()), tool]}
+
+    def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
+        found = (_as_tool_call(block) for block in _reply_blocks(reply))
+        return [call for call in found if call is not None]
+
+    def continued(
+        self,
+        body: Mapping[str, Any],
+        reply: Mapping[str, Any],
+        calls: Sequence[ToolCall],
+        results: Sequence[str],
+    ) -> dict[str, Any]:
+        blocks = _reply_blocks(reply)
+        order = [str(block.get("id")) for block in blocks if _as_tool_call(block) is not None]
+        answered = answered_in_order(calls, results, order)
+        wanted = {call.id for call, _ in answered}
+        # Thinking blocks go back as the very objects the reply holds (their signatures sign
+        # their bytes); a tool_use not answered here goes, and so does an empty text block,
+        # which Anthropic refuses in a request.
+        kept = [
+            block
+            for block in blocks
+            if not (_as_tool_call(block) is not None and str(block.get("id")) not in wanted)
+            and not (
+                isinstance(block, Mapping)
+                and block.get("type") == "text"
+                and not block.get("text")
+                and not block.get("citations")
+            )
+        ]
+        assistant = {"role": "assistant", "content": kept}
+        answers = {
+            "role": "user",
+            "content": [_result_block(call.id, result) for call, result in answered],
+        }
+        return self.with_conversation(body, [*self.conversation(body), assistant, answers])
+
+    def with_usage(self, reply: Mapping[str, Any], usage: Usage) -> dict[str, Any]:
+        return {**reply, "usage": _usage_written(reply.get("usage"), usage)}
+
+    def with_tool_choice_none(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return {**body, "tool_choice": {"type": "none"}}
+
+    def turn_reader(self) -> TurnReader:
+        return MessagesTurnReader()
+
+    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
+        return usage_event(data, earlier, self.usage, _write_event_usage)
+
+
+def _write_event_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:
+    """Usage back where `usage` read it: inside `message_start`'s message, else at the top."""
+    message = event.get("message")
+    if isinstance(message, Mapping) and isinstance(message.get("usage"), Mapping):
+        return {**event, "message": {**message, "usage": _usage_written(message["usage"], usage)}}
+    return {**event, "usage": _usage_written(event.get("usage"), usage)}
 
 
 def _block_tokens(block: Any, count: Callable[[Any], int]) -> int:

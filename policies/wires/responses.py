@@ -27,15 +27,28 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
+    StartKind,
+    ToolCall,
+    ToolSpec,
+    TurnReader,
     Usage,
+    answered_in_order,
     image_part,
+    json_object,
     largest_part_text,
     text_of,
     text_part,
     under,
+    usage_event,
     with_part_text,
 )
-from policies.wires.chat import openai_body_error, openai_error, openai_error_body, openai_usage
+from policies.wires.chat import (
+    openai_body_error,
+    openai_error,
+    openai_error_body,
+    openai_usage,
+    openai_usage_written,
+)
 
 if TYPE_CHECKING:
     import tiktoken
@@ -289,6 +302,149 @@ def _genai_item(item: Mapping[str, Any]) -> GenAiMessage | None:
     return None
 
 
+# Tools brim answers itself --------------------------------------------------------------------
+
+
+def _output(reply: Mapping[str, Any]) -> list[Any]:
+    output = reply.get("output")
+    return list(output) if isinstance(output, list) else []
+
+
+def _as_tool_call(item: Any) -> ToolCall | None:
+    """A `function_call` output item (arguments parsed from their JSON text), or a custom tool
+    call (its free-form `input` as the argument `input`)."""
+    kind = _kind(item)
+    if kind == "function_call":
+        arguments = json_object(item.get("arguments"))
+    elif kind == "custom_tool_call":
+        arguments = {"input": item.get("input")}
+    else:
+        return None
+    return ToolCall(str(item.get("call_id")), str(item.get("name", "")), arguments)
+
+
+def _parts_at(item: dict[str, Any], field: str, index: Any) -> dict[str, Any]:
+    """The part at `index` of `item[field]` (content parts, summary parts), made if missing."""
+    parts = item.get(field)
+    if not isinstance(parts, list):
+        parts = item[field] = []
+    position = index if isinstance(index, int) and index >= 0 else max(len(parts) - 1, 0)
+    while len(parts) <= position:
+        parts.append({})
+    if not isinstance(parts[position], dict):
+        parts[position] = {}
+    part: dict[str, Any] = parts[position]
+    return part
+
+
+def _shows_text(item: Mapping[str, Any]) -> bool:
+    """Whether a message or reasoning item already holds text (its parts, or its summary)."""
+    parts = [*(item.get("content") or ()), *(item.get("summary") or ())]
+    return any(
+        isinstance(part, Mapping) and (part.get("text") or part.get("refusal")) for part in parts
+    )
+
+
+class ResponsesTurnReader:
+    """The Responses API's stream into one `response` object: the envelope of the last
+    `response.*` event that carries one (`response.completed` has the usage, and the whole
+    output), and the output items from `response.output_item.added` / `.done` with their
+    deltas (text, refusal, reasoning summary and text, function call arguments, custom tool
+    input) in between — used when the final event's `output` is empty."""
+
+    def __init__(self) -> None:
+        self._response: dict[str, Any] = {}
+        self._items: dict[int, dict[str, Any]] = {}
+        self._where: dict[str, int] = {}  # item id → output_index
+        self._started: StartKind | None = None
+
+    @property
+    def started(self) -> StartKind | None:
+        return self._started
+
+    def _start(self, kind: StartKind) -> None:
+        self._started = self._started or kind
+
+    def feed(self, data: bytes) -> None:
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if not isinstance(event, dict):
+            return
+        kind = str(event.get("type", ""))
+        if isinstance(event.get("response"), Mapping):
+            self._response = dict(event["response"])
+        if kind in ("response.output_item.added", "response.output_item.done"):
+            item = event.get("item")
+            if isinstance(item, Mapping):
+                self._item(event, dict(item), done=kind.endswith("done"))
+            return
+        item_ = self._item_of(event)
+        if item_ is None:
+            return
+        delta = event.get("delta")
+        text = delta if isinstance(delta, str) else ""
+        if kind in ("response.content_part.added", "response.reasoning_summary_part.added"):
+            field = "content" if kind == "response.content_part.added" else "summary"
+            index = event.get("content_index" if field == "content" else "summary_index")
+            part = event.get("part")
+            _parts_at(item_, field, index).update(part if isinstance(part, Mapping) else {})
+        elif kind in ("response.output_text.delta", "response.refusal.delta"):
+            field = "text" if kind == "response.output_text.delta" else "refusal"
+            part = _parts_at(item_, "content", event.get("content_index"))
+            part[field] = str(part.get(field, "")) + text
+            if text:
+                self._start("text")
+        elif kind == "response.reasoning_text.delta":
+            part = _parts_at(item_, "content", event.get("content_index"))
+            part.setdefault("type", "reasoning_text")
+            part["text"] = str(part.get("text", "")) + text
+            if text:
+                self._start("text")
+        elif kind == "response.reasoning_summary_text.delta":
+            part = _parts_at(item_, "summary", event.get("summary_index"))
+            part.setdefault("type", "summary_text")
+            part["text"] = str(part.get("text", "")) + text
+            if text:
+                self._start("text")
+        elif kind == "response.function_call_arguments.delta":
+            item_["arguments"] = str(item_.get("arguments", "")) + text
+            self._start("call")
+        elif kind == "response.function_call_arguments.done":
+            item_["arguments"] = str(event.get("arguments", item_.get("arguments", "")))
+        elif kind == "response.custom_tool_call_input.delta":
+            item_["input"] = str(item_.get("input", "")) + text
+            self._start("call")
+
+    def _item(self, event: Mapping[str, Any], item: dict[str, Any], *, done: bool) -> None:
+        index = event.get("output_index")
+        index = index if isinstance(index, int) else len(self._items)
+        if done or index not in self._items:
+            self._items[index] = item
+        if isinstance(item.get("id"), str):
+            self._where[item["id"]] = index
+        kind = _kind(item)
+        if kind in CALL_TYPES:
+            self._start("call")
+        elif kind not in ("message", "reasoning"):
+            self._start("text")  # a server tool's item (web search, …): shown as it comes
+        elif _shows_text(item):
+            self._start("text")
+
+    def _item_of(self, event: Mapping[str, Any]) -> dict[str, Any] | None:
+        index = event.get("output_index")
+        if not isinstance(index, int):
+            index = self._where.get(str(event.get("item_id")))
+        return self._items.get(index) if isinstance(index, int) else None
+
+    def reply(self) -> dict[str, Any]:
+        reply: dict[str, Any] = {"object": "response", **self._response}
+        if not _output(reply):
+            reply["output"] = [self._items[index] for index in sorted(self._items)]
+        return reply
+
+
 class ResponsesWire(FieldConversation):
     name = "openai.responses"
     conversation_field = "input"
@@ -392,6 +548,82 @@ class ResponsesWire(FieldConversation):
     def system_instructions(self, body: Mapping[str, Any]) -> list[dict[str, Any]]:
         instructions = body.get("instructions")
         return [text_part(instructions)] if isinstance(instructions, str) and instructions else []
+
+    def tool_names(self, body: Mapping[str, Any]) -> frozenset[str]:
+        tools = body.get("tools")
+        return frozenset(
+            tool["name"]
+            for tool in (tools if isinstance(tools, list) else ())
+            if isinstance(tool, Mapping) and isinstance(tool.get("name"), str)
+        )
+
+    def with_tool(self, body: Mapping[str, Any], spec: ToolSpec) -> dict[str, Any]:
+        # The Responses API makes a function strict unless told otherwise, and a strict schema
+        # must close every object and require every property: brim's tool says it is not.
+        tool = {
+            "type": "function",
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+            "strict": False,
+        }
+        tools = body.get("tools")
+        return {**body, "tools": [*(tools if isinstance(tools, list) else ()), tool]}
+
+    def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
+        found = (_as_tool_call(item) for item in _output(reply))
+        return [call for call in found if call is not None]
+
+    def continued(
+        self,
+        body: Mapping[str, Any],
+        reply: Mapping[str, Any],
+        calls: Sequence[ToolCall],
+        results: Sequence[str],
+    ) -> dict[str, Any]:
+        output = _output(reply)
+        order = [str(item.get("call_id")) for item in output if _as_tool_call(item) is not None]
+        answered = answered_in_order(calls, results, order)
+        wanted = {call.id for call, _ in answered}
+        stateless = body.get("store") is False
+        kept = [
+            item
+            for item in output
+            if not (_kind(item) in CALL_TYPES and str(item.get("call_id")) not in wanted)
+            # Unstored reasoning can be sent back only encrypted: an id alone names nothing.
+            and not (stateless and _kind(item) == "reasoning" and not item.get("encrypted_content"))
+        ]
+        kinds = {str(item.get("call_id")): _kind(item) for item in kept}
+        outputs = [
+            {
+                "type": OUTPUT_OF.get(kinds.get(call.id, ""), "function_call_output"),
+                "call_id": call.id,
+                "output": result,
+            }
+            for call, result in answered
+        ]
+        return self.with_conversation(body, [*self.conversation(body), *kept, *outputs])
+
+    def with_usage(self, reply: Mapping[str, Any], usage: Usage) -> dict[str, Any]:
+        return {**reply, "usage": openai_usage_written(reply.get("usage"), usage, responses=True)}
+
+    def with_tool_choice_none(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return {**body, "tool_choice": "none"}
+
+    def turn_reader(self) -> TurnReader:
+        return ResponsesTurnReader()
+
+    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
+        return usage_event(data, earlier, self.usage, _write_event_usage)
+
+
+def _write_event_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:
+    """Usage back where `usage` read it: in the event's `response`, else at the top."""
+    response = event.get("response")
+    if isinstance(response, Mapping):
+        written = openai_usage_written(response.get("usage"), usage, responses=True)
+        return {**event, "response": {**response, "usage": written}}
+    return {**event, "usage": openai_usage_written(event.get("usage"), usage, responses=True)}
 
 
 RESPONSES = ResponsesWire()

@@ -1,0 +1,239 @@
+"""The restore store: the originals of what brim cleared, evicted, cut or summarized, by key, so
+that the model can fetch them back (a hidden tool round brim answers on the provider's behalf).
+
+Keys are the sha256 of the text (`policies.conversation.archive_key`), 64 lowercase hex digits.
+`get` takes what the model passes — the full key or a prefix of at least 16 hex digits (what
+placeholders show), optionally after `sha256:`, in any case and with spaces around — and answers
+None for anything else: model input never raises.
+
+`MemoryStore` keeps the texts in process, bounded by their total UTF-8 bytes (least recently used
+out first) and by age. `RedisStore` writes to Redis (`brim:store:<first 16 hex>`, SET EX) and to a
+local `MemoryStore`, so that every brim instance on the same Redis can hand back what any of them
+removed; when Redis is down it keeps serving from the local store, warns once per outage, retries
+now and then, and when Redis is back it writes what was stored meanwhile. Neither raises into a
+request.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+from cachetools import TTLCache
+
+log = logging.getLogger("brim.store")
+PREFIX_DIGITS = 16  # what placeholders show, and what both stores index by
+FULL_KEY = re.compile(r"^[0-9a-f]{64}$")
+ASKED_KEY = re.compile(rf"^[0-9a-f]{{{PREFIX_DIGITS},64}}$")
+REDIS_PREFIX = "brim:store:"
+MAX_PENDING = 10_000  # keys stored while Redis was down, written to it when it is back
+
+
+def normalize_key(key: object) -> str | None:
+    """The hex digits `key` names (16 to 64, lowercase), or None if it is not a key."""
+    if not isinstance(key, str) or len(key) > 200:
+        return None
+    digits = key.strip().lower().removeprefix("sha256:").strip()
+    return digits if ASKED_KEY.match(digits) else None
+
+
+def _encoded(text: str) -> bytes:
+    return text.encode("utf-8", "surrogatepass")
+
+
+class ContentStore(Protocol):
+    async def put_many(self, items: Iterable[tuple[str, str]]) -> None:
+        """Keep each (key, text); key is the text's sha256 (64 hex). Malformed keys are skipped."""
+
+    async def get(self, key: str) -> str | None:
+        """The text under `key` (full key or a prefix of 16+ hex digits, `sha256:` allowed);
+        None when absent, expired or `key` is malformed."""
+
+    async def aclose(self) -> None: ...
+
+
+class MemoryStore:
+    """In process, thread-safe, at most `max_bytes` of text (UTF-8), each kept `ttl_s`."""
+
+    def __init__(
+        self, max_bytes: int, ttl_s: float, *, timer: Callable[[], float] = time.monotonic
+    ) -> None:
+        if max_bytes <= 0 or ttl_s <= 0:
+            raise ValueError(f"max_bytes and ttl_s must be positive, not {max_bytes}, {ttl_s}")
+        self.max_bytes = max_bytes
+        # By the key's first 16 digits: (full key, text, its size in bytes).
+        self._entries: TTLCache[str, tuple[str, str, int]] = TTLCache(
+            maxsize=max_bytes, ttl=ttl_s, timer=timer, getsizeof=lambda entry: entry[2]
+        )
+        self._lock = threading.Lock()
+
+    @property
+    def size_bytes(self) -> int:
+        with self._lock:
+            self._entries.expire()
+            return int(self._entries.currsize)
+
+    def __len__(self) -> int:
+        with self._lock:
+            self._entries.expire()
+            return len(self._entries)
+
+    def put(self, key: str, text: str, size: int | None = None) -> bool:
+        """Keep `text` under `key`; False if the key is malformed or the text alone is larger
+        than the whole store."""
+        if not isinstance(key, str) or not FULL_KEY.match(key) or not isinstance(text, str):
+            log.warning("not storing %r: a store key is 64 lowercase hex digits", str(key)[:80])
+            return False
+        size = len(_encoded(text)) if size is None else size
+        if size > self.max_bytes:
+            log.warning("not storing %s: %d bytes is more than the store holds", key[:16], size)
+            return False
+        with self._lock:
+            self._entries[key[:PREFIX_DIGITS]] = (key, text, size)
+        return True
+
+    def lookup(self, digits: str) -> str | None:
+        """The text whose key starts with `digits` (already normalized)."""
+        with self._lock:
+            entry = self._entries.get(digits[:PREFIX_DIGITS])
+        if entry is None or not entry[0].startswith(digits):
+            return None
+        return entry[1]
+
+    async def put_many(self, items: Iterable[tuple[str, str]]) -> None:
+        for key, text in items:
+            self.put(key, text)
+
+    async def get(self, key: str) -> str | None:
+        digits = normalize_key(key)
+        return None if digits is None else self.lookup(digits)
+
+    async def aclose(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+class RedisStore:
+    """Shared by every brim instance on the same Redis, with `fallback` as the local copy."""
+
+    def __init__(
+        self,
+        url: str,
+        ttl_s: float,
+        fallback: MemoryStore,
+        *,
+        timeout_s: float = 2.0,
+        retry_s: float = 5.0,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        import redis.asyncio as redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+
+        # One quick retry (a pooled connection that died with a Redis restart), no backoff:
+        # a request must not wait for a Redis that is down.
+        self._client: Any = redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 1),
+        )
+        self._ttl = max(1, int(ttl_s))
+        self.local = fallback
+        self._retry_s = retry_s
+        self._timer = timer
+        self._down = False
+        self._retry_at = 0.0
+        self._pending: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def redis_down(self) -> bool:
+        return self._down
+
+    def _usable(self) -> bool:
+        return not self._down or self._timer() >= self._retry_at
+
+    def _failed(self, error: Exception) -> None:
+        self._retry_at = self._timer() + self._retry_s
+        if not self._down:
+            self._down = True
+            log.warning(
+                "Redis is unreachable (%s: %s); the restore store serves from this process "
+                "until it is back",
+                type(error).__name__,
+                error,
+            )
+
+    async def _recovered(self) -> None:
+        if not self._down:
+            return
+        self._down = False
+        log.info("Redis is reachable again; the restore store shares its content again")
+        pending, self._pending = list(self._pending), OrderedDict()
+        items = [(key, text) for key in pending if (text := self.local.lookup(key)) is not None]
+        if items:
+            await self._write(items)
+
+    def _remember(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            self._pending[key] = None
+            self._pending.move_to_end(key)
+        while len(self._pending) > MAX_PENDING:
+            self._pending.popitem(last=False)
+
+    async def _write(self, items: list[tuple[str, str]]) -> None:
+        if not self._usable():
+            self._remember(key for key, _ in items)
+            return
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for key, text in items:
+                name = f"{REDIS_PREFIX}{key[:PREFIX_DIGITS]}"
+                pipe.set(name, key.encode() + _encoded(text), ex=self._ttl)
+            await pipe.execute()
+        except Exception as error:  # never into a request; CancelledError still propagates
+            self._failed(error)
+            self._remember(key for key, _ in items)
+            return
+        await self._recovered()
+
+    async def put_many(self, items: Iterable[tuple[str, str]]) -> None:
+        kept = [(key, text) for key, text in items if self.local.put(key, text)]
+        if kept:
+            await self._write(kept)
+
+    async def get(self, key: str) -> str | None:
+        digits = normalize_key(key)
+        if digits is None:
+            return None
+        text = self.local.lookup(digits)
+        if text is not None or not self._usable():
+            return text
+        try:
+            value = await self._client.get(f"{REDIS_PREFIX}{digits[:PREFIX_DIGITS]}")
+        except Exception as error:
+            self._failed(error)
+            return None
+        await self._recovered()
+        if not isinstance(value, bytes) or len(value) < 64:
+            return None
+        full, data = value[:64].decode("ascii", "replace"), value[64:]
+        if not FULL_KEY.match(full) or not full.startswith(digits):
+            return None
+        try:
+            text = data.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return None
+        self.local.put(full, text, len(data))
+        return text
+
+    async def aclose(self) -> None:
+        try:
+            await self._client.aclose()
+        except Exception:
+            log.debug("closing the restore store's Redis client failed", exc_info=True)

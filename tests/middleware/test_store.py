@@ -1,0 +1,424 @@
+"""The restore store: keys as the model passes them, the memory bound and TTL, Redis shared by
+two instances, Redis going away and coming back, the `[restore]` configuration and the app's
+one store."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from middleware.store import MemoryStore, RedisStore, normalize_key
+from policies.conversation import archive_key
+from proxy.app import build_store, create_app
+from proxy.config import BrimConfig, ConfigError, load_config
+from tests.fakes import free_port
+
+
+def item(text: str) -> tuple[str, str]:
+    return archive_key(text), text
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def run(coroutine: Any) -> Any:
+    return asyncio.run(coroutine)
+
+
+# --- keys -------------------------------------------------------------------------------------
+
+
+def test_a_text_is_found_by_its_full_key_its_prefix_and_sha256_forms() -> None:
+    key, text = item("the original tool result, all 40 lines of it")
+    store = MemoryStore(1_000_000, 3600)
+    run(store.put_many([(key, text)]))
+    for asked in (
+        key,
+        key[:16],
+        f"sha256:{key[:16]}",
+        f"  SHA256:{key[:16].upper()} ",
+        f"sha256:{key}",
+        key[:40],
+    ):
+        assert run(store.get(asked)) == text, asked
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        "",
+        "sha256:",
+        "abc",
+        "0123456789abcde",  # 15 digits: shorter than what placeholders show
+        "g" * 16,
+        "sha256:zzzzzzzzzzzzzzzz",
+        "1" * 65,
+        "sha512:" + "a" * 16,
+        "a" * 10_000,
+        None,
+        12345678901234567,
+        ["a" * 16],
+    ],
+)
+def test_malformed_keys_are_none_never_an_error(asked: Any) -> None:
+    key, text = item("stored")
+    store = MemoryStore(1_000_000, 3600)
+    run(store.put_many([(key, text)]))
+    assert run(store.get(asked)) is None
+    assert normalize_key(asked) is None
+
+
+def test_a_full_key_that_differs_after_the_prefix_is_not_a_match() -> None:
+    key, text = item("stored under its own key")
+    store = MemoryStore(1_000_000, 3600)
+    run(store.put_many([(key, text)]))
+    other = key[:16] + ("0" if key[16] != "0" else "1") + key[17:]
+    assert run(store.get(other)) is None
+    assert run(store.get(key[:17])) == text
+    assert run(store.get(other[:17])) is None
+
+
+def test_an_absent_key_is_none_and_malformed_puts_are_skipped() -> None:
+    store = MemoryStore(1_000_000, 3600)
+    run(store.put_many([("not-a-key", "x"), ("A" * 64, "upper case is not a key"), item("ok")]))
+    assert len(store) == 1
+    assert run(store.get(archive_key("missing"))) is None
+
+
+# --- memory bound and TTL ---------------------------------------------------------------------
+
+
+def test_the_byte_bound_evicts_the_oldest_first() -> None:
+    store = MemoryStore(3_000, 3600)
+    first, second, third = item("a" * 1_000), item("b" * 1_000), item("c" * 1_000)
+    run(store.put_many([first, second, third]))
+    assert store.size_bytes == 3_000
+    fourth = item("d" * 1_000)
+    run(store.put_many([fourth]))
+    assert run(store.get(first[0])) is None  # the oldest went
+    assert [run(store.get(k)) for k, _ in (second, third, fourth)] == [
+        "b" * 1_000,
+        "c" * 1_000,
+        "d" * 1_000,
+    ]
+    assert store.size_bytes <= 3_000
+
+
+def test_the_bound_counts_utf8_bytes_not_characters() -> None:
+    store = MemoryStore(1_000, 3600)
+    run(store.put_many([item("é" * 400)]))  # 800 bytes
+    assert store.size_bytes == 800
+    run(store.put_many([item("x" * 300)]))
+    assert len(store) == 1 and run(store.get(archive_key("é" * 400))) is None
+
+
+def test_a_text_larger_than_the_whole_store_is_not_kept_and_evicts_nothing() -> None:
+    store = MemoryStore(1_000, 3600)
+    kept = item("small")
+    run(store.put_many([kept, item("z" * 2_000)]))
+    assert run(store.get(kept[0])) == "small"
+    assert run(store.get(archive_key("z" * 2_000))) is None
+
+
+def test_texts_expire_after_the_ttl() -> None:
+    clock = Clock()
+    store = MemoryStore(1_000_000, 60, timer=clock)
+    old, young = item("old"), item("young")
+    run(store.put_many([old]))
+    clock.now += 30
+    run(store.put_many([young]))
+    clock.now += 31  # old is 61 s old, young 31 s
+    assert run(store.get(old[0])) is None
+    assert run(store.get(young[0])) == "young"
+    clock.now += 30
+    assert run(store.get(young[0])) is None
+    assert len(store) == 0 and store.size_bytes == 0
+
+
+def test_storing_again_renews_the_ttl() -> None:
+    clock = Clock()
+    store = MemoryStore(1_000_000, 60, timer=clock)
+    kept = item("seen every turn")
+    run(store.put_many([kept]))
+    clock.now += 50
+    run(store.put_many([kept]))
+    clock.now += 50
+    assert run(store.get(kept[0])) == "seen every turn"
+
+
+# --- Redis ------------------------------------------------------------------------------------
+
+
+class RedisServer:
+    """A redis-server on a fixed free port that a test can stop and start again."""
+
+    def __init__(self, binary: str) -> None:
+        self.binary = binary
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--bind",
+                "127.0.0.1",
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(10)
+            self.process = None
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(binary)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def redis_store(url: str, **kwargs: Any) -> RedisStore:
+    return RedisStore(url, 3600, MemoryStore(1_000_000, 3600), **kwargs)
+
+
+def test_two_instances_on_one_redis_share_what_either_stored(redis_server: RedisServer) -> None:
+    async def scenario() -> tuple[Any, ...]:
+        first, second = redis_store(redis_server.url), redis_store(redis_server.url)
+        key, text = item("an evicted turn, with its ünïcode and \ud800 lone surrogate")
+        await first.put_many([(key, text)])
+        by_prefix = await second.get(f"sha256:{key[:16]}")
+        by_key = await second.get(key)
+        copied = second.local.lookup(key)  # kept locally after the first fetch
+        absent = await second.get(archive_key("never stored"))
+        wrong = await second.get(key[:16] + ("0" if key[16] != "0" else "1") + key[17:])
+        await first.aclose()
+        await second.aclose()
+        return text, by_prefix, by_key, copied, absent, wrong
+
+    text, by_prefix, by_key, copied, absent, wrong = run(scenario())
+    assert by_prefix == text and by_key == text and copied == text
+    assert absent is None and wrong is None
+
+
+def test_redis_keys_carry_the_prefix_and_a_ttl(redis_server: RedisServer) -> None:
+    import redis.asyncio as redis
+
+    async def scenario() -> tuple[Any, Any]:
+        store = RedisStore(redis_server.url, 120, MemoryStore(1_000_000, 120))
+        key, text = item("with an expiry")
+        await store.put_many([(key, text)])
+        client: Any = redis.from_url(redis_server.url)
+        ttl = await client.ttl(f"brim:store:{key[:16]}")
+        keys = await client.keys("brim:store:*")
+        await client.aclose()
+        await store.aclose()
+        return ttl, keys
+
+    ttl, keys = run(scenario())
+    assert 0 < ttl <= 120
+    assert len(keys) == 1
+
+
+def test_redis_going_down_and_coming_back(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def scenario() -> dict[str, Any]:
+        seen: dict[str, Any] = {}
+        first = redis_store(redis_server.url, timeout_s=1, retry_s=0)
+        second = redis_store(redis_server.url, timeout_s=1, retry_s=0)
+        before = item("stored while Redis was up")
+        await first.put_many([before])
+        seen["shared before"] = await second.get(before[0])
+
+        redis_server.stop()
+        during = item("stored while Redis was down")
+        await first.put_many([during])
+        await first.put_many([item("another one while down")])
+        seen["local during"] = await first.get(during[0])
+        seen["local before"] = await first.get(before[0])
+        seen["missing during"] = await second.get(archive_key("nobody stored this"))
+        seen["down"] = first.redis_down and second.redis_down
+
+        redis_server.start()
+        after = item("stored after Redis came back")
+        await first.put_many([after])
+        seen["up again"] = not first.redis_down
+        seen["shared after"] = await second.get(after[0])
+        seen["replayed"] = await second.get(during[0])  # written when Redis came back
+        await first.aclose()
+        await second.aclose()
+        return seen
+
+    with caplog.at_level(logging.INFO, logger="brim.store"):
+        seen = run(scenario())
+    assert seen["shared before"] == "stored while Redis was up"
+    assert seen["local during"] == "stored while Redis was down"
+    assert seen["local before"] == "stored while Redis was up"
+    assert seen["missing during"] is None
+    assert seen["down"] is True
+    assert seen["up again"] is True
+    assert seen["shared after"] == "stored after Redis came back"
+    assert seen["replayed"] == "stored while Redis was down"
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    # One warning per instance for the whole outage, however many calls failed.
+    assert len(warnings) == 2, [r.getMessage() for r in warnings]
+    assert all("unreachable" in r.getMessage() for r in warnings)
+    assert any("reachable again" in r.getMessage() for r in caplog.records)
+
+
+def test_while_redis_is_down_it_is_tried_again_only_after_retry_s() -> None:
+    async def scenario() -> tuple[Any, ...]:
+        clock = Clock()
+        store = RedisStore(
+            f"redis://127.0.0.1:{free_port()}/0",
+            3600,
+            MemoryStore(1_000_000, 3600, timer=clock),
+            timeout_s=1,
+            retry_s=30,
+            timer=clock,
+        )
+        calls = 0
+        client_get = store._client.get
+
+        async def counting_get(*args: Any) -> Any:
+            nonlocal calls
+            calls += 1
+            return await client_get(*args)
+
+        store._client.get = counting_get
+        key = archive_key("nowhere")
+        first = await store.get(key)
+        second = await store.get(key)  # within retry_s: Redis is not asked
+        clock.now += 31
+        third = await store.get(key)
+        await store.aclose()
+        return first, second, third, calls, store.redis_down
+
+    first, second, third, calls, down = run(scenario())
+    assert (first, second, third) == (None, None, None)
+    assert calls == 2
+    assert down is True
+
+
+# --- configuration and the app's one store ----------------------------------------------------
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "proxy.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_restore_defaults() -> None:
+    config, warnings = load_config(None)
+    assert warnings == []
+    restore = config.restore
+    assert (restore.enabled, restore.max_rounds, restore.store_mb, restore.ttl_hours) == (
+        False,
+        3,
+        64,
+        24,
+    )
+
+
+def test_restore_values_from_the_file(tmp_path: Path) -> None:
+    config, warnings = load_config(
+        write(tmp_path, "[restore]\nenabled = true\nmax_rounds = 10\nstore_mb = 1.5\n")
+    )
+    assert warnings == []
+    assert (config.restore.enabled, config.restore.max_rounds, config.restore.store_mb) == (
+        True,
+        10,
+        1.5,
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("[restore]\nmax_rounds = 0\n", "restore.max_rounds"),
+        ("[restore]\nmax_rounds = 11\n", "restore.max_rounds"),
+        ("[restore]\nstore_mb = 0\n", "restore.store_mb"),
+        ('[restore]\nttl_hours = "long"\n', "restore.ttl_hours"),
+    ],
+)
+def test_bad_restore_values_refuse_and_name_the_key(tmp_path: Path, text: str, named: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        load_config(write(tmp_path, text))
+    assert named in str(caught.value)
+
+
+def test_the_store_follows_restore_and_cache_url() -> None:
+    assert build_store(BrimConfig()) is None  # off by default for now
+    on = {"restore": {"enabled": True}}
+    default = build_store(BrimConfig.model_validate(on))
+    assert isinstance(default, MemoryStore)
+    assert default.max_bytes == 64 * 1024 * 1024
+    shared = build_store(
+        BrimConfig.model_validate({**on, "cache": {"url": "redis://127.0.0.1:1/0"}})
+    )
+    assert isinstance(shared, RedisStore)
+    assert shared.local.max_bytes == 64 * 1024 * 1024
+    run(shared.aclose())
+
+
+def test_the_app_has_one_store_and_closes_it_on_cleanup() -> None:
+    from aiohttp import web
+
+    from proxy.keys import SERVICES
+
+    async def scenario() -> tuple[Any, ...]:
+        app = create_app(BrimConfig.model_validate({"restore": {"enabled": True, "store_mb": 1}}))
+        store = app[SERVICES].store
+        assert isinstance(store, MemoryStore)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        kept = item("removed by the guard")
+        await store.put_many([kept])
+        during = await store.get(kept[0])
+        await runner.cleanup()
+        return store.max_bytes, during, len(store)
+
+    max_bytes, during, after = run(scenario())
+    assert max_bytes == 1024 * 1024
+    assert during == "removed by the guard"
+    assert after == 0  # closed with the app
