@@ -7,6 +7,7 @@ A wire object holds no per-request state: everything it needs comes in as argume
 from __future__ import annotations
 
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -143,24 +144,59 @@ class ToolCall:
 StartKind = Literal["text", "call"]
 
 
-class TurnReader(Protocol):
+class TurnReader(ABC):
     """Reads one streamed reply, event by event, into the reply the API would have sent
-    unstreamed. One reader per stream; it holds that stream's state only."""
+    unstreamed. One reader per stream; it holds that stream's state only. Each wire API says
+    what an event (a JSON object; anything else, like `[DONE]`, is skipped) adds, and calls
+    `_start` where the turn's content begins."""
+
+    def __init__(self) -> None:
+        self._started: StartKind | None = None
 
     @property
     def started(self) -> StartKind | None:
         """What the turn's first content was: text, thinking or reasoning text ("text"), or
         a tool call ("call"); None until either came. Empty openers (a role-only chunk, an
         empty text block) are not content."""
-        ...
+        return self._started
+
+    def _start(self, kind: StartKind) -> None:
+        self._started = self._started or kind
 
     def feed(self, data: bytes) -> None:
         """One event's data payload, as `sse_data` gives it."""
-        ...
+        try:
+            event = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return
+        if isinstance(event, dict):
+            self._event(event)
 
+    @abstractmethod
+    def _event(self, event: dict[str, Any]) -> None: ...
+
+    @abstractmethod
     def reply(self) -> dict[str, Any]:
         """The turn so far as the API's non-streamed reply JSON."""
-        ...
+
+
+def listed(value: Any) -> list[Any]:
+    """`value` if it is a list, else an empty one (a field a client may send as anything)."""
+    return value if isinstance(value, list) else []
+
+
+def named_tools(body: Mapping[str, Any]) -> frozenset[str]:
+    """The names of a request's `tools` that carry theirs at the top (Messages, Responses)."""
+    return frozenset(
+        tool["name"]
+        for tool in listed(body.get("tools"))
+        if isinstance(tool, Mapping) and isinstance(tool.get("name"), str)
+    )
+
+
+def with_tool_last(body: Mapping[str, Any], tool: dict[str, Any]) -> dict[str, Any]:
+    """`body` with `tool` at the end of its `tools` (where it stays turn after turn)."""
+    return {**body, "tools": [*listed(body.get("tools")), tool]}
 
 
 # A message in the OpenTelemetry GenAI input-messages shape:

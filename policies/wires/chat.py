@@ -44,7 +44,6 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
-    StartKind,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -64,6 +63,7 @@ from policies.wires.base import (
     usage_event,
     whole_number,
     with_part_text,
+    with_tool_last,
 )
 
 if TYPE_CHECKING:
@@ -408,31 +408,21 @@ _NULL_DROPPED = frozenset({"refusal", "audio", "function_call", "tool_calls"})
 _DELTA_TEXTS = ("content", "reasoning_content", "reasoning", "refusal")
 
 
-class ChatTurnReader:
+class ChatTurnReader(TurnReader):
     """`chat.completion.chunk` events into one `chat.completion`: the deltas' texts joined,
     tool calls assembled by their `index` (name set, arguments appended, as OpenAI's SDKs do),
     the finish reason, and the usage chunk (`stream_options.include_usage`). Only choice 0."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._envelope: dict[str, Any] = {}
         self._texts: dict[str, list[str]] = {}
         self._calls: list[dict[str, Any]] = []
         self._slots: dict[int, int] = {}  # a delta's tool call `index` → its place in _calls
         self._finish: Any = None
         self._usage: Any = None
-        self._started: StartKind | None = None
 
-    @property
-    def started(self) -> StartKind | None:
-        return self._started
-
-    def feed(self, data: bytes) -> None:
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return  # `[DONE]`
-        if not isinstance(chunk, dict):
-            return
+    def _event(self, chunk: dict[str, Any]) -> None:
         for key in ("id", "created", "model", "system_fingerprint", "service_tier"):
             if chunk.get(key) is not None:
                 self._envelope.setdefault(key, chunk[key])
@@ -449,11 +439,11 @@ class ChatTurnReader:
             text = delta.get(field)
             if isinstance(text, str) and text:
                 self._texts.setdefault(field, []).append(text)
-                self._started = self._started or "text"
+                self._start("text")
         for call in delta.get("tool_calls") or ():
             if isinstance(call, Mapping):
                 self._call(call)
-                self._started = self._started or "call"
+                self._start("call")
         if choice.get("finish_reason") is not None:
             self._finish = choice["finish_reason"]
 
@@ -633,8 +623,7 @@ class ChatWire(FieldConversation):
                 "parameters": spec.parameters,
             },
         }
-        tools = body.get("tools")
-        return {**body, "tools": [*(tools if isinstance(tools, list) else ()), tool]}
+        return with_tool_last(body, tool)
 
     def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
         calls = _reply_message(reply).get("tool_calls")

@@ -26,7 +26,6 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
-    StartKind,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -366,7 +365,7 @@ def _usage_written(existing: Any, usage: Usage) -> dict[str, Any]:
     return out
 
 
-class GeminiTurnReader:
+class GeminiTurnReader(TurnReader):
     """`streamGenerateContent?alt=sse` chunks (each a `GenerateContentResponse` holding the
     parts made since the last one) into one reply: adjacent text-only parts of one kind
     (thought or not) joined, every other part — function calls, parts that carry a
@@ -374,23 +373,13 @@ class GeminiTurnReader:
     back; the last chunk's usage, finish reason and envelope."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._envelope: dict[str, Any] = {}
         self._candidate: dict[str, Any] = {}
         self._role = "model"
         self._parts: list[dict[str, Any]] = []
-        self._started: StartKind | None = None
 
-    @property
-    def started(self) -> StartKind | None:
-        return self._started
-
-    def feed(self, data: bytes) -> None:
-        try:
-            chunk = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(chunk, dict):
-            return
+    def _event(self, chunk: dict[str, Any]) -> None:
         for key, value in chunk.items():
             if key != "candidates":
                 self._envelope[key] = value  # usageMetadata, modelVersion, responseId: latest
@@ -411,9 +400,9 @@ class GeminiTurnReader:
 
     def _add(self, part: dict[str, Any]) -> None:
         if "functionCall" in part:
-            self._started = self._started or "call"
+            self._start("call")
         elif part.get("text") or not ("text" in part or "thoughtSignature" in part):
-            self._started = self._started or "text"  # text, or an image, code, …
+            self._start("text")  # text, or an image, code, …
         last = self._parts[-1] if self._parts else None
         if (
             last is not None

@@ -27,7 +27,6 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
-    StartKind,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -36,6 +35,7 @@ from policies.wires.base import (
     first_error,
     first_of_each,
     json_object,
+    named_tools,
     repeats,
     role_of,
     text_of,
@@ -43,6 +43,7 @@ from policies.wires.base import (
     under,
     usage_event,
     whole_number,
+    with_tool_last,
 )
 
 if TYPE_CHECKING:
@@ -459,7 +460,7 @@ def _index(event: Mapping[str, Any], default: int) -> int:
     return default if index is None else index
 
 
-class MessagesTurnReader:
+class MessagesTurnReader(TurnReader):
     """Anthropic's stream (`message_start`, `content_block_start` / `_delta` / `_stop`,
     `message_delta`, `message_stop`) into one `message`. Blocks are updated in place from their
     opening shape, so a thinking block comes out as `{"type", "thinking", "signature"}` — the
@@ -467,26 +468,13 @@ class MessagesTurnReader:
     `input_json_delta`s spell."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._message: dict[str, Any] = {}
         self._usage: dict[str, Any] = {}
         self._blocks: dict[int, dict[str, Any]] = {}
         self._json: dict[int, list[str]] = {}
-        self._started: StartKind | None = None
 
-    @property
-    def started(self) -> StartKind | None:
-        return self._started
-
-    def _start(self, kind: StartKind) -> None:
-        self._started = self._started or kind
-
-    def feed(self, data: bytes) -> None:
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(event, dict):
-            return
+    def _event(self, event: dict[str, Any]) -> None:
         kind = event.get("type")
         if kind == "message_start" and isinstance(event.get("message"), Mapping):
             self._message = dict(event["message"])
@@ -646,17 +634,11 @@ class MessagesWire(FieldConversation):
         return [text_part(text)] if text else []
 
     def tool_names(self, body: Mapping[str, Any]) -> frozenset[str]:
-        tools = body.get("tools")
-        return frozenset(
-            tool["name"]
-            for tool in (tools if isinstance(tools, list) else ())
-            if isinstance(tool, Mapping) and isinstance(tool.get("name"), str)
-        )
+        return named_tools(body)
 
     def with_tool(self, body: Mapping[str, Any], spec: ToolSpec) -> dict[str, Any]:
         tool = {"name": spec.name, "description": spec.description, "input_schema": spec.parameters}
-        tools = body.get("tools")
-        return {**body, "tools": [*(tools if isinstance(tools, list) else ()), tool]}
+        return with_tool_last(body, tool)
 
     def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
         found = (_as_tool_call(block) for block in _reply_blocks(reply))

@@ -27,7 +27,6 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
-    StartKind,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -36,11 +35,13 @@ from policies.wires.base import (
     image_part,
     json_object,
     largest_part_text,
+    named_tools,
     text_of,
     text_part,
     under,
     usage_event,
     with_part_text,
+    with_tool_last,
 )
 from policies.wires.chat import (
     openai_body_error,
@@ -345,7 +346,7 @@ def _shows_text(item: Mapping[str, Any]) -> bool:
     )
 
 
-class ResponsesTurnReader:
+class ResponsesTurnReader(TurnReader):
     """The Responses API's stream into one `response` object: the envelope of the last
     `response.*` event that carries one (`response.completed` has the usage, and the whole
     output), and the output items from `response.output_item.added` / `.done` with their
@@ -353,25 +354,12 @@ class ResponsesTurnReader:
     input) in between — used when the final event's `output` is empty."""
 
     def __init__(self) -> None:
+        super().__init__()
         self._response: dict[str, Any] = {}
         self._items: dict[int, dict[str, Any]] = {}
         self._where: dict[str, int] = {}  # item id → output_index
-        self._started: StartKind | None = None
 
-    @property
-    def started(self) -> StartKind | None:
-        return self._started
-
-    def _start(self, kind: StartKind) -> None:
-        self._started = self._started or kind
-
-    def feed(self, data: bytes) -> None:
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(event, dict):
-            return
+    def _event(self, event: dict[str, Any]) -> None:
         kind = str(event.get("type", ""))
         if isinstance(event.get("response"), Mapping):
             self._response = dict(event["response"])
@@ -550,12 +538,7 @@ class ResponsesWire(FieldConversation):
         return [text_part(instructions)] if isinstance(instructions, str) and instructions else []
 
     def tool_names(self, body: Mapping[str, Any]) -> frozenset[str]:
-        tools = body.get("tools")
-        return frozenset(
-            tool["name"]
-            for tool in (tools if isinstance(tools, list) else ())
-            if isinstance(tool, Mapping) and isinstance(tool.get("name"), str)
-        )
+        return named_tools(body)
 
     def with_tool(self, body: Mapping[str, Any], spec: ToolSpec) -> dict[str, Any]:
         # The Responses API makes a function strict unless told otherwise, and a strict schema
@@ -567,8 +550,7 @@ class ResponsesWire(FieldConversation):
             "parameters": spec.parameters,
             "strict": False,
         }
-        tools = body.get("tools")
-        return {**body, "tools": [*(tools if isinstance(tools, list) else ()), tool]}
+        return with_tool_last(body, tool)
 
     def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
         found = (_as_tool_call(item) for item in _output(reply))
