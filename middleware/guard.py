@@ -203,11 +203,12 @@ class Guard:
         evicts = [p for p in self.policies if isinstance(p, Evict)]
         self._evict_at_least = evicts[0].settings.evict_at_least if evicts else None
 
-    def _decide(self, exchange: Exchange) -> tuple[Outcome, bytes | None]:
+    def _decide(self, exchange: Exchange, body: Mapping[str, Any]) -> tuple[Outcome, bytes | None]:
         """What the guard does to this exchange: the session's previous compressed turn plus
         the new items, while that fits; else the policies, leaving room for the next turns.
-        Also the digest of the client's items (None without a session memory)."""
-        assert exchange.context is not None and exchange.body is not None
+        `body`: the exchange's, or with brim's own tool added. Also the digest of the client's
+        items (None without a session memory)."""
+        assert exchange.context is not None
         context = exchange.context
         tokenizer = context.limits.limits.tokenizer
         budget = context.budget.effective()
@@ -215,14 +216,14 @@ class Guard:
         digest = None
         if self.sessions is not None:
             wire = exchange.wire
-            client = wire.conversation(exchange.body)
+            client = wire.conversation(body)
             digests = prefix_digests(client)
             digest = digests[-1] if digests else None
             carried = self.sessions.latest(exchange.api, tokenizer, digests)
             if carried is not None:
                 meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
                 limit = counted_limit(budget, context.tokens.provider_ratio)
-                fixed = meter.fixed(exchange.body)
+                fixed = meter.fixed(body)
                 carried_on = carry(carried, wire.dialect, client, fixed, meter, limit=limit)
                 if carried_on is not None:
                     return carried_on, digest
@@ -230,7 +231,7 @@ class Guard:
         outcome = guard_outcome(
             self.counter,
             self.policies,
-            exchange.body,
+            body,
             exchange.wire,
             tokenizer,
             exchange.model,
@@ -323,7 +324,8 @@ class Guard:
         if len(made) != len(summaries):
             return outcome
         messages = [wire.dialect.notice(SUMMARY_HEADER + summary.text) for summary in made]
-        added = sum(meter.message(message) for message in messages)
+        counts = [meter.message(message) for message in messages]
+        added = sum(counts)
         if rest + added > outcome.limit:
             return outcome
         records = [
@@ -332,16 +334,17 @@ class Guard:
                 "summarized",
                 -1,
                 size,
-                meter.message(message),
+                count,
                 archive_key=archive_key(content),
                 detail=_detail(summary),
                 original=content,
             )
-            for content, size, message, summary in zip(contents, sizes, messages, made, strict=True)
+            for content, size, count, summary in zip(contents, sizes, counts, made, strict=True)
         ]
         return dataclasses.replace(
             outcome,
             messages=(*outcome.messages[:at], *messages, *outcome.messages[at + 1 :]),
+            sizes=(*outcome.sizes[:at], *counts, *outcome.sizes[at + 1 :]),
             tokens_out=rest + added,
             records=(*outcome.records, *records),
         )
@@ -355,6 +358,7 @@ class Guard:
         wire, meter, task, credentials = self._summary_inputs(exchange)
         dialect = wire.dialect
         messages = list(outcome.messages)
+        counts = list(outcome.sizes)
         records = list(outcome.records)
         total = outcome.tokens_out
         names = dialect.tools_by_call(messages)
@@ -379,6 +383,8 @@ class Guard:
             if total - before + size > outcome.limit:
                 continue
             messages[at], total = updated, total - before + size
+            if len(counts) == len(messages):
+                counts[at] = size
             records.append(
                 FidelityRecord(
                     "summarize",
@@ -392,7 +398,11 @@ class Guard:
                 )
             )
         return dataclasses.replace(
-            outcome, messages=tuple(messages), tokens_out=total, records=tuple(records)
+            outcome,
+            messages=tuple(messages),
+            sizes=tuple(counts),
+            tokens_out=total,
+            records=tuple(records),
         )
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
@@ -401,18 +411,18 @@ class Guard:
         if not self._needs_work(exchange):
             return await call_next(exchange)
 
-        original = exchange
+        body = exchange.body
         offer = self.store is not None and offers_restore(
-            exchange.wire, exchange.body, exchange.context.client, self.clients
+            exchange.wire, body, exchange.context.client, self.clients
         )
         if offer:  # measured with brim_restore among the tools, in case something is cut
-            exchange = exchange.with_body(exchange.wire.with_tool(exchange.body, RESTORE_TOOL))
+            body = exchange.wire.with_tool(body, RESTORE_TOOL)
         if len(exchange.raw) > OFF_LOOP_BYTES:
-            outcome, digest = await asyncio.to_thread(self._decide, exchange)
+            outcome, digest = await asyncio.to_thread(self._decide, exchange, body)
         else:
-            outcome, digest = self._decide(exchange)
+            outcome, digest = self._decide(exchange, body)
         if offer and not any(record.archive_key for record in outcome.records):
-            exchange = original  # nothing cut: nothing to restore
+            offer, body = False, exchange.body  # nothing cut: nothing to restore
         if not outcome.messages:
             raise NothingLeftToSend(
                 "Nothing is left to send: every message was a tool result that answers no tool "
@@ -434,16 +444,14 @@ class Guard:
         else:
             self._remember(exchange, outcome, digest)
         await keep_originals(self.archive, self.store, outcome, exchange)
-        exchange.report.restore_offered = exchange is not original
+        exchange.report.restore_offered = offer
         if outcome.repairs:
             log.warning(
                 "request %s: repaired tool pairing: %s",
                 exchange.request_id,
                 "; ".join(outcome.repairs),
             )
-        assert exchange.body is not None and exchange.context is not None
-        body = exchange.wire.with_conversation(exchange.body, outcome.messages)
-        changed = exchange.with_body(body)
+        changed = exchange.with_body(exchange.wire.with_conversation(body, outcome.messages))
         context = dataclasses.replace(exchange.context, outcome=outcome)
         return await call_next(dataclasses.replace(changed, context=context))
 

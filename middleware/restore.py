@@ -27,11 +27,12 @@ from adapters.base import UpstreamResponse
 from adapters.errors import UpstreamProtocolError
 from adapters.exchange import Exchange
 from middleware.base import CallNext
+from middleware.observe import EventData
 from middleware.store import ContentStore
 from policies.clients import ClientRule
 from policies.prune import cut_middle
 from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.base import ToolCall, ToolSpec, Usage, Wire, sse_data
+from policies.wires.base import ToolCall, ToolSpec, Usage, Wire
 
 log = logging.getLogger("brim.restore")
 
@@ -86,7 +87,7 @@ class RestoreRounds:
         reply = response.payload if response.payload is not None else _json(response.body)
         if not isinstance(reply, dict) or not self._restores(exchange.wire, reply):
             return response
-        return await self._rounds(exchange, reply, Usage(), call_next, response)
+        return await self._rounds(exchange, reply, Usage(), 0, call_next, response)
 
     def _restores(self, wire: Wire, reply: Mapping[str, Any]) -> list[ToolCall]:
         return [call for call in wire.reply_calls(reply) if call.name == RESTORE_TOOL.name]
@@ -96,6 +97,7 @@ class RestoreRounds:
         exchange: Exchange,
         reply: dict[str, Any],
         earlier: Usage,
+        rounds: int,
         call_next: CallNext,
         response: UpstreamResponse,
     ) -> UpstreamResponse:
@@ -105,7 +107,6 @@ class RestoreRounds:
         assert exchange.body is not None
         body: dict[str, Any] = exchange.body
         usage = earlier.added(wire.usage(reply) or Usage())
-        rounds = 0
         while calls := self._restores(wire, reply):
             if rounds >= self.max_rounds:  # asked to answer without tools, and did not
                 raise UpstreamProtocolError(
@@ -113,15 +114,17 @@ class RestoreRounds:
                     upstream=exchange.upstream,
                 )
             rounds += 1
-            results = [await self._result(exchange, call, body, len(calls)) for call in calls]
+            share = self._share(exchange, body, len(calls))
+            results = [await self._result(exchange, call, share) for call in calls]
             body = wire.continued(body, reply, calls, results)
             if rounds >= self.max_rounds:
                 body = wire.with_tool_choice_none(body)
-            response = await call_next(exchange.with_body(body))
+            asked = exchange.with_body(body)
+            response = await call_next(asked)
             if response.status >= 300:
                 return response
             if response.chunks is not None:
-                return await self._streamed(exchange.with_body(body), response, call_next, usage)
+                return await self._streamed(asked, response, call_next, usage, rounds)
             found = response.payload if response.payload is not None else _json(response.body)
             if not isinstance(found, dict):
                 return response
@@ -135,10 +138,16 @@ class RestoreRounds:
             payload=final,
         )
 
-    async def _result(
-        self, exchange: Exchange, call: ToolCall, body: Mapping[str, Any], calls: int
-    ) -> str:
-        """The original a call asks for, cut to its share of the room the request has left."""
+    def _share(self, exchange: Exchange, body: Mapping[str, Any], calls: int) -> int:
+        """Tokens each of a round's `calls` may have: the room the request has left."""
+        assert exchange.context is not None
+        tokenizer = exchange.context.limits.limits.tokenizer
+        used = self.counter.request(exchange.wire, body, tokenizer, exchange.model).total
+        room = exchange.context.budget.effective() - used - 200 * calls  # the turn's own items
+        return max(MIN_RESULT_TOKENS, room // calls)
+
+    async def _result(self, exchange: Exchange, call: ToolCall, share: int) -> str:
+        """The original a call asks for, cut to `share` tokens."""
         key = str(call.arguments.get("key", ""))
         original = await self.store.get(key)
         if original is None:
@@ -146,14 +155,9 @@ class RestoreRounds:
             return GONE.format(key=key[:80] or "the key")
         exchange.report.restored.append(key)
         assert exchange.context is not None
-        wire = exchange.wire
         tokenizer = exchange.context.limits.limits.tokenizer
-        meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
-        used = self.counter.request(wire, body, tokenizer, exchange.model).total
-        room = exchange.context.budget.effective() - used - 200 * calls  # the turn's own items
-        share = max(MIN_RESULT_TOKENS, room // calls)
-        text, _ = cut_middle(original, share, meter)
-        return text
+        meter = CounterMeter(self.counter, tokenizer, exchange.model, exchange.wire)
+        return cut_middle(original, share, meter)[0]
 
     async def _streamed(
         self,
@@ -161,34 +165,27 @@ class RestoreRounds:
         response: UpstreamResponse,
         call_next: CallNext,
         earlier: Usage | None = None,
+        rounds: int = 0,
     ) -> UpstreamResponse:
         """Hold the stream until its turn starts; a restore call first: read it whole and go on
         with hidden rounds; anything else: relay it (with earlier rounds' usage added)."""
         assert response.chunks is not None
         wire = exchange.wire
         reader = wire.turn_reader()
+        events = EventData()
         held: list[bytes] = []
-        pending = b""
         chunks = response.chunks
         async for chunk in chunks:
             held.append(chunk)
-            data = pending + chunk
-            pending = data[data.rfind(b"\n") + 1 :]
-            for event in sse_data(data):
+            for event in events.feed(chunk):
                 reader.feed(event)
-            if reader.started is not None:
+            # a text turn goes at once; tool calls are short: such a turn is read to its end
+            if reader.started == "text":
                 break
-        if reader.started == "call":  # tool calls are short: read the turn to its end
-            async for chunk in chunks:
-                held.append(chunk)
-                data = pending + chunk
-                pending = data[data.rfind(b"\n") + 1 :]
-                for event in sse_data(data):
-                    reader.feed(event)
-            reply = reader.reply()
-            if self._restores(wire, reply):
-                await response.aclose()
-                return await self._rounds(exchange, reply, earlier or Usage(), call_next, response)
+        if reader.started == "call" and self._restores(wire, reply := reader.reply()):
+            await response.aclose()
+            usage = earlier or Usage()
+            return await self._rounds(exchange, reply, usage, rounds, call_next, response)
         relayed = _relay(held, chunks, wire, earlier)
         return UpstreamResponse(
             status=response.status,

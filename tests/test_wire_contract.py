@@ -376,6 +376,38 @@ def test_a_growing_session_keeps_its_compressed_prefix_until_it_must_cut_again(
     assert texts(case, latest)[-1] == "Next?"
 
 
+def test_brim_restore_is_offered_only_when_something_was_cut(
+    case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
+) -> None:
+    model = case.model(6_000)
+    base = serve(
+        models=windows((model, 6_000)),
+        restore={"enabled": True},
+        clients={"quiet": {"user_agent": "quiet-agent/*", "restore": False}},
+    )
+    fake = fake_of(case, provider, anthropic_fake)
+
+    def tools_sent() -> frozenset[str]:
+        return case.wire.tool_names(orjson.loads(fake.requests[-1].body))
+
+    assert send(base, case, model, session(case, 1)).headers["x-brim-actions"] == "none"
+    assert "brim_restore" not in tools_sent()
+    cut = send(base, case, model, session(case, 10))
+    assert cut.status_code == 200, cut.text
+    assert "brim_restore" in tools_sent()
+    assert int(cut.headers["x-brim-tokens-out"]) <= int(cut.headers["x-brim-budget"])
+    body = case.body(model, session(case, 10), False)
+    quiet = httpx.post(
+        f"{base}{case.path(model, False)}",
+        json=body,
+        headers={"user-agent": "quiet-agent/1.0"},
+        timeout=60,
+    )
+    assert quiet.status_code == 200, quiet.text
+    assert quiet.headers["x-brim-actions"] != "none"
+    assert "brim_restore" not in tools_sent()
+
+
 def test_a_broken_pairing_is_repaired_before_it_goes_out(
     case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
 ) -> None:

@@ -69,8 +69,15 @@ def scripted(shape: Shape, turns: list[Turn], stream: bool, seen: list[dict[str,
 
 
 async def run(
-    shape: Shape, turns: list[Turn], *, stream: bool = False, max_rounds: int = 3
-) -> tuple[Exchange, UpstreamResponse, list[dict[str, Any]], dict[str, Any]]:
+    shape: Shape,
+    turns: list[Turn],
+    *,
+    stream: bool = False,
+    max_rounds: int = 3,
+    seen: list[dict[str, Any]] | None = None,
+) -> tuple[Exchange, list[dict[str, Any]], dict[str, Any]]:
+    """The stage over `turns`; what the client got, and every request the upstream saw (also
+    in `seen`, when given, if the stage raises)."""
     store = MemoryStore(1 << 20, 3600)
     await store.put_many([(KEY, ORIGINAL)])
     model = "m-restore"
@@ -81,7 +88,7 @@ async def run(
         clients={},
     )
     stage = RestoreRounds(store, COUNTER, max_rounds=max_rounds)
-    seen: list[dict[str, Any]] = []
+    seen = [] if seen is None else seen
     upstream = scripted(shape, turns, stream, seen)
 
     async def offered(ex: Exchange) -> UpstreamResponse:
@@ -99,7 +106,7 @@ async def run(
         for event in sse_data(data):
             reader.feed(event)
         final = reader.reply()
-    return ex, response, seen, final
+    return ex, seen, final
 
 
 @each_shape
@@ -111,7 +118,7 @@ def test_a_restore_call_is_answered_from_the_store_and_hidden_from_the_client(
         Turn((restore_call(KEY), CLIENT_CALL), FIRST),
         Turn((Say("It rotates on tuesdays."),), SECOND),
     ]
-    ex, _, seen, final = asyncio.run(run(shape, turns, stream=stream))
+    ex, seen, final = asyncio.run(run(shape, turns, stream=stream))
     assert len(seen) == 2
     wire = shape.wire
     second = wire.conversation(seen[1])
@@ -133,7 +140,7 @@ def test_an_unknown_key_is_answered_as_no_longer_available(shape: Shape) -> None
         Turn((restore_call("0" * 64),), FIRST),
         Turn((Say("Going on without it."),), SECOND),
     ]
-    ex, _, seen, final = asyncio.run(run(shape, turns))
+    ex, seen, final = asyncio.run(run(shape, turns))
     second = shape.wire.conversation(seen[1])
     assert "no longer available" in orjson.dumps(second[-1]).decode()
     assert shape.errors(second) == []
@@ -142,45 +149,23 @@ def test_an_unknown_key_is_answered_as_no_longer_available(shape: Shape) -> None
 
 
 @each_shape
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_the_last_round_turns_tools_off_and_a_model_that_ignores_it_is_an_error(
-    shape: Shape,
+    shape: Shape, stream: bool
 ) -> None:
     turns = [Turn((restore_call(KEY),), FIRST)]  # the model never stops asking
-    with pytest.raises(UpstreamProtocolError):
-        asyncio.run(run(shape, turns, max_rounds=2))
     seen: list[dict[str, Any]] = []
-    asyncio.run(_last_request(shape, turns, seen))
-    assert len(seen) == 3
-    last = seen[-1]
-    assert {k: last.get(k) for k in shape.choice_none} == shape.choice_none
-    assert not any(seen[0].get(k) == v for k, v in shape.choice_none.items())
-
-
-async def _last_request(shape: Shape, turns: list[Turn], seen: list[dict[str, Any]]) -> None:
-    upstream = scripted(shape, turns, False, seen)
-    store = MemoryStore(1 << 20, 3600)
-    await store.put_many([(KEY, ORIGINAL)])
-    stage = RestoreRounds(store, COUNTER, max_rounds=2)
-    limits = ResolveLimits(
-        LimitsRegistry({"m": ModelFacts(context_window=200_000, max_output=4_000)}),
-        COUNTER,
-        safety_margin=0.05,
-        clients={},
-    )
-
-    async def offered(ex: Exchange) -> UpstreamResponse:
-        ex.report.restore_offered = True
-        return await stage(ex, upstream)
-
-    body = shape.wire.with_tool(shape.body(), RESTORE_TOOL)
     with pytest.raises(UpstreamProtocolError):
-        await limits(exchange(shape.api, "m", body), offered)
+        asyncio.run(run(shape, turns, stream=stream, max_rounds=2, seen=seen))
+    assert len(seen) == 3  # the request and two rounds
+    assert {k: seen[-1].get(k) for k in shape.choice_none} == shape.choice_none
+    assert not any(seen[0].get(k) == v for k, v in shape.choice_none.items())
 
 
 @each_shape
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_a_turn_without_restore_goes_to_the_client_as_it_came(shape: Shape, stream: bool) -> None:
     turns = [Turn((Say("Done."), CLIENT_CALL), FIRST)]
-    _, _, seen, final = asyncio.run(run(shape, turns, stream=stream))
+    _, seen, final = asyncio.run(run(shape, turns, stream=stream))
     assert len(seen) == 1
     assert [c.name for c in shape.wire.reply_calls(final)] == [CLIENT_CALL.name]
