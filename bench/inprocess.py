@@ -90,13 +90,17 @@ def _exchange(body: dict[str, Any]) -> Exchange:
     )
 
 
+def _limits(counter: TokenCounter, model: str, window: int) -> ResolveLimits:
+    registry = LimitsRegistry({model: ModelFacts(context_window=window, max_output=8_192)})
+    return ResolveLimits(registry, counter, safety_margin=0.05, clients={})
+
+
 async def _answer(exchange: Exchange) -> UpstreamResponse:
     return UpstreamResponse(status=200, headers={}, body=b"{}")
 
 
 async def guard_added_ms(counter: TokenCounter, body: dict[str, Any], window: int) -> float:
-    registry = LimitsRegistry({body["model"]: ModelFacts(context_window=window, max_output=8_192)})
-    limits = ResolveLimits(registry, counter, safety_margin=0.05, clients={})
+    limits = _limits(counter, body["model"], window)
     guard = Guard(counter, build_policies(DEFAULT_ORDER, {}), low_water=0.85, repair_pairs=True)
 
     async def guarded(exchange: Exchange) -> UpstreamResponse:
@@ -174,9 +178,7 @@ async def guard_carrying_ms(
 ) -> float:
     """The guard stage as deployed (with its session memory) on the session's next turn after
     a compressed one, which goes out as that one plus what is new: the stage's own time."""
-    window = math.ceil(budget / 0.95)  # the safety margin; no max_tokens asked
-    registry = LimitsRegistry({body["model"]: ModelFacts(context_window=window, max_output=8_192)})
-    limits = ResolveLimits(registry, counter, safety_margin=0.05, clients={})
+    limits = _limits(counter, body["model"], math.ceil(budget / 0.95))  # no max_tokens asked
     guard = Guard(
         counter,
         build_policies(DEFAULT_ORDER, {}),

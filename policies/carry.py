@@ -71,7 +71,9 @@ def carried_from(outcome: Outcome, client: Sequence[Any], meter: Meter) -> Carri
             weight += len(orjson.dumps(message))
         else:
             items.append(index)
-    sizes = tuple(meter.message(message) for message in outcome.messages)
+    sizes = outcome.sizes
+    if len(sizes) != len(outcome.messages):
+        sizes = tuple(meter.message(message) for message in outcome.messages)
     records = tuple(dataclasses.replace(record, original=None) for record in outcome.records)
     return Carried(
         len(client), tuple(items), sizes, records, outcome.target, outcome.grid, weight + 64
@@ -104,6 +106,7 @@ def carry(
         return None
     return Outcome(
         messages=tuple(messages),
+        sizes=tuple(sizes),
         changed=True,
         tokens_in=fixed + sum(meter.message(item) for item in client),
         tokens_out=total,

@@ -58,6 +58,7 @@ class Outcome:
     records: tuple[FidelityRecord, ...]
     repairs: tuple[str, ...]
     tried: tuple[str, ...]
+    sizes: tuple[int, ...] = ()  # each message's tokens, as `messages`
     grid: int = 0  # the step snapped cuts were made in (`Goal.step`)
     carried: bool = False  # the previous turn's compressed request plus the new items
 
@@ -115,6 +116,7 @@ def compress(
             conversation = Conversation.of(dialect, fixed_messages, meter, fixed)
     return Outcome(
         messages=conversation.messages,
+        sizes=conversation.sizes,
         changed=bool(repairs or records),
         tokens_in=tokens_in,
         tokens_out=conversation.total,

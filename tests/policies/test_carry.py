@@ -75,6 +75,9 @@ def test_the_next_turn_is_the_compressed_one_plus_the_new_items() -> None:
         orjson.dumps(m) for m in (*outcome.messages, *added)
     ]
     assert following.tokens_out == outcome.tokens_out + sum(METER.message(m) for m in added)
+    for made in (outcome, following):
+        assert made.sizes == tuple(METER.message(m) for m in made.messages)
+        assert made.tokens_out == METER.fixed({}) + sum(made.sizes)
     assert following.tokens_in > following.tokens_out
     assert following.records == carried.records
     assert pairing_errors(list(following.messages)) == []
