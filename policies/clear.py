@@ -1,11 +1,14 @@
-"""`clear_tool_results`: replace old tool results with a one-line placeholder.
+"""`clear_tool_results`: replace old tool results with a placeholder and the result's gist.
 
-The placeholder names the tool, the original size in tokens and the sha256 key of the original
-(under which the archive keeps it); the call and its pairing stay. The most recent `keep` tool
-results are never cleared. Results are cleared lowest value first — exact copies and superseded
-reads of a later result, then results that mention no term of the user's request (the first and
-the last user message before them) and report no anomaly, then the ones that hold evidence —
-oldest first within each class, in batches of at least `clear_at_least` tokens. A result's class
+The placeholder's one line names the tool, the original size in tokens and the sha256 key of
+the original (under which the archive keeps it); under it, quoted, the result's gist: its
+`gist_lines` most informative lines (`policies.information.gist`; of the whole result, where
+`prune_tool_results` cut it), as many as still save a third of the result. The call and its
+pairing stay; a result cleared already stays as it is. The most recent `keep` tool results are
+never cleared. Results are cleared lowest value first — exact copies and superseded reads of a
+later result, then results that mention no term of the user's request (the first and the last
+user message before them) and report no anomaly, then the ones that hold evidence — oldest
+first within each class, in batches of at least `clear_at_least` tokens. A result's class
 depends only on the session up to it and on later copies of it, never on the turn at hand, so
 consecutive turns clear the same results and the request prefix changes rarely.
 
@@ -16,6 +19,7 @@ result that is gone.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,15 +28,18 @@ from pydantic import BaseModel, ConfigDict, Field
 from policies.conversation import (
     STALE,
     Conversation,
+    Facts,
     FidelityRecord,
     Goal,
     Meter,
     ResultKey,
     archive_key,
     facts,
+    is_placeholder,
     result_values,
     snapped_count,
 )
+from policies.information import cut_from, gist
 
 
 class ClearSettings(BaseModel):
@@ -41,13 +48,22 @@ class ClearSettings(BaseModel):
     keep: int = Field(3, ge=0)  # most recent tool results never cleared
     clear_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
     by_value: bool = True  # copies and results without evidence first; False: oldest first
+    gist_lines: int = Field(1, ge=0)  # the result's most informative lines, quoted after it
 
 
-def placeholder(tool: str, tokens: int, key: str) -> str:
-    return (
-        f"[brim cleared this {tool} result ({tokens} tokens) to fit the context window; "
+CLEARED_PREFIX = "[brim cleared this "
+
+
+def placeholder(tool: str, tokens: int, key: str, quoted: Sequence[str] = ()) -> str:
+    """What a cleared result becomes: one line naming the tool, the result's size and the key
+    the archive keeps it under, then the lines of its gist, if any (`quoted`)."""
+    head = (
+        f"{CLEARED_PREFIX}{tool} result ({tokens} tokens) to fit the context window; "
         f"archived as sha256:{key[:16]}]"
     )
+    if not quoted:
+        return head
+    return "\n".join([head, "Its gist:", *(f"> {line}" for line in quoted)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,32 +97,25 @@ class ClearToolResults:
         if needed <= 0:
             return conversation, []
         known = facts(conversation)
+        before_cut = cut_from(conversation)  # a result's gist is judged by its whole text
         holding = [index for index, found in enumerate(known.results) if found]
         eligible = holding[: max(0, len(holding) - self.settings.keep)]
-        candidates: list[_Candidate] = []
-        for index in eligible:
-            tokens = conversation.sizes[index]  # the message it is in: near enough, and free
-            edits: dict[ResultKey, _Cleared] = {}
-            for result in known.editable[index]:
-                key = archive_key(result.text)
-                text = placeholder(result.tool, tokens, key)
-                if len(text) < len(result.text):
-                    cleared = _Cleared(text, key, result.text)
-                    edits[index, result.call_id] = cleared
-                    self._with_pointers((index, result.call_id), cleared, known.pointers, edits)
-            if edits:
-                saving = sum(
-                    conversation.sizes[i] - size
-                    for i, (_, size) in self._rewritten(conversation, edits, meter).items()
-                )
-                candidates.append(_Candidate(index, edits, saving))
         if self.settings.by_value:
             values = result_values(conversation)
-            candidates.sort(key=lambda c: (max(values[c.index], default=STALE), c.index))
-        step = goal.step(self.settings.clear_at_least)
-        taken = candidates[: snapped_count((c.saving for c in candidates), needed, step)]
+            eligible.sort(key=lambda index: (max(values[index], default=STALE), index))
 
-        edits = {}
+        made: list[_Candidate] = []
+
+        def savings() -> Iterator[int]:  # candidates made only as far as they are taken
+            for index in eligible:
+                if candidate := self._candidate(conversation, known, before_cut, index, meter):
+                    made.append(candidate)
+                    yield candidate.saving
+
+        step = self.settings.clear_at_least
+        taken = made[: snapped_count(savings(), needed, goal.step(step))]
+
+        edits: dict[ResultKey, _Cleared] = {}
         for candidate in sorted(taken, key=lambda c: c.index):
             for at, cleared in candidate.edits.items():
                 if cleared.pointed_to is None:
@@ -128,6 +137,49 @@ class ClearToolResults:
             for (index, _), cleared in sorted(edits.items(), key=lambda edit: edit[0][0])
         ]
         return conversation.replace(changes), records
+
+    def _candidate(
+        self,
+        conversation: Conversation,
+        known: Facts,
+        before_cut: dict[ResultKey, str],
+        index: int,
+        meter: Meter,
+    ) -> _Candidate | None:
+        """The results of message `index` cleared, with what that saves; None if nothing would."""
+        tokens = conversation.sizes[index]  # the message it is in: near enough, and free
+        edits: dict[ResultKey, _Cleared] = {}
+        for result in known.editable[index]:
+            if result.text.startswith(CLEARED_PREFIX):  # cleared already (a retry's cut)
+                continue
+            key = archive_key(result.text)
+            whole = before_cut.get((index, result.call_id), result.text)
+            text = self._placeholder(result.tool, tokens, key, result.text, whole)
+            if len(text) < len(result.text):
+                cleared = _Cleared(text, key, result.text)
+                edits[index, result.call_id] = cleared
+                self._with_pointers((index, result.call_id), cleared, known.pointers, edits)
+        if not edits:
+            return None
+        saving = sum(
+            conversation.sizes[i] - size
+            for i, (_, size) in self._rewritten(conversation, edits, meter).items()
+        )
+        return _Candidate(index, edits, saving)
+
+    def _placeholder(self, tool: str, tokens: int, key: str, text: str, whole: str) -> str:
+        """The placeholder of `text` with the gist of the `whole` result (before any cut), where
+        that still saves a third of `text` (else the bare placeholder): a pure function of the
+        result, the same every turn."""
+        lines = self.settings.gist_lines
+        bare = placeholder(tool, tokens, key)
+        if not lines or is_placeholder(text):
+            return bare
+        for count in range(lines, 0, -1):  # fewer lines where more would not save enough
+            full = placeholder(tool, tokens, key, gist(whole, count))
+            if 3 * len(full) <= 2 * len(text):
+                return full
+        return bare
 
     @staticmethod
     def _with_pointers(

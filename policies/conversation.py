@@ -326,7 +326,7 @@ def editable(results: Sequence[ToolResult]) -> list[ToolResult]:
 
 def _keys(text: str) -> frozenset[str]:
     keys: set[str] = set()
-    for token in _TOKEN.findall(text.lower()):
+    for token in set(_TOKEN.findall(text.lower())):  # a text repeats its words: each once
         token = token.strip(".-/")
         keys.add(token)
         keys.update(_PIECES.split(token))

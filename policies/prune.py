@@ -1,6 +1,7 @@
 """`prune_tool_results`: shrink large tool results by their information, not by position.
 
-Three steps, the cheapest first; the newest tool turn's results are never touched:
+Four steps, the cheapest first; the results of the tool loop at hand (the newest tool turn,
+unless a user request came after it) are never touched:
 
 1. Lossless, on every result: JSON minified, noise fields dropped (URLs, images, base64 blobs,
    nulls by default).
@@ -12,19 +13,32 @@ Three steps, the cheapest first; the newest tool turn's results are never touche
    `max_text_tokens` keeps its head and tail and, in between, the lines that report an anomaly
    (errors, warnings, failures, tracebacks, non-2xx statuses, non-zero exit codes) and those
    that mention a task term, with a count of what went; a long JSON array keeps head, tail and
-   the items with a task term or an anomaly. The task terms are those of the task the result
-   was fetched for: the user's first and last request before it and the arguments of the calls
-   that fetched it (`policies.conversation.requests`, `call_terms`).
+   the items with a task term, an anomaly or a field few other items fill. The task terms are
+   those of the task the result was fetched for: the user's first and last request before it
+   and the arguments of the calls that fetched it (`policies.conversation.requests`,
+   `call_terms`).
+4. Lossier, only once step 3 has cut every result and the request is still over its target,
+   oldest first and in the same batches — but past the oldest results that the next policy
+   must replace with placeholders anyway (an estimate from their sizes, moved in steps of
+   `_DIGEST_GRID` results): each result becomes its digest, about `digest_share`
+   of its tokens (of at most `max_text_tokens`; at least `digest_min_tokens`) — its first and
+   last lines, its anomaly and task lines, then its most informative lines (those whose words
+   are rare within it, `policies.information`: the line that says something once, not the
+   hundred that differ only in their numbers); a JSON array keeps as many of its items, the
+   outliers and the most informative first.
 
 Each step is a pure function of the session up to the result (and later copies of it), cached,
 so a result is pruned the same way every turn and the request prefix stays put; the batches
-move the lossy frontier only now and then as a session grows.
+move the lossy frontier only now and then as a session grows. What each cut result said before
+its cut is noted on the conversation returned (`policies.information.remember_cut`), so a
+placeholder that later replaces it quotes the gist of the whole result.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fnmatch
+import math
 import re
 import threading
 from collections.abc import Callable, Hashable, Iterator, Sequence
@@ -51,10 +65,15 @@ from policies.conversation import (
     snapped_count,
     strings_of,
 )
+from policies.information import item_scores, rare_keys, remember_cut, scores_of
 from policies.nesting import SAFE_DEPTH, nests_deeper_than
 
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
 _MARKER_TOKENS = 20  # what one "[… N lines … omitted by brim …]" line costs, about
+_DIGEST_MARKER_TOKENS = 12  # …and one "[… N lines omitted by brim …]", a digest's
+_PLACEHOLDER_TOKENS = 40  # what a cleared result's placeholder costs at least
+_DIGEST_NEWEST = 4  # results digested where even placeholders for all would not suffice
+_DIGEST_GRID = 8  # where digests start moves by this many results at a time
 _MIN_LINES = 8  # fewer lines than this: cut by tokens, not by lines
 
 
@@ -70,6 +89,9 @@ class PruneSettings(BaseModel):
     drop_nulls: bool = True
     dedupe: bool = True  # older exact copies of a result become a pointer to the next copy
     cut_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
+    # Step 4: a result's digest keeps about this share of its tokens (1: no digests)…
+    digest_share: float = Field(0.2, gt=0, le=1)
+    digest_min_tokens: int = Field(150, ge=16)  # …and at least this many
 
 
 def cut_middle(
@@ -100,17 +122,104 @@ def cut_middle(
     return head.rstrip("\n") + marker + tail.lstrip("\n"), removed
 
 
-def _line_marker(omitted: int, telling: int) -> str:
+def _line_marker(omitted: int, telling: int, brief: bool = False) -> str:
+    if brief:  # a digest's: many of them, so short (and no anomaly word in it)
+        if not telling:
+            return f"[… {omitted} lines omitted by brim …]"
+        return f"[… {omitted} lines omitted by brim, {telling} with task terms or anomalies …]"
     if not telling:
         return f"[… {omitted} lines without task terms or errors omitted by brim …]"
     return f"[… {omitted} lines omitted by brim, {telling} of them with task terms or errors …]"
 
 
+# A marker of either kind, with its counts: a digest of a cut text adds them to its own.
+_MARKER_COUNTS = re.compile(r"\[… (\d+) lines [^\]]*?omitted by brim(?:, (\d+) [^\]]*)? …\]")
+_ITEMS_MARKER = re.compile(r"… (\d+) more items …")
+
+
+class _Picker:
+    """Which lines of a text to keep within a token budget, a line at a time, where each run of
+    dropped lines costs one marker."""
+
+    def __init__(self, cost: Sequence[int], marker: int) -> None:
+        self.cost, self.marker = cost, marker
+        self.count = len(cost)
+        self.kept = [False] * self.count
+        self.used = marker  # nothing kept yet: one run of dropped lines
+
+    def add(self, index: int, within: int) -> bool:
+        """Keep line `index` if the text stays within `within` tokens."""
+        kept, count = self.kept, self.count
+        before = index > 0 and not kept[index - 1]
+        after = index < count - 1 and not kept[index + 1]
+        runs = (before and after) - (not before and not after)  # a run split, or one closed
+        added = self.cost[index] + self.marker * runs
+        if self.used + added > within:
+            return False
+        kept[index] = True
+        self.used += added
+        return True
+
+    def ends(self, within: int) -> None:
+        """The first and the last line, always."""
+        self.add(0, within + self.cost[0])
+        self.add(self.count - 1, max(within, self.used + self.cost[-1]))
+
+    def text(self, lines: Sequence[str], telling: Sequence[int], brief: bool = False) -> str:
+        """The kept lines, each run of dropped ones as one marker with its count (and how many
+        of them were `telling`); a dropped marker's counts are added to its run's."""
+        out: list[str] = []
+        index, count, kept = 0, self.count, self.kept
+        while index < count:
+            if kept[index]:
+                out.append(lines[index])
+                index += 1
+                continue
+            omitted = flagged = 0
+            while index < count and not kept[index]:
+                found = _MARKER_COUNTS.fullmatch(lines[index])
+                if found:
+                    omitted += int(found[1])
+                    flagged += int(found[2] or 0)
+                else:
+                    omitted += 1
+                    flagged += bool(telling[index])
+                index += 1
+            out.append(_line_marker(omitted, flagged, brief))
+        return "\n".join(out)
+
+
+def _ranks(lines: Sequence[str], terms: frozenset[str]) -> list[int]:
+    """Each line's class: 2 if it reports an anomaly, 1 if it mentions a task term, else 0."""
+    # A term is a piece of the line's lower-case text: most lines fail this cheaply.
+    found = re.compile("|".join(map(re.escape, sorted(terms)))).search if terms else None
+    if found is None and not any(map(is_anomaly, _chunks(lines))):
+        return [0] * len(lines)  # no anomaly anywhere (looked for a few thousand lines at once)
+    ranks: list[int] = []
+    for line in lines:
+        if is_anomaly(line):
+            ranks.append(2)
+        else:
+            ranks.append(
+                int(found is not None and bool(found(line.lower())) and mentions(line, terms))
+            )
+    return ranks
+
+
+def _chunks(lines: Sequence[str], size: int = 4_096) -> Iterator[str]:
+    """The lines joined, a few thousand at a time: a line reports an anomaly only where the
+    text it is in does, and one search of a chunk is far cheaper than one per line."""
+    for start in range(0, len(lines), size):
+        yield "\n".join(lines[start : start + size])
+
+
 def relevant_lines(text: str, terms: frozenset[str], keep_tokens: int, meter: Meter) -> str:
     """`text` cut to about `keep_tokens` by lines: head and tail, then every line that reports an
-    anomaly, then every line that mentions a task term (in that order, while they fit), then
-    more head and tail; each run of dropped lines becomes one marker with its count. Each line
-    is tokenized once, and the text as a whole not at all."""
+    anomaly, then the lines that stand out (`policies.information.line_scores`: far rarer words
+    than most lines have) within a quarter of what is left, then every line that mentions a
+    task term (in that order, while they fit), then more head and tail; each run of dropped
+    lines becomes one marker with its count. Each line is tokenized once, and the text as a
+    whole not at all."""
     lines = text.split("\n")
     if len(lines) < _MIN_LINES:
         return cut_middle(text, keep_tokens, meter)[0]
@@ -118,59 +227,147 @@ def relevant_lines(text: str, terms: frozenset[str], keep_tokens: int, meter: Me
     if sum(cost) - 1 <= keep_tokens:
         return text
     count = len(lines)
-    rank = [2 if is_anomaly(line) else 1 if mentions(line, terms) else 0 for line in lines]
-    kept = [False] * count
-    used = _MARKER_TOKENS  # nothing kept yet: one run of dropped lines
-
-    def add(index: int, within: int) -> bool:
-        nonlocal used
-        before = index > 0 and not kept[index - 1]
-        after = index < count - 1 and not kept[index + 1]
-        runs = (before and after) - (not before and not after)  # a run split, or one closed
-        added = cost[index] + _MARKER_TOKENS * runs
-        if used + added > within:
-            return False
-        kept[index] = True
-        used += added
-        return True
-
-    add(0, keep_tokens + cost[0])  # the first and last lines always
-    add(count - 1, max(keep_tokens, used + cost[-1]))
+    rank = _ranks(lines, terms)
+    picker = _Picker(cost, _MARKER_TOKENS)
+    add, kept = picker.add, picker.kept
+    picker.ends(keep_tokens)
     head = 1
     while head < count and not kept[head] and add(head, keep_tokens // 8):
         head += 1
     tail = count - 2
     while tail >= 0 and not kept[tail] and add(tail, keep_tokens // 8 + keep_tokens // 6):
         tail -= 1
-    for wanted in (2, 1):
-        for index in range(count):
-            if rank[index] == wanted and not kept[index]:
-                add(index, keep_tokens)
-    spare = used + (keep_tokens - used) // 3
+    for index in range(count):
+        if rank[index] == 2 and not kept[index]:
+            add(index, keep_tokens)
+    # Lines that stand out (twice as informative as the median line, best first) within a
+    # quarter of what is left: the one line a templated log says once.
+    scores = scores_of(text)
+    positive = sorted(score for score in scores if score > 0)
+    if positive:
+        stand_out = 2 * positive[len(positive) // 2]
+        within = picker.used + (keep_tokens - picker.used) // 4
+        for index in sorted(range(count), key=lambda i: (-scores[i], i)):
+            if scores[index] < stand_out:
+                break
+            if not kept[index]:
+                add(index, within)
+    for index in range(count):
+        if rank[index] == 1 and not kept[index]:
+            add(index, keep_tokens)
+    spare = picker.used + (keep_tokens - picker.used) // 3
     while head < count and not kept[head] and add(head, spare):
         head += 1
     while tail >= 0 and not kept[tail] and add(tail, keep_tokens):
         tail -= 1
-
-    out: list[str] = []
-    index = 0
-    while index < count:
-        if kept[index]:
-            out.append(lines[index])
-            index += 1
-            continue
-        end = index
-        while end < count and not kept[end]:
-            end += 1
-        out.append(_line_marker(end - index, sum(1 for r in rank[index:end] if r)))
-        index = end
-    shrunk = "\n".join(out)
-    if used > keep_tokens * 1.25:  # a few giant lines (the first, the last): cut by tokens too
+    shrunk = picker.text(lines, rank)
+    if picker.used > keep_tokens * 1.25:  # a few giant lines (the first, the last): cut by tokens
         shrunk = cut_middle(shrunk, keep_tokens, meter)[0]
     return shrunk
 
 
+def digest_lines(
+    text: str,
+    terms: frozenset[str],
+    share: float,
+    floor: int,
+    meter: Meter,
+    cap: int | None = None,
+) -> str:
+    """`text` cut by information to about `share` of its tokens (of at most `cap` of them: the
+    share of what a cut to `cap` would keep; and at least `floor`): its first and last line,
+    the lines that report an anomaly, those that mention a task term, then the most
+    informative of the rest (`policies.information.line_scores`: lines whose words are rare
+    within the text) — each class best first, while they fit; a line whose words every other
+    line has too (one that differs from them only in its numbers) is not kept for itself.
+    Kept lines stay in order, each run of dropped ones becomes one short marker with its count.
+    Never longer than `text`; the text is counted once, and each line costs its share of the
+    text's characters (a digest's size is a share of the text, not an exact count)."""
+    lines = text.split("\n")
+    if len(lines) < 3:
+        tokens = meter.tokens(text)
+        keep_tokens = max(floor, int(min(len(tokens), cap or len(tokens)) * share))
+        return cut_middle(text, keep_tokens, meter, tokens=tokens)[0]
+    total = meter.text_tokens(text)
+    ratio = total / max(1, len(text))
+    cost = [1 + int(len(line) * ratio) for line in lines]
+    keep_tokens = max(floor, int(min(total, cap or total) * share))
+    if total <= keep_tokens:
+        return text
+    scores = scores_of(text)
+    rank = [0 if score < 0 else r for r, score in zip(_ranks(lines, terms), scores, strict=True)]
+    if 2 * sum(1 for r in rank if r == 1) > len(lines):  # a term on most lines tells none apart
+        rank = [r if r != 1 else 0 for r in rank]
+    best_first = sorted(range(len(lines)), key=lambda index: (-scores[index], index))
+    picker = _Picker(cost, _DIGEST_MARKER_TOKENS)
+    picker.ends(keep_tokens)
+    # Anomalies, then task lines, each class up to half of what is left (where they are many,
+    # best first: the same warning a hundred times is worth one), then the most informative
+    # lines, then what is left of both classes while anything fits.
+    for wanted in (2, 1):
+        within = picker.used + (keep_tokens - picker.used) // 2
+        for index in best_first:
+            if rank[index] == wanted and not picker.kept[index]:
+                picker.add(index, within)
+    for index in best_first:
+        if not picker.kept[index] and (rank[index] or scores[index] > 0):
+            picker.add(index, keep_tokens)  # a line scoring 0 says nothing the others do not
+    shrunk = picker.text(lines, rank, brief=True)
+    if picker.used > keep_tokens * 1.25:  # a few giant lines: cut by tokens too
+        shrunk = cut_middle(shrunk, keep_tokens, meter)[0]
+    return shrunk if len(shrunk) < len(text) else text
+
+
+def _with_gaps(items: Sequence[Any], keep: set[int]) -> list[Any]:
+    """The items at `keep`, each run of the others as one "… N more items …" marker (a dropped
+    marker's count added to its run's)."""
+    out: list[Any] = []
+    gap = 0
+    for index, item in enumerate(items):
+        if index in keep:
+            if gap:
+                out.append(f"… {gap} more items …")
+                gap = 0
+            out.append(item)
+            continue
+        found = _ITEMS_MARKER.fullmatch(item) if isinstance(item, str) else None
+        gap += int(found[1]) if found else 1
+    if gap:
+        out.append(f"… {gap} more items …")
+    return out
+
+
+def matched_terms(text: str, terms: frozenset[str]) -> frozenset[str]:
+    """The task terms `text` mentions (`keys_of`), found without splitting the text into its
+    keys where none of them is even a piece of it."""
+    if not terms:
+        return terms
+    key = (len(text), hash(text), terms)
+    with _MATCHED_LOCK:
+        known = _MATCHED.get(key)
+    if known is None:
+        known = _matched_terms(text, terms)
+        with _MATCHED_LOCK:
+            _MATCHED[key] = known
+    return known
+
+
+def _matched_terms(text: str, terms: frozenset[str]) -> frozenset[str]:
+    lowered = text.lower()
+    present = frozenset(term for term in terms if term in lowered)
+    if not present or len(text) < 4_096:
+        return present & keys_of(text) if present else present
+    # A key lies within a line: only the lines with a term in them need splitting.
+    found = re.compile("|".join(map(re.escape, sorted(present)))).search
+    lines = [line for line in lowered.split("\n") if found(line)]
+    return present & keys_of("\n".join(lines))
+
+
+_MATCHED: LRUCache[tuple[int, int, frozenset[str]], frozenset[str]] = LRUCache(maxsize=8_192)
+_MATCHED_LOCK = threading.Lock()
+
 Key = tuple[int, str]  # (message index, call key)
+_Edits = Callable[[int, int, set[str]], dict[str, str]]  # (index, size, calls to skip) → texts
 
 
 class PruneToolResults:
@@ -219,6 +416,7 @@ class PruneToolResults:
         settings = self.settings
         count = len(items)
         keep = set(range(settings.array_head)) | set(range(count - settings.array_tail, count))
+        outlier = rare_keys(items)
         telling = 0
         for index in range(settings.array_head, count - settings.array_tail):
             if telling >= settings.max_array_items:
@@ -226,22 +424,10 @@ class PruneToolResults:
             item = items[index]
             # Fields without a value say nothing: `{"failed": false}` is no failure.
             said = item if isinstance(item, str) else orjson.dumps(_said(item)).decode()
-            if is_anomaly(said) or mentions(" ".join(strings_of(item)), terms):
+            if outlier[index] or is_anomaly(said) or mentions(" ".join(strings_of(item)), terms):
                 keep.add(index)
                 telling += 1
-        out: list[Any] = []
-        gap = 0
-        for index, item in enumerate(items):
-            if index in keep:
-                if gap:
-                    out.append(f"… {gap} more items …")
-                    gap = 0
-                out.append(item)
-            else:
-                gap += 1
-        if gap:
-            out.append(f"… {gap} more items …")
-        return out
+        return _with_gaps(items, keep)
 
     def _json(self, text: str) -> Any | None:
         stripped = text.strip()
@@ -284,7 +470,7 @@ class PruneToolResults:
         """`text` (already lossless) cut to its relevant part. `at_most` bounds its tokens when
         the caller knows it (its message's size): a text that cannot be over `max_text_tokens`
         is not tokenized to find out."""
-        matched = terms & keys_of(text) if terms else terms  # all a relevance cut depends on
+        matched = matched_terms(text, terms)  # all a relevance cut depends on
         short = at_most is not None and at_most <= self.settings.max_text_tokens
         mode = ("lossy", short, matched)
         return self._cached(meter, text, mode, lambda: self._lossy(text, matched, meter, short))
@@ -304,14 +490,91 @@ class PruneToolResults:
             return relevant_lines(text, terms, limit, meter)
         return cut_middle(text, limit, meter)[0]
 
+    def digest_text(self, text: str, meter: Meter, terms: frozenset[str] = frozenset()) -> str:
+        """`text` cut to its digest: about `digest_share` of its tokens (at least
+        `digest_min_tokens`), its most informative lines and items kept (`digest_lines`). A
+        pure function of the text, the task terms it mentions and the settings: remembered."""
+        matched = matched_terms(text, terms)
+        settings = self.settings
+        mode = ("digest", settings.digest_share, settings.digest_min_tokens, matched)
+        return self._cached(meter, text, mode, lambda: self._digest(text, matched, meter))
+
+    def _digest(self, text: str, terms: frozenset[str], meter: Meter) -> str:
+        settings = self.settings
+        share, floor = settings.digest_share, settings.digest_min_tokens
+        if share >= 1:
+            return text
+        parsed = self._json(text)
+        cap = settings.max_text_tokens
+        if parsed is None:
+            return digest_lines(text, terms, share, floor, meter, cap)
+        tokens = meter.tokens(text)
+        keep_tokens = max(floor, int(min(len(tokens), cap) * share))
+        if len(tokens) <= keep_tokens:
+            return text
+        shrunk = orjson.dumps(self._digest_value(parsed, terms, meter)).decode()
+        left = meter.tokens(shrunk)
+        if len(left) > max(2 * keep_tokens, cap):
+            # JSON with little to thin out (an object of many fields): cut as text, as step 3
+            # does with JSON over `max_text_tokens`
+            shrunk = cut_middle(shrunk, keep_tokens, meter, tokens=left)[0]
+        return shrunk if len(shrunk) < len(text) else text
+
+    def _digest_value(self, value: Any, terms: frozenset[str], meter: Meter) -> Any:
+        """Arrays thinned to their telling items, multi-line strings to their digests."""
+        settings = self.settings
+        if isinstance(value, dict):
+            return {key: self._digest_value(item, terms, meter) for key, item in value.items()}
+        if isinstance(value, list):
+            items = self._digest_items(value, terms)
+            return [self._digest_value(item, terms, meter) for item in items]
+        if isinstance(value, str) and value.count("\n") >= 2:
+            share, floor = settings.digest_share, settings.digest_min_tokens
+            return digest_lines(value, terms, share, floor, meter, settings.max_text_tokens)
+        return value
+
+    def _digest_items(self, items: list[Any], terms: frozenset[str]) -> list[Any]:
+        """About `digest_share` of an array's items: its first and last, then the outliers (a
+        field few others fill), those with a task term, then the most informative (rare words
+        in their strings); "… N more items …" for each run of the others."""
+        real = [
+            index
+            for index, item in enumerate(items)
+            if not (isinstance(item, str) and _ITEMS_MARKER.fullmatch(item))
+        ]
+        settings = self.settings
+        most = min(len(real), 2 * settings.max_array_items)  # about what a cut keeps, at most
+        keep_count = max(3, math.ceil(most * settings.digest_share))
+        if keep_count >= len(real):
+            return items
+        found = [items[index] for index in real]
+        outlier = rare_keys(found)
+        scores = item_scores(found)
+        telling = [mentions(" ".join(strings_of(item)), terms) for item in found]
+        keep = {real[0], real[-1]}
+        head = 1
+        while len(keep) < keep_count // 4 + 1:  # a little more of the head: what it looks like
+            keep.add(real[head])
+            head += 1
+        ranked = sorted(
+            range(len(found)), key=lambda j: (not outlier[j], not telling[j], -scores[j], j)
+        )
+        for j in ranked:
+            if len(keep) >= keep_count:
+                break
+            keep.add(real[j])
+        return _with_gaps(items, keep)
+
     def apply(
         self, conversation: Conversation, goal: Goal, meter: Meter
     ) -> tuple[Conversation, list[FidelityRecord]]:
         settings = self.settings
         dialect = conversation.dialect
         known = facts(conversation)
+        # The tool loop at hand (the newest tool turn, unless the user has spoken since) whole.
         newest_tools = next((u for u in reversed(known.units) if u.kind == "tools"), None)
-        spared = set(newest_tools.indices) if newest_tools else set()
+        ongoing = newest_tools is not None and newest_tools.end > known.last_request
+        spared = set(newest_tools.indices) if newest_tools and ongoing else set()
         results = known.editable
         prunable = [
             index
@@ -342,20 +605,23 @@ class PruneToolResults:
         changes = self._rewritten(conversation, results, texts, meter)
         pruned = conversation.replace(changes)
 
-        # 3. cuts, oldest first, only while over the target, in batches
+        # 3. cuts to the relevant part, oldest first, only while over the target, in batches;
+        # 4. once every result is cut so and the request is still over, digests, likewise.
         edited: dict[int, tuple[Any, int]] = {}
         cut: dict[int, set[str]] = {}  # index → the calls whose results were cut
+        digested: dict[int, set[str]] = {}  # …and those cut further, to their digests
         needed = pruned.total - goal.target
         if needed > 0:
             skip: dict[int, set[str]] = {}
             for index, call_id in pointed:
                 if (index, call_id) in texts:
                     skip.setdefault(index, set()).add(call_id)
-            edits = self._lossy_edits(known, texts, meter)
 
-            def savings() -> Iterator[int]:
-                for index in prunable:
-                    message, size = pruned.messages[index], pruned.sizes[index]
+            def shrink(
+                edits: _Edits, done: dict[int, set[str]], among: Sequence[int]
+            ) -> Iterator[int]:
+                for index in among:
+                    message, size = edited.get(index, (pruned.messages[index], pruned.sizes[index]))
                     found = edits(index, size, skip.get(index, set()))
                     if not found:
                         continue
@@ -365,16 +631,24 @@ class PruneToolResults:
                     smaller = meter.message(updated)
                     if smaller < size:
                         edited[index] = (updated, smaller)
-                        cut[index] = set(found)
+                        done[index] = set(found)
                         yield size - smaller
 
-            snapped_count(savings(), needed, goal.step(settings.cut_at_least))
+            step = goal.step(settings.cut_at_least)
+            cuts = self._lossy_edits(known, texts, meter)
+            snapped_count(shrink(cuts, cut, prunable), needed, step)
+            left = needed - sum(pruned.sizes[i] - size for i, (_, size) in edited.items())
+            if left > 0 and settings.digest_share < 1:
+                sizes = [edited[i][1] if i in edited else pruned.sizes[i] for i in prunable]
+                start = self._digests_from(sizes, left)
+                digests = self._lossy_edits(known, texts, meter, digest=True)
+                snapped_count(shrink(digests, digested, prunable[start:]), left, step)
 
         records: list[FidelityRecord] = []
         for index in sorted(changes.keys() | edited.keys()):
             origin, before = conversation.origin[index], conversation.sizes[index]
             after = edited[index][1] if index in edited else changes[index][1]
-            cut_here = cut.get(index, set())
+            cut_here, digested_here = cut.get(index, set()), digested.get(index, set())
             deduplicated: list[FidelityRecord] = []
             shrunk: list[FidelityRecord] = []
             only_lossless = False
@@ -393,7 +667,7 @@ class PruneToolResults:
                             original=r.text,
                         )
                     )
-                elif r.call_id in cut_here:
+                elif r.call_id in cut_here or r.call_id in digested_here:
                     shrunk.append(
                         FidelityRecord(
                             self.name,
@@ -402,7 +676,9 @@ class PruneToolResults:
                             before,
                             after,
                             archive_key=archive_key(r.text),
-                            detail="cut to its relevant lines and items",
+                            detail="cut to a digest of its most informative lines and items"
+                            if r.call_id in digested_here
+                            else "cut to its relevant lines and items",
                             original=r.text,
                         )
                     )
@@ -411,14 +687,50 @@ class PruneToolResults:
             records += deduplicated + shrunk
             if only_lossless:
                 records.append(FidelityRecord(self.name, "pruned", origin, before, after))
-        return pruned.replace(edited), records
+        out = pruned.replace(edited)
+        remember_cut(
+            out,
+            {
+                (index, r.call_id): r.text
+                for index in edited
+                for r in results[index]
+                if r.call_id in cut.get(index, ()) or r.call_id in digested.get(index, ())
+            },
+        )
+        return out, records
+
+    def _digests_from(self, sizes: Sequence[int], left: int) -> int:
+        """Where digests start among the prunable results (oldest first, of these `sizes`) when
+        `left` tokens must still go: the first, if digests of all of them would save that much;
+        else past the oldest results that placeholders must replace anyway (the next policy
+        clears results oldest first) — digesting those would be work thrown away; and where
+        even placeholders for all would not save enough (whole turns will go too), only the
+        newest `_DIGEST_NEWEST`. Estimates, from the sizes alone: a digest keeps `digest_share`
+        of a result (at least `digest_min_tokens`), a placeholder `_PLACEHOLDER_TOKENS`."""
+        settings = self.settings
+        cap, share, floor = (
+            settings.max_text_tokens,
+            settings.digest_share,
+            settings.digest_min_tokens,
+        )
+        by_digest = [max(0, size - max(floor, int(min(size, cap) * share))) for size in sizes]
+        by_clearing = [max(0, size - _PLACEHOLDER_TOKENS) for size in sizes]
+        short = left - sum(by_digest)
+        start = 0
+        while short > 0 and start < len(sizes):
+            short -= by_clearing[start] - by_digest[start]
+            start += 1
+        if short > 0:
+            start = max(0, len(sizes) - _DIGEST_NEWEST)
+        return start - start % _DIGEST_GRID  # moved in steps, so the prefix stays put
 
     def _lossy_edits(
-        self, known: Facts, texts: dict[Key, str], meter: Meter
-    ) -> Callable[[int, int, set[str]], dict[str, str]]:
-        """A function giving a message's results cut to their relevant part (call → new text),
-        judged by the request each was fetched for and the calls that fetched it (the facts
-        of the conversation before steps 1 and 2, which touch neither)."""
+        self, known: Facts, texts: dict[Key, str], meter: Meter, digest: bool = False
+    ) -> _Edits:
+        """A function giving a message's results cut to their relevant part (call → new text) —
+        or with `digest`, to their digests — judged by the request each was fetched for and the
+        calls that fetched it (the facts of the conversation before steps 1 and 2, which touch
+        neither). `texts`: each result's text as it stands, where not its own."""
         settings = self.settings
         results = known.editable
         request = known.requests
@@ -430,11 +742,18 @@ class PruneToolResults:
                 if result.call_id in skip:
                     continue
                 text = texts.get((index, result.call_id), result.text)
-                if size <= settings.max_text_tokens and text.lstrip()[:1] not in ("{", "["):
+                if (
+                    not digest
+                    and size <= settings.max_text_tokens
+                    and text.lstrip()[:1] not in ("{", "[")
+                ):
                     continue  # a short text: nothing to cut
                 unit = unit_of.get(index)
                 terms = request[index] | (known.call_terms(unit) if unit else frozenset())
-                shrunk = self.lossy_text(text, meter, terms, size)
+                if digest:
+                    shrunk = self.digest_text(text, meter, terms)
+                else:
+                    shrunk = self.lossy_text(text, meter, terms, size)
                 if shrunk != text:
                     found[result.call_id] = shrunk
             return found

@@ -614,6 +614,8 @@ def test_the_last_request_is_never_a_turn_of_tool_results(wire: Builder) -> None
 
 # ---- 2. inside a result: task lines, error lines and task items are kept ---------------------
 
+CUT_ONLY = PruneSettings(digest_share=1)  # step 3 alone: cut to the relevant part, no digests
+
 
 def build_log(lines: int = 600) -> tuple[str, list[str]]:
     rows = [
@@ -638,7 +640,7 @@ def test_a_long_log_keeps_error_and_task_lines_and_loses_noise(wire: Builder) ->
         wire.turn("c2", "bash", {"command": "cat profile.ini"}, "[default]\nname = dev"),
     )
     before = wire.conversation(items)
-    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0))
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0, digest_share=1))
     after, records = prune.apply(before, Goal(0, 0), wire.meter)
     kept = result_of(after, "c1")
     assert all(fact in kept for fact in facts)
@@ -662,7 +664,7 @@ def test_json_arrays_keep_the_items_that_mention_the_tasks_identifiers(wire: Bui
         *wire.turn("c2", "bash", {"command": "date"}, "Sun Nov 22 12:00:00 UTC 2026"),
     ]
     before = wire.conversation(items)
-    after, _ = PruneToolResults().apply(before, Goal(0, 0), wire.meter)
+    after, _ = PruneToolResults(CUT_ONLY).apply(before, Goal(0, 0), wire.meter)
     kept = orjson.loads(result_of(after, "c1"))
     ids = [item["id"] for item in kept if isinstance(item, dict)]
     assert ids[:8] == [f"ORD-{1000 + n}" for n in range(8)]
@@ -690,7 +692,7 @@ def test_array_items_are_judged_by_their_values_not_their_keys(wire: Builder) ->
         *wire.turn("c1", "list_orders", {"since": "2026-11-01"}, orjson.dumps(orders).decode()),
         *wire.turn("c2", "bash", {"command": "date"}, "Sun Nov 22 12:00:00 UTC 2026"),
     ]
-    after, _ = PruneToolResults().apply(wire.conversation(items), Goal(0, 0), wire.meter)
+    after, _ = PruneToolResults(CUT_ONLY).apply(wire.conversation(items), Goal(0, 0), wire.meter)
     kept = orjson.loads(result_of(after, "c1"))
     ids = [item["id"] for item in kept if isinstance(item, dict)]
     head, tail = [f"ORD-{1000 + n}" for n in range(8)], [f"ORD-{1000 + n}" for n in range(196, 200)]
@@ -708,7 +710,7 @@ def test_a_json_result_with_one_field_keeps_its_field(wire: Builder) -> None:
         wire.turn("c1", "bash", {"command": "make build"}, result),
         wire.turn("c2", "bash", {"command": "true"}, "ok"),
     )
-    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0))
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0, digest_share=1))
     after, _ = prune.apply(wire.conversation(items), Goal(0, 0), wire.meter)
     kept = orjson.loads(result_of(after, "c1"))
     assert list(kept) == ["stdout"] and "omitted by brim" in kept["stdout"]

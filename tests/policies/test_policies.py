@@ -84,9 +84,8 @@ def test_prune_shrinks_json_and_logs_but_spares_the_newest_turn() -> None:
         *tool_turn(3, LOG.replace(" ok", " done")),  # not a copy: that would become a pointer
     ]
     before = conv(messages)
-    after, records = PruneToolResults(PruneSettings(max_text_tokens=300)).apply(
-        before, Goal(0, 0), METER
-    )
+    cut_only = PruneSettings(max_text_tokens=300, digest_share=1)  # no digests
+    after, records = PruneToolResults(cut_only).apply(before, Goal(0, 0), METER)
     listing = orjson.loads(after.messages[2]["content"])
     assert len(listing["files"]) == 8 + 1 + 4 and listing["files"][8] == "… 38 more items …"
     assert "html_url" not in listing["files"][0] and "owner" not in listing["files"][0]

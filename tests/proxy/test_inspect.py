@@ -105,8 +105,12 @@ def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
         {"role": "system", "content": "sys"},
         {"role": "user", "content": "go"},
     ]
-    for n in range(6):
-        messages += tool_turn(f"c{n}", f"output line of step {n}\n" * 200, name="bash")
+    stages = ["fetch", "parse", "check", "merge", "index", "store", "sync", "audit", "render"]
+    for n in range(12):  # enough that digests alone do not fit: prune cuts, then clear clears
+        output = "\n".join(
+            f"step {n} line {i}: {stages[(i + n) % 9]} {stages[i % 7]}" for i in range(60)
+        )
+        messages += tool_turn(f"c{n}", output, name="bash")
     messages.append({"role": "user", "content": "why?"})
     path = tmp_path / "big.json"
     path.write_bytes(orjson.dumps({"model": "small", "messages": messages}))
@@ -116,8 +120,8 @@ def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
     assert guard["action"] == "compress"
     assert guard["tokens_in"] > 2000 >= guard["tokens_out"]
     assert guard["tokens_out"] <= guard["target"]
-    assert "clear:" in guard["actions"]
-    assert {r["policy"] for r in guard["records"]} >= {"clear_tool_results"}
+    assert "prune:" in guard["actions"] and "clear:" in guard["actions"]
+    assert {r["policy"] for r in guard["records"]} >= {"prune_tool_results", "clear_tool_results"}
     text = brim("inspect", str(path), cwd=tmp_path).stdout
     assert "guard     compress" in text and "clear_tool_results   cleared" in text
     assert all(f"{record['policy']:<20} {record['action']}" in text for record in guard["records"])

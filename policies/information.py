@@ -1,0 +1,201 @@
+"""How much a line of a tool result says: its words' rarity within the result.
+
+A tool result repeats itself: log lines that differ only in their numbers, a PASSED line per
+test, a grep hit per call of the same function, code bodies that reuse the same identifiers.
+What it says once — a comment, a config line, a one-off message — is where its information
+is. Each line is scored by how rare its words are within the whole result (document frequency
+over its lines, numbers and hex masked), so templated lines score low whatever their numbers,
+and a line that stands out scores high. The same measure ranks the items of a JSON array.
+
+Used by `prune_tool_results` (its digest keeps a result's most informative lines and items) and
+by `clear_tool_results` (a placeholder quotes the result's gist: its few most informative lines).
+The scores and the gist are pure functions of the text. A result prune cut is judged by its
+whole text still: prune notes what each result it cut said before (`remember_cut`), on the
+conversation it hands to the next policy, for clear's gist (`cut_from`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from collections import Counter
+from collections.abc import Sequence
+from itertools import chain
+from typing import Any
+
+import orjson
+from cachetools import LRUCache
+
+from policies.conversation import Conversation, ResultKey, strings_of
+
+_HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
+_DIGITS = re.compile(r"\d+")
+_WORD = re.compile(r"\w*[^\W\d_]\w*")  # a word with a letter in it
+# Brim's own markers (of omitted lines, items or tokens): they say nothing about the result.
+_MARKER = re.compile(r"\[… \d+ [^\]]*by brim[^\]]*…\]|… \d+ more items …")
+_CUT_FROM = "cut_from"  # the memo key of `remember_cut`
+_SMOOTHING = 2  # a line of one rare word is no more telling than a sentence of rare words
+_GIST_RATIO = 0.6  # a gist quotes no line scoring below this share of its best line's
+GIST_WIDTH = 200  # characters of a line a gist quotes at most
+
+_GISTS: LRUCache[tuple[int, int, int, int], tuple[str, ...]] = LRUCache(maxsize=8_192)
+_SCORES: LRUCache[tuple[int, int], list[float]] = LRUCache(maxsize=2_048)
+_LOCK = threading.Lock()
+
+
+def words(text: str) -> list[str]:
+    """The lower-case words of `text` that can tell one line from another: numbers alone and
+    hex strings (hashes, keys, ids) are left out, and digits inside a word are masked, so
+    `test_total_12` and `test_total_13` are the same word and a line differing from its
+    neighbours only by numbers has nothing of its own."""
+    return _WORD.findall(_DIGITS.sub("0", _HEX_WORD.sub(" ", text.lower())))
+
+
+def is_marker(line: str) -> bool:
+    """Whether a line is one of brim's own markers of what it left out."""
+    return bool(_MARKER.fullmatch(line.strip()))
+
+
+def rarity_scores(pieces: Sequence[Sequence[str]]) -> list[float]:
+    """For each piece (a line's or an item's words), how rare its words are among the pieces:
+    the sum of each distinct word's inverse document frequency, log(pieces / pieces with the
+    word), over its number of distinct words plus a small constant. A word every piece has
+    scores nothing; a piece without words scores 0."""
+    sets = list(map(frozenset, pieces))
+    seen = Counter(chain.from_iterable(sets))
+    total = max(1, sum(1 for found in sets if found))
+    rarity = {word: math.log(total / count) for word, count in seen.items()}
+    weigh = rarity.__getitem__
+    return [sum(map(weigh, found)) / (len(found) + _SMOOTHING) if found else 0.0 for found in sets]
+
+
+def line_scores(lines: Sequence[str]) -> list[float]:
+    """How informative each line is within `lines` (brim's markers score below every line)."""
+    joined = "\n".join(lines)
+    masked = _DIGITS.sub("0", _HEX_WORD.sub(" ", joined.lower()))  # as `words`, all at once
+    pieces = list(map(_WORD.findall, masked.split("\n")))
+    if len(pieces) != len(lines):  # a line with a line break in it: one at a time
+        pieces = [words(line) for line in lines]
+    if "by brim" in joined or "more items" in joined:
+        markers = [is_marker(line) for line in lines]
+        scores = rarity_scores(
+            [() if marker else piece for piece, marker in zip(pieces, markers, strict=True)]
+        )
+        return [-1.0 if marker else score for score, marker in zip(scores, markers, strict=True)]
+    return rarity_scores(pieces)
+
+
+def scores_of(text: str) -> list[float]:
+    """`line_scores` of the lines of `text`, remembered by content: prune's cuts and digests and
+    clear's gist all judge the same results."""
+    key = (len(text), hash(text))
+    with _LOCK:
+        known = _SCORES.get(key)
+    if known is None:
+        known = line_scores(text.split("\n"))
+        with _LOCK:
+            _SCORES[key] = known
+    return known
+
+
+def item_scores(items: Sequence[Any]) -> list[float]:
+    """How informative each item of a JSON array is among them: the rarity of the words in its
+    strings (keys aside: the items of an array share theirs)."""
+    return rarity_scores([words(" ".join(strings_of(item))) for item in items])
+
+
+def rare_keys(items: Sequence[Any], share: float = 0.1) -> list[bool]:
+    """For each item of a JSON array, whether it is an outlier by its fields: it has a value in
+    a field that at most `share` of the array's objects have a value in (an object among five
+    or more; a field with null, false, zero or an empty value has none)."""
+    keys = [_filled_keys(item) if isinstance(item, dict) else frozenset() for item in items]
+    objects = sum(1 for item in items if isinstance(item, dict))
+    if objects < 5:
+        return [False] * len(items)
+    held = Counter(key for found in keys for key in found)
+    most = max(1, int(objects * share))
+    return [any(held[key] <= most for key in found) for found in keys]
+
+
+def _filled_keys(item: dict[Any, Any]) -> frozenset[str]:
+    return frozenset(
+        str(key) for key, value in item.items() if value not in (None, False, 0, "", [], {})
+    )
+
+
+def remember_cut(conversation: Conversation, originals: dict[ResultKey, str]) -> None:
+    """Note on `conversation` (the one a policy returns) the text each result it cut had before
+    the cut: a result cut to its relevant part or its digest lost the rarity of its lines,
+    which its gist is judged by (`cut_from`). Kept as long as the conversation is."""
+    if originals:
+        conversation.memo[_CUT_FROM] = originals
+
+
+def cut_from(conversation: Conversation) -> dict[ResultKey, str]:
+    """The texts the results of `conversation` had before a policy cut them (`remember_cut`),
+    by (message index, call key); empty where none was noted."""
+    found = conversation.memo.get(_CUT_FROM)
+    return found if isinstance(found, dict) else {}
+
+
+def gist(text: str, count: int, width: int = GIST_WIDTH) -> tuple[str, ...]:
+    """The `count` most informative lines of `text`, in their order, each stripped and cut to
+    `width` characters: what a cleared result still says. For JSON, its string values are the
+    lines, each with the key it is under (`description: …`). Remembered by content."""
+    if count <= 0 or not text:
+        return ()
+    key = (len(text), hash(text), count, width)
+    with _LOCK:
+        known = _GISTS.get(key)
+    if known is None:
+        known = _gist(text, count, width)
+        with _LOCK:
+            _GISTS[key] = known
+    return known
+
+
+def _gist(text: str, count: int, width: int) -> tuple[str, ...]:
+    lines = _json_lines(text)
+    if lines is None:
+        scores = scores_of(text)
+        lines = text.split("\n")
+    else:
+        scores = line_scores(lines)
+    lines = [line.strip() for line in lines]
+    ranked = sorted(
+        (index for index, line in enumerate(lines) if scores[index] > 0 and line),
+        key=lambda index: (-scores[index], index),
+    )
+    if not ranked:
+        return ()
+    best = scores[ranked[0]]
+    chosen = sorted(index for index in ranked[:count] if scores[index] >= _GIST_RATIO * best)
+    return tuple(_clip(lines[index], width) for index in chosen)
+
+
+def _clip(line: str, width: int) -> str:
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _json_lines(text: str) -> list[str] | None:
+    """The string values of a JSON text as lines, each after its key; None if it is no JSON."""
+    stripped = text.strip()
+    if not (stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]")):
+        return None
+    try:
+        parsed = orjson.loads(stripped)
+    except orjson.JSONDecodeError:
+        return None
+    lines: list[str] = []
+    pending: list[tuple[str, Any]] = [("", parsed)]
+    while pending:  # depth first, in order, without recursion (the JSON may be deep)
+        key, value = pending.pop()
+        if isinstance(value, dict):
+            pending += reversed([(str(k), v) for k, v in value.items()])
+        elif isinstance(value, list):
+            pending += reversed([(key, v) for v in value])
+        elif isinstance(value, str) and value and not is_marker(value):
+            label = f"{key}: " if key else ""
+            lines += [label + line for line in value.split("\n") if not is_marker(line)]
+    return lines

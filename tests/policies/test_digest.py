@@ -1,0 +1,495 @@
+"""Shrinking by information: the rarity scorer, a result's digest (prune's step 4) and the gist a
+cleared result keeps — as pure functions, and through the policies on every wire API."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from policies.clear import ClearSettings, ClearToolResults, placeholder
+from policies.conversation import Goal, archive_key, is_anomaly, keys_of
+from policies.information import (
+    cut_from,
+    gist,
+    is_marker,
+    item_scores,
+    line_scores,
+    rare_keys,
+    rarity_scores,
+    remember_cut,
+    words,
+)
+from policies.prune import (
+    PruneSettings,
+    PruneToolResults,
+    cut_middle,
+    digest_lines,
+    matched_terms,
+    relevant_lines,
+)
+from policies.tokens import CounterMeter, TokenCounter
+from policies.wires import WIRES
+from policies.wires.chat import CHAT
+from proxy.resources import use_bundled_tiktoken_files
+from tests.policies.test_information import BUILDERS, Item, result_of, valid
+
+use_bundled_tiktoken_files()
+METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
+MARKER = re.compile(r"\[… (\d+) lines omitted by brim(?:, (\d+) with task terms or anomalies)? …\]")
+
+UNUSUAL = "2026-11-22 12:04:10 INFO  deploy-config: the staging key rotates on tuesdays at 0300"
+
+
+def repetitive_log(lines: int = 300, unusual_at: int | None = 170) -> str:
+    """A build log whose lines differ only in their numbers (and one source name of four),
+    with one line that says something once."""
+    sources = ("compiler", "resolver", "bundler", "cache")
+    rows = [
+        f"2026-11-22 12:{n // 60:02d}:{n % 60:02d} INFO  {sources[n % 4]}: compiled unit {n} "
+        f"in {n % 97} ms (key {n * 7919:08x})"
+        for n in range(lines)
+    ]
+    if unusual_at is not None:
+        rows[unusual_at] = UNUSUAL
+    return "\n".join(rows)
+
+
+def replayed(digest: str, original: list[str]) -> int:
+    """Walk a digest against the lines it was made of: every kept line is the next original
+    line, every marker skips as many as it says. Returns how many lines the digest accounts
+    for (all of them, if it is honest)."""
+    at = 0
+    for line in digest.split("\n"):
+        found = MARKER.fullmatch(line)
+        if found:
+            at += int(found[1])
+        else:
+            assert line == original[at], (at, line)
+            at += 1
+    return at
+
+
+# ---- the scorer ------------------------------------------------------------------------------
+
+
+def test_words_mask_numbers_and_hashes_so_templated_lines_share_their_words() -> None:
+    assert words("[00:00:11] DEBUG cache: hit for total (5785 bytes, key 178113cedb3b)") == [
+        "debug",
+        "cache",
+        "hit",
+        "for",
+        "total",
+        "bytes",
+        "key",
+    ]
+    assert (
+        words("test_total_12 PASSED") == words("test_total_13 PASSED") == ["test_total_0", "passed"]
+    )
+    assert words("v2 deadbeef größe") == ["v0", "deadbeef", "größe"]  # words with letters stay
+
+
+def test_a_line_that_says_something_once_scores_above_the_template() -> None:
+    lines = repetitive_log().split("\n")
+    scores = line_scores(lines)
+    assert max(range(len(lines)), key=scores.__getitem__) == 170
+    assert scores[170] > 3 * sorted(scores)[-2]  # far above the best templated line
+
+
+def test_brims_own_markers_score_below_every_line() -> None:
+    lines = ["alpha beta", "[… 12 lines omitted by brim …]", "… 3 more items …", "gamma"]
+    scores = line_scores(lines)
+    assert scores[1] == scores[2] == -1.0 and min(scores[0], scores[3]) >= 0
+    assert is_marker("[… 12 lines without task terms or errors omitted by brim …]")
+    assert not is_marker("[… 12 lines of my own …]")
+
+
+@given(st.lists(st.lists(st.sampled_from(["a", "b", "c", "d", "e"]), max_size=4), max_size=12))
+def test_a_piece_of_words_every_piece_has_scores_nothing(pieces: list[list[str]]) -> None:
+    scores = rarity_scores([["every", *piece] for piece in pieces])
+    shared = [i for i, piece in enumerate(pieces) if not piece]
+    assert all(scores[i] == 0 for i in shared)
+    assert all(score >= 0 for score in scores)
+
+
+def test_array_outliers_are_items_with_a_field_few_others_fill() -> None:
+    items: list[Any] = [{"id": n, "status": "active", "note": None} for n in range(30)]
+    items[17]["note"] = "migrated by hand after the outage"
+    items[4]["status"] = ""  # an empty value fills nothing: no outlier
+    assert [i for i, rare in enumerate(rare_keys(items)) if rare] == [17]
+    scores = item_scores(items)
+    assert max(range(len(items)), key=scores.__getitem__) == 17
+    assert rare_keys(items[:4]) == [False] * 4  # too few objects to call one an outlier
+
+
+# ---- the digest of a text ----------------------------------------------------------------------
+
+
+def test_an_unusual_line_in_a_repetitive_log_survives_the_digest() -> None:
+    log = repetitive_log()
+    lines = log.split("\n")
+    total = len(METER.tokens(log))
+    digest = digest_lines(log, frozenset(), 0.1, 64, METER)
+    assert UNUSUAL in digest.split("\n")
+    kept = len(METER.tokens(digest))
+    assert kept <= 0.1 * total * 1.25 and kept < total  # about the share asked for
+    assert digest.startswith(lines[0] + "\n") and digest.endswith("\n" + lines[-1])
+    assert replayed(digest, lines) == len(lines)  # every dropped line counted in a marker
+    # Cut to the same size by position, the line is lost: the digest goes by information.
+    assert UNUSUAL not in cut_middle(log, kept, METER)[0]
+
+
+def test_the_digest_keeps_anomaly_and_task_lines_first() -> None:
+    lines = repetitive_log(unusual_at=None).split("\n")
+    lines[50] = "2026-11-22 12:00:50 ERROR linker: name 'cursor' is not defined"
+    lines[90] = "2026-11-22 12:01:30 INFO  resolver: compiled unit parse_config in 3 ms"
+    text = "\n".join(lines)
+    digest = digest_lines(text, frozenset({"parse_config"}), 0.1, 64, METER).split("\n")
+    assert lines[50] in digest and lines[90] in digest
+    assert replayed("\n".join(digest), lines) == len(lines)
+
+
+def test_a_task_term_on_most_lines_tells_none_apart() -> None:
+    """A grep for `lookup_order` matches it on every line: those lines are no task lines, and
+    the one line that says something else is what the digest keeps."""
+    hits = [
+        f"src/mod_{n % 7}.py:{n}:    result = lookup_order(record, retries={n % 4})"
+        for n in range(30)
+    ]
+    hits[12] = (
+        "src/billing/tasks.py:88:    # lookup_order: the legacy table is paused until ops-7318 closes"
+    )
+    digest = digest_lines("\n".join(hits), frozenset({"lookup_order"}), 0.2, 64, METER)
+    assert hits[12] in digest.split("\n")
+
+
+def test_a_digest_of_a_cut_text_adds_up_the_markers_it_drops() -> None:
+    lines = repetitive_log(600).split("\n")
+    cut = relevant_lines("\n".join(lines), frozenset(), 1_500, METER)
+    assert "lines without task terms or errors omitted by brim" in cut
+    digest = digest_lines(cut, frozenset(), 0.2, 64, METER)
+    assert "without task terms" not in digest  # the cut's markers merged into the digest's
+    omitted = sum(int(m[1]) for m in MARKER.finditer(digest))
+    kept = sum(1 for line in digest.split("\n") if not MARKER.fullmatch(line))
+    assert omitted + kept == len(lines)
+
+
+ORDINARY = st.builds(
+    lambda n, word: f"2026-11-22 12:00:{n % 60:02d} INFO {word} processed batch {n} ok",
+    st.integers(0, 10_000),
+    st.sampled_from(["worker", "scheduler", "reader"]),
+)
+FREE = st.text(
+    st.characters(min_codepoint=32, max_codepoint=126, exclude_characters="[]…"),
+    max_size=60,
+)
+ANOMALY = st.sampled_from(
+    ["ERROR: disk full on /var", "Traceback (most recent call last):", "WARNING: slow query"]
+)
+
+
+@st.composite
+def texts(draw: Any) -> tuple[str, list[int]]:
+    """A multi-line text (no line over 60 characters) and where its anomaly lines are."""
+    lines = draw(st.lists(st.one_of(ORDINARY, ORDINARY, FREE), min_size=8, max_size=80))
+    anomalies: list[int] = []
+    for _ in range(draw(st.integers(0, 2))):
+        at = draw(st.integers(1, len(lines) - 2))
+        lines[at] = draw(ANOMALY)
+        anomalies.append(at)
+    return "\n".join(lines), anomalies
+
+
+PROPERTIES = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTIES
+@given(case=texts(), share=st.floats(0.05, 0.9), floor=st.integers(300, 600))
+def test_digest_properties(case: tuple[str, list[int]], share: float, floor: int) -> None:
+    text, anomalies = case
+    lines = text.split("\n")
+    digest = digest_lines(text, frozenset(), share, floor, METER)
+    assert len(digest) <= len(text)  # never longer
+    assert digest_lines(text, frozenset(), share, floor, METER) == digest  # deterministic
+    if digest == text:
+        return
+    out = digest.split("\n")
+    assert out[0] == lines[0] and out[-1] == lines[-1]  # first and last lines kept
+    assert all(lines[at] in out for at in anomalies)  # a few anomaly lines always fit
+    assert all(is_anomaly(lines[at]) for at in anomalies)
+    assert replayed(digest, lines) == len(lines)  # kept lines in order, dropped ones counted
+
+
+# ---- the digest of a JSON result ---------------------------------------------------------------
+
+
+def listing(count: int = 40) -> tuple[list[dict[str, Any]], str]:
+    items: list[dict[str, Any]] = [
+        {"id": 10_000 + n, "name": f"order-{10_000 + n}", "status": "active", "note": None}
+        for n in range(count)
+    ]
+    items[23]["note"] = "refunded by hand after the march outage"
+    return items, orjson.dumps({"data": items, "page": 1}).decode()
+
+
+def test_a_json_digest_keeps_head_tail_and_outliers_and_counts_the_rest() -> None:
+    _, text = listing()
+    prune = PruneToolResults(PruneSettings(digest_min_tokens=16))
+    digest = orjson.loads(prune.digest_text(text, METER))
+    kept = [item for item in digest["data"] if isinstance(item, dict)]
+    gaps = [int(g.split()[1]) for g in digest["data"] if isinstance(g, str)]
+    assert kept[0]["id"] == 10_000 and kept[-1]["id"] == 10_039
+    assert any(item.get("note") for item in kept)  # the outlier
+    assert len(kept) == 8 and len(kept) + sum(gaps) == 40  # about a fifth; the rest counted
+    assert digest["page"] == 1
+    assert prune.digest_text(text, METER) == PruneToolResults(prune.settings).digest_text(
+        text, METER
+    )  # the same from a fresh instance: a pure function of the text
+
+
+ITEMS = st.lists(
+    st.fixed_dictionaries(
+        {"id": st.integers(0, 10**6), "status": st.sampled_from(["active", "failed", "paused"])},
+        optional={"note": st.text(max_size=30), "owner": st.sampled_from(["ann", "bo", None])},
+    ),
+    min_size=20,
+    max_size=60,
+)
+
+
+@PROPERTIES
+@given(items=ITEMS, share=st.floats(0.1, 0.5))
+def test_json_digest_properties(items: list[dict[str, Any]], share: float) -> None:
+    text = orjson.dumps({"data": items}).decode()
+    prune = PruneToolResults(PruneSettings(digest_share=share, digest_min_tokens=16))
+    digest = prune.digest_text(text, METER)
+    assert len(digest) <= len(text)
+    assert PruneToolResults(prune.settings).digest_text(text, METER) == digest
+    kept = orjson.loads(digest)["data"]
+    dicts = [item for item in kept if isinstance(item, dict)]
+    gaps = [int(item.split()[1]) for item in kept if isinstance(item, str)]
+    assert len(dicts) + sum(gaps) == len(items)  # every item kept or counted
+    it = iter(items)
+    assert all(any(item == other for other in it) for item in dicts)  # in their order
+    assert dicts[0] == items[0] and dicts[-1] == items[-1]
+
+
+# ---- the gist a placeholder quotes -------------------------------------------------------------
+
+
+def test_a_gist_is_the_most_informative_lines_in_order_and_cut_short() -> None:
+    log = repetitive_log()
+    assert gist(log, 1) == (UNUSUAL,)
+    assert gist(log, 0) == ()
+    long = log.replace(UNUSUAL, UNUSUAL + " and more " * 40)
+    (line,) = gist(long, 1)
+    assert len(line) == 200 and line.endswith("…")
+    _, text = listing()
+    assert gist(text, 1) == ("note: refunded by hand after the march outage",)  # JSON: key: value
+
+
+def test_clear_quotes_the_gist_under_an_unchanged_first_line() -> None:
+    builder = BUILDERS["openai.chat"]
+    log = repetitive_log()
+    items = [
+        builder.user("why does the build fail?"),
+        *builder.turn("c1", "bash", {"command": "make"}, log),
+        *builder.turn("c2", "bash", {"command": "make test"}, "ok " * 300),
+        *builder.turn("c3", "bash", {"command": "true"}, "ok"),
+    ]
+    before = builder.conversation(items)
+    goal = Goal(target=before.total - 1, limit=before.total)
+    clear = ClearToolResults(ClearSettings(keep=1, clear_at_least=0, gist_lines=2))
+    after, records = clear.apply(before, goal, builder.meter)
+    cleared = result_of(after, "c1")
+    first, *rest = cleared.split("\n")
+    assert first == placeholder("bash", before.sizes[2], archive_key(log))  # as it always was
+    assert UNUSUAL in [line.removeprefix("> ") for line in rest]
+    assert rest[0] == "Its gist:" and all(line.startswith("> ") for line in rest[1:])
+    assert len(rest) <= 3
+    assert records[0].tokens_after == after.sizes[2] == builder.meter.message(after.messages[2])
+    assert after.total == sum(after.sizes) + after.fixed  # the accounting holds
+    assert clear.apply(before, goal, builder.meter)[0].messages == after.messages  # stable
+    bare = ClearToolResults(ClearSettings(keep=1, clear_at_least=0, gist_lines=0))
+    assert result_of(bare.apply(before, goal, builder.meter)[0], "c1") == first
+    assert valid(after)
+
+
+def test_a_gist_shrinks_to_fewer_lines_where_more_would_not_save_a_third() -> None:
+    builder = BUILDERS["openai.chat"]
+    small = "\n".join(
+        [
+            "database_host = db.internal.example",
+            "database_port = 5432 for the replica",
+            "cache_backend = redis cluster in eu-west",
+            "queue_name = nightly exports and invoices",
+            "retry_policy = exponential with jitter",
+            "owner_team = billing platform on call",
+            "feature_flag = checkout v2 rollout stage",
+            "log_level = warning except the webhook",
+            "timeout_seconds = 30 unless streaming",
+            "archive_bucket = s3 cold storage tier",
+        ]
+    )
+    items = [
+        builder.user("go"),
+        *builder.turn("c1", "bash", {"command": "seq"}, small),
+        *builder.turn("c2", "bash", {"command": "true"}, "ok"),
+    ]
+    before = builder.conversation(items)
+    after, _ = ClearToolResults(ClearSettings(keep=1, gist_lines=6)).apply(
+        before, Goal(0, 0), builder.meter
+    )
+    cleared = result_of(after, "c1")
+    first, _, *quoted = cleared.split("\n")
+    assert 1 <= len(quoted) < 6  # fewer lines than asked for…
+    assert 3 * len(cleared) <= 2 * len(small)  # …saving a third of the result…
+    more = "\n".join([first, "Its gist:", *(f"> {line}" for line in gist(small, len(quoted) + 1))])
+    assert 3 * len(more) > 2 * len(small)  # …which one more line would not
+    assert quoted == [f"> {line}" for line in gist(small, len(quoted))]
+
+
+# ---- step 4 through the policies, on every wire -------------------------------------------------
+
+
+def long_session(builder: Any) -> list[Item]:
+    items = [builder.user("Why does the nightly build fail?")]
+    for n in range(4):
+        log = repetitive_log(300, unusual_at=40 + 50 * n).replace("tuesdays", f"day {n}")
+        items += builder.turn(f"c{n}", "bash", {"command": f"make step{n}"}, log)
+    items += builder.turn("c9", "bash", {"command": "make last"}, repetitive_log(300))
+    return items
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_digests_come_after_cuts_oldest_first_and_keep_what_is_unusual(api: str) -> None:
+    builder = BUILDERS[api]
+    items = long_session(builder)
+    original = copy.deepcopy(items)
+    before = builder.conversation(items)
+    prune = PruneToolResults(PruneSettings(max_text_tokens=2_000, cut_at_least=0))
+
+    # Cutting to the relevant part is enough: no digest.
+    goal = Goal(target=before.total - 2_000, limit=before.total)
+    _, records = prune.apply(before, goal, builder.meter)
+    assert {r.detail for r in records} == {"cut to its relevant lines and items"}
+
+    # Still over once every result is cut: the oldest become digests, just enough of them.
+    cut_only = PruneToolResults(PruneSettings(max_text_tokens=2_000, digest_share=1))
+    everything_cut, _ = cut_only.apply(before, Goal(0, 0), builder.meter)
+    goal = Goal(target=everything_cut.total - 1_000, limit=before.total)
+    after, records = prune.apply(before, goal, builder.meter)
+    digested = [r.index for r in records if "digest" in r.detail]
+    assert digested == [2]  # the oldest, and no more than needed
+    assert len(records) == 4 and after.total <= goal.target
+    for n in range(4):
+        assert f"day {n} at 0300" in result_of(after, f"c{n}")  # the unusual line, kept
+    assert result_of(after, "c9") == repetitive_log(300)  # the tool loop at hand: whole
+    assert cut_from(after)[2, "c0"] == result_of(before, "c0")  # noted for clear
+    assert prune.apply(before, goal, builder.meter)[0].messages == after.messages
+    assert items == original
+    assert valid(after)
+
+    # Cleared afterwards, a digest's placeholder quotes the gist of the whole result.
+    cleared, _ = ClearToolResults(ClearSettings(keep=1)).apply(after, Goal(0, 0), builder.meter)
+    quoted = result_of(cleared, "c0").split("\n")[2:]
+    assert quoted == [f"> {line}" for line in gist(result_of(before, "c0"), 1)]
+    assert "day 0 at 0300" in quoted[0]
+    assert valid(cleared)
+
+
+def test_a_placeholder_quotes_the_gist_of_the_result_before_it_was_cut() -> None:
+    builder = BUILDERS["openai.chat"]
+    log = repetitive_log()
+    digest = "\n".join(log.split("\n")[:40])  # a cut that lost the unusual line
+    items = [
+        builder.user("go"),
+        *builder.turn("c1", "bash", {"command": "make"}, digest),
+        *builder.turn("c2", "bash", {"command": "true"}, "ok"),
+    ]
+    conversation = builder.conversation(items)
+    clear = ClearToolResults(ClearSettings(keep=1))
+    alone = result_of(clear.apply(conversation, Goal(0, 0), builder.meter)[0], "c1")
+    remember_cut(conversation, {(2, "c1"): log})
+    told = result_of(clear.apply(conversation, Goal(0, 0), builder.meter)[0], "c1")
+    assert told.split("\n")[0] == alone.split("\n")[0]  # the same placeholder line…
+    assert told.split("\n")[2:] == [f"> {UNUSUAL}"]  # …quoting the whole result's gist
+    assert UNUSUAL not in alone
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_the_newest_tool_turn_is_spared_only_while_it_is_the_task_at_hand(api: str) -> None:
+    builder = BUILDERS[api]
+    items = long_session(builder)
+    prune = PruneToolResults(PruneSettings(cut_at_least=0))
+    spared, _ = prune.apply(builder.conversation(items), Goal(0, 0), builder.meter)
+    assert result_of(spared, "c9") == repetitive_log(300)
+    items += [builder.said("The build log is long."), builder.user("Never mind: what next?")]
+    after, _ = prune.apply(builder.conversation(items), Goal(0, 0), builder.meter)
+    assert "omitted by brim" in result_of(after, "c9")  # the user has moved on: history now
+    assert after.messages[-1] == items[-1]
+    assert valid(after)
+
+
+def test_digests_turn_off_with_a_share_of_one() -> None:
+    builder = BUILDERS["openai.chat"]
+    before = builder.conversation(long_session(builder))
+    prune = PruneToolResults(PruneSettings(digest_share=1, cut_at_least=0))
+    _, records = prune.apply(before, Goal(0, 0), builder.meter)
+    assert records and all(r.detail == "cut to its relevant lines and items" for r in records)
+
+
+# The same answers, found with less work: the fast paths agree with the plain definitions.
+
+LINE_TEXT = st.lists(
+    st.text(alphabet="abcdef0123456789 _-./:xyzé\n", max_size=40)
+    | st.sampled_from(["[… 12 lines omitted by brim …]", "… 3 more items …", UNUSUAL]),
+    max_size=30,
+).map("\n".join)
+
+
+@given(LINE_TEXT)
+@settings(max_examples=300, deadline=None)
+def test_line_scores_all_at_once_equal_the_scores_line_by_line(text: str) -> None:
+    lines = text.split("\n")
+    plain = rarity_scores([() if is_marker(line) else words(line) for line in lines])
+    expected = [
+        -1.0 if is_marker(line) else score for line, score in zip(lines, plain, strict=True)
+    ]
+    assert line_scores(lines) == pytest.approx(expected)
+
+
+@given(
+    st.lists(st.sampled_from(["billing", "client.py", "parse_config", "ab", "rotate"]), max_size=4),
+    st.lists(
+        st.sampled_from(["billing", "src/billing/client.py", "parse_config()", "xbillingx", "Ab"])
+        | st.text(alphabet="ab _./-\n", max_size=12),
+        max_size=600,
+    ),
+)
+@settings(max_examples=200, deadline=None)
+def test_matched_terms_are_the_terms_among_the_texts_keys(
+    terms: list[str], pieces: list[str]
+) -> None:
+    text = " ".join(pieces)  # long enough, often, for the line-by-line path
+    assert matched_terms(text, frozenset(terms)) == frozenset(terms) & keys_of(text)
+
+
+def test_digests_skip_the_oldest_results_that_placeholders_must_replace_anyway() -> None:
+    prune = PruneToolResults()
+    sizes = [1_000] * 40
+    # Digests of all 40 save 40 × 800: enough for 30 000, so all are digested.
+    assert prune._digests_from(sizes, 30_000) == 0
+    # 36 000 needs placeholders for the oldest ones: digests start past them, on the grid.
+    start = prune._digests_from(sizes, 36_000)
+    assert 0 < start < 40 and start % 8 == 0
+    cleared_then = sum(1_000 - 40 for _ in range(start))
+    digested_then = sum(800 for _ in range(40 - start))
+    assert cleared_then + digested_then >= 36_000 - 8 * (960 - 800)  # snapped down by < a step
+    # Not even placeholders for all would do: only the newest few are digested.
+    assert prune._digests_from(sizes, 39_500) == 32
