@@ -4,14 +4,17 @@ python -m bench.fidelity            # the full run (~1 min on 2 cores)
 python -m bench.fidelity --quick    # one small session, short growing sessions (the test's run)
 
 Long agent sessions (`bench.sessions`: file reads, JSON API results, build logs, test output,
-chatter, user corrections, and planted facts) are cut to budgets 1.3×, 2.5×, 5× and 10× smaller
-than they are, by:
+chatter, user corrections, and planted facts — among them look-alike facts, each one line of a
+listing whose every line looks like it, which a method keeping rare lines cannot single out) are
+cut to budgets 1.3×, 2.5×, 5× and 10× smaller than they are, by:
 
 - brim, as deployed: the real `ResolveLimits` and `Guard` stages (default policies, low water
   0.85, pair repair on), in process, on all four wire APIs; the window is chosen so that the
   guard's own budget is the target;
 - brim + summarize: the same with a `Summarizer` whose model is a local stub (it keeps the first
-  words and every line's FACT sentence, within its max_tokens) and the default memory cache;
+  words and every line's FACT sentence, within its max_tokens — a look-alike listing's decoys as
+  well as its fact: a summarizer cannot know which line the bench tracks) and the default memory
+  cache;
 - baselines, which take Chat Completions messages (so they run on the Chat rendering only):
   LiteLLM's `trim_messages`, LangChain's `trim_messages` (strategy "last", include_system,
   start_on "human", end_on human/tool, counted with brim's counter), keep-last-N (the system
@@ -19,8 +22,10 @@ than they are, by:
   it fits, as OpenRouter's transform does). They get the budget minus the tool definitions'
   tokens, since they only see messages.
 
-Validity is checked by the test suite's own provider rules (tests/fakes.py,
-tests/fake_anthropic.py), written apart from brim's dialects; token counts are brim's own.
+Facts kept are reported apart for the ordinary facts (older, and in the last 8 messages) and the
+look-alike ones (wherever they are). Validity is checked by the test suite's own provider rules
+(tests/fakes.py, tests/fake_anthropic.py), written apart from brim's dialects; token counts are
+brim's own.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ from adapters.base import UpstreamResponse
 from adapters.errors import ContextTooLarge, NothingLeftToSend
 from adapters.exchange import Exchange
 from bench import sessions
-from bench.sessions import API_LABELS, FACT_PATTERN, MODELS, RENDER, Session
+from bench.sessions import API_LABELS, MODELS, RENDER, STATEMENT_PATTERN, Session
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
 from middleware.sessions import SessionMemory
@@ -104,7 +109,8 @@ def checkers() -> dict[str, Checker]:
 
 class StubSummarizerModel:
     """A local, deterministic stand-in for the summarizer model: the first words of what it is
-    given, then every FACT sentence in it, stopped at `max_tokens` as a model would be."""
+    given, then every FACT sentence in it (a look-alike listing's decoys too: it cannot tell them
+    from the planted fact), stopped at `max_tokens` as a model would be."""
 
     def __init__(self, counter: TokenCounter) -> None:
         self.counter = counter
@@ -120,7 +126,7 @@ class StubSummarizerModel:
         self.calls += 1
         text = messages[-1]["content"]
         lines = ["Earlier: " + " ".join(text.split()[:30])[:200]]
-        lines += [f"- {fact}." for fact in dict.fromkeys(FACT_PATTERN.findall(text))]
+        lines += [f"- {fact}." for fact in dict.fromkeys(STATEMENT_PATTERN.findall(text))]
         kept: list[str] = []
         used = 0
         for line in lines:
@@ -384,6 +390,8 @@ class Case:
     facts_older_kept: int
     facts_recent: int
     facts_recent_kept: int
+    facts_lookalike: int
+    facts_lookalike_kept: int
     summarizer_calls: int
     seconds: float
     errors: list[str] = field(default_factory=list)
@@ -395,18 +403,27 @@ class Case:
 class Facts:
     older: tuple[str, ...]
     recent: tuple[str, ...]
+    lookalike: tuple[str, ...] = ()
+
+    def all(self) -> tuple[str, ...]:
+        return (*self.older, *self.recent, *self.lookalike)
 
 
 def facts_of(session: Session) -> Facts:
-    """The session's facts, split by where they are: any copy in the last 8 messages of the
-    Chat rendering makes a fact recent."""
+    """The session's facts: the look-alike ones (`Session.lookalikes`) apart, the others split
+    by where they are — any copy in the last 8 messages of the Chat rendering makes a fact
+    recent."""
     messages = sessions.chat_body(session)["messages"][1:]
     recent_text = [orjson.dumps(m).decode() for m in messages[-RECENT:]]
     older: list[str] = []
     recent: list[str] = []
+    lookalike: list[str] = []
     for fact in session.facts():
-        (recent if any(fact in text for text in recent_text) else older).append(fact)
-    return Facts(tuple(older), tuple(recent))
+        if session.is_lookalike(fact):
+            lookalike.append(fact)
+        else:
+            (recent if any(fact in text for text in recent_text) else older).append(fact)
+    return Facts(tuple(older), tuple(recent), tuple(lookalike))
 
 
 def judge(
@@ -444,9 +461,11 @@ def judge(
             facts_older_kept=0,
             facts_recent=len(facts.recent),
             facts_recent_kept=0,
+            facts_lookalike=len(facts.lookalike),
+            facts_lookalike_kept=0,
             summarizer_calls=summarizer_calls,
             seconds=seconds,
-            lost=[f.split()[0] for f in (*facts.older, *facts.recent)],
+            lost=[f.split()[0] for f in facts.all()],
         )
     items = wire.conversation(sent)
     errors = check(items) if items else ["nothing left to send"]
@@ -470,10 +489,12 @@ def judge(
         facts_older_kept=sum(fact in text for fact in facts.older),
         facts_recent=len(facts.recent),
         facts_recent_kept=sum(fact in text for fact in facts.recent),
+        facts_lookalike=len(facts.lookalike),
+        facts_lookalike_kept=sum(fact in text for fact in facts.lookalike),
         summarizer_calls=summarizer_calls,
         seconds=round(seconds, 4),
         errors=errors[:3],
-        lost=[f.split()[0] for f in (*facts.older, *facts.recent) if f not in text],
+        lost=[f.split()[0] for f in facts.all() if f not in text],
     )
 
 
@@ -686,6 +707,10 @@ def summarize_cases(cases: Sequence[Case]) -> list[dict[str, Any]]:
                             sum(c.facts_recent_kept for c in group),
                             sum(c.facts_recent for c in group),
                         ),
+                        "facts_lookalike_kept_pct": percent(
+                            sum(c.facts_lookalike_kept for c in group),
+                            sum(c.facts_lookalike for c in group),
+                        ),
                         "tokens_out_share": round(
                             sum((c.tokens_out or 0) / c.budget for c in sent) / len(sent), 3
                         )
@@ -772,7 +797,8 @@ def render_summary(report: Mapping[str, Any]) -> str:
     lines = [
         f"brim context fidelity — {len(sizes)} session(s) of "
         + ", ".join(f"{s['tokens']:,}" for s in sizes)
-        + f" tokens (Chat, o200k), {sum(s['facts'] for s in sizes)} facts planted"
+        + f" tokens (Chat, o200k), {sum(s['facts'] for s in sizes)} facts planted "
+        + f"and {sum(s['lookalike_facts'] for s in sizes)} look-alike facts"
         + (" (quick)" if report["quick"] else ""),
         "",
         f"Per reduction ({factors}; one figure when all are equal), % of requests or of facts; "
@@ -781,8 +807,8 @@ def render_summary(report: Mapping[str, Any]) -> str:
         + "). Baselines take Chat Completions messages: n/a on Messages, Responses, Gemini.",
         "",
         "| method | API | valid | within budget | system kept | newest kept "
-        "| facts kept, older | facts kept, last 8 | prefix kept |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|",
+        "| facts kept, older | facts kept, last 8 | look-alike facts kept | prefix kept |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     growth = {(g["method"], g["api"]): g for g in report["growth"]}
     for method in METHODS:
@@ -806,7 +832,7 @@ def render_summary(report: Mapping[str, Any]) -> str:
                 f"| {method} | {label} | {column('valid_pct')} | {column('within_budget_pct')} "
                 f"| {column('system_kept_pct')} | {column('newest_kept_pct')} "
                 f"| {column('facts_older_kept_pct')} | {column('facts_recent_kept_pct')} "
-                f"| {prefix} |"
+                f"| {column('facts_lookalike_kept_pct')} | {prefix} |"
             )
     return "\n".join(lines)
 
@@ -816,19 +842,22 @@ def render(report: Mapping[str, Any]) -> str:
     lines = [
         f"brim context fidelity — {len(sizes)} session(s) of "
         + ", ".join(f"{s['tokens']:,}" for s in sizes)
-        + f" tokens (Chat, o200k), {sum(s['facts'] for s in sizes)} facts planted"
+        + f" tokens (Chat, o200k), {sum(s['facts'] for s in sizes)} facts planted "
+        + f"and {sum(s['lookalike_facts'] for s in sizes)} look-alike facts"
         + (" (quick)" if report["quick"] else ""),
         "",
         "Baselines take Chat Completions messages: they run on the Chat rendering only, n/a on "
         "Messages, Responses and Gemini.",
         "Figures are % of requests (valid … newest kept) or of planted facts; refused = brim "
-        "answered 400 instead.",
+        "answered 400 instead. Look-alike facts: each one line of a listing whose other lines "
+        "look like it (bench.sessions); older and last 8 count the other facts.",
     ]
     header = (
         "| method | API | valid | within budget | system kept | newest kept "
-        "| facts kept, older | facts kept, last 8 | tokens / budget | refused |"
+        "| facts kept, older | facts kept, last 8 | look-alike facts kept | tokens / budget "
+        "| refused |"
     )
-    rule = "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|"
+    rule = "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     for factor in FACTORS:
         rows = [r for r in report["fidelity"] if r["factor"] == factor]
         budget = ", ".join(
@@ -848,7 +877,8 @@ def render(report: Mapping[str, Any]) -> str:
                 f"| {row['method']} | {API_LABELS[row['api']]} | {cell(row['valid_pct'])} "
                 f"| {cell(row['within_budget_pct'])} | {cell(row['system_kept_pct'])} "
                 f"| {cell(row['newest_kept_pct'])} | {cell(row['facts_older_kept_pct'])} "
-                f"| {cell(row['facts_recent_kept_pct'])} | {cell(row['tokens_out_share'])} "
+                f"| {cell(row['facts_recent_kept_pct'])} "
+                f"| {cell(row['facts_lookalike_kept_pct'])} | {cell(row['tokens_out_share'])} "
                 f"| {row['refused']} |"
             )
             if row["method"] in BASELINES:
@@ -941,12 +971,14 @@ def main(argv: list[str] | None = None) -> int:
         for fact, kind in sessions.fact_places(session).items():
             places[(seed, fact.split()[0])] = kind
         chat = sessions.chat_body(session)
+        facts = facts_of(session)
         described.append(
             {
                 "seed": seed,
                 "tokens": counter.request(CHAT, chat, "o200k_base").total,
                 "messages": len(chat["messages"]),
-                "facts": len(session.facts()),
+                "facts": len(facts.older) + len(facts.recent),
+                "lookalike_facts": len(facts.lookalike),
                 "places": dict(Counter(sessions.fact_places(session).values())),
             }
         )

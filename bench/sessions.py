@@ -13,10 +13,35 @@ chatter, and user corrections mid-session. Facts — unique sentences such as "F
 deploy key rotates on tuesdays" — are planted inside JSON values, log lines, file contents and
 user messages, all along the session and in its last messages too. Everything is deterministic
 given the seed.
+
+Those facts are easy to keep for a compressor that keeps a result's rare lines (brim's digest
+scores a line by how rare its words are within the result, `policies.information`): "fact" is a
+word no other line of the result has. So a session also holds look-alike facts, planted where
+nothing tells them from their neighbours: an ops-registry listing (`run_command` running
+`opsctl facts list`), 20 to 80 lines of one template, every line a sentence from the facts' own
+vocabulary after an id of the registry's, newest first:
+
+    2024-11-11  dmitri   stale   FACT-11E5 the redis cluster runs at 1440 utc
+    2024-11-11  freya    active  FACT-5001 the billing cron expires after 3128 minutes
+    2024-11-08  omar     review  FACT-CE57 the billing cron retries 3 times before paging
+
+The registry's ids are four hex digits, a decoy's with at least one letter A-F; one line
+(sometimes two) has an id of four decimal digits, and only it matches `FACT_PATTERN` (four
+decimal digits): that line is the planted fact, the others are decoys, never counted. Every line
+has the word "fact" (hex and decimal ids alike are dropped from the words a rarity measure sees:
+`policies.information.words` drops numbers and hex strings), and the planted line is chosen among
+the lines with no word of their own (each of its words is on another line too), so by its words
+it is an ordinary line of its listing: over 756 listings, its `line_scores` score beat 44% of its
+listing's other entries on average, spread evenly (deciles 7% … 82%), the best of them 5 times.
+Look-alike facts are numbered from `LOOKALIKE_FIRST` up and recorded in `Session.lookalikes`.
+They are drawn from a random stream of their own, and their listings are left out of the length
+a session is steered to, so a seed's other turns are exactly those of a session without them
+(`generate(..., lookalikes=False)`); a session is that much longer (about 9%).
 """
 
 from __future__ import annotations
 
+import datetime
 import random
 import re
 from abc import ABC, abstractmethod
@@ -26,6 +51,10 @@ from typing import Any, Literal
 import orjson
 
 FACT_PATTERN = re.compile(r"FACT-\d{4}[a-z0-9 \-]*[a-z0-9]")
+# A planted fact or a look-alike listing's decoy (whose id has a hex letter): what a summarizer
+# that cannot know which lines the bench tracks would see as equally worth keeping.
+STATEMENT_PATTERN = re.compile(r"FACT-[0-9A-F]{4}[a-z0-9 \-]*[a-z0-9]")
+LOOKALIKE_FIRST = 5_000  # look-alike facts are FACT-5000 up, apart from the others' ids
 
 MODELS = {
     "openai.chat": "gpt-bench",
@@ -73,6 +102,7 @@ class Session:
     system: str
     tools: list[Tool]
     turns: list[Turn] = field(default_factory=list)
+    lookalikes: set[str] = field(default_factory=set)  # the look-alike facts' ids ("FACT-5003")
 
     def request_points(self) -> list[int]:
         """Where a client would send a request: after each user turn and after each tool step's
@@ -84,13 +114,18 @@ class Session:
         ]
 
     def facts(self) -> list[str]:
-        """Every fact planted, in order of first appearance."""
+        """Every fact planted (look-alike facts too: `is_lookalike`), in order of first
+        appearance."""
         found: dict[str, None] = {}
         for turn in self.turns:
             for text in (turn.text or "", *(c.result for c in turn.calls)):
                 for fact in FACT_PATTERN.findall(text):
                     found[fact] = None
         return list(found)
+
+    def is_lookalike(self, fact: str) -> bool:
+        """Whether `fact` was planted among look-alike lines (a registry listing's)."""
+        return fact.split()[0] in self.lookalikes
 
 
 # ---------------------------------------------------------------- rendering, one API each
@@ -415,6 +450,16 @@ TOOLS = [
     ),
 ]
 
+COMMAND_TOOL = Tool(  # in sessions with look-alike facts: how their listings come
+    "run_command",
+    "Run a shell command in the repository root and return its output (stdout and stderr).",
+    {
+        "type": "object",
+        "properties": {"command": {"type": "string", "description": "the command line"}},
+        "required": ["command"],
+    },
+)
+
 SUBJECTS = [
     "the staging deploy key",
     "the billing cron",
@@ -499,14 +544,57 @@ CORRECTIONS = [
     "Stop — the null {name} is legitimate for draft invoices, don't raise on it.",
 ]
 
+TODAY = datetime.date(2025, 3, 14)  # as the system prompt says
+TEAMS = ["platform", "payments", "data", "growth", "billing"]
+FACT_STATES = ["active", "active", "active", "review", "stale"]
+LISTING_CHATTER = [
+    "Before I change the schedule, let me check what the ops registry records for the {team} team.",
+    "The registry may say who owns this; listing the {team} team's entries.",
+    "Checking the {team} team's ops facts for anything about the export or its cron.",
+]
+_WORD = re.compile(r"[a-z]\w*")  # as a rarity measure sees words: numbers and hex ids dropped
+_HEX_OR_NUMBER = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")
+
+
+def _words(line: str) -> set[str]:
+    return set(_WORD.findall(_HEX_OR_NUMBER.sub(" ", line.lower())))
+
+
+def _statement(rng: random.Random) -> str:
+    """A fact's sentence without its id: "the billing cron runs at 0930 utc"."""
+    predicate = rng.choice(PREDICATES).format(
+        day=rng.choice(DAYS),
+        hh=f"{rng.randrange(24):02d}",
+        mm=f"{rng.randrange(0, 60, 5):02d}",
+        person=rng.choice(PEOPLE),
+        region=rng.choice(REGIONS),
+        n=rng.randrange(10, 9_000),
+        port=rng.randrange(1_024, 65_000),
+        small=rng.randrange(2, 9),
+    )
+    return f"{rng.choice(SUBJECTS)} {predicate}"
+
+
+def _registry_id(rng: random.Random) -> str:
+    """A decoy's id: four hex digits, at least one a letter (so `FACT_PATTERN`, which wants four
+    decimal digits, does not match it) and one a digit (so it is a hex string, not a word)."""
+    while True:
+        ident = f"{rng.getrandbits(16):04X}"
+        if any(c.isalpha() for c in ident) and any(c.isdigit() for c in ident):
+            return ident
+
 
 class Generator:
-    """Builds one session; every choice comes from its own seeded random stream."""
+    """Builds one session; every choice comes from its own seeded random stream, the look-alike
+    listings' from another one (`lookalike_rng`), so they shift none of the others."""
 
     def __init__(self, seed: int, fact_start: int = 1) -> None:
         self.rng = random.Random(seed)
+        self.lookalike_rng = random.Random(seed * 7919 + 1)
         self.seed = seed
         self.next_fact = fact_start
+        self.next_lookalike = LOOKALIKE_FIRST
+        self.lookalikes: list[str] = []  # the look-alike facts' ids, as planted
         self.next_call = 0
         self.files: dict[str, list[str]] = {}
         self.read: list[str] = []
@@ -514,18 +602,7 @@ class Generator:
     # -- pieces
 
     def fact(self) -> str:
-        rng = self.rng
-        predicate = rng.choice(PREDICATES).format(
-            day=rng.choice(DAYS),
-            hh=f"{rng.randrange(24):02d}",
-            mm=f"{rng.randrange(0, 60, 5):02d}",
-            person=rng.choice(PEOPLE),
-            region=rng.choice(REGIONS),
-            n=rng.randrange(10, 9_000),
-            port=rng.randrange(1_024, 65_000),
-            small=rng.randrange(2, 9),
-        )
-        text = f"FACT-{self.next_fact:04d} {rng.choice(SUBJECTS)} {predicate}"
+        text = f"FACT-{self.next_fact:04d} {_statement(self.rng)}"
         self.next_fact += 1
         return text
 
@@ -729,6 +806,61 @@ class Generator:
             )
         return {"pattern": f"lookup_{name}\\(", "path": "src"}, "\n".join(hits)
 
+    def registry_listing(self, team: str) -> tuple[dict[str, Any], str]:
+        """`opsctl facts list`: 20 to 80 registry entries of one template, newest first, each a
+        fact-like sentence; one (sometimes two) of them a planted look-alike fact."""
+        rng = self.lookalike_rng
+        rows = [
+            [
+                (TODAY - datetime.timedelta(days=rng.randrange(150))).isoformat(),
+                rng.choice(PEOPLE),
+                rng.choice(FACT_STATES),
+                _registry_id(rng),
+                _statement(rng),
+            ]
+            for _ in range(rng.randrange(20, 81))
+        ]
+
+        def line(row: list[str]) -> str:
+            updated, owner, state, ident, statement = row
+            return f"{updated}  {owner:<7}  {state:<6}  FACT-{ident} {statement}"
+
+        # The planted line has no word of its own: each of its words is on another line too.
+        seen = [_words(line(row)) for row in rows]
+        counts: dict[str, int] = {}
+        for found in seen:
+            for word in found:
+                counts[word] = counts.get(word, 0) + 1
+        ordinary = [n for n, found in enumerate(seen) if all(counts[w] > 1 for w in found)]
+        ordinary = ordinary or list(range(len(rows)))  # (20 lines or more: never so far)
+        planted = min(len(ordinary), 1 if rng.random() < 0.75 else 2)
+        for n in rng.sample(ordinary, planted):
+            rows[n][3] = f"{self.next_lookalike:04d}"
+            self.lookalikes.append(f"FACT-{self.next_lookalike:04d}")
+            self.next_lookalike += 1
+        rows.sort(key=lambda row: row[0], reverse=True)
+        command = f"opsctl facts list --team {team} --sort=-updated"
+        lines = [
+            f"$ {command}",
+            "UPDATED     OWNER    STATE   FACT",
+            *map(line, rows),
+            f"{len(rows)} entries, team {team}",
+        ]
+        return {"command": command}, "\n".join(lines)
+
+    def lookalike_step(self) -> Turn:
+        """An assistant step listing the ops registry (`registry_listing`), all of it from the
+        look-alike stream."""
+        rng = self.lookalike_rng
+        team = rng.choice(TEAMS)
+        arguments, result = self.registry_listing(team)
+        alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+        call_id = "call_" + "".join(rng.choice(alphabet) for _ in range(22))
+        said = None
+        if rng.random() < 0.5:
+            said = rng.choice(LISTING_CHATTER).format(team=team)
+        return Turn("assistant", said, (Call(call_id, "run_command", arguments, result),))
+
     # -- turns
 
     def tool_call(self, fact_chance: float, small: bool = False) -> Call:
@@ -787,11 +919,19 @@ def _size(turn: Turn) -> int:
     return (len(turn.text or "") + sum(len(c.result) + 60 for c in turn.calls)) // 3 + 8
 
 
-def generate(seed: int, tokens: int, *, ending: Literal["user", "tools"] | None = None) -> Session:
+def generate(
+    seed: int,
+    tokens: int,
+    *,
+    ending: Literal["user", "tools"] | None = None,
+    lookalikes: bool = True,
+) -> Session:
     """A session of about `tokens` tokens (Chat, o200k): system prompt and task, then tool steps,
     chatter and user corrections, and a last stretch of smaller steps with a fact in each, so the
     last eight messages hold facts too. It ends on a user message or on tool results (`ending`;
-    by default alternating with the seed)."""
+    by default alternating with the seed). With `lookalikes`, a registry listing with look-alike
+    facts about every 15,000 tokens (at least one), before the last stretch, on top of that
+    length: the other turns are the same without them."""
     gen = Generator(seed)
     rng = gen.rng
     system = "\n\n".join(SYSTEM_PARAGRAPHS)
@@ -800,10 +940,20 @@ def generate(seed: int, tokens: int, *, ending: Literal["user", "tools"] | None 
         "Find the cause, fix it, and make sure the test suite passes. Don't change the public "
         f"API of src/billing/client.py. One more thing: {gen.fact()}."
     )
-    session = Session(seed, system, list(TOOLS), [Turn("user", task)])
+    tools = [*TOOLS, COMMAND_TOOL] if lookalikes else list(TOOLS)
+    session = Session(seed, system, tools, [Turn("user", task)])
     used = len(system) // 3 + 600 + _size(session.turns[0])
     tail = max(600, min(2_400, tokens // 12))
+    # Where listings go: once `used` passes each mark (one in each of `listings` equal stretches).
+    listings = max(1, round(tokens / 15_000)) if lookalikes else 0
+    marks = [
+        (n + gen.lookalike_rng.uniform(0.1, 0.9)) * (tokens - tail) / listings
+        for n in range(listings)
+    ]
     while used < tokens - tail:
+        if marks and used >= marks[0]:
+            marks.pop(0)
+            session.turns.append(gen.lookalike_step())
         if rng.random() < 0.12:
             chatter = Turn("assistant", gen.words(rng.choice(CHATTER)))
             user = Turn("user", gen.user_message(0.5))
@@ -813,6 +963,8 @@ def generate(seed: int, tokens: int, *, ending: Literal["user", "tools"] | None 
         step = gen.tool_step(0.6)
         session.turns.append(step)
         used += _size(step)
+    session.turns += [gen.lookalike_step() for _ in marks]  # any the loop ended before
+    session.lookalikes.update(gen.lookalikes)
     # The last stretch: small steps, each with a fact, then the ending.
     end = ending or ("user" if seed % 2 == 0 else "tools")
     session.turns.append(gen.tool_step(1.0, small=True))
@@ -837,12 +989,13 @@ PLACES = {
     "run_build": "log line",
     "run_tests": "test output",
     "grep": "grep hit",
+    "run_command": "look-alike line",
 }
 
 
 def fact_places(session: Session) -> dict[str, str]:
     """Where each fact was planted (its first appearance): "user message", "file", "JSON value",
-    "log line" or "test output"."""
+    "log line", "test output", "grep hit" or "look-alike line" (a registry listing's)."""
     places: dict[str, str] = {}
     for turn in session.turns:
         for fact in FACT_PATTERN.findall(turn.text or ""):

@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from bench import fidelity, sessions
+from policies.information import words
 from policies.wires import WIRES
 
 COLUMNS = (
@@ -22,6 +23,7 @@ COLUMNS = (
     "newest kept",
     "facts kept, older",
     "facts kept, last 8",
+    "look-alike facts kept",
     "tokens / budget",
     "refused",
     "prefix kept 8K",
@@ -90,9 +92,9 @@ def test_every_method_and_column_is_reported(quick: tuple[dict[str, Any], str]) 
     for row in report["fidelity"]:
         if row["method"] in fidelity.BASELINES:
             assert row["api"] == "openai.chat"
-        for key in ("facts_older_kept_pct", "facts_recent_kept_pct"):
+        for key in ("facts_older_kept_pct", "facts_recent_kept_pct", "facts_lookalike_kept_pct"):
             assert row[key] is not None and 0 <= row[key] <= 100, row
-    assert all(s["facts"] > 0 for s in report["sessions"])
+    assert all(s["facts"] > 0 and s["lookalike_facts"] > 0 for s in report["sessions"])
 
 
 @pytest.mark.timeout(300)
@@ -148,6 +150,36 @@ def test_sessions_are_valid_in_every_api_and_deterministic() -> None:
             if c["function"]["name"] == "read_file"
         ]
         assert len(paths) > len(set(paths))  # some file is read again
+
+
+def test_lookalike_facts_look_like_their_neighbours_and_shift_no_other_turn() -> None:
+    """A registry listing's planted fact has no word its listing's other lines lack, its decoys
+    are no facts, and the session's other turns are those of a session without listings."""
+    session = sessions.generate(3, 40_000)
+    plain = sessions.generate(3, 40_000, lookalikes=False)
+    listings = [t for t in session.turns if any(c.name == "run_command" for c in t.calls)]
+    assert len(listings) >= 2 and not plain.lookalikes
+    assert [t for t in session.turns if t not in listings] == plain.turns
+    assert {f.split()[0] for f in plain.facts()} == {
+        f.split()[0] for f in session.facts() if not session.is_lookalike(f)
+    }
+    found: list[str] = []
+    for turn in listings:
+        rows = turn.calls[0].result.split("\n")[2:-1]
+        assert 20 <= len(rows) <= 80
+        assert all(sessions.STATEMENT_PATTERN.search(row) for row in rows)
+        planted = [n for n, row in enumerate(rows) if sessions.FACT_PATTERN.search(row)]
+        assert 1 <= len(planted) <= 2
+        for n in planted:
+            others = set().union(*(words(row) for m, row in enumerate(rows) if m != n))
+            assert set(words(rows[n])) <= others, rows[n]
+            found += sessions.FACT_PATTERN.findall(rows[n])
+    assert {f.split()[0] for f in found} == session.lookalikes
+    assert all(int(f.split()[0][5:]) >= sessions.LOOKALIKE_FIRST for f in found)
+    facts = fidelity.facts_of(session)
+    assert set(facts.lookalike) == set(found)
+    assert not set(found) & {*facts.older, *facts.recent}
+    assert set(sessions.fact_places(session).values()) >= {"look-alike line"}
 
 
 def test_the_window_gives_the_guard_exactly_the_target_budget() -> None:
