@@ -37,7 +37,8 @@ calling brim_restore) ends the stream with that API's own error event, never a d
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -46,13 +47,13 @@ from adapters.base import UpstreamResponse
 from adapters.errors import BrimError, UpstreamFailure, UpstreamProtocolError
 from adapters.exchange import Exchange
 from middleware.base import CallNext
-from middleware.observe import EventData
 from middleware.store import ContentStore
 from policies.clients import ClientRule
 from policies.prune import cut_middle
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires.base import (
     Splice,
+    SseEvent,
     SseEvents,
     ToolCall,
     ToolSpec,
@@ -217,13 +218,13 @@ class RestoreRounds:
         assert response.chunks is not None
         wire = exchange.wire
         reader = wire.turn_reader()
-        events = EventData()
-        held: list[bytes] = []
+        events = SseEvents()
+        held: list[SseEvent] = []
         chunks = response.chunks
         async for chunk in chunks:
-            held.append(chunk)
             for event in events.feed(chunk):
-                reader.feed(event)
+                held.append(event)
+                reader.take(event.json)
             # a text turn goes at once; tool calls are short: such a turn is read to its end
             if reader.started == "text":
                 break
@@ -231,9 +232,8 @@ class RestoreRounds:
             await response.aclose()
             usage = earlier or Usage()
             return await self._rounds(exchange, reply, usage, rounds, call_next, response)
-        spliced = self._spliced(
-            exchange, response, _chained(held, chunks), call_next, wire.splice(earlier), rounds
-        )
+        round_ = _Round(reader, events, held, chunks)
+        spliced = self._spliced(exchange, response, round_, call_next, wire.splice(earlier), rounds)
         return UpstreamResponse(
             status=response.status, headers=response.headers, chunks=spliced, closer=response.aclose
         )
@@ -242,22 +242,24 @@ class RestoreRounds:
         self,
         exchange: Exchange,
         response: UpstreamResponse,
-        chunks: AsyncIterator[bytes],
+        round_: _Round,
         call_next: CallNext,
         splice: Splice,
         rounds: int,
     ) -> AsyncIterator[bytes]:
-        """The client's stream, relayed event by event as it comes. From a round's first tool
-        call on, its events are held to the round's end: released as they came if none calls
-        brim_restore; else the calls are answered, the provider asked again, and its next round
-        streamed on as more of the same reply (`Wire.splice`). A failure once the client has
-        the stream's start ends it with the API's error event (`proxy.relay`)."""
+        """The client's stream, relayed event by event as it comes, from `round_` (its events
+        read so far and the rest of its stream) on. From a round's first tool call on, its
+        events are held to the round's end: released as they came if none calls brim_restore;
+        else the calls are answered, the provider asked again, and its next round streamed on
+        as more of the same reply (`Wire.splice`). A failure once the client has the stream's
+        start ends it with the API's error event (`proxy.relay`)."""
         wire = exchange.wire
         try:
             while True:
-                reader = wire.turn_reader()
-                events = SseEvents()
-                async for chunk in chunks:
+                reader, events = round_.reader, round_.events
+                if out := splice.feed(round_.read):
+                    yield out
+                async for chunk in round_.rest:
                     if out := _fed(events.feed(chunk), reader, splice):
                         yield out
                 if out := _fed(events.end(), reader, splice):
@@ -276,7 +278,7 @@ class RestoreRounds:
                 exchange = await self._asked(exchange, reply, calls, rounds)
                 response = await self._continued(exchange, call_next)
                 assert response.chunks is not None
-                chunks = response.chunks
+                round_ = _Round(wire.turn_reader(), SseEvents(), [], response.chunks)
         finally:
             await response.aclose()
 
@@ -308,17 +310,21 @@ class RestoreRounds:
         )
 
 
-def _fed(events: list[tuple[bytes, bytes]], reader: TurnReader, splice: Splice) -> bytes:
-    for _, data in events:
-        reader.feed(data)
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """One streamed round being relayed: its reader and event splitter, the events they have
+    read so far (not yet relayed) and the rest of its stream."""
+
+    reader: TurnReader
+    events: SseEvents
+    read: list[SseEvent]
+    rest: AsyncIterator[bytes]
+
+
+def _fed(events: list[SseEvent], reader: TurnReader, splice: Splice) -> bytes:
+    for event in events:
+        reader.take(event.json)
     return splice.feed(events)
-
-
-async def _chained(held: Sequence[bytes], rest: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    for chunk in held:
-        yield chunk
-    async for chunk in rest:
-        yield chunk
 
 
 def _json(body: bytes | None) -> Any:

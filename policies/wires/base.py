@@ -165,11 +165,11 @@ class TurnReader(ABC):
 
     def feed(self, data: bytes) -> None:
         """One event's data payload, as `sse_data` gives it."""
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(event, dict):
+        self.take(json_event(data))
+
+    def take(self, event: dict[str, Any] | None) -> None:
+        """One event already parsed (`SseEvent.json`); None (not a JSON object) adds nothing."""
+        if event is not None:
             self._event(event)
 
     @abstractmethod
@@ -196,8 +196,8 @@ class Splice(ABC):
     client still gets of them — not the tool calls (the client's own go with brim's: the model
     makes them again) and not the end of the turn — and the next round's events then go through
     `feed` as the same reply goes on: its opening dropped, its indexes and numbers going on
-    from what the client has, its usage added to every earlier round's. Events are `SseEvents`'
-    (raw, data) pairs; an event left as it was goes on as the very same bytes.
+    from what the client has, its usage added to every earlier round's. Events are
+    `SseEvents`'; an event left as it was goes on as the very same bytes.
     """
 
     def __init__(self, earlier: Usage | None, read: UsageRead, write: UsageWrite) -> None:
@@ -205,35 +205,35 @@ class Splice(ABC):
         self._before = earlier or Usage()  # usage of every round before the current one
         self._read = read
         self._write = write
-        self._held: list[tuple[bytes, bytes]] = []
+        self._held: list[SseEvent] = []
 
-    def feed(self, events: Sequence[tuple[bytes, bytes]]) -> bytes:
+    def feed(self, events: Sequence[SseEvent]) -> bytes:
         """What the client gets now of the current round's next `events`."""
         out = []
-        for raw, data in events:
-            if self._held or self._calls(data):
-                self._held.append((raw, data))
+        for event in events:
+            if self._held or (event.json is not None and self._calls(event.json)):
+                self._held.append(event)
             else:
-                out.append(_as_sent(raw, data, self._relayed))
+                out.append(_as_sent(event, self._relayed))
         return b"".join(out)
 
     def release(self) -> bytes:
         """The round ended calling no brim tool: its held events, as the client gets them."""
         held, self._held = self._held, []
-        return b"".join(_as_sent(raw, data, self._relayed) for raw, data in held)
+        return b"".join(_as_sent(event, self._relayed) for event in held)
 
     def answer(self, usage: Usage) -> bytes:
         """The round ended calling `brim_restore`; `usage` is the whole round's. What the client
         still gets of its held events; `feed` then takes the round that continues it."""
         held, self._held = self._held, []
-        out = b"".join(_as_sent(raw, data, self._kept, other=False) for raw, data in held)
+        out = b"".join(_as_sent(event, self._kept, other=False) for event in held)
         self._before = self._before.added(usage)
         self.rounds += 1
         self._next_round()
         return out
 
     @abstractmethod
-    def _calls(self, data: bytes) -> bool:
+    def _calls(self, event: dict[str, Any]) -> bool:
         """Whether this event opens a tool call."""
 
     @abstractmethod
@@ -255,8 +255,7 @@ class Splice(ABC):
 
 
 def _as_sent(
-    raw: bytes,
-    data: bytes,
+    event: SseEvent,
     rewrite: Callable[[dict[str, Any]], dict[str, Any] | None],
     *,
     other: bool = True,
@@ -264,11 +263,12 @@ def _as_sent(
     """An event as the client gets it: `rewrite` of its JSON, its raw bytes when unchanged,
     nothing when dropped; an event that is not JSON (`[DONE]`, a comment) goes as it is if
     `other`, else not at all."""
-    event = json_event(data)
-    if event is None:
-        return raw if other else b""
-    out = rewrite(event)
-    return raw if out is event else b"" if out is None else with_data(raw, orjson.dumps(out))
+    if event.json is None:
+        return event.raw if other else b""
+    out = rewrite(event.json)
+    if out is event.json:
+        return event.raw
+    return b"" if out is None else with_data(event.raw, orjson.dumps(out))
 
 
 def listed(value: Any) -> list[Any]:
@@ -629,17 +629,24 @@ def json_event(data: bytes) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One whole event of a server-sent event stream, parsed once for everyone who reads it."""
+
+    raw: bytes  # as it came, up to and including the blank line that ends it
+    data: bytes  # its `data:` payload, stripped; b"" for an event without one
+    json: dict[str, Any] | None  # the payload as a JSON object; None for anything else
+
+
 class SseEvents:
-    """A server-sent event stream's bytes as whole events, however its reads split them: each
-    as (its raw bytes, up to and including the blank line that ends it; its `data:` payload,
-    stripped, b"" for an event without one). The raw bytes of every event, in order, are the
-    stream's bytes."""
+    """A server-sent event stream's bytes as whole events (`SseEvent`), however its reads split
+    them. The raw bytes of every event, in order, are the stream's bytes."""
 
     def __init__(self) -> None:
         self._pending = b""  # after the last line ending read
         self._lines: list[bytes] = []  # the current event's lines so far
 
-    def feed(self, chunk: bytes) -> list[tuple[bytes, bytes]]:
+    def feed(self, chunk: bytes) -> list[SseEvent]:
         data = self._pending + chunk
         end = data.rfind(b"\n") + 1  # a CR at the end may be half of a CRLF: wait for the LF
         self._pending = data[end:]
@@ -650,17 +657,17 @@ class SseEvents:
                 events.append(self._take())
         return events
 
-    def end(self) -> list[tuple[bytes, bytes]]:
+    def end(self) -> list[SseEvent]:
         """What is left when the stream ends (an event without its blank line), as it came."""
         if self._pending:
             self._lines.append(self._pending)
             self._pending = b""
         return [self._take()] if self._lines else []
 
-    def _take(self) -> tuple[bytes, bytes]:
+    def _take(self) -> SseEvent:
         lines, self._lines = self._lines, []
         data = b"\n".join(line[5:].strip() for line in lines if line.startswith(b"data:"))
-        return b"".join(lines), data
+        return SseEvent(b"".join(lines), data, json_event(data))
 
 
 def with_data(raw: bytes, data: bytes) -> bytes:

@@ -53,7 +53,6 @@ from policies.wires.base import (
     first_error,
     first_of_each,
     image_part,
-    json_event,
     json_object,
     largest_part_text,
     param_path,
@@ -538,13 +537,10 @@ class ChatSplice(Splice):
         super().__init__(earlier, CHAT.usage, _write_chat_usage)
         self._envelope: dict[str, Any] = {}
 
-    def _calls(self, data: bytes) -> bool:
-        if b'"tool_calls"' not in data and b'"function_call"' not in data:
-            return False
-        chunk = json_event(data)
-        return chunk is not None and any(
+    def _calls(self, event: dict[str, Any]) -> bool:
+        return any(
             _delta_of(choice).get(field)
-            for choice in _chunk_choices(chunk)
+            for choice in _chunk_choices(event)
             for field in _CALL_DELTAS
         )
 

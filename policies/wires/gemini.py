@@ -33,7 +33,6 @@ from policies.wires.base import (
     Usage,
     answered_in_order,
     first_error,
-    json_event,
     json_object,
     largest_part_text,
     text_part,
@@ -453,12 +452,9 @@ class GeminiSplice(Splice):
         super().__init__(earlier, GEMINI.usage, GEMINI.with_usage)
         self._id: Any = None  # the first round's responseId
 
-    def _calls(self, data: bytes) -> bool:
-        if b'"functionCall"' not in data:
-            return False
-        chunk = json_event(data)
-        return chunk is not None and any(
-            isinstance(part, Mapping) and "functionCall" in part for part in _chunk_parts(chunk)
+    def _calls(self, event: dict[str, Any]) -> bool:
+        return any(
+            isinstance(part, Mapping) and "functionCall" in part for part in _chunk_parts(event)
         )
 
     def _relayed(self, event: dict[str, Any]) -> dict[str, Any] | None:

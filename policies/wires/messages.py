@@ -36,7 +36,6 @@ from policies.wires.base import (
     answered_in_order,
     first_error,
     first_of_each,
-    json_event,
     json_object,
     named_tools,
     repeats,
@@ -679,15 +678,8 @@ class MessagesSplice(Splice):
         self._usage: dict[str, Any] = {}  # this round's usage: message_start's, then deltas'
         self._written = 0  # cache_creation_input_tokens of the rounds before this one
 
-    def _calls(self, data: bytes) -> bool:
-        if b'"tool_use"' not in data:
-            return False
-        event = json_event(data)
-        return (
-            event is not None
-            and event.get("type") == "content_block_start"
-            and _opened(event) == "tool_use"
-        )
+    def _calls(self, event: dict[str, Any]) -> bool:
+        return event.get("type") == "content_block_start" and _opened(event) == "tool_use"
 
     def _relayed(self, event: dict[str, Any]) -> dict[str, Any] | None:
         kind = event.get("type")

@@ -34,7 +34,6 @@ from policies.wires.base import (
     Usage,
     answered_in_order,
     image_part,
-    json_event,
     json_object,
     largest_part_text,
     named_tools,
@@ -455,13 +454,9 @@ class ResponsesSplice(Splice):
         self._dropped: set[int] = set()  # this round's items the client does not get
         self._head: dict[str, Any] = {}  # the first round's id and created_at
 
-    def _calls(self, data: bytes) -> bool:
-        if b"response.output_item.added" not in data:
-            return False
-        event = json_event(data)
+    def _calls(self, event: dict[str, Any]) -> bool:
         return (
-            event is not None
-            and event.get("type") == "response.output_item.added"
+            event.get("type") == "response.output_item.added"
             and _kind(event.get("item")) in CALL_TYPES
         )
 

@@ -1770,8 +1770,8 @@ def spliced(
         events = SseEvents()
         for piece in [*cut(stream, sizes), None]:
             got = events.end() if piece is None else events.feed(piece)
-            for _, data in got:
-                reader.feed(data)
+            for event in got:
+                reader.take(event.json)
             out += splice.feed(got)
         reply = reader.reply()
         if not restore_of(shape, reply):
@@ -1928,6 +1928,7 @@ def test_sse_events_keep_the_bytes_and_find_the_data() -> None:
         events = SseEvents()
         got = [e for n in range(0, len(stream), size) for e in events.feed(stream[n : n + size])]
         got += events.end()
-        assert b"".join(raw for raw, _ in got) == stream
-        assert [data for _, data in got] == [b'{"x":1}', b"", b"[DONE]", b'{"y"']
+        assert b"".join(event.raw for event in got) == stream
+        assert [event.data for event in got] == [b'{"x":1}', b"", b"[DONE]", b'{"y"']
+        assert [event.json for event in got] == [{"x": 1}, None, None, None]
     assert with_data(b"event: a\ndata: {}\r\n\r\n", b"[1]") == b"event: a\ndata: [1]\r\n\r\n"
