@@ -346,6 +346,13 @@ def _shows_text(item: Mapping[str, Any]) -> bool:
     )
 
 
+# Reasoning text deltas: the item's field, the event's index field, the part's type.
+_REASONING_DELTAS = {
+    "response.reasoning_text.delta": ("content", "content_index", "reasoning_text"),
+    "response.reasoning_summary_text.delta": ("summary", "summary_index", "summary_text"),
+}
+
+
 class ResponsesTurnReader(TurnReader):
     """The Responses API's stream into one `response` object: the envelope of the last
     `response.*` event that carries one (`response.completed` has the usage, and the whole
@@ -384,15 +391,10 @@ class ResponsesTurnReader(TurnReader):
             part[field] = str(part.get(field, "")) + text
             if text:
                 self._start("text")
-        elif kind == "response.reasoning_text.delta":
-            part = _parts_at(item_, "content", event.get("content_index"))
-            part.setdefault("type", "reasoning_text")
-            part["text"] = str(part.get("text", "")) + text
-            if text:
-                self._start("text")
-        elif kind == "response.reasoning_summary_text.delta":
-            part = _parts_at(item_, "summary", event.get("summary_index"))
-            part.setdefault("type", "summary_text")
+        elif kind in _REASONING_DELTAS:
+            field, index, part_type = _REASONING_DELTAS[kind]
+            part = _parts_at(item_, field, event.get(index))
+            part.setdefault("type", part_type)
             part["text"] = str(part.get("text", "")) + text
             if text:
                 self._start("text")

@@ -1331,6 +1331,25 @@ def test_responses_reader_reads_items_that_come_whole() -> None:
     check_stream(shape, turn, stream)
 
 
+def test_responses_reader_reads_reasoning_text_and_summary_deltas() -> None:
+    """Open-weight models stream their reasoning as `reasoning_text`, OpenAI's as a summary:
+    both are the turn's text start, and both are read into their parts."""
+    reader = SHAPES[2].wire.turn_reader()
+    item = {"type": "reasoning", "id": "rs_1", "summary": [], "content": []}
+    reader.take({"type": "response.output_item.added", "output_index": 0, "item": item})
+    assert reader.started is None
+    for kind, index, delta in (
+        ("response.reasoning_text.delta", "content_index", "Think "),
+        ("response.reasoning_text.delta", "content_index", "hard."),
+        ("response.reasoning_summary_text.delta", "summary_index", "Thought."),
+    ):
+        reader.take({"type": kind, "item_id": "rs_1", "output_index": 0, index: 0, "delta": delta})
+        assert reader.started == "text"
+    (out,) = reader.reply()["output"]
+    assert out["content"] == [{"type": "reasoning_text", "text": "Think hard."}]
+    assert out["summary"] == [{"type": "summary_text", "text": "Thought."}]
+
+
 def test_anthropic_reader_reads_the_fake_providers_stream() -> None:
     """The stream tests/fake_anthropic.py sends for a request with tools."""
     content, stop = FakeAnthropic._reply({"tools": [{"name": "Read"}]}, 3)
