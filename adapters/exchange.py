@@ -99,6 +99,7 @@ class RequestReport:
     usage: Usage = field(default_factory=Usage)  # what the provider's reply reported
     restore_offered: bool = False  # brim added `brim_restore` to the request's tools
     restored: list[str] = field(default_factory=list)  # keys the model fetched back
+    restore_missing: list[str] = field(default_factory=list)  # asked for, unknown or expired
 
     @property
     def outcomes(self) -> list[Outcome]:

@@ -40,6 +40,7 @@ from adapters.exchange import Exchange, RequestReport
 from middleware.audit import AuditLog
 from middleware.base import CallNext
 from middleware.headers import actions
+from middleware.store import PREFIX_DIGITS, normalize_key
 from middleware.telemetry import StatusBoard, Telemetry
 from policies.budget import requested_output
 from policies.limits import LimitSource
@@ -128,6 +129,13 @@ class EventData:
 
 
 MAX_PENDING = 4 * 1024 * 1024  # a usage-bearing event is small; a longer line is not one
+
+
+def restore_label(key: str) -> str:
+    """A key the model passed to `brim_restore`, as telemetry and the audit log name it:
+    `sha256:<16 hex>`, or `malformed` (model input: never repeated as it came)."""
+    digits = normalize_key(key)
+    return "malformed" if digits is None else f"sha256:{digits[:PREFIX_DIGITS]}"
 
 
 def _usage_of(wire: Wire, data: bytes, report: RequestReport) -> None:
@@ -292,6 +300,7 @@ class Observe:
         if report.outcome is not None and report.outcome.carried:
             # the previous turn's compressed request, then what is new (`policies.carry`)
             attributes["brim.carried_forward"] = True
+        attributes["brim.restore_offered"] = report.restore_offered
         removed: dict[str, int] = defaultdict(int)
         for stage_outcome in outcomes:
             by_policy: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
@@ -331,6 +340,11 @@ class Observe:
             span.add_event("brim.overflow.upstream", {"brim.provider_message": message[:500]})
         for attempt in range(1, report.retries + 1):
             span.add_event("brim.retry", {"brim.attempt": attempt})
+        # the model's brim_restore calls brim answered (`middleware.restore`)
+        restores = [(restore_label(key), True) for key in report.restored]
+        restores += [(restore_label(key), False) for key in report.restore_missing]
+        for key, found in restores:
+            span.add_event("brim.restore", {"brim.restore.key": key, "brim.restore.found": found})
         if context is not None:
             upstream = self.upstreams.get(exchange.upstream)
             attributes[GEN_AI_PROVIDER_NAME] = provider_name(
@@ -366,6 +380,17 @@ class Observe:
                 telemetry.survived.add(1, model)
         for policy, tokens in removed.items():
             telemetry.tokens_removed.add(tokens, {"policy": policy, "model": label})
+        if report.restore_offered:
+            telemetry.restores_offered.add(1, model)
+        for found in (True, False):
+            if count := sum(1 for _, was in restores if was is found):
+                telemetry.restores.add(count, {"model": label, "found": str(found).lower()})
+        self.status.record_restores(
+            label,
+            offered=report.restore_offered,
+            found=len(report.restored),
+            missing=len(report.restore_missing),
+        )
         total_ms = (time.perf_counter() - report.started) * 1000
         upstream_ms = report.upstream_seconds * 1000
         telemetry.upstream_latency.record(upstream_ms, model)
@@ -391,6 +416,8 @@ class Observe:
                 "retries": report.retries,
                 "fallbacks": report.fallbacks,
                 "archive_keys": report.archive_keys,
+                "restored": [key for key, found in restores if found],
+                "restore_missing": [key for key, found in restores if not found],
             }
             self.status.recent.append(event)
             if self.audit is not None:

@@ -10,29 +10,57 @@ client gets only the final reply, its usage the sum over the rounds; client tool
 the same turn as a restore are dropped from the hidden round (the model makes them again once it
 has the content).
 
-Streams are held only until it is clear how the turn starts: a turn that starts with text is
-relayed at once, as it comes; one that starts with a restore call is read to its end, answered,
-and the final round's stream is relayed with the usage of every round.
+Streams are held only until it is clear how the turn starts. A turn that starts with a restore
+call is read to its end and answered before the client gets anything (a failure there is still
+an HTTP error). A turn that starts with text is relayed at once, event by event, until its first
+tool call; from there its events are held to the turn's end (tool calls are short). If none of
+them calls brim_restore they go on exactly as they came. If one does, the held calls (the
+client's too) and the turn's end are dropped, brim answers, asks again, and streams the next
+round on as more of the same reply, which every wire API can express (`Wire.splice`):
+
+- Chat Completions: the next round's chunks under the first round's id, created and model,
+  without its role-only opener; one finish reason, one usage chunk (the sum), one `[DONE]`.
+- Anthropic Messages: the next round's `message_start` dropped and its content blocks numbered
+  on; the last `message_delta` carries its stop reason and every round's usage, input included
+  (the SDKs take a `message_delta`'s figures over `message_start`'s); one `message_stop`.
+- Responses: the next round's `response.created` / `.in_progress` dropped, `sequence_number`
+  and `output_index` numbered on, item ids as the provider gave them; the last
+  `response.completed` has the first round's id, every item the client got, the summed usage.
+- Gemini: the next round's chunks appended under the first `responseId`, the earlier rounds'
+  usage added to every usage figure.
+
+The same holds in a round that is itself a continuation, up to `max_rounds`. Once the client
+has the stream's start, a failure of a later round (the provider's error, a model that keeps
+calling brim_restore) ends the stream with that API's own error event, never a dangling call.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
 from adapters.base import UpstreamResponse
-from adapters.errors import UpstreamProtocolError
+from adapters.errors import BrimError, UpstreamFailure, UpstreamProtocolError
 from adapters.exchange import Exchange
 from middleware.base import CallNext
-from middleware.observe import EventData
 from middleware.store import ContentStore
 from policies.clients import ClientRule
 from policies.prune import cut_middle
 from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.base import ToolCall, ToolSpec, Usage, Wire
+from policies.wires.base import (
+    Splice,
+    SseEvent,
+    SseEvents,
+    ToolCall,
+    ToolSpec,
+    TurnReader,
+    Usage,
+    Wire,
+)
 
 log = logging.getLogger("brim.restore")
 
@@ -104,22 +132,11 @@ class RestoreRounds:
         """Hidden rounds from a whole `reply` that calls brim_restore, until the model answers;
         the last round's response, streamed as it comes if the client asked for a stream."""
         wire = exchange.wire
-        assert exchange.body is not None
-        body: dict[str, Any] = exchange.body
         usage = earlier.added(wire.usage(reply) or Usage())
         while calls := self._restores(wire, reply):
-            if rounds >= self.max_rounds:  # asked to answer without tools, and did not
-                raise UpstreamProtocolError(
-                    f"the model kept calling {RESTORE_TOOL.name} after {rounds} rounds",
-                    upstream=exchange.upstream,
-                )
+            self._check_rounds(exchange, rounds)
             rounds += 1
-            share = self._share(exchange, body, len(calls))
-            results = [await self._result(exchange, call, share) for call in calls]
-            body = wire.continued(body, reply, calls, results)
-            if rounds >= self.max_rounds:
-                body = wire.with_tool_choice_none(body)
-            asked = exchange.with_body(body)
+            asked = await self._asked(exchange, reply, calls, rounds)
             response = await call_next(asked)
             if response.status >= 300:
                 return response
@@ -128,7 +145,7 @@ class RestoreRounds:
             found = response.payload if response.payload is not None else _json(response.body)
             if not isinstance(found, dict):
                 return response
-            reply = found
+            exchange, reply = asked, found
             usage = usage.added(wire.usage(reply) or Usage())
         final = wire.with_usage(reply, usage)
         return UpstreamResponse(
@@ -137,6 +154,34 @@ class RestoreRounds:
             body=orjson.dumps(final),
             payload=final,
         )
+
+    def _check_rounds(self, exchange: Exchange, rounds: int) -> None:
+        """A turn that calls brim_restore after `rounds` rounds is one too many once the last
+        round (asked to answer without tools) did so."""
+        if rounds >= self.max_rounds:
+            log.warning(
+                "request %s: the model kept calling %s after %d rounds",
+                exchange.request_id,
+                RESTORE_TOOL.name,
+                rounds,
+            )
+            raise UpstreamProtocolError(
+                f"the model kept calling {RESTORE_TOOL.name} after {rounds} rounds",
+                upstream=exchange.upstream,
+            )
+
+    async def _asked(
+        self, exchange: Exchange, reply: Mapping[str, Any], calls: list[ToolCall], rounds: int
+    ) -> Exchange:
+        """The request of round `rounds`: `exchange`'s, with `reply`'s turn and brim's answers
+        to its `calls`; tool calling turned off in the last round."""
+        assert exchange.body is not None
+        share = self._share(exchange, exchange.body, len(calls))
+        results = [await self._result(exchange, call, share) for call in calls]
+        body = exchange.wire.continued(exchange.body, reply, calls, results)
+        if rounds >= self.max_rounds:
+            body = exchange.wire.with_tool_choice_none(body)
+        return exchange.with_body(body)
 
     def _share(self, exchange: Exchange, body: Mapping[str, Any], calls: int) -> int:
         """Tokens each of a round's `calls` may have: the room the request has left."""
@@ -152,6 +197,7 @@ class RestoreRounds:
         original = await self.store.get(key)
         if original is None:
             log.info("request %s: restore of %r: not available", exchange.request_id, key[:80])
+            exchange.report.restore_missing.append(key)
             return GONE.format(key=key[:80] or "the key")
         exchange.report.restored.append(key)
         assert exchange.context is not None
@@ -168,17 +214,17 @@ class RestoreRounds:
         rounds: int = 0,
     ) -> UpstreamResponse:
         """Hold the stream until its turn starts; a restore call first: read it whole and go on
-        with hidden rounds; anything else: relay it (with earlier rounds' usage added)."""
+        with hidden rounds; anything else: relay it as one reply (`_spliced`)."""
         assert response.chunks is not None
         wire = exchange.wire
         reader = wire.turn_reader()
-        events = EventData()
-        held: list[bytes] = []
+        events = SseEvents()
+        held: list[SseEvent] = []
         chunks = response.chunks
         async for chunk in chunks:
-            held.append(chunk)
             for event in events.feed(chunk):
-                reader.feed(event)
+                held.append(event)
+                reader.take(event.json)
             # a text turn goes at once; tool calls are short: such a turn is read to its end
             if reader.started == "text":
                 break
@@ -186,48 +232,99 @@ class RestoreRounds:
             await response.aclose()
             usage = earlier or Usage()
             return await self._rounds(exchange, reply, usage, rounds, call_next, response)
-        relayed = _relay(held, chunks, wire, earlier)
+        round_ = _Round(reader, events, held, chunks)
+        spliced = self._spliced(exchange, response, round_, call_next, wire.splice(earlier), rounds)
         return UpstreamResponse(
-            status=response.status,
-            headers=response.headers,
-            chunks=relayed,
-            closer=response.aclose,
+            status=response.status, headers=response.headers, chunks=spliced, closer=response.aclose
+        )
+
+    async def _spliced(
+        self,
+        exchange: Exchange,
+        response: UpstreamResponse,
+        round_: _Round,
+        call_next: CallNext,
+        splice: Splice,
+        rounds: int,
+    ) -> AsyncIterator[bytes]:
+        """The client's stream, relayed event by event as it comes, from `round_` (its events
+        read so far and the rest of its stream) on. From a round's first tool call on, its
+        events are held to the round's end: released as they came if none calls brim_restore;
+        else the calls are answered, the provider asked again, and its next round streamed on
+        as more of the same reply (`Wire.splice`). A failure once the client has the stream's
+        start ends it with the API's error event (`proxy.relay`)."""
+        wire = exchange.wire
+        try:
+            while True:
+                reader, events = round_.reader, round_.events
+                if out := splice.feed(round_.read):
+                    yield out
+                async for chunk in round_.rest:
+                    if out := _fed(events.feed(chunk), reader, splice):
+                        yield out
+                if out := _fed(events.end(), reader, splice):
+                    yield out
+                reply = reader.reply()
+                calls = self._restores(wire, reply)
+                if not calls:
+                    if out := splice.release():
+                        yield out
+                    return
+                await response.aclose()
+                self._check_rounds(exchange, rounds)
+                if out := splice.answer(wire.usage(reply) or Usage()):
+                    yield out
+                rounds += 1
+                exchange = await self._asked(exchange, reply, calls, rounds)
+                response = await self._continued(exchange, call_next)
+                assert response.chunks is not None
+                round_ = _Round(wire.turn_reader(), SseEvents(), [], response.chunks)
+        finally:
+            await response.aclose()
+
+    async def _continued(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
+        """The round that continues a reply the client is already reading: a stream, or an
+        `UpstreamFailure` (which ends the client's stream with the API's error event)."""
+        try:
+            response = await call_next(exchange)
+        except BrimError as exc:
+            log.warning(
+                "request %s: the round after %s failed: %s",
+                exchange.request_id,
+                RESTORE_TOOL.name,
+                exc.message,
+            )
+            if isinstance(exc, UpstreamFailure):
+                raise
+            raise UpstreamProtocolError(
+                f"the round after {RESTORE_TOOL.name} failed: {exc.message}",
+                upstream=exchange.upstream,
+            ) from exc
+        if response.status < 300 and response.chunks is not None:
+            return response
+        await response.aclose()
+        log.warning("request %s: the round after a restore did not stream", exchange.request_id)
+        raise UpstreamProtocolError(
+            f"the round after {RESTORE_TOOL.name} answered HTTP {response.status} without a stream",
+            upstream=exchange.upstream,
         )
 
 
-async def _relay(
-    held: Sequence[bytes], rest: AsyncIterator[bytes], wire: Wire, earlier: Usage | None
-) -> AsyncIterator[bytes]:
-    """The held chunks, then the rest, with `earlier` usage added to every usage report."""
-    if earlier is None:
-        for chunk in held:
-            yield chunk
-        async for chunk in rest:
-            yield chunk
-        return
-    pending = b""
+@dataclass(frozen=True, slots=True)
+class _Round:
+    """One streamed round being relayed: its reader and event splitter, the events they have
+    read so far (not yet relayed) and the rest of its stream."""
 
-    def rewrite(chunk: bytes) -> bytes:
-        nonlocal pending
-        data = pending + chunk
-        end = data.rfind(b"\n") + 1
-        complete, pending = data[:end], data[end:]
-        lines = []
-        for line in complete.splitlines(keepends=True):
-            if line.startswith(b"data:") and line[5:].strip() not in (b"", b"[DONE]"):
-                ending = line[len(line.rstrip(b"\r\n")) :]
-                line = b"data: " + wire.stream_usage(line[5:].strip(), earlier) + ending
-            lines.append(line)
-        return b"".join(lines)
+    reader: TurnReader
+    events: SseEvents
+    read: list[SseEvent]
+    rest: AsyncIterator[bytes]
 
-    for chunk in held:
-        if out := rewrite(chunk):
-            yield out
-    async for chunk in rest:
-        if out := rewrite(chunk):
-            yield out
-    if pending:
-        yield pending
+
+def _fed(events: list[SseEvent], reader: TurnReader, splice: Splice) -> bytes:
+    for event in events:
+        reader.take(event.json)
+    return splice.feed(events)
 
 
 def _json(body: bytes | None) -> Any:

@@ -126,8 +126,7 @@ class RestoreConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    # Off until hidden rounds are finished for streams that start with text (issue 17).
-    enabled: bool = False
+    enabled: bool = True
     max_rounds: int = Field(3, ge=1, le=10)  # restore rounds brim answers in one request
     store_mb: float = Field(64, gt=0)  # in-process store (and local copy when Redis is used)
     ttl_hours: float = Field(24, gt=0)

@@ -33,6 +33,14 @@ class Telemetry:
         self.tokens_removed = meter.create_counter(
             "brim.tokens.removed", unit="{token}", description="Input tokens removed, by policy"
         )
+        self.restores = meter.create_counter(
+            "brim.restores",
+            unit="{restore}",
+            description="brim_restore calls answered, by whether the key was still available",
+        )
+        self.restores_offered = meter.create_counter(
+            "brim.restores.offered", unit="{request}", description="Requests offered brim_restore"
+        )
         self.added_latency = meter.create_histogram(
             "brim.latency.added", unit="ms", description="Time spent in brim, not the provider"
         )
@@ -115,6 +123,19 @@ class StatusBoard:
         usage["tokens_in"] += tokens_in
         usage["tokens_out"] += tokens_out
         return label
+
+    def record_restores(self, label: str, *, offered: bool, found: int, missing: int) -> None:
+        """Count a request's restore offer and the calls it answered, under `label` (from
+        `record`): totals and per model, as `restore_offered`, `restored`, `restore_missing`."""
+        usage = self.models.setdefault(label, Counter())
+        for name, count in (
+            ("restore_offered", int(offered)),
+            ("restored", found),
+            ("restore_missing", missing),
+        ):
+            if count:
+                self.totals[name] += count
+                usage[name] += count
 
     def snapshot(self) -> dict[str, Any]:
         return {

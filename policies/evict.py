@@ -1,9 +1,13 @@
 """`evict`: remove whole units (a tool call always with its results) and leave one notice.
 
-Always kept: the system prompt, the last user message, and the last tool call with its results
-when the conversation ends with it (an ongoing tool loop). Kept unless nothing else helps: the
-first user message and the most recent `keep_recent_turns` turns (a turn is a user message or
-an assistant reply with its tool results: agent sessions have many turns per user message).
+Always kept: the system prompt and every other system message (instructions the client put
+between the turns, as Claude Code does on Anthropic's Messages API: each stays where it was),
+the last user message, and the last tool call with its results when the conversation ends with
+it (an ongoing tool loop, even with a system message after it). Kept unless nothing else helps:
+the first user message, the most recent `keep_recent_turns` turns (a turn is a user message or
+an assistant reply with its tool results: agent sessions have many turns per user message), and
+the turns right before and after each system message between the turns (so it stays between
+the same two: Anthropic takes one only right after a user turn and before an assistant turn).
 Everything else may go, lowest value first — tool groups whose results are all stale
 (already cleared or pointed onward, exact copies or superseded reads of a later result; never a
 group holding a result that an older copy points to, which goes only after the pointer) and
@@ -11,10 +15,12 @@ orphans, then plain assistant chatter, then the other tool groups, then user mes
 oldest first within each class, in batches of at least `evict_at_least` tokens so the cut point
 moves only now and then as a session grows.
 
-One notice takes the place of the first removed unit: how many messages and tokens went, which
-tools had been called, and the user requests that were dropped. If the protected units alone are
-over the limit, they are released oldest first (never the system prompt or the last user
-message), and the notice itself goes if it is what does not fit.
+One notice takes the place of the first removed unit — or goes before the system messages right
+in front of it, never after one (Anthropic's notice is a user message, and Anthropic takes a
+system message only right before an assistant turn) — saying how many messages and tokens went,
+which tools had been called, and the user requests that were dropped. If the protected units
+alone are over the limit, they are released oldest first (never a system message or the last
+user message), and the notice itself goes if it is what does not fit.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
 only while the same units are removed. Removing at least the budget's slack (limit − target) at a
@@ -64,6 +70,39 @@ def _quote(text: str) -> str:
     return text if len(text) <= QUOTE else text[: QUOTE - 1] + "…"
 
 
+def _neighbours(units: list[Unit]) -> set[Unit]:
+    """The turns right before and right after each system message in the conversation (not the
+    leading system prompt): kept unless nothing else helps, so that the message stays where the
+    client put it, between the same two turns (Anthropic takes one only right after a user turn
+    and right before an assistant turn)."""
+    found: set[Unit] = set()
+    before: Unit | None = None
+    waiting = False  # a system message after `before` wants the next turn too
+    for unit in units:
+        if unit.kind == "system":
+            if before is not None:
+                found.add(before)
+                waiting = True
+            continue
+        if waiting:
+            found.add(unit)
+            waiting = False
+        before = unit
+    return found
+
+
+def _notice_at(conversation: Conversation, start: int) -> int:
+    """Where the notice goes for removals that begin at `start`: there, or before the system
+    messages right in front of it that follow some other message (never before the leading
+    system prompt)."""
+    units = facts(conversation).units
+    position = next(i for i, unit in enumerate(units) if unit.start == start)
+    first_other = next((i for i, unit in enumerate(units) if unit.kind != "system"), len(units))
+    while position - 1 > first_other and units[position - 1].kind == "system":
+        position -= 1
+    return units[position].start
+
+
 class Evict:
     name = "evict"
 
@@ -106,7 +145,8 @@ class Evict:
         inserts: dict[int, tuple[Any, int]] = {}
         if notice and removed:
             message = conversation.dialect.notice(self._notice_text(conversation, removed))
-            inserts[min(unit.start for unit in removed)] = (message, meter.message(message))
+            at = _notice_at(conversation, min(unit.start for unit in removed))
+            inserts[at] = (message, meter.message(message))
         return conversation.keep(lambda i: i not in gone, inserts)
 
     @staticmethod
@@ -138,16 +178,14 @@ class Evict:
         if conversation.total <= goal.target:
             return conversation, []
         units = facts(conversation).units
-        system = set()
-        for unit in units:
-            if unit.kind != "system":
-                break
-            system.add(unit)
+        system = {unit for unit in units if unit.kind == "system"}
         users = [unit for unit in units if unit.kind == "user"]
         last = last_request(conversation)
         always = {unit for unit in units if last in unit.indices}  # the last user message
-        if units and units[-1].kind == "tools":  # an ongoing tool loop: the model needs it
-            always.add(units[-1])
+        tail = next((unit for unit in reversed(units) if unit.kind != "system"), None)
+        if tail is not None and tail.kind == "tools":  # an ongoing tool loop: the model needs it
+            always.add(tail)
+        neighbours = _neighbours(units)
         turns = [unit for unit in units if unit.kind in ("user", "assistant", "tools")]
         recent_from = len(conversation.messages)
         if self.settings.keep_recent_turns and turns:
@@ -157,7 +195,11 @@ class Evict:
             for unit in units
             if unit not in system
             and unit not in always
-            and (unit == (users[0] if users else None) or unit.start >= recent_from)
+            and (
+                unit == (users[0] if users else None)
+                or unit.start >= recent_from
+                or unit in neighbours
+            )
         ]
         candidates = [u for u in units if u not in system and u not in always and u not in optional]
         size = {unit: sum(conversation.sizes[i] for i in unit.indices) for unit in units}

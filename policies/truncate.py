@@ -5,7 +5,9 @@ marker saying how many tokens went. The largest text goes first, then the next, 
 fits the budget itself (`Goal.limit`, not the low-water mark: this cut destroys text, so it goes
 no further than the budget needs) or no text is left to cut. The newest message and the last
 user message (`last_request`) are cut only after every other message has been, and only if the
-request still does not fit. Tool-call arguments are never cut (they must stay valid JSON).
+request still does not fit (a system message after the newest turn does not make that turn older).
+Tool-call arguments are never cut (they must stay valid JSON); nor are the messages a wire's
+dialect offers no text of (thinking turns, Anthropic's system messages).
 """
 
 from __future__ import annotations
@@ -42,7 +44,11 @@ class Truncate:
         dialect = conversation.dialect
         records: list[FidelityRecord] = []
         known = facts(conversation)
-        spared = {len(conversation.messages) - 1, last_request(conversation)}  # cut last
+        newest = next(
+            (u.end - 1 for u in reversed(known.units) if u.kind != "system"),
+            len(conversation.messages) - 1,
+        )  # the newest message that is not a system message
+        spared = {len(conversation.messages) - 1, newest, last_request(conversation)}  # cut last
         order = sorted(
             range(len(conversation.messages)),
             key=lambda i: (i in spared, -conversation.sizes[i], i),

@@ -88,20 +88,27 @@ def _of_type(blocks: list[Any], kind: str) -> list[dict[str, Any]]:
 
 def anthropic_errors(messages: Any) -> list[str]:
     """Anthropic's rules for `messages`, each problem as "messages.N: ...":
-    the first message is the user's; roles are user or assistant; a user message's tool_result
-    blocks come first and answer tool_use ids of the assistant message just before it; every
-    tool_use of an assistant message is answered in the very next message; every thinking block
-    carries the signature of its own text."""
+    the first message is the user's; roles are user, assistant or system; a user message's
+    tool_result blocks come first and answer tool_use ids of the assistant message just before
+    it; every tool_use of an assistant message is answered in the very next message; every
+    thinking block carries the signature of its own text; a system message (mid-conversation)
+    holds text only, comes right after a user message (or an assistant one ending in a server
+    tool's use) and right before an assistant message, or last."""
     if not isinstance(messages, list) or not messages:
         return ["messages: at least one message is required"]
     errors: list[str] = []
     for index, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
-        if role not in ("user", "assistant"):
-            errors.append(f"messages.{index}: unexpected role {role!r}; use user or assistant")
+        if role not in ("user", "assistant", "system"):
+            errors.append(
+                f"messages.{index}: unexpected role {role!r}; use user, assistant or system"
+            )
             continue
         if index == 0 and role != "user":
             errors.append(f"messages.{index}: the first message must use the user role")
+        if role == "system":
+            errors.extend(_system_errors(index, messages))
+            continue
         blocks = _blocks(message)
         for position, block in enumerate(blocks):
             if not isinstance(block, dict) or block.get("type") != "thinking":
@@ -116,6 +123,32 @@ def anthropic_errors(messages: Any) -> list[str]:
         else:
             following = messages[index + 1] if index + 1 < len(messages) else None
             errors.extend(_assistant_errors(index, blocks, following))
+    return errors
+
+
+def _system_errors(index: int, messages: list[Any]) -> list[str]:
+    errors: list[str] = []
+    if any(b.get("type") != "text" for b in _blocks(messages[index]) if isinstance(b, dict)):
+        errors.append(f"messages.{index}: a system message holds text blocks only")
+    before = messages[index - 1] if index else None
+    last_block = (_blocks(before) or [None])[-1] if isinstance(before, dict) else None
+    server_turn = (
+        isinstance(before, dict)
+        and before.get("role") == "assistant"
+        and isinstance(last_block, dict)
+        and last_block.get("type") in ("server_tool_use", "mcp_tool_use")
+    )
+    if (
+        index
+        and not (isinstance(before, dict) and before.get("role") == "user")
+        and not server_turn
+    ):
+        errors.append(f"messages.{index}: a system message must immediately follow a user turn")
+    after = messages[index + 1] if index + 1 < len(messages) else None
+    if after is not None and not (isinstance(after, dict) and after.get("role") == "assistant"):
+        errors.append(
+            f"messages.{index}: a system message must precede an assistant turn or end the list"
+        )
     return errors
 
 

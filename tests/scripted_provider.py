@@ -30,7 +30,6 @@ from tests.fake_anthropic import anthropic_errors, token_count
 from tests.fakes import Seen, gemini_errors, pairing_errors, record, responses_errors
 
 OUTPUT_TOKENS = 12
-MID_CONVERSATION_SYSTEM = "mid-conversation-system-"  # Claude Code's beta for role "system" turns
 OPENAI_RESPONSES_OVERFLOW = (
     "Your input exceeds the context window of this model. Please adjust your input and try again."
 )
@@ -140,14 +139,7 @@ class ScriptedProvider:
         body = await self._body(request)
         model = str(body.get("model"))
         names = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
-        messages = body.get("messages")
-        if MID_CONVERSATION_SYSTEM in request.headers.get("anthropic-beta", "") and isinstance(
-            messages, list
-        ):  # this beta allows role "system" messages between the turns
-            messages = [
-                m for m in messages if not (isinstance(m, dict) and m.get("role") == "system")
-            ]
-        problems = anthropic_errors(messages)
+        problems = anthropic_errors(body.get("messages"))  # role "system" ones too, where placed
         call = self._admit("messages", model, body, self.tool in names, problems)
         if call.reply in ("invalid", "overflow"):
             message = (

@@ -200,7 +200,39 @@ def test_a_tool_result_that_answers_nothing_is_refused(
     [
         ([], "messages: at least one message is required"),
         ([{"role": "assistant", "content": "hi"}], "messages.0: the first message"),
-        ([{"role": "system", "content": "hi"}], "messages.0: unexpected role"),
+        ([{"role": "tool", "content": "hi"}], "messages.0: unexpected role"),
+        ([{"role": "system", "content": "hi"}], "messages.0: the first message"),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "hello"},
+                {"role": "system", "content": "be brief"},
+            ],
+            "messages.2: a system message must immediately follow a user turn",
+        ),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "well?"},
+            ],
+            "messages.1: a system message must precede an assistant turn",
+        ),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": "be brief"},
+                {"role": "system", "content": "and kind"},
+            ],
+            "messages.2: a system message must immediately follow a user turn",
+        ),
+        (
+            [
+                {"role": "user", "content": "hi"},
+                {"role": "system", "content": [{"type": "image", "source": {}}]},
+            ],
+            "messages.1: a system message holds text blocks only",
+        ),
         (
             [
                 {"role": "user", "content": "hi"},
@@ -271,6 +303,12 @@ def test_the_checker_finds(messages: list[dict[str, Any]], problem: str) -> None
 
 def test_the_checker_accepts_a_valid_session() -> None:
     assert anthropic_errors(_session_after_one_step("t", thinking_signature("t"))) == []
+
+
+def test_the_checker_accepts_system_messages_where_anthropic_takes_them() -> None:
+    session = _session_after_one_step("t", thinking_signature("t"))
+    rule = {"role": "system", "content": [{"type": "text", "text": "Be brief."}]}
+    assert anthropic_errors([session[0], rule, *session[1:], rule]) == []
 
 
 def test_max_tokens_must_be_an_integer(client: anthropic.Anthropic, fake: FakeAnthropic) -> None:

@@ -165,11 +165,11 @@ class TurnReader(ABC):
 
     def feed(self, data: bytes) -> None:
         """One event's data payload, as `sse_data` gives it."""
-        try:
-            event = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return
-        if isinstance(event, dict):
+        self.take(json_event(data))
+
+    def take(self, event: dict[str, Any] | None) -> None:
+        """One event already parsed (`SseEvent.json`); None (not a JSON object) adds nothing."""
+        if event is not None:
             self._event(event)
 
     @abstractmethod
@@ -178,6 +178,97 @@ class TurnReader(ABC):
     @abstractmethod
     def reply(self) -> dict[str, Any]:
         """The turn so far as the API's non-streamed reply JSON."""
+
+
+UsageRead = Callable[[Any], Usage | None]
+UsageWrite = Callable[[dict[str, Any], Usage], dict[str, Any]]
+
+
+class Splice(ABC):
+    """Several streamed rounds as the client's one reply: a round whose text already went to
+    the client and that then called `brim_restore` is continued, after brim answered the call,
+    by the next round, which the client gets as more of the same reply. One per reply; it holds
+    that reply's state only.
+
+    `feed` passes a round's events on as they come until the round's first tool-call event,
+    and holds that event and every later one to the round's end. A round that called no brim
+    tool: `release` passes its held events on. A round that did: `answer` passes on what the
+    client still gets of them — not the tool calls (the client's own go with brim's: the model
+    makes them again) and not the end of the turn — and the next round's events then go through
+    `feed` as the same reply goes on: its opening dropped, its indexes and numbers going on
+    from what the client has, its usage added to every earlier round's. Events are
+    `SseEvents`'; an event left as it was goes on as the very same bytes.
+    """
+
+    def __init__(self, earlier: Usage | None, read: UsageRead, write: UsageWrite) -> None:
+        self.rounds = 0  # rounds answered so far (the current round continues them)
+        self._before = earlier or Usage()  # usage of every round before the current one
+        self._read = read
+        self._write = write
+        self._held: list[SseEvent] = []
+
+    def feed(self, events: Sequence[SseEvent]) -> bytes:
+        """What the client gets now of the current round's next `events`."""
+        out = []
+        for event in events:
+            if self._held or (event.json is not None and self._calls(event.json)):
+                self._held.append(event)
+            else:
+                out.append(_as_sent(event, self._relayed))
+        return b"".join(out)
+
+    def release(self) -> bytes:
+        """The round ended calling no brim tool: its held events, as the client gets them."""
+        held, self._held = self._held, []
+        return b"".join(_as_sent(event, self._relayed) for event in held)
+
+    def answer(self, usage: Usage) -> bytes:
+        """The round ended calling `brim_restore`; `usage` is the whole round's. What the client
+        still gets of its held events; `feed` then takes the round that continues it."""
+        held, self._held = self._held, []
+        out = b"".join(_as_sent(event, self._kept, other=False) for event in held)
+        self._before = self._before.added(usage)
+        self.rounds += 1
+        self._next_round()
+        return out
+
+    @abstractmethod
+    def _calls(self, event: dict[str, Any]) -> bool:
+        """Whether this event opens a tool call."""
+
+    @abstractmethod
+    def _relayed(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """A JSON event of the current round as the client gets it: the same object when
+        unchanged, None when the client must not get it."""
+
+    @abstractmethod
+    def _kept(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """A held event of a round that called `brim_restore`, as the client still gets it."""
+
+    @abstractmethod
+    def _next_round(self) -> None:
+        """Forget what numbered the round just answered (`rounds` and usage are counted)."""
+
+    def _plus_before(self, event: dict[str, Any]) -> dict[str, Any]:
+        """The event with the earlier rounds' usage added to each figure it reports."""
+        return with_earlier_usage(event, self._before, self._read, self._write)
+
+
+def _as_sent(
+    event: SseEvent,
+    rewrite: Callable[[dict[str, Any]], dict[str, Any] | None],
+    *,
+    other: bool = True,
+) -> bytes:
+    """An event as the client gets it: `rewrite` of its JSON, its raw bytes when unchanged,
+    nothing when dropped; an event that is not JSON (`[DONE]`, a comment) goes as it is if
+    `other`, else not at all."""
+    if event.json is None:
+        return event.raw if other else b""
+    out = rewrite(event.json)
+    if out is event.json:
+        return event.raw
+    return b"" if out is None else with_data(event.raw, orjson.dumps(out))
 
 
 def listed(value: Any) -> list[Any]:
@@ -311,9 +402,9 @@ class Wire(Protocol):
         """A fresh reader for one streamed reply."""
         ...
 
-    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
-        """One stream event's data with `earlier` added to each usage figure it reports (see
-        `Usage.plus`); an event without usage comes back as it was, byte for byte."""
+    def splice(self, earlier: Usage | None) -> Splice:
+        """A fresh `Splice` for one streamed reply to the client; `earlier` is the usage of
+        hidden rounds answered before any of it was sent (added to every usage figure)."""
         ...
 
 
@@ -514,21 +605,81 @@ def answered_in_order(
     return [by_id.pop(call_id) for call_id in order if call_id in by_id]
 
 
-def usage_event(
-    data: bytes,
-    earlier: Usage,
-    read: Callable[[Any], Usage | None],
-    write: Callable[[dict[str, Any], Usage], dict[str, Any]],
-) -> bytes:
-    """`stream_usage` for any wire: `read` is the wire's `usage`, `write` puts a usage back into
-    the event. Events without usage (or not JSON, like `[DONE]`) come back untouched."""
-    if b"usage" not in data:
-        return data
-    try:
-        event = orjson.loads(data)
-    except orjson.JSONDecodeError:
-        return data
-    reported = read(event) if isinstance(event, dict) else None
+def with_earlier_usage(
+    event: dict[str, Any], earlier: Usage, read: UsageRead, write: UsageWrite
+) -> dict[str, Any]:
+    """`event` with `earlier` added to each usage figure it reports (`Usage.plus`); the same
+    object when there is nothing to add."""
+    if earlier.empty:
+        return event
+    reported = read(event)
     if reported is None or reported.empty:
-        return data
-    return orjson.dumps(write(event, reported.plus(earlier)))
+        return event
+    return write(event, reported.plus(earlier))
+
+
+def json_event(data: bytes) -> dict[str, Any] | None:
+    """A stream event's data as a JSON object; None for anything else (`[DONE]`, nothing)."""
+    if not data.startswith(b"{"):
+        return None
+    try:
+        value = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+@dataclass(frozen=True, slots=True)
+class SseEvent:
+    """One whole event of a server-sent event stream, parsed once for everyone who reads it."""
+
+    raw: bytes  # as it came, up to and including the blank line that ends it
+    data: bytes  # its `data:` payload, stripped; b"" for an event without one
+    json: dict[str, Any] | None  # the payload as a JSON object; None for anything else
+
+
+class SseEvents:
+    """A server-sent event stream's bytes as whole events (`SseEvent`), however its reads split
+    them. The raw bytes of every event, in order, are the stream's bytes."""
+
+    def __init__(self) -> None:
+        self._pending = b""  # after the last line ending read
+        self._lines: list[bytes] = []  # the current event's lines so far
+
+    def feed(self, chunk: bytes) -> list[SseEvent]:
+        data = self._pending + chunk
+        end = data.rfind(b"\n") + 1  # a CR at the end may be half of a CRLF: wait for the LF
+        self._pending = data[end:]
+        events = []
+        for line in data[:end].splitlines(keepends=True):
+            self._lines.append(line)
+            if not line.strip(b"\r\n"):
+                events.append(self._take())
+        return events
+
+    def end(self) -> list[SseEvent]:
+        """What is left when the stream ends (an event without its blank line), as it came."""
+        if self._pending:
+            self._lines.append(self._pending)
+            self._pending = b""
+        return [self._take()] if self._lines else []
+
+    def _take(self) -> SseEvent:
+        lines, self._lines = self._lines, []
+        data = b"\n".join(line[5:].strip() for line in lines if line.startswith(b"data:"))
+        return SseEvent(b"".join(lines), data, json_event(data))
+
+
+def with_data(raw: bytes, data: bytes) -> bytes:
+    """An event (`SseEvents`' raw bytes) with `data` as its payload; its other lines kept."""
+    out: list[bytes] = []
+    written = False
+    for line in raw.splitlines(keepends=True):
+        if line.startswith(b"data:"):
+            if not written:
+                ending = line[len(line.rstrip(b"\r\n")) :] or b"\n"
+                out.append(b"data: " + data + ending)
+                written = True
+            continue
+        out.append(line)
+    return b"".join(out)

@@ -44,6 +44,7 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
+    Splice,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -60,7 +61,6 @@ from policies.wires.base import (
     text_of,
     text_part,
     under,
-    usage_event,
     whole_number,
     with_part_text,
     with_tool_last,
@@ -502,6 +502,89 @@ class ChatTurnReader(TurnReader):
         return reply
 
 
+# The envelope every chunk of one completion shares.
+_ENVELOPE = ("id", "created", "model")
+_CALL_DELTAS = ("tool_calls", "function_call")
+
+
+def _chunk_choices(chunk: Mapping[str, Any]) -> list[Any]:
+    choices = chunk.get("choices")
+    return choices if isinstance(choices, list) else []
+
+
+def _delta_of(choice: Any) -> Mapping[str, Any]:
+    delta = choice.get("delta") if isinstance(choice, Mapping) else None
+    return delta if isinstance(delta, Mapping) else {}
+
+
+def _carries(choice: Any) -> bool:
+    """Whether a chunk's choice says anything: a delta value or a finish reason."""
+    return isinstance(choice, Mapping) and (
+        choice.get("finish_reason") is not None
+        or any(value not in (None, "", [], {}) for value in _delta_of(choice).values())
+    )
+
+
+class ChatSplice(Splice):
+    """Chat Completions rounds as one `chat.completion.chunk` stream: every chunk under the
+    first round's `id`, `created` and `model`, so the SDKs see one completion; a later round's
+    role-only opener dropped and its `role` taken out (the SDKs' accumulators append a repeated
+    role to the first); a round that called brim_restore loses its tool-call deltas, its finish
+    reason, its usage chunk and its `[DONE]`; the usage chunk of the last round (the client
+    asked for one with `stream_options.include_usage`) adds every earlier round's."""
+
+    def __init__(self, earlier: Usage | None) -> None:
+        super().__init__(earlier, CHAT.usage, _write_chat_usage)
+        self._envelope: dict[str, Any] = {}
+
+    def _calls(self, event: dict[str, Any]) -> bool:
+        return any(
+            _delta_of(choice).get(field)
+            for choice in _chunk_choices(event)
+            for field in _CALL_DELTAS
+        )
+
+    def _relayed(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        if not self._envelope:
+            self._envelope = {key: event[key] for key in _ENVELOPE if key in event}
+        out: dict[str, Any] | None = event
+        if self.rounds:
+            out = self._continuing(event)
+        return None if out is None else self._plus_before(out)
+
+    def _continuing(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        """A later round's chunk under the first round's envelope, without a role."""
+        choices = [
+            {**choice, "delta": {k: v for k, v in _delta_of(choice).items() if k != "role"}}
+            if "role" in _delta_of(choice)
+            else choice
+            for choice in _chunk_choices(chunk)
+        ]
+        if not any(_carries(c) for c in choices) and not isinstance(chunk.get("usage"), Mapping):
+            return None  # the role-only opener, or a chunk that says nothing
+        out = {**chunk, **{k: v for k, v in self._envelope.items() if k in chunk}}
+        if "choices" in chunk:
+            out["choices"] = choices
+        return chunk if out == chunk else out
+
+    def _kept(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        choices = [
+            {
+                **choice,
+                "delta": {k: v for k, v in _delta_of(choice).items() if k not in _CALL_DELTAS},
+                "finish_reason": None,
+            }
+            for choice in _chunk_choices(event)
+            if isinstance(choice, Mapping)
+        ]
+        if not any(_carries(choice) for choice in choices):
+            return None  # calls, the finish, the usage chunk: the next round says them
+        return self._relayed({**event, "choices": choices, "usage": None})
+
+    def _next_round(self) -> None:
+        """Nothing numbers this API's chunks."""
+
+
 class ChatWire(FieldConversation):
     name = "openai.chat"
     conversation_field = "messages"
@@ -677,8 +760,8 @@ class ChatWire(FieldConversation):
     def turn_reader(self) -> TurnReader:
         return ChatTurnReader()
 
-    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
-        return usage_event(data, earlier, self.usage, _write_chat_usage)
+    def splice(self, earlier: Usage | None) -> Splice:
+        return ChatSplice(earlier)
 
 
 def _write_chat_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
+    Splice,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -35,7 +36,6 @@ from policies.wires.base import (
     json_object,
     largest_part_text,
     text_part,
-    usage_event,
     whole_number,
     with_part_text,
 )
@@ -423,6 +423,61 @@ class GeminiTurnReader(TurnReader):
         return {"candidates": [candidate], **self._envelope}
 
 
+def _chunk_parts(chunk: Mapping[str, Any]) -> list[Any]:
+    candidates = chunk.get("candidates")
+    candidate = candidates[0] if isinstance(candidates, list) and candidates else None
+    return _parts(candidate.get("content")) if isinstance(candidate, Mapping) else []
+
+
+def _without_calls(candidate: Any) -> Any:
+    """A chunk's candidate without its function calls and its finish reason."""
+    if not isinstance(candidate, Mapping):
+        return candidate
+    out = {k: v for k, v in candidate.items() if k != "finishReason"}
+    content = candidate.get("content")
+    if isinstance(content, Mapping):
+        parts = [p for p in _parts(content) if not (isinstance(p, Mapping) and "functionCall" in p)]
+        out["content"] = {**content, "parts": parts}
+    return out
+
+
+class GeminiSplice(Splice):
+    """Gemini rounds as one `streamGenerateContent` stream: a round that called brim_restore
+    loses its function calls (with the signature they carry) and its finish reason, a chunk
+    left without parts is dropped; a later round's chunks go on under the first round's
+    `responseId`, each usage figure with every earlier round's added (Gemini reports the usage
+    so far on every chunk)."""
+
+    def __init__(self, earlier: Usage | None) -> None:
+        super().__init__(earlier, GEMINI.usage, GEMINI.with_usage)
+        self._id: Any = None  # the first round's responseId
+
+    def _calls(self, event: dict[str, Any]) -> bool:
+        return any(
+            isinstance(part, Mapping) and "functionCall" in part for part in _chunk_parts(event)
+        )
+
+    def _relayed(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        if self._id is None:
+            self._id = event.get("responseId")
+        out = event
+        if self.rounds and self._id is not None and event.get("responseId") not in (None, self._id):
+            out = {**event, "responseId": self._id}
+        return self._plus_before(out)
+
+    def _kept(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        candidates = event.get("candidates")
+        if not isinstance(candidates, list):
+            return None
+        kept = [_without_calls(candidate) for candidate in candidates]
+        if not _chunk_parts({"candidates": kept}):
+            return None
+        return self._relayed({**event, "candidates": kept})
+
+    def _next_round(self) -> None:
+        """Nothing numbers this API's chunks."""
+
+
 class GeminiWire(FieldConversation):
     name = "gemini.generate"
     conversation_field = "contents"
@@ -623,8 +678,8 @@ class GeminiWire(FieldConversation):
     def turn_reader(self) -> TurnReader:
         return GeminiTurnReader()
 
-    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
-        return usage_event(data, earlier, self.usage, self.with_usage)
+    def splice(self, earlier: Usage | None) -> Splice:
+        return GeminiSplice(earlier)
 
 
 def _tools(body: Mapping[str, Any]) -> list[Any]:

@@ -9,6 +9,7 @@ length of its data), and, when tools are given, the tool-use system prompt Anthr
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
@@ -27,6 +28,7 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
+    Splice,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -41,7 +43,6 @@ from policies.wires.base import (
     text_of,
     text_part,
     under,
-    usage_event,
     whole_number,
     with_tool_last,
 )
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
     import tiktoken
 
     from policies.tokens import TokenCounter
+
+EARLIER_REMOVED = "[earlier messages were removed]"  # a user turn repair adds where one must be
 
 
 def _blocks(content: Any) -> list[Any]:
@@ -72,7 +75,13 @@ class AnthropicDialect:
     """Anthropic Messages: `tool_use` blocks in an assistant message are answered by
     `tool_result` blocks (which must come first) in the very next user message; the two messages
     form one unit. `system` is outside `messages`, so it is fixed cost. Assistant messages with
-    `thinking` / `redacted_thinking` blocks are never edited — only removed whole."""
+    `thinking` / `redacted_thinking` blocks are never edited — only removed whole.
+
+    A `role: "system"` message inside `messages` (a mid-conversation system message: Claude Code
+    sends them, with the beta `mid-conversation-system-2026-04-07`) is an instruction, like the
+    system prompt: a unit of its own, never edited, and where Anthropic takes it — right after a
+    user turn (or an assistant turn that ends in a server tool's use), right before an assistant
+    turn or at the end, never next to another."""
 
     name = "anthropic.messages"
 
@@ -127,7 +136,7 @@ class AnthropicDialect:
             kind = (
                 "orphan"
                 if self.answers(message)
-                else ("assistant" if role == "assistant" else "user")
+                else (role if role in ("assistant", "system") else "user")
             )
             units.append(Unit(kind, index, index + 1))  # type: ignore[arg-type]
             index += 1
@@ -178,8 +187,8 @@ class AnthropicDialect:
         )
 
     def largest_text(self, message: Any) -> str | None:
-        if not isinstance(message, Mapping) or self.thinks(message):
-            return None
+        if not isinstance(message, Mapping) or self.thinks(message) or _is_system(message):
+            return None  # thinking turns and instructions are never cut
         content = message.get("content")
         if isinstance(content, str):
             return content
@@ -212,8 +221,12 @@ class AnthropicDialect:
             problems.append("messages[0]: the first message must be a user message")
         for index, message in enumerate(messages):
             role = self.role(message)
-            if role not in ("user", "assistant"):
-                problems.append(f"messages[{index}]: role {role!r} is not user or assistant")
+            if role not in ("user", "assistant", "system"):
+                problems.append(
+                    f"messages[{index}]: role {role!r} is not user, assistant or system"
+                )
+            if role == "system":
+                problems += _placement(messages, index)
             answered = self.answers(message)
             if answered:
                 previous = messages[index - 1] if index else None
@@ -246,7 +259,15 @@ class AnthropicDialect:
         """Drop tool_result blocks that answer nothing (and messages left empty) and tool_use
         blocks repeating an id in their message (not in thinking turns: those are never edited),
         add a placeholder result for each unanswered tool_use, put results first, start with a
-        user."""
+        user; put each system message where Anthropic takes it (`_placed`), before the pairs are
+        mended (a system message between a tool_use and its results moves after the results,
+        which are kept) and again after (mending may drop the user turn one followed)."""
+        placed, done = _placed(messages)
+        out, mended = self._paired(placed)
+        out, moved = _placed(out)
+        return out, done + mended + moved
+
+    def _paired(self, messages: Sequence[Any]) -> tuple[list[Any], list[str]]:
         out: list[Any] = []
         done: list[str] = []
         for message in messages:
@@ -269,7 +290,7 @@ class AnthropicDialect:
             out.append({"role": "user", "content": [_result_block(c) for c in self.calls(out[-1])]})
             done.append("added results for the last message's unanswered tool_use")
         if out and self.role(out[0]) != "user":
-            out.insert(0, {"role": "user", "content": "[earlier messages were removed]"})
+            out.insert(0, {"role": "user", "content": EARLIER_REMOVED})
             done.append("started the conversation with a user message")
         return out, done
 
@@ -302,6 +323,90 @@ class AnthropicDialect:
         return {**message, "content": fixed_blocks}, notes
 
 
+# Mid-conversation system messages -------------------------------------------------------------
+
+# A system message may follow a user turn, or an assistant turn that ends in a server tool's
+# use (a paused turn; the blocks of server tools and their results are the assistant's own).
+_SERVER_TOOL_BLOCK = re.compile(r"(?:server|mcp)_tool_use|\w+_tool_result")
+
+
+def _is_system(message: Any) -> bool:
+    return role_of(message) == "system"
+
+
+def _may_precede_system(message: Any) -> bool:
+    role = role_of(message)
+    if role == "user":
+        return True
+    if role != "assistant":
+        return False
+    blocks = _blocks(message.get("content"))
+    last = blocks[-1] if blocks else None
+    kind = last.get("type") if isinstance(last, Mapping) else None
+    return isinstance(kind, str) and _SERVER_TOOL_BLOCK.fullmatch(kind) is not None
+
+
+def _placement(messages: Sequence[Any], index: int) -> list[str]:
+    """Where the system message at `index` breaks Anthropic's placement rules (the first
+    message is checked as any first message is)."""
+    problems: list[str] = []
+    if index and not _may_precede_system(messages[index - 1]):
+        problems.append(
+            f"messages[{index}]: a system message must follow a user message, not "
+            f"{role_of(messages[index - 1]) or 'nothing'}"
+        )
+    following = messages[index + 1] if index + 1 < len(messages) else None
+    if following is not None and role_of(following) != "assistant":
+        problems.append(
+            f"messages[{index}]: a system message must come right before an assistant message "
+            "or last"
+        )
+    return problems
+
+
+def _placed(messages: Sequence[Any]) -> tuple[list[Any], list[str]]:
+    """Each system message where Anthropic takes it, as near to where it was as can be: moved
+    after the user messages that follow it (so it comes right before the next assistant turn,
+    or last), merged with a system message it then meets (blocks in order), and, when no user
+    turn comes before it, given one. Their content is never changed; a conversation whose
+    system messages are placed as the rules want comes back as it was."""
+    out: list[Any] = []
+    done: list[str] = []
+    waiting: list[Any] = []  # system messages not yet placed, in order
+    moved = False  # user messages went out while some waited
+
+    def place() -> None:
+        if not waiting:
+            return
+        if moved:
+            done.append("moved a system message after the user message that followed it")
+        if len(waiting) > 1:
+            blocks = [block for message in waiting for block in _blocks(message.get("content"))]
+            done.append(f"merged {len(waiting)} adjacent system messages")
+            system = {**waiting[0], "content": blocks}
+        else:
+            system = waiting[0]
+        if not out or not _may_precede_system(out[-1]):
+            out.append({"role": "user", "content": EARLIER_REMOVED})
+            done.append("added a user message before a system message")
+        out.append(system)
+        waiting.clear()
+
+    for message in messages:
+        role = role_of(message)
+        if role == "system":
+            waiting.append(message)
+            continue
+        if role == "user":
+            moved = moved or bool(waiting)
+        else:
+            place()
+            moved = False
+        out.append(message)
+    place()
+    return out, done
+
+
 def _tool_use_id(block: Any) -> str | None:
     if isinstance(block, Mapping) and block.get("type") == "tool_use":
         return str(block.get("id"))
@@ -320,7 +425,7 @@ class _Block(OpenModel):
 
 
 class _Message(OpenModel):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: a mid-conversation system message
     content: StrictStr | list[_Block]
 
 
@@ -546,6 +651,92 @@ class MessagesTurnReader(TurnReader):
         return message
 
 
+def _opened(event: Mapping[str, Any]) -> Any:
+    """The type of the block a `content_block_start` opens."""
+    block = event.get("content_block")
+    return block.get("type") if isinstance(block, Mapping) else None
+
+
+def _renumbered(event: dict[str, Any], index: int) -> dict[str, Any]:
+    return event if event.get("index") == index else {**event, "index": index}
+
+
+class MessagesSplice(Splice):
+    """Anthropic Messages rounds as one message: a later round's `message_start` dropped, its
+    content blocks numbered on from the blocks the client has (the SDKs append each new block
+    and find it again by its index); a round that called brim_restore loses its tool_use
+    blocks, its `message_delta` and its `message_stop`. The last round's `message_delta` gives
+    that round's stop reason and the usage of every round, input included: the SDKs take the
+    cumulative figures a `message_delta` reports (input, cache reads and writes, output) over
+    those of `message_start`, which had the first round's alone."""
+
+    def __init__(self, earlier: Usage | None) -> None:
+        super().__init__(earlier, MESSAGES.usage, _write_event_usage)
+        self._blocks = 0  # content blocks the client has
+        self._at: dict[int, int] = {}  # this round's block index → the client's
+        self._dropped: set[int] = set()  # this round's blocks the client does not get
+        self._usage: dict[str, Any] = {}  # this round's usage: message_start's, then deltas'
+        self._written = 0  # cache_creation_input_tokens of the rounds before this one
+
+    def _calls(self, event: dict[str, Any]) -> bool:
+        return event.get("type") == "content_block_start" and _opened(event) == "tool_use"
+
+    def _relayed(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        kind = event.get("type")
+        if kind == "message_start":
+            message = event.get("message")
+            usage = message.get("usage") if isinstance(message, Mapping) else None
+            self._usage = dict(usage) if isinstance(usage, Mapping) else {}
+            return self._plus_before(event) if not self.rounds else None
+        if kind == "content_block_start":
+            index = _index(event, len(self._at))
+            self._at[index] = self._blocks
+            self._blocks += 1
+            return _renumbered(event, self._at[index])
+        if kind in ("content_block_delta", "content_block_stop"):
+            index = _index(event, 0)
+            return _renumbered(event, self._at.get(index, index))
+        if kind == "message_delta":
+            self._count(event)
+            if self.rounds:
+                return {**event, "usage": self._summed(event.get("usage"))}
+            return self._plus_before(event)
+        return event
+
+    def _count(self, event: Mapping[str, Any]) -> None:
+        usage = event.get("usage")
+        if isinstance(usage, Mapping):  # cumulative figures: later ones win
+            self._usage.update({k: v for k, v in usage.items() if v is not None})
+
+    def _summed(self, reported: Any) -> dict[str, Any]:
+        """A later round's final usage: every round's, in Anthropic's fields."""
+        total = (_usage(self._usage) or Usage()).plus(self._before)
+        out = dict(reported) if isinstance(reported, Mapping) else {}
+        written = whole_number(self._usage.get("cache_creation_input_tokens"))
+        if written is not None or self._written:
+            out["cache_creation_input_tokens"] = self._written + (written or 0)
+        return _usage_written(out, total)
+
+    def _kept(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        kind = event.get("type")
+        if kind == "content_block_start" and _opened(event) == "tool_use":
+            self._dropped.add(_index(event, -1))
+            return None
+        if kind in ("content_block_delta", "content_block_stop"):
+            if _index(event, -1) in self._dropped:
+                return None
+        elif kind == "message_delta":
+            self._count(event)
+            return None
+        elif kind in ("message_stop", "ping"):
+            return None
+        return self._relayed(event)
+
+    def _next_round(self) -> None:
+        self._written += whole_number(self._usage.get("cache_creation_input_tokens")) or 0
+        self._at, self._dropped, self._usage = {}, set(), {}
+
+
 class MessagesWire(FieldConversation):
     name = "anthropic.messages"
     conversation_field = "messages"
@@ -685,8 +876,8 @@ class MessagesWire(FieldConversation):
     def turn_reader(self) -> TurnReader:
         return MessagesTurnReader()
 
-    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
-        return usage_event(data, earlier, self.usage, _write_event_usage)
+    def splice(self, earlier: Usage | None) -> Splice:
+        return MessagesSplice(earlier)
 
 
 def _write_event_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from policies.wires.base import (
     GenAiMessage,
     OpenModel,
     RequestFacts,
+    Splice,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -39,7 +40,6 @@ from policies.wires.base import (
     text_of,
     text_part,
     under,
-    usage_event,
     with_part_text,
     with_tool_last,
 )
@@ -346,6 +346,13 @@ def _shows_text(item: Mapping[str, Any]) -> bool:
     )
 
 
+# Reasoning text deltas: the item's field, the event's index field, the part's type.
+_REASONING_DELTAS = {
+    "response.reasoning_text.delta": ("content", "content_index", "reasoning_text"),
+    "response.reasoning_summary_text.delta": ("summary", "summary_index", "summary_text"),
+}
+
+
 class ResponsesTurnReader(TurnReader):
     """The Responses API's stream into one `response` object: the envelope of the last
     `response.*` event that carries one (`response.completed` has the usage, and the whole
@@ -384,15 +391,10 @@ class ResponsesTurnReader(TurnReader):
             part[field] = str(part.get(field, "")) + text
             if text:
                 self._start("text")
-        elif kind == "response.reasoning_text.delta":
-            part = _parts_at(item_, "content", event.get("content_index"))
-            part.setdefault("type", "reasoning_text")
-            part["text"] = str(part.get("text", "")) + text
-            if text:
-                self._start("text")
-        elif kind == "response.reasoning_summary_text.delta":
-            part = _parts_at(item_, "summary", event.get("summary_index"))
-            part.setdefault("type", "summary_text")
+        elif kind in _REASONING_DELTAS:
+            field, index, part_type = _REASONING_DELTAS[kind]
+            part = _parts_at(item_, field, event.get(index))
+            part.setdefault("type", part_type)
             part["text"] = str(part.get("text", "")) + text
             if text:
                 self._start("text")
@@ -431,6 +433,81 @@ class ResponsesTurnReader(TurnReader):
         if not _output(reply):
             reply["output"] = [self._items[index] for index in sorted(self._items)]
         return reply
+
+
+# Events that open a response, and those that end it (each carries the `response` so far).
+_OPENING = frozenset({"response.created", "response.in_progress", "response.queued"})
+_ENDING = frozenset({"response.completed", "response.incomplete", "response.failed"})
+
+
+class ResponsesSplice(Splice):
+    """Responses API rounds as one response: every event numbered on (`sequence_number`, and
+    `output_index`: the SDKs append each added item and find it again by its index) from what
+    the client has; a later round's `response.created` and `.in_progress` dropped; a round that
+    called brim_restore loses its call items and its `response.completed`. The last round's
+    `response.completed` carries the first round's `id` and `created_at`, every item the
+    client got (the SDKs' final response is that event's), and the usage of every round."""
+
+    def __init__(self, earlier: Usage | None) -> None:
+        super().__init__(earlier, RESPONSES.usage, _write_event_usage)
+        self._sequence: int | None = None  # the number of the next event the client gets
+        self._items: dict[int, Any] = {}  # the client's output items, by their index
+        self._at: dict[int, int] = {}  # this round's output_index → the client's
+        self._dropped: set[int] = set()  # this round's items the client does not get
+        self._head: dict[str, Any] = {}  # the first round's id and created_at
+
+    def _calls(self, event: dict[str, Any]) -> bool:
+        return (
+            event.get("type") == "response.output_item.added"
+            and _kind(event.get("item")) in CALL_TYPES
+        )
+
+    def _relayed(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        kind = event.get("type")
+        response = event.get("response")
+        if kind in _OPENING:
+            if self.rounds:
+                return None
+            if not self._head and isinstance(response, Mapping):
+                self._head = {k: response[k] for k in ("id", "created_at") if k in response}
+        out = event
+        index = event.get("output_index")
+        if isinstance(index, int):
+            if kind == "response.output_item.added":
+                self._at[index] = len(self._items)
+                self._items[len(self._items)] = event.get("item")
+            mine = self._at.get(index, index)
+            if kind == "response.output_item.done":
+                self._items[mine] = event.get("item")
+            if mine != index:
+                out = {**out, "output_index": mine}
+        if kind in _ENDING and isinstance(response, Mapping):
+            if self.rounds:
+                output = [self._items[i] for i in sorted(self._items)]
+                out = {**out, "response": {**response, **self._head, "output": output}}
+            out = self._plus_before(out)
+        return self._numbered(out)
+
+    def _numbered(self, event: dict[str, Any]) -> dict[str, Any]:
+        number = event.get("sequence_number")
+        if not isinstance(number, int) or isinstance(number, bool):
+            return event
+        mine = number if self._sequence is None else self._sequence
+        self._sequence = mine + 1
+        return event if number == mine else {**event, "sequence_number": mine}
+
+    def _kept(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        kind = event.get("type")
+        index = event.get("output_index")
+        if kind == "response.output_item.added" and _kind(event.get("item")) in CALL_TYPES:
+            self._dropped.add(index if isinstance(index, int) else -1)
+            return None
+        if (isinstance(index, int) and index in self._dropped) or kind in _ENDING:
+            return None
+        return self._relayed(event)
+
+    def _next_round(self) -> None:
+        self._at, self._dropped = {}, set()
 
 
 class ResponsesWire(FieldConversation):
@@ -595,8 +672,8 @@ class ResponsesWire(FieldConversation):
     def turn_reader(self) -> TurnReader:
         return ResponsesTurnReader()
 
-    def stream_usage(self, data: bytes, earlier: Usage) -> bytes:
-        return usage_event(data, earlier, self.usage, _write_event_usage)
+    def splice(self, earlier: Usage | None) -> Splice:
+        return ResponsesSplice(earlier)
 
 
 def _write_event_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:

@@ -697,3 +697,69 @@ def test_stream_usage_is_read_however_the_events_are_split(api: str, cuts: list[
     assert asyncio.run(run()) == stream  # relayed byte for byte
     usage = exchange.report.usage
     assert (usage.input, usage.output, usage.cached_input) == expected
+
+
+def test_restores_found_and_missing_are_named_by_their_keys_only() -> None:
+    """What the restore stage records (`report.restored`, `report.restore_missing`) becomes a
+    span event per key, counters by found, and status totals; a key the model made up is named
+    `malformed`, never repeated (model input)."""
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from adapters.base import UpstreamResponse
+    from adapters.exchange import Exchange
+    from middleware.observe import Observe
+    from middleware.telemetry import Telemetry
+
+    spans = InMemorySpanExporter()
+    tracing = TracerProvider()
+    tracing.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    telemetry = Telemetry(
+        tracing.get_tracer("t"), MeterProvider(metric_readers=[reader]).get_meter("t")
+    )
+    status = StatusBoard()
+    observe = Observe(telemetry, status)
+    junk = f"{CANARY} " + "the model wrote this " * 20
+
+    async def restoring(exchange: Exchange) -> UpstreamResponse:
+        report = exchange.report
+        report.restore_offered = True
+        report.restored += [" SHA256:0123456789ABCDEF0123 ", "fedcba9876543210"]
+        report.restore_missing += ["sha256:" + "0" * 16, junk]
+        return UpstreamResponse(status=200, headers={}, body=b"{}")
+
+    asyncio.run(observe(builders.exchange(model="m-restore"), restoring))
+
+    (root,) = spans.get_finished_spans()
+    assert dict(root.attributes or {})["brim.restore_offered"] is True
+    named = [dict(e.attributes or {}) for e in root.events if e.name == "brim.restore"]
+    events = [(a["brim.restore.key"], a["brim.restore.found"]) for a in named]
+    assert events == [
+        ("sha256:0123456789abcdef", True),
+        ("sha256:fedcba9876543210", True),
+        ("sha256:" + "0" * 16, False),
+        ("malformed", False),
+    ]
+    data = reader.get_metrics_data()
+    assert data is not None
+    points = {
+        metric.name: {
+            tuple(sorted((point.attributes or {}).items())): point.value
+            for point in metric.data.data_points  # type: ignore[union-attr]
+        }
+        for resource in data.resource_metrics
+        for scope in resource.scope_metrics
+        for metric in scope.metrics
+        if metric.name.startswith("brim.restores")
+    }
+    assert points["brim.restores"] == {
+        (("found", "true"), ("model", "m-restore")): 2,
+        (("found", "false"), ("model", "m-restore")): 2,
+    }
+    assert points["brim.restores.offered"] == {(("model", "m-restore"),): 1}
+    totals = status.snapshot()["totals"]
+    assert (totals["restore_offered"], totals["restored"], totals["restore_missing"]) == (1, 2, 2)
+    assert status.snapshot()["models"]["m-restore"]["restore_missing"] == 2
+    assert CANARY not in str([e.attributes for e in root.events])

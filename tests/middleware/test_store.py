@@ -353,7 +353,7 @@ def test_restore_defaults() -> None:
     assert warnings == []
     restore = config.restore
     assert (restore.enabled, restore.max_rounds, restore.store_mb, restore.ttl_hours) == (
-        False,
+        True,
         3,
         64,
         24,
@@ -388,14 +388,11 @@ def test_bad_restore_values_refuse_and_name_the_key(tmp_path: Path, text: str, n
 
 
 def test_the_store_follows_restore_and_cache_url() -> None:
-    assert build_store(BrimConfig()) is None  # off by default for now
-    on = {"restore": {"enabled": True}}
-    default = build_store(BrimConfig.model_validate(on))
+    assert build_store(BrimConfig.model_validate({"restore": {"enabled": False}})) is None
+    default = build_store(BrimConfig())  # on by default
     assert isinstance(default, MemoryStore)
     assert default.max_bytes == 64 * 1024 * 1024
-    shared = build_store(
-        BrimConfig.model_validate({**on, "cache": {"url": "redis://127.0.0.1:1/0"}})
-    )
+    shared = build_store(BrimConfig.model_validate({"cache": {"url": "redis://127.0.0.1:1/0"}}))
     assert isinstance(shared, RedisStore)
     assert shared.local.max_bytes == 64 * 1024 * 1024
     run(shared.aclose())

@@ -164,6 +164,47 @@ def test_evict_degrades_but_never_drops_the_system_prompt_or_last_user_message()
     assert after.total == minimum
 
 
+def test_evict_keeps_system_messages_between_the_turns_in_place() -> None:
+    rule = {"role": "system", "content": "From now on, answer in French."}
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "first task"},
+    ]
+    for n in range(8):
+        messages += tool_turn(n, f"turn {n}\n{LOG[:3000]}")
+        if n == 4:
+            messages.append(rule)
+    messages.append({"role": "user", "content": "final question"})
+    before = conv(messages)
+    goal = Goal(target=before.total // 3, limit=before.total // 2)
+    after, records = Evict(EvictSettings(keep_recent_turns=1, evict_at_least=0)).apply(
+        before, goal, METER
+    )
+    assert after.total <= goal.target and any(r.action == "evicted" for r in records)
+    at = after.messages.index(rule)  # never evicted, and still between the same two turns
+    was = messages.index(rule)
+    assert after.messages[at - 1] is messages[was - 1]
+    assert after.messages[at + 1] is messages[was + 1]
+    assert D.violations(after.messages) == []
+
+
+def test_evict_puts_its_notice_before_a_system_message_not_after_it() -> None:
+    rule = {"role": "system", "content": "From now on, answer in French."}
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": "the task"},
+        rule,
+        {"role": "assistant", "content": "chatter " * 300},  # the turn after it: a last resort
+    ]
+    before = conv(messages)
+    minimum = before.total - before.sizes[2] + 60  # room for the notice, not for the chatter
+    after, _ = Evict(EvictSettings(keep_recent_turns=0)).apply(
+        before, Goal(target=minimum, limit=minimum), METER
+    )
+    assert [m["role"] for m in after.messages] == ["user", "system", "system"]
+    assert after.messages[1]["content"].startswith("[brim removed ")  # the notice, then the rule
+    assert after.messages[0] is messages[0] and after.messages[2] is rule
+
+
 def test_evict_keeps_a_last_user_message_that_is_an_image_alone() -> None:
     image = {"type": "image_url", "image_url": {"url": "https://example.com/screen.png"}}
     messages = [
@@ -186,6 +227,21 @@ def test_truncate_cuts_the_largest_message_keeping_head_and_tail() -> None:
     assert "tokens cut from the middle by brim" in text
     assert records[0].tokens_before > records[0].tokens_after
     assert after.messages[0] is messages[0]
+
+
+def test_truncate_cuts_the_newest_turn_last_even_with_a_system_message_after_it() -> None:
+    messages = [
+        {"role": "user", "content": "go"},
+        *tool_turn(1, LOG.replace(" ok", " older")),
+        {"role": "user", "content": "and now?"},
+        *tool_turn(2, LOG + "\nand one line more"),  # the largest, and the newest
+        {"role": "system", "content": "Remember the deadline."},
+    ]
+    before = conv(messages)
+    limit = before.total - 1_000
+    after, records = Truncate().apply(before, Goal(target=limit, limit=limit), METER)
+    assert [r.index for r in records] == [2]  # the older results, not the newest
+    assert after.messages[5] is messages[5] and after.messages[6] is messages[6]
 
 
 def test_truncate_cuts_only_as_far_as_the_budget_not_the_low_water_mark() -> None:

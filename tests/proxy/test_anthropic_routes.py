@@ -156,7 +156,9 @@ def test_a_long_tool_use_session_completes_within_the_window(
     for seen in anthropic_fake.requests:
         sent = orjson.loads(seen.body)
         assert anthropic_errors(sent["messages"]) == []
-        assert sent["system"] == SYSTEM and sent["tools"] == TOOLS  # fixed cost, never touched
+        # Fixed cost, never touched; brim only adds its own tool, at the end, to a request it cut.
+        assert sent["system"] == SYSTEM and sent["tools"][: len(TOOLS)] == TOOLS
+        assert [tool["name"] for tool in sent["tools"][len(TOOLS) :]] in ([], ["brim_restore"])
         for message in sent["messages"]:  # thinking blocks still verify
             for block in message["content"] if isinstance(message["content"], list) else []:
                 if block["type"] == "thinking":
@@ -166,6 +168,98 @@ def test_a_long_tool_use_session_completes_within_the_window(
                     )
     last = orjson.loads(anthropic_fake.last.body)["messages"]
     assert last[-2:] == history[-4:-2]  # the ongoing tool loop (sent last) is kept whole
+
+
+MID_CONVERSATION = "mid-conversation-system-2026-04-07"
+
+
+def session_with_system_messages(reads: int) -> list[dict[str, Any]]:
+    """What Claude Code sends a model it takes for its newest: role "system" messages in the
+    conversation, right after a user turn and right before an assistant turn (or last)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "Fix the flaky test."}]},
+        {"role": "system", "content": "Available agent types for the Agent tool: claude."},
+    ]
+    for n in range(1, reads + 1):
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": f"Reading file {n}."},
+                    {
+                        "type": "tool_use",
+                        "id": f"toolu_{n}",
+                        "name": "read_file",
+                        "input": {"path": f"src/f{n}.py"},
+                    },
+                ],
+            }
+        )
+        lines = "\n".join(f"line {i} of src/f{n}.py: code code code" for i in range(60))
+        messages.append(
+            {
+                "role": "user",
+                "content": [{"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": lines}],
+            }
+        )
+        if n == reads - 1:
+            messages.append(
+                {"role": "system", "content": [{"type": "text", "text": "Use the task tools."}]}
+            )
+    return messages
+
+
+def test_mid_conversation_system_messages_are_forwarded_and_kept_through_compression(
+    base: str, anthropic_fake: FakeAnthropic
+) -> None:
+    client = sdk(base)
+    short = session_with_system_messages(2)
+    reply = client.messages.with_raw_response.create(
+        model="claude-x",
+        max_tokens=50,
+        system=SYSTEM,
+        tools=TOOLS,
+        messages=short,
+        extra_headers={"anthropic-beta": MID_CONVERSATION},
+    )  # type: ignore[arg-type]
+    assert reply.status_code == 200 and reply.headers["x-brim-actions"] == "none"
+    seen = anthropic_fake.last
+    assert seen.headers["anthropic-beta"] == MID_CONVERSATION
+    assert orjson.loads(seen.body)["messages"] == short  # forwarded as the client sent it
+    counted = client.messages.count_tokens(
+        model="claude-x",
+        system=SYSTEM,  # type: ignore[arg-type]
+        messages=short,  # type: ignore[arg-type]
+    )
+    assert counted.input_tokens == token_count(
+        {"model": "claude-x", "system": SYSTEM, "messages": short}
+    )
+
+    long = session_with_system_messages(60)
+    assert token_count({"system": SYSTEM, "tools": TOOLS, "messages": long}) > 6_000
+    reply = client.messages.with_raw_response.create(
+        model="claude-window-6000",
+        max_tokens=1_024,
+        system=SYSTEM,
+        tools=TOOLS,
+        messages=long,
+        extra_headers={"anthropic-beta": MID_CONVERSATION},
+    )  # type: ignore[arg-type]
+    assert reply.status_code == 200
+    assert "evict" in reply.headers["x-brim-actions"]
+    assert "repair" not in reply.headers["x-brim-actions"]
+    assert anthropic_fake.rejections == [] and anthropic_fake.counts[-1] <= 6_000
+    sent = orjson.loads(anthropic_fake.last.body)["messages"]
+    assert anthropic_errors(sent) == []  # system messages placed where Anthropic takes them
+    # Both system messages went out whole, in order, each between the same two messages as the
+    # client put it (the notice aside), and the ongoing tool loop with them.
+    systems = [m for m in long if m["role"] == "system"]
+    assert [m for m in sent if m["role"] == "system"] == systems
+    for system in systems:
+        at, was = sent.index(system), long.index(system)
+        assert sent[at + 1] == long[was + 1]
+        assert sent[at - 1] == long[was - 1] or sent[at - 1]["content"].startswith("[brim")
+    assert sent[-3:] == long[-3:]
 
 
 def test_an_overflow_inside_a_200_stream_is_learned_and_retried(
@@ -235,7 +329,7 @@ def test_nothing_fits_is_claude_codes_prompt_is_too_long(
             {
                 "model": "claude-x",
                 "max_tokens": 5,
-                "messages": [{"role": "system", "content": "hi"}],
+                "messages": [{"role": "tool", "content": "hi"}],
             },
             400,
             "invalid_request_error",

@@ -177,7 +177,7 @@ WRONG_TYPES: list[tuple[str, tuple[str | int, ...], Any, str]] = [
     ("responses", ("max_output_tokens",), 0, "max_output_tokens"),
     ("anthropic", ("model",), None, "model"),
     ("anthropic", ("messages",), [], "messages"),
-    ("anthropic", ("messages", 0, "role"), "system", "messages.0.role"),
+    ("anthropic", ("messages", 0, "role"), "tool", "messages.0.role"),
     ("anthropic", ("messages", 0, "content"), 12, "messages.0.content"),
     ("anthropic", ("messages", 0, "content", 0, "type"), 3, "messages.0.content.0.type"),
     ("anthropic", ("max_tokens",), "lots", "max_tokens"),
@@ -534,8 +534,10 @@ anthropic_blocks = {
         st.builds(lambda t: {"type": "text", "text": t or "."}, texts),
         st.builds(lambda i: {"type": "tool_use", "id": i, "name": "f", "input": {}}, ids),
     ),
+    # Mid-conversation system messages, anywhere: often where Anthropic does not take them.
+    "system": st.builds(lambda t: {"type": "text", "text": t or "."}, texts),
 }
-anthropic_messages = st.sampled_from(["user", "assistant"]).flatmap(
+anthropic_messages = st.sampled_from(["user", "user", "assistant", "assistant", "system"]).flatmap(
     lambda role: st.builds(
         lambda blocks: {"role": role, "content": blocks},
         st.lists(anthropic_blocks[role], min_size=1, max_size=3),

@@ -9,14 +9,16 @@ import struct
 from typing import Any
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
 from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.base import NO_RESULT
+from policies.wires.base import NO_RESULT, BodyError
 from policies.wires.messages import MESSAGES, AnthropicDialect
 from proxy.resources import use_bundled_tiktoken_files
+from tests.fake_anthropic import anthropic_errors
 
 use_bundled_tiktoken_files()
 D = AnthropicDialect()
@@ -164,10 +166,20 @@ words = st.lists(
 ).map(" ".join)
 
 
+def instruction(draw: Any) -> dict[str, Any]:
+    """A mid-conversation system message: text, or text blocks."""
+    text = draw(words) or "Keep going."
+    if draw(st.booleans()):
+        return {"role": "system", "content": text}
+    return {"role": "system", "content": [{"type": "text", "text": text}]}
+
+
 @st.composite
 def conversations(draw: Any) -> list[dict[str, Any]]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": draw(words) or "start"}]
     for turn in range(draw(st.integers(1, 12))):
+        if draw(st.integers(0, 4)) == 0:  # after a user turn, before an assistant turn
+            messages.append(instruction(draw))
         kind = draw(st.sampled_from(["text", "tools", "tools", "image", "giant"]))
         if kind == "tools":
             ids = [f"toolu_{turn}_{n}" for n in range(draw(st.integers(1, 3)))]
@@ -205,7 +217,22 @@ def conversations(draw: Any) -> list[dict[str, Any]]:
                 )
             else:
                 messages.append({"role": "user", "content": draw(words) or "next"})
+    if draw(st.integers(0, 4)) == 0:  # last, as Claude Code sends them after tool results
+        messages.append(instruction(draw))
     return messages
+
+
+def systems(messages: Any) -> list[Any]:
+    return [m for m in messages if m.get("role") == "system"]
+
+
+def instructions(messages: Any) -> list[Any]:
+    """The text blocks of the system messages, in order."""
+    found: list[Any] = []
+    for message in systems(messages):
+        content = message["content"]
+        found += [{"type": "text", "text": content}] if isinstance(content, str) else content
+    return found
 
 
 def run(messages: list[dict[str, Any]], limit: int) -> Outcome:
@@ -225,6 +252,10 @@ def test_compressed_messages_are_valid_within_budget_and_keep_thinking_intact(
     event("refused" if not outcome.fits else ("compressed" if outcome.records else "untouched"))
     out = list(outcome.messages)
     assert D.violations(out) == []
+    assert anthropic_errors(out) == []  # Anthropic's rules, as written apart from the dialect
+    # System messages are instructions: every one is kept whole, in its order (two that
+    # evictions left side by side go as one, their blocks in order).
+    assert instructions(out) == instructions(messages)
     assert (
         COUNTER.request(MESSAGES, {"messages": out}, "claude").total + 50 == outcome.tokens_out + 3
     )
@@ -234,8 +265,10 @@ def test_compressed_messages_are_valid_within_budget_and_keep_thinking_intact(
     if not outcome.fits:
         return
     assert outcome.tokens_out <= limit
-    last = messages[-1]
-    assert last in out or any("cut from the middle by brim" in str(m.get("content")) for m in out)
+    last = max(i for i, m in enumerate(messages) if m["role"] != "system")
+    assert messages[last] in out or any(
+        "cut from the middle by brim" in str(m.get("content")) for m in out
+    )
     assert run(messages, limit).messages == outcome.messages
 
 
@@ -269,3 +302,159 @@ def test_a_tool_use_repeating_an_id_is_dropped_but_thinking_turns_are_never_edit
 def test_a_conversation_of_orphan_results_repairs_to_nothing() -> None:
     repaired, done = D.repaired([{"role": "user", "content": [result("x")]}])
     assert repaired == [] and done == ["dropped tool_result 'x' that answers no tool_use"]
+
+
+# Mid-conversation system messages (Claude Code sends them to a model it takes for its newest,
+# with the beta mid-conversation-system-2026-04-07): what it sent, in its order.
+def claude_code_session(reads: int, size: int) -> list[dict[str, Any]]:
+    """A prompt, a system message after it, `reads` file reads of `size` lines, and a system
+    message after the tool results of the last but one read, before the last."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": [{"type": "text", "text": "Read the notes, then answer."}]},
+        {"role": "system", "content": "Available agent types for the Agent tool: claude."},
+    ]
+    for n in range(1, reads + 1):
+        if n == reads:
+            messages.append(
+                {"role": "system", "content": "The task tools haven't been used recently."}
+            )
+        messages.append(
+            {
+                "role": "assistant",
+                "content": [{"type": "text", "text": f"Reading {n}."}, use(f"r{n}")],
+            }
+        )
+        body = "\n".join(f"notes {n} line {i}: value {i * n}" for i in range(size))
+        messages.append({"role": "user", "content": [result(f"r{n}", body)]})
+    return messages
+
+
+def test_system_messages_in_the_conversation_are_units_of_their_own() -> None:
+    messages = claude_code_session(3, 5)
+    messages.append({"role": "system", "content": [{"type": "text", "text": "Be brief."}]})
+    assert [u.kind for u in D.units(messages)] == [
+        "user",
+        "system",
+        "tools",
+        "tools",
+        "system",
+        "tools",
+        "system",
+    ]
+    assert D.violations(messages) == [] and anthropic_errors(messages) == []
+    assert all(D.largest_text(m) is None for m in systems(messages))  # never cut
+    facts = MESSAGES.check({"model": "claude-next", "max_tokens": 5, "messages": messages})
+    assert facts.model == "claude-next"
+    for role in ("tool", "developer"):
+        with pytest.raises(BodyError) as refused:
+            MESSAGES.check(
+                {"model": "m", "max_tokens": 5, "messages": [{"role": role, "content": "x"}]}
+            )
+        assert refused.value.param == "messages.0.role"
+
+
+def test_system_messages_go_only_where_anthropic_takes_them() -> None:
+    go = {"role": "user", "content": "go"}
+    rule = {"role": "system", "content": "rule"}
+    between = [
+        go,
+        {"role": "assistant", "content": [use("a")]},
+        rule,
+        {"role": "user", "content": [result("a")]},
+    ]
+    assert D.violations(between) == [
+        "messages[1]: tool_use ['a'] not answered in the next message",
+        "messages[2]: a system message must follow a user message, not assistant",
+        "messages[2]: a system message must come right before an assistant message or last",
+        "messages[3]: tool_result 'a' answers no tool_use of the previous message",
+    ]
+    assert D.violations([go, rule, {"role": "user", "content": "more"}]) == [
+        "messages[1]: a system message must come right before an assistant message or last"
+    ]
+    assert D.violations([go, rule, dict(rule), {"role": "assistant", "content": "ok"}]) == [
+        "messages[1]: a system message must come right before an assistant message or last",
+        "messages[2]: a system message must follow a user message, not system",
+    ]
+    assert D.violations([rule, {"role": "assistant", "content": "ok"}]) == [
+        "messages[0]: the first message must be a user message"
+    ]
+    paused = {
+        "role": "assistant",
+        "content": [{"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}}],
+    }
+    assert D.violations([go, paused, rule]) == []  # after a server tool's use it may come
+
+
+def test_repair_puts_system_messages_where_anthropic_takes_them_and_keeps_results() -> None:
+    go = {"role": "user", "content": "go"}
+    calls = {"role": "assistant", "content": [use("a")]}
+    answers = {"role": "user", "content": [result("a", "the file")]}
+    rule = {"role": "system", "content": "rule"}
+    done_ = {"role": "assistant", "content": "done"}
+    fixed, notes = D.repaired([go, calls, rule, answers, done_])
+    assert fixed == [go, calls, answers, rule, done_]  # after the results, none of them lost
+    assert all(a is b for a, b in zip(fixed, [go, calls, answers, rule, done_], strict=True))
+    assert notes == ["moved a system message after the user message that followed it"]
+    more = {
+        "role": "system",
+        "content": [{"type": "text", "text": "more", "cache_control": {"type": "ephemeral"}}],
+    }
+    merged, notes = D.repaired([go, rule, more, done_])
+    assert merged == [
+        go,
+        {"role": "system", "content": [{"type": "text", "text": "rule"}, more["content"][0]]},
+        done_,
+    ]
+    assert notes == ["merged 2 adjacent system messages"]
+    first, notes = D.repaired([rule, done_])
+    assert first == [{"role": "user", "content": "[earlier messages were removed]"}, rule, done_]
+    for fixed in ([go, calls, answers, rule, done_], merged, first):
+        assert D.violations(fixed) == [] and anthropic_errors(fixed) == []
+    session = claude_code_session(4, 3)
+    kept, notes = D.repaired(session)
+    assert notes == [] and all(a is b for a, b in zip(kept, session, strict=True))
+
+
+def session_with_a_new_prompt() -> list[dict[str, Any]]:
+    return [
+        *claude_code_session(7, 120),
+        {"role": "user", "content": "Now the last question."},
+        {"role": "system", "content": [{"type": "text", "text": "Answer in one line."}]},
+        {"role": "assistant", "content": [use("r8")]},
+        {"role": "user", "content": [result("r8", "the last notes")]},
+    ]
+
+
+def test_a_session_with_system_messages_compressed_hard_keeps_them_whole_and_in_place() -> None:
+    messages = session_with_a_new_prompt()
+    limit = (METER.fixed({}) + sum(METER.message(m) for m in messages)) // 3
+    outcome = compress(D, messages, 50, METER, POLICIES, limit=limit, low_water=0.85)
+    out = list(outcome.messages)
+    assert outcome.fits and outcome.tokens_out <= limit
+    assert sum(r.action == "evicted" for r in outcome.records) >= 4  # hard: whole reads went
+    assert outcome.repairs == ()  # nothing had to be put right after the policies
+    assert D.violations(out) == [] and anthropic_errors(out) == []
+    # Every system message went out as the client sent it, the very object, in order, between
+    # the same two messages as in the client's conversation (evict keeps the turns around it).
+    sent = systems(messages)
+    assert len(sent) == 3 and [m for m in out if m.get("role") == "system"] == sent
+    for s in sent:
+        at = next(i for i, m in enumerate(out) if m is s)
+        was = next(i for i, m in enumerate(messages) if m is s)
+        assert out[at - 1] is messages[was - 1] or "[brim" in str(out[at - 1]["content"])
+        assert out[at + 1] is messages[was + 1]
+    assert any(str(m.get("content")).startswith("[brim removed") for m in out)
+    assert out[-2:] == messages[-2:]  # the ongoing read, whole
+
+
+def test_when_the_turns_around_system_messages_must_go_too_they_stay_whole_and_valid() -> None:
+    messages = session_with_a_new_prompt()
+    limit = (METER.fixed({}) + sum(METER.message(m) for m in messages)) // 4
+    outcome = compress(D, messages, 50, METER, POLICIES, limit=limit, low_water=0.85)
+    out = list(outcome.messages)
+    assert outcome.fits and D.violations(out) == [] and anthropic_errors(out) == []
+    # Evict's last resort took the turns between the first two system messages: they went out
+    # as one (Anthropic takes no two in a row), their text whole and in order.
+    assert outcome.repairs == ("merged 2 adjacent system messages",)
+    assert instructions(out) == instructions(messages)
+    assert out[-4:] == messages[-4:]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import orjson
 import pytest
@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.wires import WIRES
-from policies.wires.base import ToolCall, ToolSpec, Usage, Wire, sse_data
+from policies.wires.base import SseEvents, ToolCall, ToolSpec, Usage, Wire, sse_data, with_data
 from tests.fake_anthropic import FakeAnthropic, anthropic_errors, thinking_signature
 from tests.fakes import gemini_errors, pairing_errors, responses_errors
 
@@ -1331,6 +1331,25 @@ def test_responses_reader_reads_items_that_come_whole() -> None:
     check_stream(shape, turn, stream)
 
 
+def test_responses_reader_reads_reasoning_text_and_summary_deltas() -> None:
+    """Open-weight models stream their reasoning as `reasoning_text`, OpenAI's as a summary:
+    both are the turn's text start, and both are read into their parts."""
+    reader = SHAPES[2].wire.turn_reader()
+    item = {"type": "reasoning", "id": "rs_1", "summary": [], "content": []}
+    reader.take({"type": "response.output_item.added", "output_index": 0, "item": item})
+    assert reader.started is None
+    for kind, index, delta in (
+        ("response.reasoning_text.delta", "content_index", "Think "),
+        ("response.reasoning_text.delta", "content_index", "hard."),
+        ("response.reasoning_summary_text.delta", "summary_index", "Thought."),
+    ):
+        reader.take({"type": kind, "item_id": "rs_1", "output_index": 0, index: 0, "delta": delta})
+        assert reader.started == "text"
+    (out,) = reader.reply()["output"]
+    assert out["content"] == [{"type": "reasoning_text", "text": "Think hard."}]
+    assert out["summary"] == [{"type": "summary_text", "text": "Thought."}]
+
+
 def test_anthropic_reader_reads_the_fake_providers_stream() -> None:
     """The stream tests/fake_anthropic.py sends for a request with tools."""
     content, stop = FakeAnthropic._reply({"tools": [{"name": "Read"}]}, 3)
@@ -1467,11 +1486,16 @@ def stream_total(wire: Wire, datas: list[bytes]) -> Usage:
 
 @each_shape
 @pytest.mark.parametrize("name", ["text-only", "mixed"])
-def test_stream_usage_adds_the_earlier_rounds(shape: Shape, name: str) -> None:
+def test_a_stream_after_hidden_rounds_adds_their_usage(shape: Shape, name: str) -> None:
+    """A round reached through hidden rounds goes to the client with their usage added to
+    each usage figure it reports, and nothing else changed."""
     turn = TURNS[name]
     earlier = Usage(input=3000, output=120, cached_input=2048)
-    datas = sse_data(shape.stream(turn, 3))
-    rewritten = [shape.wire.stream_usage(data, earlier) for data in datas]
+    stream = shape.stream(turn, 3)
+    datas = sse_data(stream)
+    splice = shape.wire.splice(earlier)
+    events = SseEvents()
+    rewritten = sse_data(splice.feed(events.feed(stream) + events.end()) + splice.release())
     assert stream_total(shape.wire, datas) == turn.usage
     assert stream_total(shape.wire, rewritten) == Usage(
         turn.usage.input + 3000,  # type: ignore[operator]
@@ -1514,8 +1538,7 @@ def test_stream_usage_adds_the_earlier_rounds(shape: Shape, name: str) -> None:
 
 
 @each_shape
-def test_stream_usage_leaves_other_events_alone(shape: Shape) -> None:
-    earlier = Usage(1, 2, 3)
+def test_earlier_usage_leaves_other_events_alone(shape: Shape) -> None:
     for data in (
         b"[DONE]",
         b"",
@@ -1524,7 +1547,9 @@ def test_stream_usage_leaves_other_events_alone(shape: Shape) -> None:
         b'{"usage": null}',
         b'{"usage":{}}',
     ):
-        assert shape.wire.stream_usage(data, earlier) == data
+        splice = shape.wire.splice(Usage(1, 2, 3))
+        event = b"data: " + data + b"\n\n"
+        assert splice.feed(SseEvents().feed(event)) + splice.release() == event
 
 
 def test_responses_reader_encrypted_reasoning_alone_is_no_content() -> None:
@@ -1552,3 +1577,377 @@ def test_anthropic_reader_redacted_thinking_is_content() -> None:
     )
     assert reader.started == "text"
     assert reader.reply()["content"] == [block]
+
+
+# ---- a restore after text: the rounds spliced into one reply -----------------------------------
+#
+# What the client gets is checked by each API's own stream rules (written here, apart from brim)
+# and read back by the official SDKs' own stream accumulators (Gemini has none in this venv:
+# its chunks are read the way the Gemini CLI reads them, parts appended).
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A stream as the client's SDK reads it."""
+
+    text: str  # the reply's text (thinking and reasoning apart)
+    calls: list[str]  # names of the tool calls
+    usage: Usage
+    ids: list[str]  # every id the stream gave the reply (one reply: one id)
+
+
+def chat_heard(stream: bytes) -> tuple[Heard, list[str]]:
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    from openai.types.chat import ChatCompletionChunk
+
+    datas = sse_data(stream)
+    errors = [] if datas[-1:] == [b"[DONE]"] and datas.count(b"[DONE]") == 1 else ["[DONE]"]
+    chunks = [orjson.loads(d) for d in datas if d != b"[DONE]"]
+    roles = [n for n, c in enumerate(chunks) for ch in c["choices"] if "role" in ch["delta"]]
+    if roles not in ([], [0]):
+        errors.append(f"a role in chunks {roles}")
+    finishes = [c for c in chunks for ch in c["choices"] if ch.get("finish_reason")]
+    if len(finishes) != 1:
+        errors.append(f"{len(finishes)} finish reasons")
+    usages = [c for c in chunks if isinstance(c.get("usage"), dict)]
+    if len(usages) > 1:
+        errors.append(f"{len(usages)} usage chunks")
+    envelopes = {(c["id"], c["created"], c["model"]) for c in chunks}
+    if len(envelopes) != 1:
+        errors.append(f"envelopes {envelopes}")
+    state: ChatCompletionStreamState[Any] = ChatCompletionStreamState()
+    for chunk in chunks:
+        state.handle_chunk(ChatCompletionChunk.model_validate(chunk))
+    completion = state.get_final_completion()
+    message = completion.choices[0].message
+    if message.role != "assistant":
+        errors.append(f"role {message.role!r}")
+    usage = completion.usage
+    assert usage is not None
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
+    heard = Heard(
+        message.content or "",
+        [c.function.name for c in message.tool_calls or [] if c.type == "function"],
+        Usage(usage.prompt_tokens, usage.completion_tokens, cached),
+        sorted({c["id"] for c in chunks}),
+    )
+    return heard, errors
+
+
+def messages_heard(stream: bytes) -> tuple[Heard, list[str]]:
+    from anthropic.lib.streaming._messages import accumulate_event
+
+    # The SDK's transport drops pings before the accumulator sees them.
+    events = [e for e in map(orjson.loads, sse_data(stream)) if e["type"] != "ping"]
+    kinds = [e["type"] for e in events]
+    errors = []
+    if kinds[:1] != ["message_start"] or kinds.count("message_start") != 1:
+        errors.append("one message_start first")
+    if kinds[-2:] != ["message_delta", "message_stop"] or kinds.count("message_delta") != 1:
+        errors.append(f"one message_delta, then message_stop, at the end: {kinds[-3:]}")
+    open_blocks: set[int] = set()
+    opened = 0
+    for event in events:
+        index = event.get("index")
+        if event["type"] == "content_block_start":
+            if index != opened:
+                errors.append(f"block {index} opened as block {opened}")
+            open_blocks.add(index)
+            opened += 1
+        elif event["type"] in ("content_block_delta", "content_block_stop"):
+            if index not in open_blocks:
+                errors.append(f"{event['type']} of block {index}, which is not open")
+            if event["type"] == "content_block_stop":
+                open_blocks.discard(index)
+        elif event["type"] == "message_delta" and open_blocks:
+            errors.append(f"blocks {open_blocks} still open at message_delta")
+    snapshot: Any = None
+    buffers: dict[int, bytes] = {}
+    for event in events:
+        snapshot = accumulate_event(event=event, current_snapshot=snapshot, json_bufs=buffers)
+    u = snapshot.usage
+    read, written = u.cache_read_input_tokens or 0, u.cache_creation_input_tokens or 0
+    heard = Heard(
+        "".join(b.text for b in snapshot.content if b.type == "text"),
+        [b.name for b in snapshot.content if b.type == "tool_use"],
+        Usage(u.input_tokens + read + written, u.output_tokens, u.cache_read_input_tokens),
+        [snapshot.id],
+    )
+    return heard, errors
+
+
+def responses_heard(stream: bytes) -> tuple[Heard, list[str]]:
+    from openai import omit
+    from openai._models import construct_type
+    from openai.lib.streaming.responses._responses import ResponseStreamState
+    from openai.types.responses import ResponseStreamEvent
+
+    events = [orjson.loads(d) for d in sse_data(stream)]
+    errors = []
+    numbers = [e["sequence_number"] for e in events]
+    if numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        errors.append(f"sequence numbers {numbers}")
+    kinds = [e["type"] for e in events]
+    if kinds[:1] != ["response.created"] or kinds.count("response.created") != 1:
+        errors.append("one response.created first")
+    if kinds[-1:] != ["response.completed"] or kinds.count("response.completed") != 1:
+        errors.append("one response.completed last")
+    added = [e["item"]["id"] for e in events if e["type"] == "response.output_item.added"]
+    if len(set(added)) != len(added):
+        errors.append(f"item ids repeat: {added}")
+    for event in events:
+        index = event.get("output_index")
+        if event["type"] == "response.output_item.added" and index != added.index(
+            event["item"]["id"]
+        ):
+            errors.append(f"item {event['item']['id']} added at {index}")
+        elif index is not None and not 0 <= index < len(added):
+            errors.append(f"{event['type']} of item {index}, not added")
+    final = events[-1]["response"]
+    if [item["id"] for item in final["output"]] != added:
+        errors.append(f"the final output {final['output']} is not the items added {added}")
+    state: ResponseStreamState[Any] = ResponseStreamState(input_tools=omit, text_format=omit)
+    completed: Any = None
+    for event in events:
+        parsed = cast(ResponseStreamEvent, construct_type(type_=ResponseStreamEvent, value=event))
+        for out in state.handle_event(parsed):
+            if out.type == "response.completed":
+                completed = out.response
+    usage = completed.usage
+    heard = Heard(
+        completed.output_text,
+        [item.name for item in completed.output if item.type == "function_call"],
+        Usage(usage.input_tokens, usage.output_tokens, usage.input_tokens_details.cached_tokens),
+        sorted({e["response"]["id"] for e in events if "response" in e}),
+    )
+    return heard, errors
+
+
+def gemini_heard(stream: bytes) -> tuple[Heard, list[str]]:
+    chunks = [orjson.loads(d) for d in sse_data(stream)]
+    errors = []
+    finished = [n for n, c in enumerate(chunks) if "finishReason" in c["candidates"][0]]
+    if finished != [len(chunks) - 1]:
+        errors.append(f"finish reasons in chunks {finished} of {len(chunks)}")
+    parts = [p for c in chunks for p in c["candidates"][0]["content"]["parts"]]
+    metadata = chunks[-1]["usageMetadata"]
+    heard = Heard(
+        "".join(p.get("text", "") for p in parts if not p.get("thought")),
+        [p["functionCall"]["name"] for p in parts if "functionCall" in p],
+        Usage(
+            metadata["promptTokenCount"],
+            metadata["candidatesTokenCount"] + metadata.get("thoughtsTokenCount", 0),
+            metadata.get("cachedContentTokenCount"),
+        ),
+        sorted({c["responseId"] for c in chunks}),
+    )
+    return heard, errors
+
+
+HEARD = {
+    "openai.chat": chat_heard,
+    "anthropic.messages": messages_heard,
+    "openai.responses": responses_heard,
+    "gemini.generate": gemini_heard,
+}
+
+
+def round_stream(shape: Shape, turn: Turn, number: int, count: int = 3) -> bytes:
+    """`turn` streamed as the provider's round `number` of one request: its own reply id and
+    item ids, as providers give each reply."""
+    stream = shape.stream(turn, count)
+    if number == 1:
+        return stream
+    for old in (b'"chatcmpl-1"', b'"msg_1"', b'"resp_1"', b'"resp-1"'):
+        stream = stream.replace(old, old[:-2] + str(number).encode() + b'"')
+    for prefix in (b'"msg_', b'"rs_', b'"fc_'):  # Responses items
+        stream = stream.replace(prefix, prefix + b"r" + str(number).encode() + b"_")
+    return stream
+
+
+def cut(stream: bytes, sizes: list[int]) -> list[bytes]:
+    """`stream` in reads of the given sizes (the last one repeated to the end)."""
+    reads, at = [], 0
+    for n in range(len(stream)):
+        size = sizes[min(n, len(sizes) - 1)]
+        if at >= len(stream):
+            break
+        reads.append(stream[at : at + size])
+        at += size
+    return reads
+
+
+def spliced(
+    shape: Shape, rounds: list[bytes], sizes: list[int], earlier: Usage | None = None
+) -> bytes:
+    """What the client gets of `rounds`, streamed one after the other, as brim relays them: a
+    round that calls brim_restore is answered and the next one continues it."""
+    splice = shape.wire.splice(earlier)
+    out = b""
+    for stream in rounds:
+        reader = shape.wire.turn_reader()
+        events = SseEvents()
+        for piece in [*cut(stream, sizes), None]:
+            got = events.end() if piece is None else events.feed(piece)
+            for event in got:
+                reader.take(event.json)
+            out += splice.feed(got)
+        reply = reader.reply()
+        if not restore_of(shape, reply):
+            return out + splice.release()
+        out += splice.answer(shape.wire.usage(reply) or Usage())
+    raise AssertionError("the last round calls brim_restore")
+
+
+U1 = Usage(input=3000, output=40, cached_input=2048)
+U2 = Usage(input=5200, output=60, cached_input=3000)
+U3 = Usage(input=6100, output=35, cached_input=5000)
+SPLICED = {
+    "text, restore; text": (
+        [Turn((Say("Let me fetch what was cut. "), RESTORE_CALL), U1)],
+        Turn((Say("It says the key rotates on tuesdays."),), U2),
+    ),
+    "thinking, text, restore and a client call; text": (
+        [
+            Turn(
+                (Think("The log was cut."), Say("Fetching the log. "), CLIENT_CALL, RESTORE_CALL),
+                U1,
+            )
+        ],
+        Turn((Say("The log shows a timeout."),), U2),
+    ),
+    "text, restore; text, restore; text": (
+        [
+            Turn((Say("First piece. "), RESTORE_CALL), U1),
+            Turn((Say("Second piece. "), Call("call_r2", RESTORE.name, {"key": "r-2"})), U2),
+        ],
+        Turn((Say("Both read."),), U3),
+    ),
+    "text, restore; restore first; text": (
+        [
+            Turn((Say("Let me fetch what was cut. "), RESTORE_CALL), U1),
+            Turn((Call("call_r2", RESTORE.name, {"key": "r-2"}),), U2),
+        ],
+        Turn((Say("Both read."),), U3),
+    ),
+    "text, restore; text and a client call": (
+        [Turn((Say("Let me fetch what was cut. "), RESTORE_CALL), U1)],
+        Turn((Say("Now b.py."), CLIENT_CALL), U2),
+    ),
+}
+
+
+@each_shape
+@pytest.mark.parametrize("name", list(SPLICED))
+@settings(max_examples=15, deadline=None)
+@given(sizes=st.lists(st.integers(1, 120), min_size=1, max_size=30))
+def test_a_restore_after_text_streams_on_as_one_reply(
+    shape: Shape, name: str, sizes: list[int]
+) -> None:
+    answered, last = SPLICED[name]
+    turns = [*answered, last]
+    merged = spliced(shape, [round_stream(shape, t, n) for n, t in enumerate(turns, 1)], sizes)
+
+    heard, errors = HEARD[shape.api](merged)
+    assert errors == []
+    texts = [s.text for t in turns for s in t.segments if isinstance(s, Say)]
+    assert heard.text == "".join(texts)
+    assert heard.calls == [c.name for c in last.calls]  # the last round's own calls only
+    assert RESTORE.name.encode() not in merged and RESTORE_CALL.id.encode() not in merged
+    total = Usage()
+    for turn in turns:
+        total = total.added(turn.usage)
+    assert heard.usage == total
+    first_id = {
+        "openai.chat": "chatcmpl-1",
+        "anthropic.messages": "msg_1",
+        "openai.responses": "resp_1",
+        "gemini.generate": "resp-1",
+    }[shape.api]
+    assert heard.ids == [first_id]  # one reply, under the first round's id
+
+
+@each_shape
+def test_a_spliced_stream_adds_hidden_rounds_before_it(shape: Shape) -> None:
+    """A final round that brim reached through hidden rounds (nothing relayed yet) and that
+    restores after its text in turn: every round's usage, the hidden ones' too."""
+    answered, last = SPLICED["text, restore; text"]
+    earlier = Usage(input=900, output=10, cached_input=0)
+    merged = spliced(
+        shape,
+        [round_stream(shape, t, n) for n, t in enumerate([*answered, last], 1)],
+        [50],
+        earlier,
+    )
+    heard, errors = HEARD[shape.api](merged)
+    assert errors == []
+    assert heard.usage == earlier.added(U1).added(U2)
+
+
+NOT_RESTORED = {
+    "text": Turn((Think("Nothing is missing."), Say("The bug is on line 3."))),
+    "text, then a client call": Turn((Say("Reading b.py."), CLIENT_CALL)),
+    "a client call first": Turn((CLIENT_CALL,)),
+    "text, then two client calls": Turn(
+        (Say("Reading two files."), CLIENT_CALL, Call("call_c2", "shell", {"cmd": "ls"}))
+    ),
+}
+
+
+@each_shape
+@pytest.mark.parametrize("name", list(NOT_RESTORED))
+@settings(max_examples=10, deadline=None)
+@given(sizes=st.lists(st.integers(1, 120), min_size=1, max_size=30))
+def test_a_turn_that_does_not_restore_goes_on_byte_for_byte(
+    shape: Shape, name: str, sizes: list[int]
+) -> None:
+    stream = shape.stream(NOT_RESTORED[name], 3)
+    assert spliced(shape, [stream], sizes) == stream
+
+
+@each_shape
+def test_text_goes_on_as_it_comes_and_the_calls_are_held(shape: Shape) -> None:
+    """Everything before the turn's first tool call goes to the client as soon as it is read;
+    nothing from the call on, until the turn's end says whether it was brim's."""
+    stream = shape.stream(Turn((Say("Let me fetch what was cut."), CLIENT_CALL)), 3)
+    first_call = {
+        "openai.chat": b'"tool_calls"',
+        "anthropic.messages": b'"tool_use"',
+        "openai.responses": b'"function_call"',
+        "gemini.generate": b'"functionCall"',
+    }[shape.api]
+    # The event that opens the call starts after the blank line before its first mention.
+    at = stream.index(first_call)
+    start = max(stream.rfind(b"\n\n", 0, at), stream.rfind(b"\r\n\r\n", 0, at))
+    start += 4 if stream[start : start + 4] == b"\r\n\r\n" else 2
+    splice = shape.wire.splice(None)
+    events = SseEvents()
+    assert splice.feed(events.feed(stream[:at])) == stream[:start]
+    assert splice.feed(events.feed(stream[at:])) == b""  # held to the end
+    assert splice.feed(events.end()) + splice.release() == stream[start:]
+
+
+def test_responses_final_output_has_every_item_when_the_provider_sends_none() -> None:
+    shape = SHAPES[2]
+    answered, last = SPLICED["text, restore; text"]
+    rounds = [
+        round_stream(shape, answered[0], 1),
+        responses_stream(last, 3, empty_completed=True)
+        .replace(b'"resp_1"', b'"resp_2"')
+        .replace(b'"msg_', b'"msg_r2_'),
+    ]
+    heard, errors = responses_heard(spliced(shape, rounds, [4096]))
+    assert errors == []
+    assert heard.text == "Let me fetch what was cut. It says the key rotates on tuesdays."
+
+
+def test_sse_events_keep_the_bytes_and_find_the_data() -> None:
+    stream = b'event: a\ndata: {"x":1}\n\n: comment\n\ndata: [DONE]\r\n\r\ndata: {"y"'
+    for size in (1, 2, 5, len(stream)):
+        events = SseEvents()
+        got = [e for n in range(0, len(stream), size) for e in events.feed(stream[n : n + size])]
+        got += events.end()
+        assert b"".join(event.raw for event in got) == stream
+        assert [event.data for event in got] == [b'{"x":1}', b"", b"[DONE]", b'{"y"']
+        assert [event.json for event in got] == [{"x": 1}, None, None, None]
+    assert with_data(b"event: a\ndata: {}\r\n\r\n", b"[1]") == b"event: a\ndata: [1]\r\n\r\n"
