@@ -39,7 +39,7 @@ from policies.conversation import (
     result_values,
     snapped_count,
 )
-from policies.information import cut_from, gist
+from policies.information import CutFrom, cut_from, gist
 
 
 class ClearSettings(BaseModel):
@@ -97,7 +97,7 @@ class ClearToolResults:
         if needed <= 0:
             return conversation, []
         known = facts(conversation)
-        before_cut = cut_from(conversation)  # a result's gist is judged by its whole text
+        before_cut = cut_from(conversation)  # a placeholder names and quotes the whole
         holding = [index for index, found in enumerate(known.results) if found]
         eligible = holding[: max(0, len(holding) - self.settings.keep)]
         if self.settings.by_value:
@@ -142,21 +142,22 @@ class ClearToolResults:
         self,
         conversation: Conversation,
         known: Facts,
-        before_cut: dict[ResultKey, str],
+        before_cut: CutFrom,
         index: int,
         meter: Meter,
     ) -> _Candidate | None:
         """The results of message `index` cleared, with what that saves; None if nothing would."""
-        tokens = conversation.sizes[index]  # the message it is in: near enough, and free
+        # The message it is in, before any cut: near enough, free, and the same every turn.
+        tokens = before_cut.sizes.get(index, conversation.sizes[index])
         edits: dict[ResultKey, _Cleared] = {}
         for result in known.editable[index]:
             if result.text.startswith(CLEARED_PREFIX):  # cleared already (a retry's cut)
                 continue
-            key = archive_key(result.text)
-            whole = before_cut.get((index, result.call_id), result.text)
+            whole = before_cut.texts.get((index, result.call_id), result.text)
+            key = archive_key(whole)
             text = self._placeholder(result.tool, tokens, key, result.text, whole)
             if len(text) < len(result.text):
-                cleared = _Cleared(text, key, result.text)
+                cleared = _Cleared(text, key, whole)
                 edits[index, result.call_id] = cleared
                 self._with_pointers((index, result.call_id), cleared, known.pointers, edits)
         if not edits:
@@ -169,15 +170,15 @@ class ClearToolResults:
 
     def _placeholder(self, tool: str, tokens: int, key: str, text: str, whole: str) -> str:
         """The placeholder of `text` with the gist of the `whole` result (before any cut), where
-        that still saves a third of `text` (else the bare placeholder): a pure function of the
-        result, the same every turn."""
+        that still saves a third of the whole (else the bare placeholder): a pure function of
+        the result, the same every turn whether or not it was cut first."""
         lines = self.settings.gist_lines
         bare = placeholder(tool, tokens, key)
         if not lines or is_placeholder(text):
             return bare
         for count in range(lines, 0, -1):  # fewer lines where more would not save enough
             full = placeholder(tool, tokens, key, gist(whole, count))
-            if 3 * len(full) <= 2 * len(text):
+            if 3 * len(full) <= 2 * len(whole):
                 return full
         return bare
 

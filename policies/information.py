@@ -21,6 +21,7 @@ import re
 import threading
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
@@ -124,19 +125,29 @@ def _filled_keys(item: dict[Any, Any]) -> frozenset[str]:
     )
 
 
-def remember_cut(conversation: Conversation, originals: dict[ResultKey, str]) -> None:
-    """Note on `conversation` (the one a policy returns) the text each result it cut had before
-    the cut: a result cut to its relevant part or its digest lost the rarity of its lines,
-    which its gist is judged by (`cut_from`). Kept as long as the conversation is."""
-    if originals:
-        conversation.memo[_CUT_FROM] = originals
+@dataclass(frozen=True, slots=True)
+class CutFrom:
+    """What the results a policy cut were before the cut (`remember_cut`)."""
+
+    texts: dict[ResultKey, str] = field(default_factory=dict)  # by (message index, call key)
+    sizes: dict[int, int] = field(default_factory=dict)  # their messages' tokens, by index
 
 
-def cut_from(conversation: Conversation) -> dict[ResultKey, str]:
-    """The texts the results of `conversation` had before a policy cut them (`remember_cut`),
-    by (message index, call key); empty where none was noted."""
+def remember_cut(conversation: Conversation, before: CutFrom) -> None:
+    """Note on `conversation` (the one a policy returns) what each result it cut was before the
+    cut: a result cut to its relevant part or its digest lost the rarity of its lines, which its
+    gist is judged by, and a placeholder that replaces it later names the whole — its size and
+    key — whether or not it was cut first, so it is the same every turn (`cut_from`). Kept as
+    long as the conversation is."""
+    if before.texts:
+        conversation.memo[_CUT_FROM] = before
+
+
+def cut_from(conversation: Conversation) -> CutFrom:
+    """What the results of `conversation` were before a policy cut them (`remember_cut`);
+    empty where nothing was noted."""
     found = conversation.memo.get(_CUT_FROM)
-    return found if isinstance(found, dict) else {}
+    return found if isinstance(found, CutFrom) else CutFrom()
 
 
 def gist(text: str, count: int, width: int = GIST_WIDTH) -> tuple[str, ...]:

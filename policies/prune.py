@@ -65,7 +65,7 @@ from policies.conversation import (
     snapped_count,
     strings_of,
 )
-from policies.information import item_scores, rare_keys, remember_cut, scores_of
+from policies.information import CutFrom, item_scores, rare_keys, remember_cut, scores_of
 from policies.nesting import SAFE_DEPTH, nests_deeper_than
 
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
@@ -335,6 +335,12 @@ def _with_gaps(items: Sequence[Any], keep: set[int]) -> list[Any]:
     if gap:
         out.append(f"… {gap} more items …")
     return out
+
+
+def shortened(text: str, key: str) -> str:
+    """A result cut by its information, with a last line naming the key of the whole (under
+    which the archive and the restore store keep it, for people and for `brim_restore`)."""
+    return f"{text}\n[brim shortened this result; the whole is sha256:{key[:16]}]"
 
 
 def matched_terms(text: str, terms: frozenset[str]) -> frozenset[str]:
@@ -688,15 +694,13 @@ class PruneToolResults:
             if only_lossless:
                 records.append(FidelityRecord(self.name, "pruned", origin, before, after))
         out = pruned.replace(edited)
-        remember_cut(
-            out,
-            {
-                (index, r.call_id): r.text
-                for index in edited
-                for r in results[index]
-                if r.call_id in cut.get(index, ()) or r.call_id in digested.get(index, ())
-            },
-        )
+        texts = {
+            (index, r.call_id): r.text
+            for index in edited
+            for r in results[index]
+            if r.call_id in cut.get(index, ()) or r.call_id in digested.get(index, ())
+        }
+        remember_cut(out, CutFrom(texts, {index: pruned.sizes[index] for index, _ in texts}))
         return out, records
 
     def _digests_from(self, sizes: Sequence[int], left: int) -> int:
@@ -755,7 +759,7 @@ class PruneToolResults:
                 else:
                     shrunk = self.lossy_text(text, meter, terms, size)
                 if shrunk != text:
-                    found[result.call_id] = shrunk
+                    found[result.call_id] = shortened(shrunk, archive_key(result.text))
             return found
 
         return edits

@@ -64,3 +64,16 @@ def exchange(
         request_id="r",
         user_agent=user_agent,
     )
+
+
+def same_turn(sent: dict[str, Any], original: dict[str, Any]) -> bool:
+    """Whether `sent` is the client's Anthropic `original` message: equal to it, or its tool
+    results (the same calls, in order) with their text shrunk by a policy."""
+    if sent is original or sent == original:
+        return True
+    ids = [b.get("tool_use_id") for b in sent["content"] if isinstance(b, dict)]
+    return (
+        ids != []
+        and ids == [b.get("tool_use_id") for b in original["content"] if isinstance(b, dict)]
+        and sent["role"] == original["role"]
+    )

@@ -11,6 +11,7 @@ import httpx
 import orjson
 import pytest
 
+from tests.builders import same_turn
 from tests.conftest import BrimFactory
 from tests.fake_anthropic import FakeAnthropic, anthropic_errors, token_count
 
@@ -257,8 +258,9 @@ def test_mid_conversation_system_messages_are_forwarded_and_kept_through_compres
     assert [m for m in sent if m["role"] == "system"] == systems
     for system in systems:
         at, was = sent.index(system), long.index(system)
-        assert sent[at + 1] == long[was + 1]
-        assert sent[at - 1] == long[was - 1] or sent[at - 1]["content"].startswith("[brim")
+        assert same_turn(sent[at + 1], long[was + 1])
+        before = sent[at - 1]
+        assert same_turn(before, long[was - 1]) or str(before["content"]).startswith("[brim")
     assert sent[-3:] == long[-3:]
 
 
