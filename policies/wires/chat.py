@@ -534,7 +534,7 @@ class ChatSplice(Splice):
     asked for one with `stream_options.include_usage`) adds every earlier round's."""
 
     def __init__(self, earlier: Usage | None) -> None:
-        super().__init__(earlier, CHAT.usage, _write_chat_usage)
+        super().__init__(earlier, CHAT.usage, CHAT.with_usage)
         self._envelope: dict[str, Any] = {}
 
     def _calls(self, event: dict[str, Any]) -> bool:
@@ -762,10 +762,6 @@ class ChatWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return ChatSplice(earlier)
-
-
-def _write_chat_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:
-    return {**event, "usage": openai_usage_written(event.get("usage"), usage, responses=False)}
 
 
 def _content_tokens(content: Any, enc: tiktoken.Encoding, model: str) -> int:
