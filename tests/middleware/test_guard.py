@@ -100,16 +100,18 @@ def test_a_60_turn_agent_session_completes_within_an_8k_window(
     assert newest_user in last
 
 
+@pytest.mark.parametrize(("restore", "floor"), [(False, 0.6), (True, 0.5)])
 def test_compressed_prefixes_stay_stable_as_the_session_grows(
-    brim: BrimFactory, provider: FakeProvider
+    brim: BrimFactory, provider: FakeProvider, restore: bool, floor: float
 ) -> None:
     """A provider's prompt cache survives when each request starts with everything brim
     compressed in the previous one. Count how often that holds once compression has begun.
-    Without `brim_restore`: its definition (~150 tokens) is a sizeable part of this 8k window's
-    slack, and costs about one kept prefix in nine here."""
+    With `brim_restore` (the default) its definition (~150 tokens) is a sizeable part of this
+    8k window's slack, and costs about one kept prefix in nine here (35/54 without, 29/54
+    with, when this was written)."""
     base = brim(
         models={"strict-8k": {"context_window": STRICT_WINDOW, "max_output": 1_024}},
-        restore={"enabled": False},
+        restore={"enabled": restore},
     )
     history, _ = run_session(base, 60)
     sent = [orjson.loads(seen.body)["messages"] for seen in provider.requests]
@@ -131,7 +133,7 @@ def test_compressed_prefixes_stay_stable_as_the_session_grows(
     # re-cut goes down to half the budget) or re-cut on their snapped grid, two more turns fit
     # after a cut, so about two requests in three keep the prefix. The fidelity benchmark
     # (python -m bench.fidelity) measures realistic windows.
-    assert kept / len(pairs) >= 0.6, (kept, len(pairs))
+    assert kept / len(pairs) >= floor, (kept, len(pairs))
 
 
 def test_requests_that_fit_are_forwarded_byte_for_byte(
