@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from middleware.archive import ContentArchive
 from middleware.store import MemoryStore, RedisStore, normalize_key
 from policies.conversation import archive_key
 from proxy.app import build_store, create_app
@@ -97,6 +98,19 @@ def test_an_absent_key_is_none_and_malformed_puts_are_skipped() -> None:
     run(store.put_many([("not-a-key", "x"), ("A" * 64, "upper case is not a key"), item("ok")]))
     assert len(store) == 1
     assert run(store.get(archive_key("missing"))) is None
+
+
+def test_the_store_and_the_archive_read_a_key_the_same_way(tmp_path: Path) -> None:
+    key, text = item("kept by both")
+    store = MemoryStore(1_000_000, 3600)
+    run(store.put_many([(key, text)]))
+    archive = ContentArchive(tmp_path / "archive", ttl_hours=1)
+    archive.put(key, text)
+    for asked in (key, key[:16], f"  SHA256:{key[:16].upper()} ", f"sha256: {key}"):
+        assert run(store.get(asked)) == text, asked
+        assert archive.resolve(asked) == key, asked
+    assert archive.resolve(key[:8]) == key  # the archive takes shorter prefixes; the store not
+    assert run(store.get(key[:8])) is None
 
 
 # --- memory bound and TTL ---------------------------------------------------------------------
