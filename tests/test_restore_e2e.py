@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +29,7 @@ from middleware.restore import RESTORE_TOOL
 from policies.conversation import archive_key
 from proxy.app import bound_port, start
 from proxy.config import BrimConfig
-from tests.fakes import LoopThread, free_port, start_app
+from tests.fakes import LoopThread, start_app
 from tests.scripted_provider import OUTPUT_TOKENS, Call, ScriptedProvider, tool_uses
 
 ADMIN = "restore-admin-key-0123456789"
@@ -367,32 +363,6 @@ def test_a_request_that_fits_is_not_offered_restore_and_records_none(
 
 
 # --- two instances, one Redis ------------------------------------------------------------------
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.kill()
-        process.wait(10)
 
 
 @each_api

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import shutil
-import subprocess
-import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -25,7 +21,7 @@ from policies.wires.chat import CHAT
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn
 from tests.conftest import BrimFactory
-from tests.fakes import FakeProvider, free_port
+from tests.fakes import FakeProvider
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
@@ -174,32 +170,6 @@ def test_the_cache_serves_the_same_bytes_and_misses_on_any_change(
     monkeypatch.setitem(summarize_module.PROMPTS, "v2", summarize_module.PROMPT_V1 + " ")
     asyncio.run(summarizer(model, cache=cache, prompt_version="v2").summarize(LONG, 2_000, "task"))
     assert len(model.calls) == 4
-
-
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server is not installed (.ci/run installs it)")
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with __import__("socket").create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 def test_two_brim_instances_share_summaries_through_redis(redis_url: str) -> None:

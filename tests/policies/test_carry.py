@@ -34,10 +34,15 @@ items = st.lists(
 )
 
 
-@given(items, items)
-def test_digests_agree_exactly_as_far_as_the_items_do(a: list[Any], b: list[Any]) -> None:
+@given(items, items, st.data())
+def test_digests_agree_exactly_as_far_as_the_items_do(
+    a: list[Any], other: list[Any], data: st.DataObject
+) -> None:
+    # Two independent lists rarely share a prefix: b is a's first k items, then others.
+    shared = data.draw(st.integers(0, len(a)), label="shared")
+    b = a[:shared] + other
     da, db = prefix_digests(a), prefix_digests(b)
-    assert len(da) == len(a)
+    assert len(da) == len(a) and len(db) == len(b)
     for k in range(1, min(len(a), len(b)) + 1):
         same = [orjson.dumps(x) for x in a[:k]] == [orjson.dumps(x) for x in b[:k]]
         assert (da[k - 1] == db[k - 1]) == same  # bytes: the order of keys counts too
