@@ -27,8 +27,7 @@ from middleware.summarize import LEVELS, Summarizer, Summary
 from policies.carry import carried_from, carry, growth, prefix_digests
 from policies.clients import ClientRule
 from policies.compress import Outcome, compress_request
-from policies.conversation import FidelityRecord, Policy, archive_key
-from policies.evict import PRIORITY, Evict
+from policies.conversation import FidelityRecord, Meter, Policy, archive_key
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import conversation_wire
 from policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
@@ -81,26 +80,20 @@ def counted_limit(budget: int, provider_ratio: float | None) -> int:
 
 
 def summary_batches(
-    evicted: Sequence[FidelityRecord], client: Sequence[Any] | None, step: int
+    evicted: Sequence[FidelityRecord], client: Sequence[Any] | None
 ) -> list[list[Any]]:
-    """The evicted items in the batches `evict` removed them in: within each class of value,
-    every `step` tokens of the class's units, oldest first — the grid its snapped evictions
-    follow, so a batch is complete when it is first removed and stays the same turn after turn
-    (its summary can be reused byte for byte). Items are the client's own (`client`), or, after
-    a pair repair moved indices, what the eviction recorded. Batches in conversation order."""
-    batches: dict[tuple[int, int], list[Any]] = {}
-    first: dict[tuple[int, int], int] = {}
-    running: dict[int, int] = {}
+    """The evicted items in the batches `evict` removed them in (`FidelityRecord.batch`): a
+    batch is complete when it is first removed and stays the same turn after turn, so its
+    summary can be reused byte for byte. Items are the client's own (`client`), or, after a
+    pair repair moved indices, what the eviction recorded. Batches in conversation order."""
+    batches: dict[tuple[int, int] | None, list[Any]] = {}
+    first: dict[tuple[int, int] | None, int] = {}
     for record in sorted(evicted, key=lambda r: r.index):
-        value = PRIORITY.get(record.detail, 1)
-        before = running.get(value, 0)
-        running[value] = before + record.tokens_before
-        key = (value, before // step)
         removed = orjson.loads(record.original or "[]")
         if client is not None and 0 <= record.index < len(client):
             removed = list(client[record.index : record.index + len(removed)])
-        batches.setdefault(key, []).extend(removed)
-        first.setdefault(key, record.index)
+        batches.setdefault(record.batch, []).extend(removed)
+        first.setdefault(record.batch, record.index)
     return [batches[key] for key in sorted(batches, key=lambda k: first[k])]
 
 
@@ -149,6 +142,21 @@ def _task_of(wire: Wire, items: Sequence[Any]) -> str:
         if wire.dialect.role(item) == "user" and (text := wire.dialect.text(item)):
             return text[:2_000]
     return ""
+
+
+def _head(text: str, target: int, meter: Meter) -> str:
+    """A summary in at most `target` tokens: its first lines (key points come most telling
+    first), else its first tokens; the summary itself when it fits."""
+    if meter.text_tokens(text) <= target:
+        return text
+    kept: list[str] = []
+    used = 0
+    for line in text.split("\n"):
+        used += meter.text_tokens(line) + 1
+        if used > target:
+            break
+        kept.append(line)
+    return "\n".join(kept) if kept else meter.decode(meter.tokens(text)[:target])
 
 
 def _detail(summary: Summary) -> str:
@@ -200,8 +208,6 @@ class Guard:
         self.room_for_turns = room_for_turns
         self.store = store  # None: brim_restore is not offered
         self.clients = dict(clients or {})
-        evicts = [p for p in self.policies if isinstance(p, Evict)]
-        self._evict_at_least = evicts[0].settings.evict_at_least if evicts else None
 
     def _decide(self, exchange: Exchange, body: Mapping[str, Any]) -> tuple[Outcome, bytes | None]:
         """What the guard does to this exchange: the session's previous compressed turn plus
@@ -304,26 +310,40 @@ class Guard:
         allowance = min(int(outcome.limit * SUMMARY_ALLOWANCE), outcome.limit - rest)
         assert exchange.body is not None
         client = None if outcome.repairs else wire.conversation(exchange.body)
-        batches = summary_batches(evicted, client, self._eviction_step(outcome))
+        batches = summary_batches(evicted, client)
         contents = [transcript(wire.genai_messages(items)) for items in batches]
         sizes = [meter.text_tokens(content) for content in contents]
         plan = _summary_plan(sizes, allowance)
         if plan is None:
             return outcome
         merged, targets = plan
-        if merged:  # the oldest batches, summarized as one
-            contents = ["\n".join(contents[:merged]), *contents[merged:]]
-            sizes = [sum(sizes[:merged]), *sizes[merged:]]
+        # Each batch is summarized once, to its key points (cached by content). Where the
+        # allowance steps a batch down to a headline, or merges the oldest ones, their text is
+        # the head of those key points: no new call, so a turn pays only for what it evicted.
+        points = [max(48, math.ceil(size * LEVELS["key_points"])) for size in sizes]
         summaries = await asyncio.gather(
             *(
                 self._summary(content, target, task, credentials)
-                for content, target in zip(contents, targets, strict=True)
+                for content, target in zip(contents, points, strict=True)
             )
         )
         made = [summary for summary in summaries if summary is not None]
         if len(made) != len(summaries):
             return outcome
-        messages = [wire.dialect.notice(SUMMARY_HEADER + summary.text) for summary in made]
+        texts = [
+            _head(summary.text, target, meter)
+            for summary, target in zip(made[merged:], targets[bool(merged) :], strict=True)
+        ]
+        details = [_detail(summary) for summary in made[merged:]]
+        if merged:  # the oldest batches in one summary: the head of each, in the room left
+            share = max(16, targets[0] // merged)
+            texts.insert(
+                0, "\n".join(_head(summary.text, share, meter) for summary in made[:merged])
+            )
+            details.insert(0, f"the heads of {merged} batches' summaries")
+            contents = ["\n".join(contents[:merged]), *contents[merged:]]
+            sizes = [sum(sizes[:merged]), *sizes[merged:]]
+        messages = [wire.dialect.notice(SUMMARY_HEADER + text) for text in texts]
         counts = [meter.message(message) for message in messages]
         added = sum(counts)
         if rest + added > outcome.limit:
@@ -336,10 +356,10 @@ class Guard:
                 size,
                 count,
                 archive_key=archive_key(content),
-                detail=_detail(summary),
+                detail=detail,
                 original=content,
             )
-            for content, size, count, summary in zip(contents, sizes, counts, made, strict=True)
+            for content, size, count, detail in zip(contents, sizes, counts, details, strict=True)
         ]
         return dataclasses.replace(
             outcome,
@@ -348,10 +368,6 @@ class Guard:
             tokens_out=rest + added,
             records=(*outcome.records, *records),
         )
-
-    def _eviction_step(self, outcome: Outcome) -> int:
-        """The token grid `evict` snaps its removals to (`evict_at_least`, else the slack)."""
-        return max(1, self._evict_at_least or outcome.grid or outcome.limit - outcome.target)
 
     async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """A tool result `truncate` had to cut, summarized into the same room instead."""

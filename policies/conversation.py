@@ -61,6 +61,9 @@ class FidelityRecord:
     archive_key: str | None = None
     detail: str = ""
     original: str | None = field(default=None, repr=False, compare=False)  # what the key names
+    # `evict`: the batch the unit went in — (value class, grid step within the class) — which
+    # the summaries of evicted turns are made per.
+    batch: tuple[int, int] | None = None
 
 
 class Dialect(Protocol):

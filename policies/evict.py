@@ -12,8 +12,9 @@ Everything else may go, lowest value first — tool groups whose results are all
 (already cleared or pointed onward, exact copies or superseded reads of a later result; never a
 group holding a result that an older copy points to, which goes only after the pointer) and
 orphans, then plain assistant chatter, then the other tool groups, then user messages — and
-oldest first within each class, in batches of at least `evict_at_least` tokens so the cut point
-moves only now and then as a session grows.
+oldest first within each class, in batches of at least `evict_at_least` tokens on each class's
+own grid, so the cut point moves only now and then as a session grows. Each record names its
+batch (`FidelityRecord.batch`): the summaries of evicted turns are made per batch.
 
 One notice takes the place of the first removed unit — or goes before the system messages right
 in front of it, never after one (Anthropic's notice is a user message, and Anthropic takes a
@@ -31,6 +32,7 @@ turns on average — and every one of them reuses the provider's prompt cache.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -68,6 +70,42 @@ class EvictSettings(BaseModel):
 def _quote(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= QUOTE else text[: QUOTE - 1] + "…"
+
+
+LAST_RESORT = 99  # the value class of units evicted only because nothing else helped
+
+
+def _batches(
+    ordered: Sequence[Unit],
+    value: Mapping[Unit, int],
+    size: Mapping[Unit, int],
+    needed: int,
+    step: int,
+) -> dict[Unit, tuple[int, int]]:
+    """The units to remove (`ordered` by value class, oldest first within each) so that they
+    save `needed`, each with its batch: whole classes while that is not enough, then, in the
+    class where it is, every unit up to the next multiple of `step` tokens of that class's
+    running sum (`snapped_count`; every unit a batch of its own when `step` is 0). A batch —
+    (class, grid step) — is complete when first
+    removed and keeps its units as the session grows, so its summary can be reused."""
+    taken: dict[Unit, tuple[int, int]] = {}
+    saved = 0
+    at = 0
+    while at < len(ordered) and saved < needed:
+        worth = value[ordered[at]]
+        end = at
+        while end < len(ordered) and value[ordered[end]] == worth:
+            end += 1
+        group = ordered[at:end]
+        sizes = [size[unit] for unit in group]
+        count = snapped_count(sizes, needed - saved, step)
+        running = 0
+        for unit, tokens in zip(group[:count], sizes, strict=False):
+            taken[unit] = (worth, running // step if step > 0 else len(taken))
+            running += tokens
+        saved += running
+        at = end
+    return taken
 
 
 def _neighbours(units: list[Unit]) -> set[Unit]:
@@ -205,7 +243,6 @@ class Evict:
         size = {unit: sum(conversation.sizes[i] for i in unit.indices) for unit in units}
         value = self._values(conversation, candidates)
         ordered = sorted(candidates, key=lambda unit: (value[unit], unit.start))
-        savings = [size[unit] for unit in ordered]
 
         def total_without(removed: list[Unit], notice: bool) -> tuple[Conversation, int]:
             built = self._build(conversation, removed, meter, notice)
@@ -213,11 +250,13 @@ class Evict:
 
         step = goal.step(self.settings.evict_at_least)
         removed: list[Unit] = []
+        batch: dict[Unit, tuple[int, int]] = {}
         notice_allowance = 0
         result, total = conversation, conversation.total
         for _ in range(4):  # the notice's own size is only known once it is written
             needed = conversation.total - goal.target + notice_allowance
-            removed = ordered[: snapped_count(savings, needed, step)]  # one grid: one overshoot
+            batch = _batches(ordered, value, size, needed, step)
+            removed = list(batch)
             result, total = total_without(removed, self.settings.notice)
             if total <= goal.target or len(removed) == len(candidates):
                 break
@@ -244,6 +283,7 @@ class Evict:
                 archive_key=message_key([conversation.messages[i] for i in unit.indices]),
                 detail=unit.kind,
                 original=orjson.dumps([conversation.messages[i] for i in unit.indices]).decode(),
+                batch=batch.get(unit, (LAST_RESORT, unit.start)),
             )
             for unit in removed
         ]

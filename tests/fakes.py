@@ -162,6 +162,7 @@ class FakeProvider:
     strict_rejections: list[str] = field(default_factory=list)
     tight_seen: list[tuple[str, int]] = field(default_factory=list)
     summarizer_calls: list[str] = field(default_factory=list)
+    summarized: list[str] = field(default_factory=list)  # the text each summarizer call got
     gate: threading.Event = field(default_factory=threading.Event)
     gate_timed_out: bool | None = None
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
@@ -180,6 +181,7 @@ class FakeProvider:
         self.strict_rejections.clear()
         self.tight_seen.clear()
         self.summarizer_calls.clear()
+        self.summarized.clear()
 
     @property
     def last(self) -> Seen:
@@ -570,6 +572,7 @@ class FakeProvider:
                 {"error": {"message": "down", "type": "server_error"}}, status=500
             )
         system, text = body["messages"][0]["content"], body["messages"][1]["content"]
+        self.summarized.append(text)
         if model == "summarizer-verbose" and "Condense" in system:
             summary = text
         else:
