@@ -220,6 +220,9 @@ class Guard:
         budget = context.budget.effective()
         room = 0
         digest = None
+        # The client's request as brim counted it (without brim's own tool, which `body` may
+        # have): what `x-brim-tokens-in` and a refusal report.
+        received = context.tokens.brims
         if self.sessions is not None:
             wire = exchange.wire
             client = wire.conversation(body)
@@ -230,7 +233,9 @@ class Guard:
                 meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
                 limit = counted_limit(budget, context.tokens.provider_ratio)
                 fixed = meter.fixed(body)
-                carried_on = carry(carried, wire.dialect, client, fixed, meter, limit=limit)
+                carried_on = carry(
+                    carried, wire.dialect, client, fixed, meter, limit=limit, tokens_in=received
+                )
                 if carried_on is not None:
                     return carried_on, digest
                 room = int(self.room_for_turns * growth(carried, client, meter))
@@ -247,6 +252,8 @@ class Guard:
             provider_ratio=context.tokens.provider_ratio,
             room=room,
         )
+        if received is not None and outcome.tokens_in != received:
+            outcome = dataclasses.replace(outcome, tokens_in=received)
         return outcome, digest
 
     def _remember(self, exchange: Exchange, outcome: Outcome, digest: bytes | None) -> None:

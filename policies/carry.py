@@ -93,8 +93,10 @@ def carry(
     meter: Meter,
     *,
     limit: int,
+    tokens_in: int | None = None,
 ) -> Outcome | None:
-    """The carried request plus the client's new items, if it fits `limit` and is valid."""
+    """The carried request plus the client's new items, if it fits `limit` and is valid.
+    `tokens_in`: the client's request as counted already, if it was (else counted here)."""
     if len(client) < carried.covers:
         return None
     messages = [client[i] if isinstance(i, int) else i.item for i in carried.items]
@@ -108,7 +110,7 @@ def carry(
         messages=tuple(messages),
         sizes=tuple(sizes),
         changed=True,
-        tokens_in=fixed + sum(meter.message(item) for item in client),
+        tokens_in=(tokens_in if tokens_in is not None else fixed + sum(map(meter.message, client))),
         tokens_out=total,
         limit=limit,
         target=carried.target,

@@ -406,6 +406,8 @@ def test_brim_restore_is_offered_only_when_something_was_cut(
     assert quiet.status_code == 200, quiet.text
     assert quiet.headers["x-brim-actions"] != "none"
     assert "brim_restore" not in tools_sent()
+    # "as received": the client's own request, not counting the tool brim added to it
+    assert cut.headers["x-brim-tokens-in"] == quiet.headers["x-brim-tokens-in"]
 
 
 def test_a_broken_pairing_is_repaired_before_it_goes_out(
