@@ -261,11 +261,9 @@ class Guard:
         if self.sessions is None or digest is None:
             return
         assert exchange.body is not None and exchange.context is not None
-        wire = exchange.wire
-        tokenizer = exchange.context.limits.limits.tokenizer
-        meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
-        carried = carried_from(outcome, wire.conversation(exchange.body), meter)
+        carried = carried_from(outcome, exchange.wire.conversation(exchange.body))
         if carried is not None:
+            tokenizer = exchange.context.limits.limits.tokenizer
             self.sessions.remember(exchange.api, tokenizer, digest, carried)
 
     def _needs_work(self, exchange: Exchange) -> bool:
@@ -397,7 +395,7 @@ class Guard:
             if not holders:
                 continue
             at = holders[0]
-            before = meter.message(messages[at])
+            before = counts[at]
             summary = await self._summary(record.original, max(64, before - 64), task, credentials)
             if summary is None:
                 continue
@@ -406,8 +404,7 @@ class Guard:
             if total - before + size > outcome.limit:
                 continue
             messages[at], total = updated, total - before + size
-            if len(counts) == len(messages):
-                counts[at] = size
+            counts[at] = size
             records.append(
                 FidelityRecord(
                     "summarize",

@@ -56,7 +56,7 @@ def prefix_digests(items: Sequence[Any]) -> list[bytes]:
     return digests
 
 
-def carried_from(outcome: Outcome, client: Sequence[Any], meter: Meter) -> Carried | None:
+def carried_from(outcome: Outcome, client: Sequence[Any]) -> Carried | None:
     """What `outcome` made of the client's items, to build the next turn on; None when there
     is nothing to carry (nothing was cut, or pairs were repaired: the next turn starts over)."""
     if not outcome.records or outcome.repairs or not outcome.fits:
@@ -72,8 +72,6 @@ def carried_from(outcome: Outcome, client: Sequence[Any], meter: Meter) -> Carri
         else:
             items.append(index)
     sizes = outcome.sizes
-    if len(sizes) != len(outcome.messages):
-        sizes = tuple(meter.message(message) for message in outcome.messages)
     records = tuple(dataclasses.replace(record, original=None) for record in outcome.records)
     return Carried(
         len(client), tuple(items), sizes, records, outcome.target, outcome.grid, weight + 64

@@ -55,7 +55,8 @@ from policies.conversation import (
 from policies.wires.base import NOTICE_PREFIX
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests.
-PRIORITY = {"orphan": STALE, "system": 1, "assistant": 1, "tools": 2, "user": 3}
+# (System units are never evicted: they have none.)
+PRIORITY = {"orphan": STALE, "assistant": 1, "tools": 2, "user": 3}
 QUOTE = 80
 
 

@@ -65,7 +65,7 @@ def test_the_next_turn_is_the_compressed_one_plus_the_new_items() -> None:
     client = tool_session(LOGS[:8])
     outcome = compressed(client, 4_000)
     assert outcome.records and outcome.fits
-    carried = carried_from(outcome, client, METER)
+    carried = carried_from(outcome, client)
     assert carried is not None and carried.covers == len(client)
     assert all(record.original is None for record in carried.records)
     # Untouched items are indices into the next request, not copies.
@@ -92,7 +92,7 @@ def test_the_next_turn_is_the_compressed_one_plus_the_new_items() -> None:
 def test_nothing_is_carried_past_the_limit_or_into_a_broken_pairing() -> None:
     client = tool_session(LOGS[:8])
     outcome = compressed(client, 4_000)
-    carried = carried_from(outcome, client, METER)
+    carried = carried_from(outcome, client)
     assert carried is not None
     big = [*tool_turn("c_big", log(99) * 3), {"role": "user", "content": "and?"}]
     assert carry(carried, DIALECT, [*client, *big], METER.fixed({}), METER, limit=4_000) is None
@@ -103,11 +103,11 @@ def test_nothing_is_carried_past_the_limit_or_into_a_broken_pairing() -> None:
 
 def test_an_uncut_or_repaired_request_is_not_carried() -> None:
     client = tool_session(["short"])
-    assert carried_from(compressed(client, 100_000), client, METER) is None
+    assert carried_from(compressed(client, 100_000), client) is None
     broken = [*client, {"role": "tool", "tool_call_id": "nobody", "content": "stray"}]
     repaired = compressed(broken, 100_000)
     assert repaired.repairs
-    assert carried_from(repaired, broken, METER) is None
+    assert carried_from(repaired, broken) is None
 
 
 def test_room_lowers_the_target_to_half_the_limit_at_most_and_keeps_the_grid() -> None:
