@@ -27,7 +27,7 @@ from middleware.summarize import LEVELS, Summarizer, Summary
 from policies.carry import carried_from, carry, growth, prefix_digests
 from policies.clients import ClientRule
 from policies.compress import Outcome, compress_request
-from policies.conversation import FidelityRecord, Meter, Policy, archive_key
+from policies.conversation import FidelityRecord, Policy, archive_key
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import conversation_wire
 from policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
@@ -82,10 +82,11 @@ def counted_limit(budget: int, provider_ratio: float | None) -> int:
 def summary_batches(
     evicted: Sequence[FidelityRecord], client: Sequence[Any] | None
 ) -> list[list[Any]]:
-    """The evicted items in the batches `evict` removed them in (`FidelityRecord.batch`): a
-    batch is complete when it is first removed and stays the same turn after turn, so its
-    summary can be reused byte for byte. Items are the client's own (`client`), or, after a
-    pair repair moved indices, what the eviction recorded. Batches in conversation order."""
+    """The evicted items in the batches `evict` recorded (`FidelityRecord.batch`): a batch
+    keeps its units as the session grows (older units of its class do not move), so its summary
+    is reused byte for byte — until the cut, moving on, adds to the one batch it stopped inside.
+    Items are the client's own (`client`), or, after a pair repair moved indices, what the
+    eviction recorded. Batches in conversation order."""
     batches: dict[tuple[int, int] | None, list[Any]] = {}
     first: dict[tuple[int, int] | None, int] = {}
     for record in sorted(evicted, key=lambda r: r.index):
@@ -142,21 +143,6 @@ def _task_of(wire: Wire, items: Sequence[Any]) -> str:
         if wire.dialect.role(item) == "user" and (text := wire.dialect.text(item)):
             return text[:2_000]
     return ""
-
-
-def _head(text: str, target: int, meter: Meter) -> str:
-    """A summary in at most `target` tokens: its first lines (key points come most telling
-    first), else its first tokens; the summary itself when it fits."""
-    if meter.text_tokens(text) <= target:
-        return text
-    kept: list[str] = []
-    used = 0
-    for line in text.split("\n"):
-        used += meter.text_tokens(line) + 1
-        if used > target:
-            break
-        kept.append(line)
-    return "\n".join(kept) if kept else meter.decode(meter.tokens(text)[:target])
 
 
 def _detail(summary: Summary) -> str:
@@ -301,8 +287,9 @@ class Guard:
     async def _summarized(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """Evict's notice replaced by summaries of what it removed — one per batch of the
         conversation (`summary_batches`), so that as a session grows, earlier batches keep their
-        summary byte for byte (from the cache) and only a newly evicted batch costs a call —
-        when all can be made in time and fit; otherwise the outcome as it was."""
+        summary byte for byte (from the cache) and a turn pays for what it newly evicted, and
+        for the older batches the allowance makes it step down or merge — when all can be made
+        in time and fit; otherwise the outcome as it was."""
         wire = exchange.wire
         at = _notice_at(wire, outcome.messages)
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
@@ -322,32 +309,20 @@ class Guard:
         if plan is None:
             return outcome
         merged, targets = plan
-        # Each batch is summarized once, to its key points (cached by content). Where the
-        # allowance steps a batch down to a headline, or merges the oldest ones, their text is
-        # the head of those key points: no new call, so a turn pays only for what it evicted.
-        points = [max(48, math.ceil(size * LEVELS["key_points"])) for size in sizes]
+        if merged:  # the oldest batches, summarized as one
+            contents = ["\n".join(contents[:merged]), *contents[merged:]]
+            sizes = [sum(sizes[:merged]), *sizes[merged:]]
         summaries = await asyncio.gather(
             *(
                 self._summary(content, target, task, credentials)
-                for content, target in zip(contents, points, strict=True)
+                for content, target in zip(contents, targets, strict=True)
             )
         )
         made = [summary for summary in summaries if summary is not None]
         if len(made) != len(summaries):
             return outcome
-        texts = [
-            _head(summary.text, target, meter)
-            for summary, target in zip(made[merged:], targets[bool(merged) :], strict=True)
-        ]
-        details = [_detail(summary) for summary in made[merged:]]
-        if merged:  # the oldest batches in one summary: the head of each, in the room left
-            share = max(16, targets[0] // merged)
-            texts.insert(
-                0, "\n".join(_head(summary.text, share, meter) for summary in made[:merged])
-            )
-            details.insert(0, f"the heads of {merged} batches' summaries")
-            contents = ["\n".join(contents[:merged]), *contents[merged:]]
-            sizes = [sum(sizes[:merged]), *sizes[merged:]]
+        texts = [summary.text for summary in made]
+        details = [_detail(summary) for summary in made]
         messages = [wire.dialect.notice(SUMMARY_HEADER + text) for text in texts]
         counts = [meter.message(message) for message in messages]
         added = sum(counts)

