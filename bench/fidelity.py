@@ -61,6 +61,8 @@ from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import REPLY_PRIMING, CounterMeter, TokenCounter
 from policies.wires import WIRES
 from policies.wires.chat import CHAT
+from proxy.app import build_store
+from proxy.config import BrimConfig
 from proxy.resources import use_bundled_tiktoken_files
 
 FACTORS = (1.3, 2.5, 5.0, 10.0)
@@ -178,6 +180,7 @@ class Brim:
             if GUARD.carry_forward
             else None,
             room_for_turns=GUARD.room_for_turns,
+            store=build_store(BrimConfig()),  # brim_restore offered as deployed
         )
 
     def exchange(self, body: dict[str, Any]) -> Exchange:
