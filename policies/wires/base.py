@@ -276,6 +276,13 @@ def listed(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def first_of(value: Any) -> Mapping[str, Any]:
+    """The first item of a list of objects (a reply's first choice or candidate); empty if
+    there is none."""
+    found = listed(value)[:1]
+    return found[0] if found and isinstance(found[0], Mapping) else {}
+
+
 def named_tools(body: Mapping[str, Any]) -> frozenset[str]:
     """The names of a request's `tools` that carry theirs at the top (Messages, Responses)."""
     return frozenset(

@@ -51,6 +51,7 @@ from policies.wires.base import (
     Usage,
     answered_in_order,
     first_error,
+    first_of,
     first_of_each,
     image_part,
     json_object,
@@ -368,14 +369,8 @@ def _content_parts(content: Any) -> list[dict[str, Any]]:
 # Tools brim answers itself --------------------------------------------------------------------
 
 
-def _first_choice(reply: Mapping[str, Any]) -> Mapping[str, Any]:
-    choices = reply.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    return choice if isinstance(choice, Mapping) else {}
-
-
 def _reply_message(reply: Mapping[str, Any]) -> Mapping[str, Any]:
-    message = _first_choice(reply).get("message")
+    message = first_of(reply.get("choices")).get("message")
     return message if isinstance(message, Mapping) else {}
 
 

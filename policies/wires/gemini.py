@@ -33,6 +33,7 @@ from policies.wires.base import (
     Usage,
     answered_in_order,
     first_error,
+    first_of,
     json_object,
     largest_part_text,
     listed,
@@ -308,15 +309,8 @@ def _genai_part(part: Any) -> dict[str, Any] | None:
 # Tools brim answers itself --------------------------------------------------------------------
 
 
-def _first_candidate(reply: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A reply's (or a streamed chunk's) first candidate; empty if it has none."""
-    candidates = reply.get("candidates")
-    candidate = candidates[0] if isinstance(candidates, list) and candidates else None
-    return candidate if isinstance(candidate, Mapping) else {}
-
-
 def _reply_content(reply: Mapping[str, Any]) -> Mapping[str, Any]:
-    content = _first_candidate(reply).get("content")
+    content = first_of(reply.get("candidates")).get("content")
     return content if isinstance(content, Mapping) else {}
 
 
@@ -389,7 +383,7 @@ class GeminiTurnReader(TurnReader):
         for key, value in chunk.items():
             if key != "candidates":
                 self._envelope[key] = value  # usageMetadata, modelVersion, responseId: latest
-        candidate = _first_candidate(chunk)
+        candidate = first_of(chunk.get("candidates"))
         for key, value in candidate.items():
             if key != "content":
                 self._candidate[key] = value  # finishReason, safetyRatings, …: latest
