@@ -72,6 +72,24 @@ def _block_text(block: Any) -> str:
     return ""
 
 
+def _with_text(content: Any, text: str) -> Any:
+    """A tool result's content with its text replaced by `text` (the text cut): a string as
+    it is; in a list of blocks, the first text block takes it (its other fields kept), the other
+    text blocks go, and images and documents stay."""
+    if not isinstance(content, list):
+        return text
+    out: list[Any] = []
+    placed = False
+    for block in content:
+        if isinstance(block, Mapping) and block.get("type") == "text":
+            if not placed:
+                out.append({**block, "text": text})
+                placed = True
+            continue
+        out.append(block)
+    return out if placed else text
+
+
 class AnthropicDialect:
     """Anthropic Messages: `tool_use` blocks in an assistant message are answered by
     `tool_result` blocks (which must come first) in the very next user message; the two messages
@@ -205,8 +223,10 @@ class AnthropicDialect:
         blocks = list(content)
         for position, block in enumerate(blocks):
             if _block_text(block) == largest:
-                field = "text" if block.get("type") == "text" else "content"
-                blocks[position] = {**block, field: text}
+                if block.get("type") == "text":
+                    blocks[position] = {**block, "text": text}
+                else:
+                    blocks[position] = {**block, "content": _with_text(block.get("content"), text)}
                 break
         return {**message, "content": blocks}
 

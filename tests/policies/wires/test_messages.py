@@ -241,15 +241,17 @@ def whole_or_cut(new: Any, original: Any, key: str = "") -> bool:
     "content") marked by brim, starting with the original's head and ending with its tail (its
     first and last lines, up to 20 characters: cut_middle keeps at least a third of 256 tokens
     at the head and the rest at the tail, relevant_lines the first and last lines). A cut
-    tool_result whose content was a list of text blocks has their joined text as its content."""
-    if (
-        key == "content"
-        and isinstance(new, str)
-        and isinstance(original, list)
-        and all(isinstance(b, dict) and b.keys() == {"type", "text"} for b in original)
-    ):
-        joined = "\n".join(b["text"] for b in original)
-        return new != joined and whole_or_cut(new, joined, key)
+    tool_result whose content held several text blocks has their joined text in the first of
+    them, the others gone, its other blocks kept."""
+    texts = [
+        b
+        for b in (original if key == "content" and isinstance(original, list) else [])
+        if isinstance(b, dict) and b.get("type") == "text"
+    ]
+    if len(texts) > 1 and isinstance(new, list) and len(new) == len(original) - len(texts) + 1:
+        joined = {**texts[0], "text": "\n".join(b["text"] for b in texts)}
+        merged = [joined if b is texts[0] else b for b in original if b not in texts[1:]]
+        return new != merged and whole_or_cut(new, merged, key)
     if isinstance(original, dict):
         return (
             isinstance(new, dict)
@@ -323,6 +325,22 @@ def test_messages_that_fit_are_left_alone(messages: list[dict[str, Any]]) -> Non
     outcome = run(messages, 10_000_000)
     assert not outcome.changed
     assert all(a is b for a, b in zip(outcome.messages, messages, strict=True))
+
+
+def test_cutting_a_tool_results_text_keeps_its_images_and_block_fields() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}
+    cached = {"type": "text", "text": "first part", "cache_control": {"type": "ephemeral"}}
+    second = {"type": "text", "text": "second part"}
+    block = {"type": "tool_result", "tool_use_id": "t1", "content": [cached, image, second]}
+    message = {"role": "user", "content": [block]}
+    assert D.largest_text(message) == "first part\nsecond part"
+    cut = D.with_largest_text(message, "first […] part")
+    assert cut["content"][0]["content"] == [{**cached, "text": "first […] part"}, image]
+    assert message["content"][0]["content"] == [cached, image, second]  # the input unchanged
+    plain = {**block, "content": "all of it"}
+    assert D.with_largest_text({"role": "user", "content": [plain]}, "all")["content"] == [
+        {**plain, "content": "all"}
+    ]
 
 
 def test_a_tool_use_repeating_an_id_is_dropped_but_thinking_turns_are_never_edited() -> None:
