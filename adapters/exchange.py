@@ -45,6 +45,11 @@ class RequestTokens:
             return None
         return self.exact / self.estimate
 
+    @property
+    def brims(self) -> int | None:
+        """brim's own count of the request, if it made one (the guard's units)."""
+        return self.estimate if self.estimate is not None else self.exact
+
     def known(self) -> int:
         """The exact count if it is known by now (a pending count that has finished counts),
         else the bound — without waiting."""

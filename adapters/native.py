@@ -61,3 +61,10 @@ NATIVE_COUNTS = {
         "totalTokens",
     ),
 }
+
+
+def native_count_for(api: str, exchange: Exchange) -> NativeCount | None:
+    """The counter of an upstream of kind `api` that counts `exchange` (a request in the API it
+    counts), or None: the upstream has none, or this request is of another API."""
+    native = NATIVE_COUNTS.get(api)
+    return native if native is not None and native.counts == exchange.api else None

@@ -7,10 +7,13 @@ and closed by `aclose()`.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any
 
 import aiohttp
 import orjson
+from multidict import CIMultiDict
 
 from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
 from adapters.config import UpstreamConfig
@@ -25,11 +28,15 @@ from adapters.errors import (
 )
 from adapters.exchange import Exchange
 from adapters.headers import upstream_request_headers
-from adapters.native import NATIVE_COUNTS
+from adapters.native import native_count_for
 from adapters.overflow import Overflow, classify
 
 MAX_ERROR_BODY = 1024 * 1024
 MAX_PEEK = 256 * 1024
+# The statuses of a reply that is an answer rather than a refusal: `send` relays anything below
+# 400 (a redirect included, as it came); a token count is only ever a 2xx.
+RELAYED = range(100, 400)
+COUNTED = range(200, 300)
 
 
 # Events that open a stream before anything happens (OpenAI Responses); an error comes after them.
@@ -45,6 +52,16 @@ def first_event_data(stream: bytes) -> bytes | None:
         if data and not any(marker in data[0][:80] for marker in PREAMBLE):
             return b"\n".join(data)
     return None
+
+
+def first_event(stream: bytes) -> tuple[bytes, Overflow | None] | None:
+    """The stream's first complete event with data (`first_event_data`), with the context
+    overflow it reports if it is an error event that says so; None while no such event has
+    arrived whole."""
+    data = first_event_data(stream)
+    if data is None:
+        return None
+    return data, classify(200, data) if is_error_event(stream, data) else None
 
 
 def is_error_event(stream: bytes, data: bytes) -> bool:
@@ -129,6 +146,53 @@ class RawHttpAdapter:
             upstream=self.name,
         )
 
+    async def _open(
+        self, method: str, url: str, data: bytes | None, headers: CIMultiDict[str], ok: range
+    ) -> aiohttp.ClientResponse:
+        """The provider's reply, up to its headers, when its status is in `ok`. Raises the
+        documented failure for a transport error, or the `UpstreamError` that a reply with
+        another status stands for (read from at most `MAX_ERROR_BODY` of its body, then
+        closed)."""
+        try:
+            response = await self._client().request(
+                method, url, data=data, headers=headers, allow_redirects=False
+            )
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            raise self._failure(exc, answered=False) from exc
+        if response.status not in ok:
+            with self._reading(response):
+                body = await response.content.read(MAX_ERROR_BODY)
+                raise UpstreamError.from_reply(
+                    upstream=self.name, status=response.status, headers=response.headers, body=body
+                )
+        return response
+
+    @contextlib.contextmanager
+    def _reading(self, response: aiohttp.ClientResponse) -> Iterator[None]:
+        """While a reply is read: a transport error is the documented failure of a reply broken
+        off (its headers had arrived), and any error closes the reply."""
+        try:
+            yield
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            response.close()
+            raise self._failure(exc, answered=True) from exc
+        except BaseException:
+            response.close()
+            raise
+
+    async def _body(self, response: aiohttp.ClientResponse) -> bytes:
+        """A reply's whole body; the connection goes back to the pool."""
+        with self._reading(response):
+            body = await response.read()
+        response.release()
+        return body
+
+    def _parsed(self, response: aiohttp.ClientResponse, body: bytes) -> Any:
+        try:
+            return orjson.loads(body)
+        except orjson.JSONDecodeError:
+            raise self._not_json(response, body) from None
+
     async def send(self, exchange: Exchange) -> UpstreamResponse:
         url = f"{self.base_url}{exchange.endpoint}"
         if exchange.query:
@@ -137,53 +201,31 @@ class RawHttpAdapter:
             exchange.headers, api=self.config.api, api_key=self._api_key
         )
         data = exchange.raw if exchange.method != "GET" else None
-        try:
-            response = await self._client().request(
-                exchange.method, url, data=data, headers=headers, allow_redirects=False
-            )
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise self._failure(exc, answered=False) from exc
-
-        try:
-            if response.status >= 400:
-                body = await response.content.read(MAX_ERROR_BODY)
-                raise UpstreamError.from_reply(
-                    upstream=self.name,
-                    status=response.status,
-                    headers=response.headers,
-                    body=body,
-                )
-            if response.content_type == "text/event-stream":
+        response = await self._open(exchange.method, url, data, headers, RELAYED)
+        if response.content_type == "text/event-stream":
+            with self._reading(response):
                 peeked = await self._until_first_event(response)
-                return UpstreamResponse(
-                    status=response.status,
-                    headers=response.headers,
-                    chunks=self._relay(response, peeked),
-                    closer=_closer(response),
-                )
-            body = await response.read()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            response.close()
-            raise self._failure(exc, answered=True) from exc
-        except BaseException:
-            response.close()
-            raise
-        response.release()
+            return UpstreamResponse(
+                status=response.status,
+                headers=response.headers,
+                chunks=self._relay(response, peeked),
+                closer=_closer(response),
+            )
+        body = await self._body(response)
         payload = None
         if _should_be_json(response, exchange, body):
-            try:
-                payload = orjson.loads(body)
-            except orjson.JSONDecodeError:
-                raise self._not_json(response, body) from None
+            payload = self._parsed(response, body)
         return UpstreamResponse(
             status=response.status, headers=response.headers, body=body, payload=payload
         )
 
     async def count_tokens(self, exchange: Exchange) -> int:
         """The provider's own count of the request's input tokens (`NativeCounter`), asked with
-        the client's own headers and credentials, as `send` would forward them."""
-        native = NATIVE_COUNTS.get(self.config.api)
-        if native is None or exchange.api != native.counts:
+        the client's own headers and credentials, as `send` would forward them. Only for a
+        request its counter counts (`adapters.native.native_count_for`, which the caller asks
+        first): any other is a ValueError."""
+        native = native_count_for(self.config.api, exchange)
+        if native is None:
             raise ValueError(f"upstream {self.name!r} has no token counter for {exchange.api}")
         url = f"{self.base_url}{native.path(exchange.endpoint)}"
         query = "&".join(p for p in exchange.query.split("&") if p and not p.startswith("alt="))
@@ -199,26 +241,8 @@ class RawHttpAdapter:
             data = await asyncio.to_thread(orjson.dumps, request)
         else:
             data = orjson.dumps(request)
-        try:
-            response = await self._client().post(
-                url, data=data, headers=headers, allow_redirects=False
-            )
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            raise self._failure(exc, answered=False) from exc
-        async with response:  # the headers have arrived: a failure now breaks off the reply
-            ok = 200 <= response.status < 300
-            try:
-                body = await (response.read() if ok else response.content.read(MAX_ERROR_BODY))
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-                raise self._failure(exc, answered=True) from exc
-        if not ok:
-            raise UpstreamError.from_reply(
-                upstream=self.name, status=response.status, headers=response.headers, body=body
-            )
-        try:
-            answer = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            raise self._not_json(response, body) from None
+        response = await self._open("POST", url, data, headers, COUNTED)
+        answer = self._parsed(response, await self._body(response))
         count = answer.get(native.answer) if isinstance(answer, dict) else None
         if not isinstance(count, int) or isinstance(count, bool) or count < 0:
             raise UpstreamProtocolError(
@@ -239,10 +263,10 @@ class RawHttpAdapter:
                 break
             peeked.append(chunk)
             seen += chunk
-            first = first_event_data(seen)
+            first = first_event(seen)
             if first is None:
                 continue
-            overflow = classify(200, first) if is_error_event(seen, first) else None
+            _, overflow = first
             if overflow is not None:
                 response.close()
                 raise ContextOverflow(

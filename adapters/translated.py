@@ -29,7 +29,7 @@ from adapters.errors import (
 )
 from adapters.exchange import Exchange
 from adapters.overflow import Overflow, classify
-from adapters.raw import MAX_PEEK, first_event_data, is_error_event
+from adapters.raw import MAX_PEEK, first_event
 from policies.wires import wire_for
 from policies.wires.base import ErrorInfo
 from policies.wires.chat import CHAT
@@ -183,14 +183,14 @@ class LitellmAdapter:
         overflow there raises `ContextOverflow`. Returns the bytes read (one chunk to replay)
         and the rest of the stream."""
         seen = first.encode() if isinstance(first, str) else bytes(first)
-        while (data := first_event_data(seen)) is None and len(seen) <= MAX_PEEK:
+        while (event := first_event(seen)) is None and len(seen) <= MAX_PEEK:
             chunk = await anext(iterator, _END)
             if not isinstance(chunk, bytes | bytearray | str):  # the end, or not bytes after all
                 if chunk is not _END:
                     iterator = _chain(chunk, iterator)
                 break
             seen += chunk.encode() if isinstance(chunk, str) else bytes(chunk)
-        overflow = classify(200, data) if data is not None and is_error_event(seen, data) else None
+        overflow = None if event is None else event[1]
         if overflow is not None:
             raise ContextOverflow(
                 upstream=self.name, status=200, headers=_SSE, body=seen, overflow=overflow

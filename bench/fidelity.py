@@ -66,6 +66,8 @@ from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import REPLY_PRIMING, CounterMeter, TokenCounter
 from policies.wires import WIRES
 from policies.wires.chat import CHAT
+from proxy.app import build_store
+from proxy.config import BrimConfig
 from proxy.resources import use_bundled_tiktoken_files
 
 FACTORS = (1.3, 2.5, 5.0, 10.0)
@@ -184,6 +186,7 @@ class Brim:
             if GUARD.carry_forward
             else None,
             room_for_turns=GUARD.room_for_turns,
+            store=build_store(BrimConfig()),  # brim_restore offered as deployed
         )
 
     def exchange(self, body: dict[str, Any]) -> Exchange:
@@ -443,35 +446,12 @@ def judge(
     wire = WIRES[api]
     tokenizer = tokenizer_of(api)
     tokens_in = counter.request(wire, original, tokenizer, MODELS[api]).total
-    if sent is None:
-        return Case(
-            method=method,
-            api=api,
-            factor=factor,
-            seed=session.seed,
-            budget=budget,
-            tokens_in=tokens_in,
-            tokens_out=None,
-            refused=True,
-            valid=False,
-            within=False,
-            system_kept=False,
-            newest_kept=False,
-            facts_older=len(facts.older),
-            facts_older_kept=0,
-            facts_recent=len(facts.recent),
-            facts_recent_kept=0,
-            facts_lookalike=len(facts.lookalike),
-            facts_lookalike_kept=0,
-            summarizer_calls=summarizer_calls,
-            seconds=seconds,
-            lost=[f.split()[0] for f in facts.all()],
-        )
-    items = wire.conversation(sent)
-    errors = check(items) if items else ["nothing left to send"]
-    tokens_out = counter.request(wire, sent, tokenizer, MODELS[api]).total
+    # A refused request (`sent` None) is judged as an empty one: nothing kept, nothing valid.
+    items = wire.conversation(sent) if sent is not None else []
+    errors = (check(items) if items else ["nothing left to send"]) if sent is not None else []
+    tokens_out = None if sent is None else counter.request(wire, sent, tokenizer, MODELS[api]).total
     before = wire.conversation(original)
-    text = orjson.dumps(sent).decode()
+    text = orjson.dumps(sent).decode() if sent is not None else ""
     return Case(
         method=method,
         api=api,
@@ -480,10 +460,11 @@ def judge(
         budget=budget,
         tokens_in=tokens_in,
         tokens_out=tokens_out,
-        refused=False,
-        valid=not errors,
-        within=tokens_out <= budget,
-        system_kept=sessions.system_of(api, sent) == sessions.system_of(api, original),
+        refused=sent is None,
+        valid=sent is not None and not errors,
+        within=tokens_out is not None and tokens_out <= budget,
+        system_kept=sent is not None
+        and sessions.system_of(api, sent) == sessions.system_of(api, original),
         newest_kept=bool(items) and orjson.dumps(items[-1]) == orjson.dumps(before[-1]),
         facts_older=len(facts.older),
         facts_older_kept=sum(fact in text for fact in facts.older),

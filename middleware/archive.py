@@ -11,15 +11,14 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import re
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from policies.conversation import parse_key
+
 log = logging.getLogger("brim.archive")
-KEY = re.compile(r"^[0-9a-f]{64}$")
 MIN_PREFIX = 8
-PREFIX = re.compile(rf"^[0-9a-f]{{{MIN_PREFIX},64}}$")
 
 
 class ContentArchive:
@@ -32,7 +31,7 @@ class ContentArchive:
         os.chmod(self.directory, 0o700)
 
     def _path(self, key: str) -> Path:
-        if not KEY.match(key):
+        if parse_key(key) != key:
             raise ValueError("an archive key is 64 lowercase hex digits")
         return self.directory / key[:2] / key
 
@@ -40,8 +39,8 @@ class ContentArchive:
         """The full key that `key` names: all 64 hex digits or a unique prefix of at least
         `MIN_PREFIX`, optionally after `sha256:` (as placeholders show it). None if nothing
         archived matches; ValueError if `key` is malformed or matches more than one original."""
-        digits = key.strip().lower().removeprefix("sha256:")
-        if not PREFIX.match(digits):
+        digits = parse_key(key, MIN_PREFIX)
+        if digits is None:
             raise ValueError(
                 f"an archive key is {MIN_PREFIX} to 64 hex digits, optionally after 'sha256:' "
                 f"(got {key[:80]!r})"
@@ -51,7 +50,9 @@ class ContentArchive:
             names = [entry.name for entry in os.scandir(folder)]
         except (FileNotFoundError, NotADirectoryError):
             return None
-        found = sorted(name for name in names if name.startswith(digits) and KEY.match(name))
+        found = sorted(
+            name for name in names if name.startswith(digits) and parse_key(name) == name
+        )
         if len(found) > 1:
             raise ValueError(
                 f"{digits} is ambiguous: {len(found)} archived originals start with it "

@@ -28,7 +28,6 @@ from policies.carry import carried_from, carry, growth, prefix_digests
 from policies.clients import ClientRule
 from policies.compress import Outcome, compress_request
 from policies.conversation import FidelityRecord, Policy, archive_key
-from policies.evict import PRIORITY, Evict
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import conversation_wire
 from policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
@@ -81,26 +80,21 @@ def counted_limit(budget: int, provider_ratio: float | None) -> int:
 
 
 def summary_batches(
-    evicted: Sequence[FidelityRecord], client: Sequence[Any] | None, step: int
+    evicted: Sequence[FidelityRecord], client: Sequence[Any] | None
 ) -> list[list[Any]]:
-    """The evicted items in the batches `evict` removed them in: within each class of value,
-    every `step` tokens of the class's units, oldest first — the grid its snapped evictions
-    follow, so a batch is complete when it is first removed and stays the same turn after turn
-    (its summary can be reused byte for byte). Items are the client's own (`client`), or, after
-    a pair repair moved indices, what the eviction recorded. Batches in conversation order."""
-    batches: dict[tuple[int, int], list[Any]] = {}
-    first: dict[tuple[int, int], int] = {}
-    running: dict[int, int] = {}
+    """The evicted items in the batches `evict` recorded (`FidelityRecord.batch`): a batch
+    keeps its units as the session grows (older units of its class do not move), so its summary
+    is reused byte for byte — until the cut, moving on, adds to the one batch it stopped inside.
+    Items are the client's own (`client`), or, after a pair repair moved indices, what the
+    eviction recorded. Batches in conversation order."""
+    batches: dict[tuple[int, int] | None, list[Any]] = {}
+    first: dict[tuple[int, int] | None, int] = {}
     for record in sorted(evicted, key=lambda r: r.index):
-        value = PRIORITY.get(record.detail, 1)
-        before = running.get(value, 0)
-        running[value] = before + record.tokens_before
-        key = (value, before // step)
         removed = orjson.loads(record.original or "[]")
         if client is not None and 0 <= record.index < len(client):
             removed = list(client[record.index : record.index + len(removed)])
-        batches.setdefault(key, []).extend(removed)
-        first.setdefault(key, record.index)
+        batches.setdefault(record.batch, []).extend(removed)
+        first.setdefault(record.batch, record.index)
     return [batches[key] for key in sorted(batches, key=lambda k: first[k])]
 
 
@@ -200,8 +194,6 @@ class Guard:
         self.room_for_turns = room_for_turns
         self.store = store  # None: brim_restore is not offered
         self.clients = dict(clients or {})
-        evicts = [p for p in self.policies if isinstance(p, Evict)]
-        self._evict_at_least = evicts[0].settings.evict_at_least if evicts else None
 
     def _decide(self, exchange: Exchange, body: Mapping[str, Any]) -> tuple[Outcome, bytes | None]:
         """What the guard does to this exchange: the session's previous compressed turn plus
@@ -214,6 +206,9 @@ class Guard:
         budget = context.budget.effective()
         room = 0
         digest = None
+        # The client's request as brim counted it (without brim's own tool, which `body` may
+        # have): what `x-brim-tokens-in` and a refusal report.
+        received = context.tokens.brims
         if self.sessions is not None:
             wire = exchange.wire
             client = wire.conversation(body)
@@ -224,7 +219,9 @@ class Guard:
                 meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
                 limit = counted_limit(budget, context.tokens.provider_ratio)
                 fixed = meter.fixed(body)
-                carried_on = carry(carried, wire.dialect, client, fixed, meter, limit=limit)
+                carried_on = carry(
+                    carried, wire.dialect, client, fixed, meter, limit=limit, tokens_in=received
+                )
                 if carried_on is not None:
                     return carried_on, digest
                 room = int(self.room_for_turns * growth(carried, client, meter))
@@ -241,6 +238,8 @@ class Guard:
             provider_ratio=context.tokens.provider_ratio,
             room=room,
         )
+        if received is not None and outcome.tokens_in != received:
+            outcome = dataclasses.replace(outcome, tokens_in=received)
         return outcome, digest
 
     def _remember(self, exchange: Exchange, outcome: Outcome, digest: bytes | None) -> None:
@@ -248,11 +247,9 @@ class Guard:
         if self.sessions is None or digest is None:
             return
         assert exchange.body is not None and exchange.context is not None
-        wire = exchange.wire
-        tokenizer = exchange.context.limits.limits.tokenizer
-        meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
-        carried = carried_from(outcome, wire.conversation(exchange.body), meter)
+        carried = carried_from(outcome, exchange.wire.conversation(exchange.body))
         if carried is not None:
+            tokenizer = exchange.context.limits.limits.tokenizer
             self.sessions.remember(exchange.api, tokenizer, digest, carried)
 
     def _needs_work(self, exchange: Exchange) -> bool:
@@ -290,8 +287,9 @@ class Guard:
     async def _summarized(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """Evict's notice replaced by summaries of what it removed — one per batch of the
         conversation (`summary_batches`), so that as a session grows, earlier batches keep their
-        summary byte for byte (from the cache) and only a newly evicted batch costs a call —
-        when all can be made in time and fit; otherwise the outcome as it was."""
+        summary byte for byte (from the cache) and a turn pays for what it newly evicted, and
+        for the older batches the allowance makes it step down or merge — when all can be made
+        in time and fit; otherwise the outcome as it was."""
         wire = exchange.wire
         at = _notice_at(wire, outcome.messages)
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
@@ -304,7 +302,7 @@ class Guard:
         allowance = min(int(outcome.limit * SUMMARY_ALLOWANCE), outcome.limit - rest)
         assert exchange.body is not None
         client = None if outcome.repairs else wire.conversation(exchange.body)
-        batches = summary_batches(evicted, client, self._eviction_step(outcome))
+        batches = summary_batches(evicted, client)
         contents = [transcript(wire.genai_messages(items)) for items in batches]
         sizes = [meter.text_tokens(content) for content in contents]
         plan = _summary_plan(sizes, allowance)
@@ -323,7 +321,9 @@ class Guard:
         made = [summary for summary in summaries if summary is not None]
         if len(made) != len(summaries):
             return outcome
-        messages = [wire.dialect.notice(SUMMARY_HEADER + summary.text) for summary in made]
+        texts = [summary.text for summary in made]
+        details = [_detail(summary) for summary in made]
+        messages = [wire.dialect.notice(SUMMARY_HEADER + text) for text in texts]
         counts = [meter.message(message) for message in messages]
         added = sum(counts)
         if rest + added > outcome.limit:
@@ -336,10 +336,10 @@ class Guard:
                 size,
                 count,
                 archive_key=archive_key(content),
-                detail=_detail(summary),
+                detail=detail,
                 original=content,
             )
-            for content, size, count, summary in zip(contents, sizes, counts, made, strict=True)
+            for content, size, count, detail in zip(contents, sizes, counts, details, strict=True)
         ]
         return dataclasses.replace(
             outcome,
@@ -348,10 +348,6 @@ class Guard:
             tokens_out=rest + added,
             records=(*outcome.records, *records),
         )
-
-    def _eviction_step(self, outcome: Outcome) -> int:
-        """The token grid `evict` snaps its removals to (`evict_at_least`, else the slack)."""
-        return max(1, self._evict_at_least or outcome.grid or outcome.limit - outcome.target)
 
     async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """A tool result `truncate` had to cut, summarized into the same room instead."""
@@ -374,7 +370,7 @@ class Guard:
             if not holders:
                 continue
             at = holders[0]
-            before = meter.message(messages[at])
+            before = counts[at]
             summary = await self._summary(record.original, max(64, before - 64), task, credentials)
             if summary is None:
                 continue
@@ -383,8 +379,7 @@ class Guard:
             if total - before + size > outcome.limit:
                 continue
             messages[at], total = updated, total - before + size
-            if len(counts) == len(messages):
-                counts[at] = size
+            counts[at] = size
             records.append(
                 FidelityRecord(
                     "summarize",

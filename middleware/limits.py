@@ -27,6 +27,7 @@ from adapters.base import OFF_LOOP_BYTES, NativeCounter, UpstreamResponse
 from adapters.config import UpstreamConfig
 from adapters.errors import UpstreamError, UpstreamFailure
 from adapters.exchange import Exchange, RequestContext, RequestTokens
+from adapters.native import native_count_for
 from adapters.registry import Upstreams
 from middleware.base import CallNext
 from policies.budget import (
@@ -71,28 +72,25 @@ class NativeCounts:
     reply or a missing endpoint leaves brim's estimate standing (logged once per upstream).
     Counts are cached by the request's bytes (and `anthropic-beta`), per upstream and model."""
 
-    def __init__(
-        self,
-        upstreams: Upstreams,
-        *,
-        cache_size: int = NATIVE_CACHE_SIZE,
-        cache_ttl_s: float = NATIVE_CACHE_TTL_S,
-    ) -> None:
+    def __init__(self, upstreams: Upstreams) -> None:
         self.upstreams = upstreams
         self._cache: TTLCache[tuple[str, str, bytes], int] = TTLCache(
-            maxsize=cache_size, ttl=cache_ttl_s
+            maxsize=NATIVE_CACHE_SIZE, ttl=NATIVE_CACHE_TTL_S
         )
         self._missing: TTLCache[tuple[str, str], bool] = TTLCache(
-            maxsize=cache_size, ttl=MISSING_TTL_S
+            maxsize=NATIVE_CACHE_SIZE, ttl=MISSING_TTL_S
         )
         self._resting: TTLCache[str, bool] = TTLCache(maxsize=1_024, ttl=RESTING_TTL_S)
         self._warned: set[str] = set()  # upstream names: bounded by the configuration
         self.calls = 0  # counts asked of an upstream
 
     def band(self, exchange: Exchange, tokenizer: str) -> float | None:
-        """The estimate's error band for this request, or None if the upstream is not asked."""
+        """The estimate's error band for this request, or None if the upstream is not asked:
+        it has no counter, may not be asked, or its counter counts another API's requests."""
         config = self.upstreams.configs.get(exchange.upstream)
         if config is None or not config.counts_natively:
+            return None
+        if native_count_for(config.api, exchange) is None:
             return None
         return estimate_band(tokenizer, config.api)
 

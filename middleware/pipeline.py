@@ -99,7 +99,7 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 sessions=SessionMemory(int(guard.session_memory_mb * 2**20))
                 if guard.carry_forward
                 else None,
-                room_for_turns=guard.room_for_turns if guard.carry_forward else 0,
+                room_for_turns=guard.room_for_turns,
                 store=services.store,
                 clients=config.clients,
             )

@@ -17,7 +17,6 @@ request.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 from collections import OrderedDict
@@ -26,20 +25,17 @@ from typing import Any, Protocol
 
 from cachetools import TTLCache
 
+from policies.conversation import parse_key
+
 log = logging.getLogger("brim.store")
 PREFIX_DIGITS = 16  # what placeholders show, and what both stores index by
-FULL_KEY = re.compile(r"^[0-9a-f]{64}$")
-ASKED_KEY = re.compile(rf"^[0-9a-f]{{{PREFIX_DIGITS},64}}$")
 REDIS_PREFIX = "brim:store:"
 MAX_PENDING = 10_000  # keys stored while Redis was down, written to it when it is back
 
 
 def normalize_key(key: object) -> str | None:
     """The hex digits `key` names (16 to 64, lowercase), or None if it is not a key."""
-    if not isinstance(key, str) or len(key) > 200:
-        return None
-    digits = key.strip().lower().removeprefix("sha256:").strip()
-    return digits if ASKED_KEY.match(digits) else None
+    return parse_key(key, PREFIX_DIGITS)
 
 
 def _encoded(text: str) -> bytes:
@@ -86,7 +82,7 @@ class MemoryStore:
     def put(self, key: str, text: str, size: int | None = None) -> bool:
         """Keep `text` under `key`; False if the key is malformed or the text alone is larger
         than the whole store."""
-        if not isinstance(key, str) or not FULL_KEY.match(key) or not isinstance(text, str):
+        if not isinstance(key, str) or parse_key(key) != key or not isinstance(text, str):
             log.warning("not storing %r: a store key is 64 lowercase hex digits", str(key)[:80])
             return False
         size = len(_encoded(text)) if size is None else size
@@ -175,7 +171,9 @@ class RedisStore:
         self._down = False
         log.info("Redis is reachable again; the restore store shares its content again")
         pending, self._pending = list(self._pending), OrderedDict()
-        items = [(key, text) for key in pending if (text := self.local.lookup(key)) is not None]
+        items = [
+            (key, _encoded(text)) for key in pending if (text := self.local.lookup(key)) is not None
+        ]
         if items:
             await self._write(items)
 
@@ -186,15 +184,16 @@ class RedisStore:
         while len(self._pending) > MAX_PENDING:
             self._pending.popitem(last=False)
 
-    async def _write(self, items: list[tuple[str, str]]) -> None:
+    async def _write(self, items: list[tuple[str, bytes]]) -> None:
+        """Write each (key, its text's UTF-8 bytes) to Redis; remember them while it is down."""
         if not self._usable():
             self._remember(key for key, _ in items)
             return
         try:
             pipe = self._client.pipeline(transaction=False)
-            for key, text in items:
+            for key, data in items:
                 name = f"{REDIS_PREFIX}{key[:PREFIX_DIGITS]}"
-                pipe.set(name, key.encode() + _encoded(text), ex=self._ttl)
+                pipe.set(name, key.encode() + data, ex=self._ttl)
             await pipe.execute()
         except Exception as error:  # never into a request; CancelledError still propagates
             self._failed(error)
@@ -203,7 +202,11 @@ class RedisStore:
         await self._recovered()
 
     async def put_many(self, items: Iterable[tuple[str, str]]) -> None:
-        kept = [(key, text) for key, text in items if self.local.put(key, text)]
+        kept: list[tuple[str, bytes]] = []
+        for key, text in items:  # each text encoded once: to size it here, to write it to Redis
+            data = _encoded(text) if isinstance(text, str) else b""
+            if self.local.put(key, text, len(data)):
+                kept.append((key, data))
         if kept:
             await self._write(kept)
 
@@ -223,7 +226,7 @@ class RedisStore:
         if not isinstance(value, bytes) or len(value) < 64:
             return None
         full, data = value[:64].decode("ascii", "replace"), value[64:]
-        if not FULL_KEY.match(full) or not full.startswith(digits):
+        if parse_key(full) != full or not full.startswith(digits):
             return None
         try:
             text = data.decode("utf-8", "surrogatepass")

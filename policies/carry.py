@@ -56,7 +56,7 @@ def prefix_digests(items: Sequence[Any]) -> list[bytes]:
     return digests
 
 
-def carried_from(outcome: Outcome, client: Sequence[Any], meter: Meter) -> Carried | None:
+def carried_from(outcome: Outcome, client: Sequence[Any]) -> Carried | None:
     """What `outcome` made of the client's items, to build the next turn on; None when there
     is nothing to carry (nothing was cut, or pairs were repaired: the next turn starts over)."""
     if not outcome.records or outcome.repairs or not outcome.fits:
@@ -72,8 +72,6 @@ def carried_from(outcome: Outcome, client: Sequence[Any], meter: Meter) -> Carri
         else:
             items.append(index)
     sizes = outcome.sizes
-    if len(sizes) != len(outcome.messages):
-        sizes = tuple(meter.message(message) for message in outcome.messages)
     records = tuple(dataclasses.replace(record, original=None) for record in outcome.records)
     return Carried(
         len(client), tuple(items), sizes, records, outcome.target, outcome.grid, weight + 64
@@ -93,8 +91,10 @@ def carry(
     meter: Meter,
     *,
     limit: int,
+    tokens_in: int | None = None,
 ) -> Outcome | None:
-    """The carried request plus the client's new items, if it fits `limit` and is valid."""
+    """The carried request plus the client's new items, if it fits `limit` and is valid.
+    `tokens_in`: the client's request as counted already, if it was (else counted here)."""
     if len(client) < carried.covers:
         return None
     messages = [client[i] if isinstance(i, int) else i.item for i in carried.items]
@@ -108,7 +108,7 @@ def carry(
         messages=tuple(messages),
         sizes=tuple(sizes),
         changed=True,
-        tokens_in=fixed + sum(meter.message(item) for item in client),
+        tokens_in=(tokens_in if tokens_in is not None else fixed + sum(map(meter.message, client))),
         tokens_out=total,
         limit=limit,
         target=carried.target,

@@ -58,7 +58,7 @@ class Outcome:
     records: tuple[FidelityRecord, ...]
     repairs: tuple[str, ...]
     tried: tuple[str, ...]
-    sizes: tuple[int, ...] = ()  # each message's tokens, as `messages`
+    sizes: tuple[int, ...]  # each message's tokens, as `messages`
     grid: int = 0  # the step snapped cuts were made in (`Goal.step`)
     carried: bool = False  # the previous turn's compressed request plus the new items
 

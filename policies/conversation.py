@@ -61,6 +61,9 @@ class FidelityRecord:
     archive_key: str | None = None
     detail: str = ""
     original: str | None = field(default=None, repr=False, compare=False)  # what the key names
+    # `evict`: the batch the unit went in — (value class, grid step within the class) — which
+    # the summaries of evicted turns are made per.
+    batch: tuple[int, int] | None = None
 
 
 class Dialect(Protocol):
@@ -291,6 +294,19 @@ def archive_key(content: str) -> str:
         with _CACHE_LOCK:
             _ARCHIVE_KEYS[key] = known
     return known
+
+
+def parse_key(text: object, min_digits: int = 64) -> str | None:
+    """The digits of an `archive_key` that `text` names — all 64, or a prefix of at least
+    `min_digits` (as placeholders show it) — lowercased, or None if it names none. Taken as a
+    model or a user writes it: optionally after `sha256:`, in any case, with spaces around. A
+    full key as `archive_key` gives it is its own parse."""
+    if not isinstance(text, str) or len(text) > 200:
+        return None
+    digits = text.strip().lower().removeprefix("sha256:").strip()
+    if not min_digits <= len(digits) <= 64 or re.fullmatch("[0-9a-f]+", digits) is None:
+        return None
+    return digits
 
 
 def message_key(message: Any) -> str:

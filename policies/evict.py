@@ -13,7 +13,9 @@ Everything else may go, lowest value first — tool groups whose results are all
 group holding a result that an older copy points to, which goes only after the pointer) and
 orphans, then plain assistant chatter, then the other tool groups, then user messages — and
 oldest first within each class, in batches of at least `evict_at_least` tokens so the cut point
-moves only now and then as a session grows.
+moves only now and then as a session grows. Each record names its batch
+(`FidelityRecord.batch`: its value class and grid step within the class, or the last resorts'
+own grid): the summaries of evicted turns are made per batch.
 
 One notice takes the place of the first removed unit — or goes before the system messages right
 in front of it, never after one (Anthropic's notice is a user message, and Anthropic takes a
@@ -31,6 +33,7 @@ turns on average — and every one of them reuses the provider's prompt cache.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -53,7 +56,8 @@ from policies.conversation import (
 from policies.wires.base import NOTICE_PREFIX
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests.
-PRIORITY = {"orphan": STALE, "system": 1, "assistant": 1, "tools": 2, "user": 3}
+# (System units are never evicted: they have none.)
+PRIORITY = {"orphan": STALE, "assistant": 1, "tools": 2, "user": 3}
 QUOTE = 80
 
 
@@ -68,6 +72,31 @@ class EvictSettings(BaseModel):
 def _quote(text: str) -> str:
     text = " ".join(text.split())
     return text if len(text) <= QUOTE else text[: QUOTE - 1] + "…"
+
+
+LAST_RESORT = 99  # the value class of units evicted only because nothing else helped
+
+
+def _batches(
+    ordered: Sequence[Unit],
+    value: Mapping[Unit, int],
+    size: Mapping[Unit, int],
+    needed: int,
+    step: int,
+) -> dict[Unit, tuple[int, int]]:
+    """The units to remove (`ordered` by value class, oldest first within each) so that they
+    save `needed` — up to the next multiple of `step` tokens of their running sum
+    (`snapped_count`) — each with its batch for the summaries: (class, grid step of that
+    class's own running sum; every unit a batch of its own when `step` is 0)."""
+    count = snapped_count([size[u] for u in ordered], needed, step)
+    taken: dict[Unit, tuple[int, int]] = {}
+    running: dict[int, int] = {}
+    for unit in ordered[:count]:
+        worth = value[unit]
+        before = running.get(worth, 0)
+        taken[unit] = (worth, before // step if step > 0 else len(taken))
+        running[worth] = before + size[unit]
+    return taken
 
 
 def _neighbours(units: list[Unit]) -> set[Unit]:
@@ -205,7 +234,6 @@ class Evict:
         size = {unit: sum(conversation.sizes[i] for i in unit.indices) for unit in units}
         value = self._values(conversation, candidates)
         ordered = sorted(candidates, key=lambda unit: (value[unit], unit.start))
-        savings = [size[unit] for unit in ordered]
 
         def total_without(removed: list[Unit], notice: bool) -> tuple[Conversation, int]:
             built = self._build(conversation, removed, meter, notice)
@@ -213,20 +241,25 @@ class Evict:
 
         step = goal.step(self.settings.evict_at_least)
         removed: list[Unit] = []
+        batch: dict[Unit, tuple[int, int]] = {}
         notice_allowance = 0
         result, total = conversation, conversation.total
         for _ in range(4):  # the notice's own size is only known once it is written
             needed = conversation.total - goal.target + notice_allowance
-            removed = ordered[: snapped_count(savings, needed, step)]  # one grid: one overshoot
+            batch = _batches(ordered, value, size, needed, step)
+            removed = list(batch)
             result, total = total_without(removed, self.settings.notice)
             if total <= goal.target or len(removed) == len(candidates):
                 break
             notice_allowance += total - goal.target
 
+        running = 0  # last resorts are batched (for their summaries) on their own grid
         for unit in optional:  # last resort, oldest first: only as far as the limit demands
             if total <= goal.limit:
                 break
             removed.append(unit)
+            batch[unit] = (LAST_RESORT, running // step if step > 0 else len(batch))
+            running += size[unit]
             result, total = total_without(removed, self.settings.notice)
         if total > goal.limit and self.settings.notice and removed:
             without, smaller = total_without(removed, False)
@@ -244,6 +277,7 @@ class Evict:
                 archive_key=message_key([conversation.messages[i] for i in unit.indices]),
                 detail=unit.kind,
                 original=orjson.dumps([conversation.messages[i] for i in unit.indices]).decode(),
+                batch=batch[unit],
             )
             for unit in removed
         ]

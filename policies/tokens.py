@@ -145,7 +145,9 @@ class TokenCounter:
     def _counted(
         self, cache: LRUCache[tuple[str, int, int], int], text: str, tokenizer: str
     ) -> int:
-        key = (tokenizer, len(text), hash(text))
+        # Keyed by encoding: "claude" counts in o200k_base (its factor is applied after), so a
+        # text the guard measures for Claude and the summarizer for o200k is tokenized once.
+        key = (O200K if tokenizer == CLAUDE else tokenizer, len(text), hash(text))
         with self._lock:
             cached = cache.get(key)
         if cached is not None:

@@ -1,7 +1,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
+import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -89,3 +94,96 @@ def brim(loop_thread: LoopThread, provider: FakeProvider) -> Iterator[BrimFactor
 @pytest.fixture
 def closed_port() -> int:
     return free_port()
+
+
+class RedisServer:
+    """A real redis-server of the test's own: a free port, its own directory (its log is
+    `redis.log` there), nothing persisted. `stop` kills it, as a crash would; `start` brings it
+    back on the same port (the same `url`), empty."""
+
+    def __init__(self, binary: str, directory: Path) -> None:
+        self.binary = binary
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout_s: float = 10) -> None:
+        """Start it and wait until it answers PING."""
+        assert self.process is None, "redis-server is running already"
+        log = self.directory / "redis.log"
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--logfile",
+                str(log),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + timeout_s
+        while not self.answers():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                said = log.read_text(errors="replace")[-2_000:] if log.exists() else ""
+                raise RuntimeError(f"redis-server did not start on port {self.port}:\n{said}")
+            time.sleep(0.05)
+
+    def answers(self) -> bool:
+        """Whether our redis-server is up and answering: the one on the port says it is our
+        process (not another that had the port first, while ours fails to bind)."""
+        if self.process is None or self.process.poll() is not None:
+            return False
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as connection:
+                connection.sendall(b"INFO server\r\n")
+                reply = b""
+                while b"\r\nprocess_id:" not in reply or not reply.endswith(b"\r\n"):
+                    chunk = connection.recv(4096)
+                    if not chunk:
+                        return False
+                    reply += chunk
+        except OSError:
+            return False
+        said = reply.split(b"\r\nprocess_id:", 1)[1].split(b"\r\n", 1)[0]
+        return said.strip() == str(self.process.pid).encode()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait(10)
+            self.process = None
+
+
+@pytest.fixture
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A running redis-server for the test, stopped after it. Without redis-server installed the
+    test is skipped — but fails under CI (`CI` set), so that the Redis tests cannot pass there
+    by not running: .ci/run installs it."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server is not installed (.ci/run installs it)")
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(binary, tmp_path_factory.mktemp("redis"))
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_url(redis_server: RedisServer) -> str:
+    """The URL of a running redis-server of the test's own (see `redis_server`)."""
+    return redis_server.url

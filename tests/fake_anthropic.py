@@ -32,10 +32,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from policies.tokens import TokenCounter
-from policies.wires.messages import MESSAGES
-from proxy.resources import use_bundled_tiktoken_files
-from tests.fakes import Seen, client_tools, record
+from tests.fakes import Seen, client_tools, counted, record
 
 OUTPUT_TOKENS = 12
 STREAMERR_PREFIX = "claude-streamerr-"
@@ -45,16 +42,10 @@ SLOWCOUNT_PREFIX = "claude-slowcount-"
 SLOW_COUNT_S = 3.0
 _SCALED = re.compile(r"claude-scaled(\d+)-")
 
-_counter: TokenCounter | None = None
-
 
 def token_count(body: dict[str, Any]) -> int:
     """What the fake counts for a request: brim's own Claude estimate of it."""
-    global _counter
-    if _counter is None:
-        use_bundled_tiktoken_files()
-        _counter = TokenCounter()
-    return _counter.request(MESSAGES, body, "claude").total
+    return counted("anthropic.messages", body, "claude")
 
 
 def provider_count(body: dict[str, Any]) -> int:

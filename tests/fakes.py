@@ -13,16 +13,20 @@ end ("endless-stream"). `in_flight` counts the requests whose handler is still r
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import struct
 import threading
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import orjson
 from aiohttp import web
+
+if TYPE_CHECKING:
+    from policies.tokens import TokenCounter
 
 T = TypeVar("T")
 
@@ -162,6 +166,7 @@ class FakeProvider:
     strict_rejections: list[str] = field(default_factory=list)
     tight_seen: list[tuple[str, int]] = field(default_factory=list)
     summarizer_calls: list[str] = field(default_factory=list)
+    summarized: list[str] = field(default_factory=list)  # the text each summarizer call got
     gate: threading.Event = field(default_factory=threading.Event)
     gate_timed_out: bool | None = None
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
@@ -180,6 +185,7 @@ class FakeProvider:
         self.strict_rejections.clear()
         self.tight_seen.clear()
         self.summarizer_calls.clear()
+        self.summarized.clear()
 
     @property
     def last(self) -> Seen:
@@ -346,7 +352,7 @@ class FakeProvider:
                 },
                 status=400,
             )
-        tokens = _STRICT_COUNTER.request("openai.responses", body, "o200k_base").total
+        tokens = counted("openai.responses", body)
         window = (
             int(model.split("-")[1]) if "-" in model and model.split("-")[1].isdigit() else None
         )
@@ -482,7 +488,7 @@ class FakeProvider:
             )
         if method == "countTokens" and isinstance(body.get("generateContentRequest"), dict):
             body = body["generateContentRequest"]
-        tokens = _STRICT_COUNTER.request("gemini.generate", body, "o200k_base").total
+        tokens = counted("gemini.generate", body)
         if model.startswith("gemscaled"):
             tokens = tokens * int(model.split("-")[0].removeprefix("gemscaled")) // 100
         if method == "countTokens":
@@ -570,6 +576,7 @@ class FakeProvider:
                 {"error": {"message": "down", "type": "server_error"}}, status=500
             )
         system, text = body["messages"][0]["content"], body["messages"][1]["content"]
+        self.summarized.append(text)
         if model == "summarizer-verbose" and "Condense" in system:
             summary = text
         else:
@@ -592,7 +599,7 @@ class FakeProvider:
         tight-N states its window in the error; vague-N does not; streamtight-N refuses in the
         first event of a 200 stream. Returns None when the request fits."""
         kind, window = model.split("-")[0], int(model.split("-")[1])
-        tokens = _STRICT_COUNTER.request("openai.chat", body, "o200k_base").total
+        tokens = counted("openai.chat", body)
         self.tight_seen.append((model, tokens))
         if tokens <= window:
             return None
@@ -633,7 +640,7 @@ class FakeProvider:
                 },
                 status=400,
             )
-        tokens = _STRICT_COUNTER.request("openai.chat", body, "o200k_base").total
+        tokens = counted("openai.chat", body)
         wanted = body.get("max_tokens") or 0
         if tokens + wanted > STRICT_WINDOW:
             self.strict_rejections.append(f"{tokens} + {wanted} > {STRICT_WINDOW}")
@@ -794,26 +801,22 @@ class FakeProvider:
         return response
 
 
-class _LazyCounter:
-    def __init__(self) -> None:
-        self._counter: Any = None
+@functools.cache
+def token_counter() -> TokenCounter:
+    """brim's own token counter, built on first use (on the tiktoken files litellm bundles):
+    the one every fake provider counts requests with."""
+    from policies.tokens import TokenCounter
+    from proxy.resources import use_bundled_tiktoken_files
 
-    def chat(self, body: dict[str, Any], tokenizer: str) -> Any:
-        return self.request("openai.chat", body, tokenizer)
-
-    def request(self, api: Any, body: dict[str, Any], tokenizer: str) -> Any:
-        """`api`: a wire object or its name."""
-        if self._counter is None:
-            from policies.tokens import TokenCounter
-
-            self._counter = TokenCounter()
-        from policies.wires import WIRES
-
-        wire = WIRES[api] if isinstance(api, str) else api
-        return self._counter.request(wire, body, tokenizer)
+    use_bundled_tiktoken_files()
+    return TokenCounter()
 
 
-_STRICT_COUNTER = _LazyCounter()
+def counted(api: str, body: dict[str, Any], tokenizer: str = "o200k_base") -> int:
+    """A request's tokens by `token_counter`: `api` is the wire API's name ("openai.chat")."""
+    from policies.wires import WIRES
+
+    return token_counter().request(WIRES[api], body, tokenizer).total
 
 
 class LoopThread:

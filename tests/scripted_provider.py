@@ -15,7 +15,6 @@ brim's dialects). It records everything it saw.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,22 +22,13 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from policies.tokens import TokenCounter
-from policies.wires import WIRES
-from proxy.resources import use_bundled_tiktoken_files
-from tests.fake_anthropic import anthropic_errors, token_count
-from tests.fakes import Seen, gemini_errors, pairing_errors, record, responses_errors
+from tests.fake_anthropic import anthropic_errors, token_count, window_of
+from tests.fakes import Seen, counted, gemini_errors, pairing_errors, record, responses_errors
 
 OUTPUT_TOKENS = 12
 OPENAI_RESPONSES_OVERFLOW = (
     "Your input exceeds the context window of this model. Please adjust your input and try again."
 )
-
-
-def window_of(model: str) -> int | None:
-    """The model's window: the number after its name's last dash, or None for no limit."""
-    suffix = model.rsplit("-", 1)[-1]
-    return int(suffix) if "-" in model and suffix.isdigit() else None
 
 
 @dataclass
@@ -129,6 +119,11 @@ class ScriptedProvider:
     def _problem(self, call: Call) -> str:
         return self.rejections[-1].split(": ", 1)[1] if call.reply == "invalid" else ""
 
+    async def _reply_instead(self, request: web.Request, call: Call) -> web.StreamResponse | None:
+        """A subclass's own reply to a request that was admitted (not refused), or None for the
+        session's."""
+        return None
+
     # -- Anthropic Messages -------------------------------------------------------------------
 
     async def count_tokens(self, request: web.Request) -> web.Response:
@@ -149,6 +144,8 @@ class ScriptedProvider:
             )
             error = {"type": "invalid_request_error", "message": message}
             return web.json_response({"type": "error", "error": error}, status=400)
+        if (instead := await self._reply_instead(request, call)) is not None:
+            return instead
         step = self._step(call)
         content: list[dict[str, Any]] = [
             {"type": "text", "text": f"Reading file {step}." if step else self._text_of(call)}
@@ -194,6 +191,8 @@ class ScriptedProvider:
                 "code": "context_length_exceeded" if overflow else None,
             }
             return web.json_response({"error": error}, status=400)
+        if (instead := await self._reply_instead(request, call)) is not None:
+            return instead
         number, step = len(self.calls), self._step(call)
         output: dict[str, Any]
         if step:
@@ -253,6 +252,8 @@ class ScriptedProvider:
                 "code": "context_length_exceeded" if overflow else None,
             }
             return web.json_response({"error": error}, status=400)
+        if (instead := await self._reply_instead(request, call)) is not None:
+            return instead
         step = self._step(call)
         message: dict[str, Any] = {
             "role": "assistant",
@@ -310,6 +311,8 @@ class ScriptedProvider:
             )
             error = {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}
             return web.json_response({"error": error}, status=400)
+        if (instead := await self._reply_instead(request, call)) is not None:
+            return instead
         step = self._step(call)
         parts: list[dict[str, Any]] = [
             {"text": f"Reading file {step}." if step else self._text_of(call)}
@@ -421,7 +424,12 @@ def _text(content: Any) -> str:
     return orjson.dumps(content).decode()
 
 
-_WIRE_OF = {"responses": "openai.responses", "chat": "openai.chat", "gemini": "gemini.generate"}
+WIRE_OF = {
+    "messages": "anthropic.messages",
+    "responses": "openai.responses",
+    "chat": "openai.chat",
+    "gemini": "gemini.generate",
+}  # the provider's name of each API → brim's
 
 
 def _count(api: str, body: dict[str, Any]) -> int:
@@ -429,13 +437,7 @@ def _count(api: str, body: dict[str, Any]) -> int:
     (Anthropic's: brim's Claude estimate, `tests.fake_anthropic.token_count`)."""
     if api == "messages":
         return token_count(body)
-    return _counter().request(WIRES[_WIRE_OF[api]], body, "o200k_base").total
-
-
-@functools.cache
-def _counter() -> TokenCounter:
-    use_bundled_tiktoken_files()
-    return TokenCounter()
+    return counted(WIRE_OF[api], body)
 
 
 async def _sse_reply(request: web.Request, events: list[bytes]) -> web.StreamResponse:

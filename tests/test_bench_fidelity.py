@@ -14,7 +14,9 @@ import pytest
 
 from bench import fidelity, sessions
 from policies.information import words
+from policies.tokens import TokenCounter
 from policies.wires import WIRES
+from proxy.resources import use_bundled_tiktoken_files
 
 COLUMNS = (
     "valid",
@@ -189,3 +191,35 @@ def test_the_window_gives_the_guard_exactly_the_target_budget() -> None:
         for budget in (1_000, 7_777, 50_001):
             window = fidelity.window_for(api, body, budget)
             assert fidelity.window_budget(api, body, window) == budget
+
+
+def test_a_request_judged_as_sent_and_as_refused() -> None:
+    use_bundled_tiktoken_files()
+    session = sessions.generate(3, 6_000)
+    body = sessions.RENDER["openai.chat"](session, None)
+    facts = fidelity.facts_of(session)
+
+    def judged(sent: dict[str, Any] | None) -> fidelity.Case:
+        return fidelity.judge(
+            "m",
+            "openai.chat",
+            1.0,
+            session,
+            body,
+            sent,
+            10**6,
+            TokenCounter(),
+            facts,
+            fidelity.checkers()["openai.chat"],
+            0.1,
+        )
+
+    sent = judged(body)
+    assert sent.valid and sent.within and sent.system_kept and sent.newest_kept
+    assert sent.facts_older_kept + sent.facts_recent_kept == len(facts.older + facts.recent)
+    assert not sent.refused and sent.lost == [] and sent.tokens_out == sent.tokens_in
+    refused = judged(None)
+    assert refused.refused and refused.tokens_out is None
+    assert not (refused.valid or refused.within or refused.system_kept or refused.newest_kept)
+    assert refused.facts_older_kept == refused.facts_recent_kept == 0
+    assert len(refused.lost) == len(facts.all()) > 0

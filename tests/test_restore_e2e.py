@@ -9,11 +9,6 @@ the same Redis, whichever one cut the request.
 from __future__ import annotations
 
 import json
-import re
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,58 +28,23 @@ from middleware.restore import RESTORE_TOOL
 from policies.conversation import archive_key
 from proxy.app import bound_port, start
 from proxy.config import BrimConfig
-from tests.fakes import LoopThread, free_port, start_app
-from tests.scripted_provider import OUTPUT_TOKENS, Call, ScriptedProvider, tool_uses
+from tests.fakes import LoopThread, start_app
+from tests.restoring import (
+    KEY_SHOWN,
+    MODELS,
+    QUOTE,
+    Restoring,
+    brim_config,
+    chat_body,
+    gemini_body,
+    logs,
+    messages_body,
+    responses_body,
+    restored,
+)
+from tests.scripted_provider import OUTPUT_TOKENS, tool_uses
 
 ADMIN = "restore-admin-key-0123456789"
-QUOTE = "I read: "
-KEY_SHOWN = re.compile(r"sha256:[0-9a-f]{16}")
-WINDOW = 8_000
-Items = list[dict[str, Any]]
-
-
-@dataclass
-class Restoring(ScriptedProvider):
-    """A model that uses brim_restore: while fewer than `reads` calls were made, a request that
-    offers the tool gets a call of it for `key` (None: the first key the request shows); every
-    other request gets `QUOTE` and the last restore result it carries (or "ok")."""
-
-    tool: str = RESTORE_TOOL.name
-    arguments: Callable[[int], dict[str, Any]] = lambda step: {}
-    reads: int = 1
-    final: str = ""
-    key: str | None = None
-
-    def __post_init__(self) -> None:
-        self.arguments = self._asked
-
-    def _asked(self, step: int) -> dict[str, Any]:
-        shown = KEY_SHOWN.findall(orjson.dumps(self.calls[-1].body).decode())  # just admitted
-        return {"key": self.key or (shown[0] if shown else "none shown")}
-
-    def _text_of(self, call: Call) -> str:
-        results = restored(call.api, call.body)
-        return QUOTE + results[-1] if results else "ok"
-
-
-def restored(api: str, body: dict[str, Any]) -> list[str]:
-    """The results of the brim_restore calls in a request, as text (Gemini's functionResponse
-    carries it as `{"output": text}`)."""
-    texts = []
-    for use in tool_uses(api, body, RESTORE_TOOL.name):
-        text = use.result or ""
-        if api == "gemini":
-            text = orjson.loads(text)["output"]
-        texts.append(text)
-    return texts
-
-
-def outputs(tag: str, turns: int = 12) -> list[str]:
-    """`turns` tool results of ~600 tokens each, every line naming its own result."""
-    return [
-        "\n".join(f"{tag} log {turn}.{i}: compiled module without warnings" for i in range(55))
-        for turn in range(turns)
-    ]
 
 
 def original_of(key: str, texts: list[str]) -> str:
@@ -98,8 +58,11 @@ class Api:
     """One wire API as its clients speak it."""
 
     name: str  # the scripted provider's name of it
-    model: str
-    send: Callable[[str, str, list[str]], Reply]
+    send: Callable[[str, list[str]], Reply]
+
+    @property
+    def model(self) -> str:
+        return MODELS[self.name]
 
 
 @dataclass(frozen=True)
@@ -111,26 +74,9 @@ class Reply:
     dump: str  # the whole reply, for "nothing about brim_restore"
 
 
-READ_PARAMETERS = {"type": "object", "properties": {"path": {"type": "string"}}}
-
-
-def _chat(base: str, model: str, texts: list[str]) -> Reply:
-    items: Items = [{"role": "user", "content": "Find out why the nightly build fails."}]
-    for n, text in enumerate(texts):
-        call = {"id": f"call_{n}", "type": "function", "function": {"name": "read_file"}}
-        call["function"]["arguments"] = orjson.dumps({"path": f"log{n}.txt"}).decode()
-        items += [
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": f"call_{n}", "content": text},
-        ]
-    items.append({"role": "user", "content": "What should we fix first?"})
+def _chat(base: str, texts: list[str]) -> Reply:
     sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
-    tool = {"type": "function", "function": {"name": "read_file", "parameters": READ_PARAMETERS}}
-    raw = sdk.chat.completions.with_raw_response.create(
-        model=model,
-        messages=items,  # type: ignore[arg-type]
-        tools=[tool],  # type: ignore[list-item]
-    )
+    raw = sdk.chat.completions.with_raw_response.create(**chat_body(texts))
     reply = raw.parse()
     message = reply.choices[0].message
     assert reply.usage is not None
@@ -143,21 +89,9 @@ def _chat(base: str, model: str, texts: list[str]) -> Reply:
     )
 
 
-def _messages(base: str, model: str, texts: list[str]) -> Reply:
-    items: Items = [{"role": "user", "content": "Find out why the nightly build fails."}]
-    for n, text in enumerate(texts):
-        use = {"type": "tool_use", "id": f"toolu_{n}", "name": "read_file"}
-        use["input"] = {"path": f"log{n}.txt"}
-        result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": text}
-        items += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
-    items[-1]["content"].append({"type": "text", "text": "What should we fix first?"})
+def _messages(base: str, texts: list[str]) -> Reply:
     sdk = anthropic.Anthropic(base_url=base, api_key="sk-ant-client", max_retries=0)
-    raw = sdk.messages.with_raw_response.create(
-        model=model,
-        max_tokens=1_000,
-        messages=items,  # type: ignore[arg-type]
-        tools=[{"name": "read_file", "input_schema": READ_PARAMETERS}],  # type: ignore[list-item]
-    )
+    raw = sdk.messages.with_raw_response.create(**messages_body(texts))
     reply = raw.parse()
     return Reply(
         "".join(b.text for b in reply.content if b.type == "text"),
@@ -168,23 +102,9 @@ def _messages(base: str, model: str, texts: list[str]) -> Reply:
     )
 
 
-def _responses(base: str, model: str, texts: list[str]) -> Reply:
-    items: Items = [{"role": "user", "content": "Find out why the nightly build fails."}]
-    for n, text in enumerate(texts):
-        arguments = orjson.dumps({"path": f"log{n}.txt"}).decode()
-        items += [
-            {"type": "function_call", "call_id": f"call_{n}", "name": "read_file"}
-            | {"arguments": arguments},
-            {"type": "function_call_output", "call_id": f"call_{n}", "output": text},
-        ]
-    items.append({"role": "user", "content": "What should we fix first?"})
+def _responses(base: str, texts: list[str]) -> Reply:
     sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
-    tool = {"type": "function", "name": "read_file", "parameters": READ_PARAMETERS}
-    raw = sdk.responses.with_raw_response.create(
-        model=model,
-        input=items,  # type: ignore[arg-type]
-        tools=[tool],  # type: ignore[list-item]
-    )
+    raw = sdk.responses.with_raw_response.create(**responses_body(texts))
     reply = raw.parse()
     assert reply.usage is not None
     return Reply(
@@ -196,20 +116,10 @@ def _responses(base: str, model: str, texts: list[str]) -> Reply:
     )
 
 
-def _gemini(base: str, model: str, texts: list[str]) -> Reply:
-    contents: Items = [
-        {"role": "user", "parts": [{"text": "Find out why the nightly build fails."}]}
-    ]
-    for n, text in enumerate(texts):
-        call = {"functionCall": {"name": "read_file", "args": {"path": f"log{n}.txt"}}}
-        answer = {"functionResponse": {"name": "read_file", "response": {"output": text}}}
-        contents += [{"role": "model", "parts": [call]}, {"role": "user", "parts": [answer]}]
-    contents.append({"role": "user", "parts": [{"text": "What should we fix first?"}]})
-    declaration = {"name": "read_file", "parameters": READ_PARAMETERS}
-    body = {"contents": contents, "tools": [{"functionDeclarations": [declaration]}]}
+def _gemini(base: str, texts: list[str]) -> Reply:
     raw = httpx.post(
-        f"{base}/v1beta/models/{model}:generateContent",
-        json=body,
+        f"{base}/v1beta/models/{MODELS['gemini']}:generateContent",
+        json=gemini_body(texts),
         headers={"x-goog-api-key": "AIza-client"},
         timeout=60,
     )
@@ -227,29 +137,19 @@ def _gemini(base: str, model: str, texts: list[str]) -> Reply:
 
 
 APIS = [
-    Api("chat", "gpt-restore", _chat),
-    Api("messages", "claude-restore", _messages),
-    Api("responses", "gpt-restore", _responses),
-    Api("gemini", "gemini-restore", _gemini),
+    Api("chat", _chat),
+    Api("messages", _messages),
+    Api("responses", _responses),
+    Api("gemini", _gemini),
 ]
 each_api = pytest.mark.parametrize("api", APIS, ids=[a.name for a in APIS])
 
 
 def config(url: str, tmp_path: Path, **sections: Any) -> BrimConfig:
     """brim in front of the scripted provider on all four APIs, restore on, audited."""
-    return BrimConfig(
+    return brim_config(
+        url,
         server={"admin_keys_env": "RESTORE_ADMIN_KEYS"},
-        upstreams={
-            "openai": {"api": "openai", "base_url": f"{url}/v1"},
-            "anthropic": {"api": "anthropic", "base_url": url},
-            "gemini": {"api": "gemini", "base_url": url},
-        },
-        routes={"claude-*": "anthropic", "gemini-*": "gemini", "*": "openai"},
-        models={
-            model: {"context_window": WINDOW, "max_output": 1_000}
-            for model in ("gpt-restore", "claude-restore", "gemini-restore")
-        },
-        restore={"enabled": True},
         audit={"path": str(tmp_path / "audit.jsonl")},
         **sections,
     )
@@ -302,9 +202,9 @@ def test_a_restore_is_answered_hidden_and_recorded(
     fake = Restoring()
     spans = InMemorySpanExporter()
     base = serve(config(serve(fake), tmp_path), [SimpleSpanProcessor(spans)])
-    texts = outputs("build")
+    texts = logs("build")
 
-    reply = api.send(base, api.model, texts)
+    reply = api.send(base, texts)
 
     # Upstream: the cut request offered brim_restore and named keys; the model asked for the
     # first; the second round carries the original as that call's result, validly paired.
@@ -355,7 +255,7 @@ def test_a_request_that_fits_is_not_offered_restore_and_records_none(
     spans = InMemorySpanExporter()
     base = serve(config(serve(fake), tmp_path), [SimpleSpanProcessor(spans)])
 
-    reply = api.send(base, api.model, outputs("build", turns=2))
+    reply = api.send(base, logs("build", turns=2))
 
     assert [c.reply for c in fake.calls] == ["text"]  # not offered: nothing to call
     assert reply.text == "ok" and "x-brim-restored" not in reply.headers
@@ -369,32 +269,6 @@ def test_a_request_that_fits_is_not_offered_restore_and_records_none(
 # --- two instances, one Redis ------------------------------------------------------------------
 
 
-@pytest.fixture
-def redis_url() -> Iterator[str]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    process = subprocess.Popen(
-        [binary, "--port", str(port), "--save", "", "--appendonly", "no", "--bind", "127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("redis-server did not start") from None
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        process.kill()
-        process.wait(10)
-
-
 @each_api
 def test_a_restore_arriving_at_another_instance_is_answered_from_redis(
     api: Api, serve: Callable[..., str], tmp_path: Path, redis_url: str
@@ -406,15 +280,15 @@ def test_a_restore_arriving_at_another_instance_is_answered_from_redis(
     second = serve(config(url, tmp_path / "b", **shared))
     alone = serve(config(url, tmp_path / "c"))  # its own store only
 
-    texts = outputs("first")
-    assert api.send(first, api.model, texts).text == "ok"
+    texts = logs("first")
+    assert api.send(first, texts).text == "ok"
     key = KEY_SHOWN.findall(orjson.dumps(fake.calls[-1].body).decode())[0]
     original = original_of(key, texts)
 
     # The model's call of A's key comes back in a request that B cut (other content).
     fake.key, fake.reads = key, fake.steps + 1
-    others = outputs("second")
-    reply = api.send(second, api.model, others)
+    others = logs("second")
+    reply = api.send(second, others)
     assert [c.reply for c in fake.calls[-2:]] == ["read 1", "final"]
     cut_by_b = orjson.dumps(fake.calls[-2].body).decode()
     assert original not in cut_by_b and key not in cut_by_b  # B never had it
@@ -423,6 +297,6 @@ def test_a_restore_arriving_at_another_instance_is_answered_from_redis(
 
     # An instance without the shared store cannot know it.
     fake.reads = fake.steps + 1
-    lost = api.send(alone, api.model, outputs("third"))
+    lost = api.send(alone, logs("third"))
     assert "no longer available" in lost.text and key in lost.text
     assert "x-brim-restored" not in lost.headers

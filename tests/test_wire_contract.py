@@ -406,6 +406,8 @@ def test_brim_restore_is_offered_only_when_something_was_cut(
     assert quiet.status_code == 200, quiet.text
     assert quiet.headers["x-brim-actions"] != "none"
     assert "brim_restore" not in tools_sent()
+    # "as received": the client's own request, not counting the tool brim added to it
+    assert cut.headers["x-brim-tokens-in"] == quiet.headers["x-brim-tokens-in"]
 
 
 def test_a_broken_pairing_is_repaired_before_it_goes_out(
@@ -450,12 +452,15 @@ def test_evicted_turns_are_summarized_in_place_of_the_notice(
     )
     reply = send(base, case, model, session(case, 10, fact=True))
     assert reply.status_code == 200, reply.text
-    assert "summarize:" in reply.headers["x-brim-actions"]
     sent = texts(case, forwarded(case, provider, anthropic_fake))
     summaries = [text for text in sent if text.startswith(SUMMARY)]
-    assert summaries and FACT in "".join(summaries)  # the tool result reached a summary
+    # One summary per eviction batch, one summarizer call each; the header counts them.
+    assert summaries
+    assert f"summarize:{len(summaries)}" in reply.headers["x-brim-actions"].split(",")
+    assert provider.summarizer_calls == ["summarizer-good"] * len(summaries)
+    # The tool result with the fact was in the oldest batch: its summary, and only it, has it.
+    assert [FACT in text for text in summaries] == [True] + [False] * (len(summaries) - 1)
     assert not any(text.startswith(NOTICE_PREFIX) for text in sent)
-    assert set(provider.summarizer_calls) == {"summarizer-good"}
     calls = len(provider.summarizer_calls)
     assert send(base, case, model, session(case, 10, fact=True)).status_code == 200
     assert len(provider.summarizer_calls) == calls  # the same request again: all from the cache

@@ -276,6 +276,13 @@ def listed(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def first_of(value: Any) -> Mapping[str, Any]:
+    """The first item of a list of objects (a reply's first choice or candidate); empty if
+    there is none."""
+    found = listed(value)[:1]
+    return found[0] if found and isinstance(found[0], Mapping) else {}
+
+
 def named_tools(body: Mapping[str, Any]) -> frozenset[str]:
     """The names of a request's `tools` that carry theirs at the top (Messages, Responses)."""
     return frozenset(
@@ -591,18 +598,34 @@ def json_object(text: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def lenient_json(value: Any) -> Any:
+    """A JSON text parsed; anything else, and text that is not JSON, as it is (arguments as a
+    dialect reports them: whatever the call holds)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value
+
+
 def answered_in_order(
-    calls: Sequence[ToolCall], results: Sequence[str], order: Sequence[str]
-) -> list[tuple[ToolCall, str]]:
-    """(call, result) pairs in `order` (the reply's order of call ids). Raises `ValueError` when
-    the counts differ or a call is not in `order`."""
+    calls: Sequence[ToolCall], results: Sequence[str], made: Sequence[tuple[int, ToolCall]]
+) -> tuple[list[tuple[ToolCall, str]], set[int]]:
+    """(call, result) pairs in the reply's order, and the positions of the reply's calls they
+    leave unanswered (the turn sent back goes without them). `made` is the reply's calls with
+    their positions, in its order. Raises `ValueError` when the counts differ or a call is not
+    one the reply makes."""
     if len(calls) != len(results):
         raise ValueError(f"{len(calls)} tool calls but {len(results)} results")
     by_id = {call.id: (call, result) for call, result in zip(calls, results, strict=True)}
+    order = [call.id for _, call in made]
     missing = [call_id for call_id in by_id if call_id not in order]
     if missing:
         raise ValueError(f"the reply makes no tool call {missing}")
-    return [by_id.pop(call_id) for call_id in order if call_id in by_id]
+    answered = [by_id.pop(call_id) for call_id in order if call_id in by_id]
+    wanted = {call.id for call, _ in answered}
+    return answered, {position for position, call in made if call.id not in wanted}
 
 
 def with_earlier_usage(

@@ -51,10 +51,13 @@ from policies.wires.base import (
     Usage,
     answered_in_order,
     first_error,
+    first_of,
     first_of_each,
     image_part,
     json_object,
     largest_part_text,
+    lenient_json,
+    listed,
     param_path,
     repeats,
     role_of,
@@ -98,11 +101,7 @@ class ChatDialect:
                 continue
             function = call.get("function")
             arguments = function.get("arguments") if isinstance(function, Mapping) else None
-            try:
-                parsed = orjson.loads(arguments) if isinstance(arguments, str) else arguments
-            except orjson.JSONDecodeError:
-                parsed = arguments  # not JSON: the text as it is
-            found.append((call_id, parsed))
+            found.append((call_id, lenient_json(arguments)))
         return found
 
     def units(self, messages: Sequence[Any]) -> list[Unit]:
@@ -370,14 +369,8 @@ def _content_parts(content: Any) -> list[dict[str, Any]]:
 # Tools brim answers itself --------------------------------------------------------------------
 
 
-def _first_choice(reply: Mapping[str, Any]) -> Mapping[str, Any]:
-    choices = reply.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    return choice if isinstance(choice, Mapping) else {}
-
-
 def _reply_message(reply: Mapping[str, Any]) -> Mapping[str, Any]:
-    message = _first_choice(reply).get("message")
+    message = first_of(reply.get("choices")).get("message")
     return message if isinstance(message, Mapping) else {}
 
 
@@ -397,6 +390,15 @@ def _as_tool_call(call: Any) -> ToolCall | None:
     return ToolCall(
         str(call["id"]), str(function.get("name", "")), json_object(function.get("arguments"))
     )
+
+
+def _reply_calls(entries: Sequence[Any]) -> list[tuple[int, ToolCall]]:
+    """(position, call) for each of a reply's `tool_calls` entries that is a call, parsed once."""
+    return [
+        (position, call)
+        for position, entry in enumerate(entries)
+        if (call := _as_tool_call(entry)) is not None
+    ]
 
 
 # Fields of a reply's message that a request's assistant message does not take.
@@ -507,11 +509,6 @@ _ENVELOPE = ("id", "created", "model")
 _CALL_DELTAS = ("tool_calls", "function_call")
 
 
-def _chunk_choices(chunk: Mapping[str, Any]) -> list[Any]:
-    choices = chunk.get("choices")
-    return choices if isinstance(choices, list) else []
-
-
 def _delta_of(choice: Any) -> Mapping[str, Any]:
     delta = choice.get("delta") if isinstance(choice, Mapping) else None
     return delta if isinstance(delta, Mapping) else {}
@@ -534,13 +531,13 @@ class ChatSplice(Splice):
     asked for one with `stream_options.include_usage`) adds every earlier round's."""
 
     def __init__(self, earlier: Usage | None) -> None:
-        super().__init__(earlier, CHAT.usage, _write_chat_usage)
+        super().__init__(earlier, CHAT.usage, CHAT.with_usage)
         self._envelope: dict[str, Any] = {}
 
     def _calls(self, event: dict[str, Any]) -> bool:
         return any(
             _delta_of(choice).get(field)
-            for choice in _chunk_choices(event)
+            for choice in listed(event.get("choices"))
             for field in _CALL_DELTAS
         )
 
@@ -558,7 +555,7 @@ class ChatSplice(Splice):
             {**choice, "delta": {k: v for k, v in _delta_of(choice).items() if k != "role"}}
             if "role" in _delta_of(choice)
             else choice
-            for choice in _chunk_choices(chunk)
+            for choice in listed(chunk.get("choices"))
         ]
         if not any(_carries(c) for c in choices) and not isinstance(chunk.get("usage"), Mapping):
             return None  # the role-only opener, or a chunk that says nothing
@@ -574,7 +571,7 @@ class ChatSplice(Splice):
                 "delta": {k: v for k, v in _delta_of(choice).items() if k not in _CALL_DELTAS},
                 "finish_reason": None,
             }
-            for choice in _chunk_choices(event)
+            for choice in listed(event.get("choices"))
             if isinstance(choice, Mapping)
         ]
         if not any(_carries(choice) for choice in choices):
@@ -709,9 +706,7 @@ class ChatWire(FieldConversation):
         return with_tool_last(body, tool)
 
     def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
-        calls = _reply_message(reply).get("tool_calls")
-        found = (_as_tool_call(call) for call in (calls if isinstance(calls, list) else ()))
-        return [call for call in found if call is not None]
+        return [call for _, call in _reply_calls(listed(_reply_message(reply).get("tool_calls")))]
 
     def continued(
         self,
@@ -721,11 +716,9 @@ class ChatWire(FieldConversation):
         results: Sequence[str],
     ) -> dict[str, Any]:
         message = _reply_message(reply)
-        made = message.get("tool_calls")
-        made = made if isinstance(made, list) else []
-        order = [str(call["id"]) for call in made if _as_tool_call(call) is not None]
-        answered = answered_in_order(calls, results, order)
-        wanted = {call.id for call, _ in answered}
+        entries = listed(message.get("tool_calls"))
+        made = _reply_calls(entries)
+        answered, dropped = answered_in_order(calls, results, made)
         assistant = {
             key: value
             for key, value in message.items()
@@ -735,9 +728,7 @@ class ChatWire(FieldConversation):
         audio = assistant.get("audio")
         if isinstance(audio, Mapping) and audio.get("id") is not None:
             assistant["audio"] = {"id": audio["id"]}  # a request names a reply's audio by id
-        kept = [
-            call for call in made if isinstance(call, Mapping) and str(call.get("id")) in wanted
-        ]
+        kept = [entries[position] for position, _ in made if position not in dropped]
         if kept:
             assistant["tool_calls"] = kept
         else:
@@ -762,10 +753,6 @@ class ChatWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return ChatSplice(earlier)
-
-
-def _write_chat_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:
-    return {**event, "usage": openai_usage_written(event.get("usage"), usage, responses=False)}
 
 
 def _content_tokens(content: Any, enc: tiktoken.Encoding, model: str) -> int:

@@ -33,8 +33,10 @@ from policies.wires.base import (
     Usage,
     answered_in_order,
     first_error,
+    first_of,
     json_object,
     largest_part_text,
+    listed,
     text_part,
     whole_number,
     with_part_text,
@@ -308,9 +310,7 @@ def _genai_part(part: Any) -> dict[str, Any] | None:
 
 
 def _reply_content(reply: Mapping[str, Any]) -> Mapping[str, Any]:
-    candidates = reply.get("candidates")
-    candidate = candidates[0] if isinstance(candidates, list) and candidates else None
-    content = candidate.get("content") if isinstance(candidate, Mapping) else None
+    content = first_of(reply.get("candidates")).get("content")
     return content if isinstance(content, Mapping) else {}
 
 
@@ -383,10 +383,7 @@ class GeminiTurnReader(TurnReader):
         for key, value in chunk.items():
             if key != "candidates":
                 self._envelope[key] = value  # usageMetadata, modelVersion, responseId: latest
-        candidates = chunk.get("candidates")
-        candidate = candidates[0] if isinstance(candidates, list) and candidates else None
-        if not isinstance(candidate, Mapping):
-            return
+        candidate = first_of(chunk.get("candidates"))
         for key, value in candidate.items():
             if key != "content":
                 self._candidate[key] = value  # finishReason, safetyRatings, …: latest
@@ -424,9 +421,7 @@ class GeminiTurnReader(TurnReader):
 
 
 def _chunk_parts(chunk: Mapping[str, Any]) -> list[Any]:
-    candidates = chunk.get("candidates")
-    candidate = candidates[0] if isinstance(candidates, list) and candidates else None
-    return _parts(candidate.get("content")) if isinstance(candidate, Mapping) else []
+    return _parts(_reply_content(chunk))
 
 
 def _without_calls(candidate: Any) -> Any:
@@ -596,7 +591,7 @@ class GeminiWire(FieldConversation):
     def tool_names(self, body: Mapping[str, Any]) -> frozenset[str]:
         return frozenset(
             declaration["name"]
-            for tool in _tools(body)
+            for tool in listed(body.get("tools"))
             for declaration in _declarations(tool)[1]
             if isinstance(declaration, Mapping) and isinstance(declaration.get("name"), str)
         )
@@ -607,7 +602,7 @@ class GeminiWire(FieldConversation):
             "description": spec.description,
             "parameters": spec.parameters,
         }
-        tools = _tools(body)
+        tools = list(listed(body.get("tools")))
         for position in range(len(tools) - 1, -1, -1):
             key, declarations = _declarations(tools[position])
             if key is not None:
@@ -628,9 +623,7 @@ class GeminiWire(FieldConversation):
         content = _reply_content(reply)
         parts = _parts(content)
         made = _reply_calls(parts)
-        answered = answered_in_order(calls, results, [call.id for _, call in made])
-        wanted = {call.id for call, _ in answered}
-        dropped = {index for index, call in made if call.id not in wanted}
+        answered, dropped = answered_in_order(calls, results, made)
         kept: list[Any] = []
         signature: Any = None  # of a dropped call: Gemini 3 wants it on a step's first call
         for index, part in enumerate(parts):
@@ -680,11 +673,6 @@ class GeminiWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return GeminiSplice(earlier)
-
-
-def _tools(body: Mapping[str, Any]) -> list[Any]:
-    tools = body.get("tools")
-    return list(tools) if isinstance(tools, list) else []
 
 
 def _declarations(tool: Any) -> tuple[str | None, list[Any]]:

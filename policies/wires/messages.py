@@ -37,6 +37,7 @@ from policies.wires.base import (
     first_error,
     first_of_each,
     json_object,
+    listed,
     named_tools,
     repeats,
     role_of,
@@ -69,6 +70,24 @@ def _block_text(block: Any) -> str:
     if block.get("type") == "tool_result":
         return text_of(block.get("content"))
     return ""
+
+
+def _with_text(content: Any, text: str) -> Any:
+    """A tool result's content with its text replaced by `text` (the text cut): a string as
+    it is; in a list of blocks, the first text block takes it (its other fields kept), the other
+    text blocks go, and images and documents stay."""
+    if not isinstance(content, list):
+        return text
+    out: list[Any] = []
+    placed = False
+    for block in content:
+        if isinstance(block, Mapping) and block.get("type") == "text":
+            if not placed:
+                out.append({**block, "text": text})
+                placed = True
+            continue
+        out.append(block)
+    return out if placed else text
 
 
 class AnthropicDialect:
@@ -204,8 +223,10 @@ class AnthropicDialect:
         blocks = list(content)
         for position, block in enumerate(blocks):
             if _block_text(block) == largest:
-                field = "text" if block.get("type") == "text" else "content"
-                blocks[position] = {**block, field: text}
+                if block.get("type") == "text":
+                    blocks[position] = {**block, "text": text}
+                else:
+                    blocks[position] = {**block, "content": _with_text(block.get("content"), text)}
                 break
         return {**message, "content": blocks}
 
@@ -547,17 +568,21 @@ def _system_text(system: Any) -> str:
 # Tools brim answers itself --------------------------------------------------------------------
 
 
-def _reply_blocks(reply: Mapping[str, Any]) -> list[Any]:
-    content = reply.get("content")
-    return list(content) if isinstance(content, list) else []
-
-
 def _as_tool_call(block: Any) -> ToolCall | None:
     if not isinstance(block, Mapping) or block.get("type") != "tool_use":
         return None
     return ToolCall(
         str(block.get("id")), str(block.get("name", "")), json_object(block.get("input"))
     )
+
+
+def _reply_calls(blocks: Sequence[Any]) -> list[tuple[int, ToolCall]]:
+    """(position, call) for each of a reply's `tool_use` blocks, parsed once."""
+    return [
+        (position, call)
+        for position, block in enumerate(blocks)
+        if (call := _as_tool_call(block)) is not None
+    ]
 
 
 def _index(event: Mapping[str, Any], default: int) -> int:
@@ -832,8 +857,7 @@ class MessagesWire(FieldConversation):
         return with_tool_last(body, tool)
 
     def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
-        found = (_as_tool_call(block) for block in _reply_blocks(reply))
-        return [call for call in found if call is not None]
+        return [call for _, call in _reply_calls(listed(reply.get("content")))]
 
     def continued(
         self,
@@ -842,17 +866,15 @@ class MessagesWire(FieldConversation):
         calls: Sequence[ToolCall],
         results: Sequence[str],
     ) -> dict[str, Any]:
-        blocks = _reply_blocks(reply)
-        order = [str(block.get("id")) for block in blocks if _as_tool_call(block) is not None]
-        answered = answered_in_order(calls, results, order)
-        wanted = {call.id for call, _ in answered}
+        blocks = listed(reply.get("content"))
+        answered, dropped = answered_in_order(calls, results, _reply_calls(blocks))
         # Thinking blocks go back as the very objects the reply holds (their signatures sign
         # their bytes); a tool_use not answered here goes, and so does an empty text block,
         # which Anthropic refuses in a request.
         kept = [
             block
-            for block in blocks
-            if not (_as_tool_call(block) is not None and str(block.get("id")) not in wanted)
+            for position, block in enumerate(blocks)
+            if position not in dropped
             and not (
                 isinstance(block, Mapping)
                 and block.get("type") == "text"

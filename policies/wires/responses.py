@@ -36,6 +36,8 @@ from policies.wires.base import (
     image_part,
     json_object,
     largest_part_text,
+    lenient_json,
+    listed,
     named_tools,
     text_of,
     text_part,
@@ -107,11 +109,8 @@ class ResponsesDialect:
             return []
         field = {"function_call": "arguments", "custom_tool_call": "input"}.get(kind, "action")
         arguments = item.get(field)
-        try:
-            if kind == "function_call" and isinstance(arguments, str):
-                arguments = orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            arguments = item.get(field)  # not JSON: the text as it is
+        if kind == "function_call":
+            arguments = lenient_json(arguments)
         return [(str(item.get("call_id")), arguments)]
 
     def answers(self, item: Any) -> list[str]:
@@ -306,11 +305,6 @@ def _genai_item(item: Mapping[str, Any]) -> GenAiMessage | None:
 # Tools brim answers itself --------------------------------------------------------------------
 
 
-def _output(reply: Mapping[str, Any]) -> list[Any]:
-    output = reply.get("output")
-    return list(output) if isinstance(output, list) else []
-
-
 def _as_tool_call(item: Any) -> ToolCall | None:
     """A `function_call` output item (arguments parsed from their JSON text), or a custom tool
     call (its free-form `input` as the argument `input`)."""
@@ -322,6 +316,21 @@ def _as_tool_call(item: Any) -> ToolCall | None:
     else:
         return None
     return ToolCall(str(item.get("call_id")), str(item.get("name", "")), arguments)
+
+
+def _reply_calls(output: Sequence[Any]) -> list[tuple[int, ToolCall]]:
+    """(position, call) for each of a reply's output items that is a call brim can answer (a
+    function or custom tool call), parsed once."""
+    return [
+        (position, call)
+        for position, item in enumerate(output)
+        if (call := _as_tool_call(item)) is not None
+    ]
+
+
+def _definitions(body: Mapping[str, Any]) -> list[Any]:
+    """The request's tool definitions (the objects among `tools`)."""
+    return [tool for tool in body.get("tools") or [] if isinstance(tool, Mapping)]
 
 
 def _parts_at(item: dict[str, Any], field: str, index: Any) -> dict[str, Any]:
@@ -430,7 +439,7 @@ class ResponsesTurnReader(TurnReader):
 
     def reply(self) -> dict[str, Any]:
         reply: dict[str, Any] = {"object": "response", **self._response}
-        if not _output(reply):
+        if not listed(reply.get("output")):
             reply["output"] = [self._items[index] for index in sorted(self._items)]
         return reply
 
@@ -567,9 +576,8 @@ class ResponsesWire(FieldConversation):
     def fixed_tokens(
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
     ) -> int:
-        tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
         fixed = counter.text(str(body.get("instructions") or ""), tokenizer)
-        return fixed + counter.tools(tools, tokenizer)
+        return fixed + counter.tools(_definitions(body), tokenizer)
 
     def response_schema(self, body: Mapping[str, Any]) -> Any:
         return None
@@ -581,8 +589,7 @@ class ResponsesWire(FieldConversation):
             for part in content if isinstance(content, list) else ():
                 if isinstance(part, Mapping) and part.get("type") == "input_image":
                     tokens += MAX_IMAGE_TOKENS
-        tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
-        return tokens + tool_definitions_bound(tools)
+        return tokens + tool_definitions_bound(_definitions(body))
 
     def error_body(self, error: ErrorInfo) -> bytes:
         return openai_error_body(error)
@@ -630,8 +637,7 @@ class ResponsesWire(FieldConversation):
         return with_tool_last(body, tool)
 
     def reply_calls(self, reply: Mapping[str, Any]) -> list[ToolCall]:
-        found = (_as_tool_call(item) for item in _output(reply))
-        return [call for call in found if call is not None]
+        return [call for _, call in _reply_calls(listed(reply.get("output")))]
 
     def continued(
         self,
@@ -640,15 +646,16 @@ class ResponsesWire(FieldConversation):
         calls: Sequence[ToolCall],
         results: Sequence[str],
     ) -> dict[str, Any]:
-        output = _output(reply)
-        order = [str(item.get("call_id")) for item in output if _as_tool_call(item) is not None]
-        answered = answered_in_order(calls, results, order)
-        wanted = {call.id for call, _ in answered}
+        output = listed(reply.get("output"))
+        made = _reply_calls(output)
+        answered, dropped = answered_in_order(calls, results, made)
+        answered_at = {position for position, _ in made} - dropped
         stateless = body.get("store") is False
         kept = [
             item
-            for item in output
-            if not (_kind(item) in CALL_TYPES and str(item.get("call_id")) not in wanted)
+            for position, item in enumerate(output)
+            # Of the calls, only those answered here go back (a local shell call never is).
+            if not (_kind(item) in CALL_TYPES and position not in answered_at)
             # Unstored reasoning can be sent back only encrypted: an id alone names nothing.
             and not (stateless and _kind(item) == "reasoning" and not item.get("encrypted_content"))
         ]

@@ -389,3 +389,49 @@ def test_the_upstreams_that_count_natively_are_listed_once() -> None:
     from adapters.native import NATIVE_COUNTS
 
     assert frozenset(NATIVE_COUNTS) == NATIVE_COUNT_APIS == {"anthropic", "gemini"}
+
+
+def test_a_counter_counts_only_the_requests_of_its_own_api() -> None:
+    from adapters.native import NATIVE_COUNTS, native_count_for
+
+    messages = count_exchange({"model": "claude-x", "messages": []})
+    assert native_count_for("anthropic", messages) is NATIVE_COUNTS["anthropic"]
+    assert native_count_for("gemini", messages) is None  # counts generateContent requests
+    assert native_count_for("openai", messages) is None  # has no counter
+    assert native_count_for("anthropic", exchange()) is None  # a Chat request
+
+
+async def test_a_count_asked_for_another_apis_request_is_refused_before_any_call() -> None:
+    adapter = adapter_for("https://provider.test", api="anthropic")
+    with aioresponses() as mocked, pytest.raises(ValueError, match="no token counter"):
+        await adapter.count_tokens(exchange())
+    assert not mocked.requests
+    await adapter.aclose()
+
+
+@pytest.mark.parametrize(("status", "body"), [(302, b""), (404, b'{"error": "not here"}')])
+async def test_a_count_reply_that_is_not_a_success_is_its_upstream_error(
+    served: tuple[Recorder, str], status: int, body: bytes
+) -> None:
+    recorder, base = served
+    recorder.reply = web.Response(status=status, body=body, headers={"Location": "/elsewhere"})
+    adapter = adapter_for(base, api="anthropic")
+    with pytest.raises(UpstreamError) as caught:
+        await adapter.count_tokens(count_exchange({"model": "claude-x", "messages": []}))
+    await adapter.aclose()
+    assert (caught.value.status, caught.value.body) == (status, body)
+    assert recorder.seen[0].path == "/v1/messages/count_tokens"
+    assert recorder.seen[0].headers["Accept"] == "application/json"
+
+
+def test_the_first_event_of_a_stream_says_whether_it_reports_an_overflow() -> None:
+    from adapters.raw import first_event
+
+    preamble = b'event: response.created\ndata: {"type": "response.created"}\n\n'
+    assert first_event(b"") is None
+    assert first_event(OVERFLOW_EVENT[:40]) is None  # not whole yet
+    assert first_event(preamble) is None  # a preamble is not the first event
+    data, overflow = first_event(preamble + OVERFLOW_EVENT) or (b"", None)
+    assert data == OVERFLOW_EVENT.removeprefix(b"data: ").rstrip(b"\n")
+    assert overflow is not None and overflow.limit == 4096
+    assert first_event(b'data: {"choices": []}\n\n') == (b'{"choices": []}', None)

@@ -358,3 +358,45 @@ def test_when_the_provider_counts_more_than_brim_the_guard_cuts_to_its_count(
     assert reply.headers["x-brim-retries"] == "0" and "evict" in reply.headers["x-brim-actions"]
     sent = orjson.loads(anthropic_fake.requests[-1].body)
     assert provider_count(sent) <= BUDGET
+
+
+def gemini_provider_count(model: str, body: dict[str, Any]) -> int:
+    """What the fake Gemini counts for `body` sent to a "gemscaledPP-N" model: PP % of brim's."""
+    tokens = TokenCounter().request(GEMINI, body, "o200k_base").total
+    return tokens * int(model.split("-")[0].removeprefix("gemscaled")) // 100
+
+
+def test_when_gemini_counts_more_than_brim_the_guard_cuts_to_its_count(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    """The same on Gemini: under the budget by brim's estimate, over it by countTokens; the guard
+    cuts to the provider's ratio, so what goes out fits by Gemini's count, with no retry."""
+    model = "gemscaled110-5000"  # the fake counts 110 % of brim's o200k count
+    base = gemini_brim(brim, provider, model)
+    contents: list[dict[str, Any]] = []
+    for n in range(12):
+        contents += [
+            {"role": "user", "parts": [{"text": f"step {n}: " + "lorem ipsum " * 90}]},
+            {"role": "model", "parts": [{"text": f"done with step {n}: " + "dolor sit " * 90}]},
+        ]
+    last = {"text": "and now the last step"}
+    contents.append({"role": "user", "parts": [last]})
+    body = {**gemini_body(0), "contents": contents}
+
+    def estimate() -> int:
+        return TokenCounter().request(GEMINI, body, "o200k_base").total
+
+    target = GEM_BUDGET - 150
+    while estimate() > target:
+        body["contents"] = body["contents"][2:]
+    while estimate() < target:  # the turns are coarse: the last message makes up the rest
+        last["text"] += " lorem"
+    assert estimate() < GEM_BUDGET  # under the budget by brim's own estimate…
+    assert gemini_provider_count(model, body) > GEM_BUDGET  # …over it by Gemini's
+
+    reply = generate(base, model, body)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-brim-retries"] == "0" and "evict" in reply.headers["x-brim-actions"]
+    assert len(gemini_counts(provider)) >= 1  # Gemini was asked
+    (sent,) = [orjson.loads(s.body) for s in provider.requests]  # one generateContent call
+    assert gemini_provider_count(model, sent) <= GEM_BUDGET

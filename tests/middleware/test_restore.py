@@ -8,9 +8,9 @@ tests use (`tests.policies.wires.test_restore_shapes`)."""
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import anthropic
@@ -18,7 +18,6 @@ import httpx
 import openai
 import orjson
 import pytest
-from aiohttp import web
 
 from adapters.base import UpstreamResponse
 from adapters.errors import UpstreamProtocolError
@@ -31,7 +30,6 @@ from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import TokenCounter
 from policies.wires.base import Usage, sse_data
 from proxy.app import bound_port, start
-from proxy.config import BrimConfig
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import exchange
 from tests.fakes import LoopThread, start_app
@@ -44,7 +42,17 @@ from tests.policies.wires.test_restore_shapes import (
     Say,
     Shape,
     Turn,
-    round_stream,
+)
+from tests.restoring import (
+    MODELS,
+    SHAPE_OF,
+    Restoring,
+    brim_config,
+    chat_body,
+    gemini_body,
+    logs,
+    messages_body,
+    responses_body,
 )
 
 use_bundled_tiktoken_files()
@@ -185,70 +193,18 @@ def test_a_turn_without_restore_goes_to_the_client_as_it_came(shape: Shape, stre
 
 # ---- through a running brim: a restore after text, streamed to the official SDKs --------------
 #
-# A provider scripted round by round (`Rounds`) streams each turn the way its API does
-# (`round_stream`, from the shapes); its brim_restore calls ask for the first key the request
-# shows. brim cuts the client's long conversation, so it offers the tool; the client reads the
-# stream with its own SDK (Gemini, which has none here, over plain HTTP as the Gemini CLI does).
+# A provider scripted round by round (`Restoring` with a script, from tests/restoring.py)
+# streams each turn the way its API does (`round_stream`, from the shapes); its brim_restore
+# calls ask for the first key the request shows. brim cuts the client's long conversation, so it
+# offers the tool; the client reads the stream with its own SDK (Gemini, which has none here,
+# over plain HTTP as the Gemini CLI does).
 
-WINDOW = 8_000
-KEY_SHOWN = re.compile(r"sha256:[0-9a-f]{16}")
 T1, T2, T3 = Usage(3000, 40, 2048), Usage(5200, 60, 3000), Usage(6100, 35, 5000)
-READ = {"type": "object", "properties": {"path": {"type": "string"}}}
-SHAPE_OF = {shape.api: shape for shape in SHAPES}
-
-
-def logs(turns: int = 12) -> list[str]:
-    """Tool results of ~600 tokens each, every line naming its own result."""
-    return [
-        "\n".join(f"build log {turn}.{i}: compiled module without warnings" for i in range(55))
-        for turn in range(turns)
-    ]
 
 
 def brims_restore(text: str) -> Turn:
-    """Text, then a call of brim_restore (its key filled in by `Rounds`)."""
+    """Text, then a call of brim_restore (its key filled in by `Restoring`)."""
     return Turn((Say(text), Call("call_restore_1", RESTORE_TOOL.name, {})), T1)
-
-
-@dataclass
-class Rounds:
-    """A provider that answers request N with `script[N]` (the last one again after it): a turn,
-    streamed, or an HTTP status to fail with. It records every request."""
-
-    api: str
-    script: list[Turn | int]
-    seen: list[dict[str, Any]] = field(default_factory=list)
-    sent: list[bytes] = field(default_factory=list)
-
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 2**20)
-        for path in ("/v1/chat/completions", "/v1/messages", "/v1/responses"):
-            app.router.add_post(path, self.serve)
-        app.router.add_post("/v1beta/models/{target}", self.serve)
-        return app
-
-    async def serve(self, request: web.Request) -> web.StreamResponse:
-        body = orjson.loads(await request.read())
-        self.seen.append(body)
-        step = self.script[min(len(self.seen), len(self.script)) - 1]
-        if isinstance(step, int):
-            error = {"type": "api_error", "message": "the provider is down", "code": step}
-            return web.json_response({"type": "error", "error": error}, status=step)
-        key = KEY_SHOWN.findall(orjson.dumps(body).decode())
-        segments = tuple(
-            replace(s, arguments={"key": key[0] if key else "none"})
-            if isinstance(s, Call) and s.name == RESTORE_TOOL.name
-            else s
-            for s in step.segments
-        )
-        stream = round_stream(SHAPE_OF[self.api], Turn(segments, step.usage), len(self.seen))
-        self.sent.append(stream)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for at in range(0, len(stream), 97):
-            await response.write(stream[at : at + 97])
-        await response.write_eof()
-        return response
 
 
 @dataclass(frozen=True)
@@ -257,30 +213,9 @@ class Client:
     cut, read through the official SDK (`heard`), or as raw bytes (`raw`)."""
 
     api: str
-    model: str
     path: str
     body: Callable[[list[str]], dict[str, Any]]
     heard: Callable[[str, dict[str, Any]], Heard]
-
-
-def chat_body(texts: list[str]) -> dict[str, Any]:
-    items: list[dict[str, Any]] = [{"role": "user", "content": "Why does the build fail?"}]
-    for n, text in enumerate(texts):
-        function = {"name": "read_file", "arguments": orjson.dumps({"path": f"{n}.log"}).decode()}
-        call = {"id": f"call_{n}", "type": "function", "function": function}
-        items += [
-            {"role": "assistant", "content": None, "tool_calls": [call]},
-            {"role": "tool", "tool_call_id": f"call_{n}", "content": text},
-        ]
-    items.append({"role": "user", "content": "What should we fix first?"})
-    tools = [{"type": "function", "function": {"name": "read_file", "parameters": READ}}]
-    return {
-        "model": "gpt-restore",
-        "messages": items,
-        "tools": tools,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
 
 
 def chat_heard(base: str, body: dict[str, Any]) -> Heard:
@@ -305,23 +240,6 @@ def chat_heard(base: str, body: dict[str, Any]) -> Heard:
     )
 
 
-def messages_body(texts: list[str]) -> dict[str, Any]:
-    items: list[dict[str, Any]] = [{"role": "user", "content": "Why does the build fail?"}]
-    for n, text in enumerate(texts):
-        use: dict[str, Any] = {"type": "tool_use", "id": f"toolu_{n}", "name": "read_file"}
-        use["input"] = {"path": f"{n}.log"}
-        result = {"type": "tool_result", "tool_use_id": f"toolu_{n}", "content": text}
-        items += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
-    items[-1]["content"].append({"type": "text", "text": "What should we fix first?"})
-    return {
-        "model": "claude-restore",
-        "max_tokens": 1_000,
-        "messages": items,
-        "tools": [{"name": "read_file", "input_schema": READ}],
-        "stream": True,
-    }
-
-
 def messages_heard(base: str, body: dict[str, Any]) -> Heard:
     sdk = anthropic.Anthropic(base_url=base, api_key="sk-ant-client", max_retries=0)
     with sdk.messages.stream(**{k: v for k, v in body.items() if k != "stream"}) as stream:
@@ -334,20 +252,6 @@ def messages_heard(base: str, body: dict[str, Any]) -> Heard:
         Usage(u.input_tokens + read + written, u.output_tokens, u.cache_read_input_tokens),
         [message.id],
     )
-
-
-def responses_body(texts: list[str]) -> dict[str, Any]:
-    items: list[dict[str, Any]] = [{"role": "user", "content": "Why does the build fail?"}]
-    for n, text in enumerate(texts):
-        arguments = orjson.dumps({"path": f"{n}.log"}).decode()
-        items += [
-            {"type": "function_call", "call_id": f"call_{n}", "name": "read_file"}
-            | {"arguments": arguments},
-            {"type": "function_call_output", "call_id": f"call_{n}", "output": text},
-        ]
-    items.append({"role": "user", "content": "What should we fix first?"})
-    tools = [{"type": "function", "name": "read_file", "parameters": READ}]
-    return {"model": "gpt-restore", "input": items, "tools": tools, "stream": True}
 
 
 def responses_heard(base: str, body: dict[str, Any]) -> Heard:
@@ -365,36 +269,22 @@ def responses_heard(base: str, body: dict[str, Any]) -> Heard:
     )
 
 
-def gemini_body(texts: list[str]) -> dict[str, Any]:
-    contents: list[dict[str, Any]] = [
-        {"role": "user", "parts": [{"text": "Why does the build fail?"}]}
-    ]
-    for n, text in enumerate(texts):
-        call = {"functionCall": {"name": "read_file", "args": {"path": f"{n}.log"}}}
-        answer = {"functionResponse": {"name": "read_file", "response": {"output": text}}}
-        contents += [{"role": "model", "parts": [call]}, {"role": "user", "parts": [answer]}]
-    contents.append({"role": "user", "parts": [{"text": "What should we fix first?"}]})
-    declaration = {"name": "read_file", "parameters": READ}
-    return {"contents": contents, "tools": [{"functionDeclarations": [declaration]}]}
-
-
 def gemini_heard(base: str, body: dict[str, Any]) -> Heard:
     heard, errors = HEARD["gemini.generate"](raw(base, GEMINI, body))
     assert errors == []
     return heard
 
 
-CHAT = Client("openai.chat", "gpt-restore", "/v1/chat/completions", chat_body, chat_heard)
+CHAT = Client("openai.chat", "/v1/chat/completions", partial(chat_body, stream=True), chat_heard)
 MESSAGES = Client(
-    "anthropic.messages", "claude-restore", "/v1/messages", messages_body, messages_heard
+    "anthropic.messages", "/v1/messages", partial(messages_body, stream=True), messages_heard
 )
 RESPONSES = Client(
-    "openai.responses", "gpt-restore", "/v1/responses", responses_body, responses_heard
+    "openai.responses", "/v1/responses", partial(responses_body, stream=True), responses_heard
 )
 GEMINI = Client(
     "gemini.generate",
-    "gemini-restore",
-    "/v1beta/models/gemini-restore:streamGenerateContent?alt=sse",
+    f"/v1beta/models/{MODELS['gemini']}:streamGenerateContent?alt=sse",
     gemini_body,
     gemini_heard,
 )
@@ -412,28 +302,16 @@ def raw(base: str, client: Client, body: dict[str, Any]) -> bytes:
 
 
 @pytest.fixture
-def through(loop_thread: LoopThread) -> Iterator[Callable[..., tuple[str, Rounds]]]:
-    """brim, restore on, in front of a `Rounds` provider: (brim's base URL, the provider)."""
+def through(loop_thread: LoopThread) -> Iterator[Callable[..., tuple[str, Restoring]]]:
+    """brim, restore on, in front of a `Restoring` provider playing `script`: (brim's base URL,
+    the provider)."""
     runners: list[Any] = []
 
-    def make(client: Client, script: list[Turn | int], **restore: Any) -> tuple[str, Rounds]:
-        fake = Rounds(client.api, script)
+    def make(script: list[Turn | int], **restore: Any) -> tuple[str, Restoring]:
+        fake = Restoring(script=script)
         runner, url = loop_thread.run(start_app(fake.app()))
         runners.append(runner)
-        upstream = {"native_count": False}
-        config = BrimConfig(
-            upstreams={
-                "openai": {"api": "openai", "base_url": f"{url}/v1", **upstream},
-                "anthropic": {"api": "anthropic", "base_url": url, **upstream},
-                "gemini": {"api": "gemini", "base_url": url, **upstream},
-            },
-            routes={"claude-*": "anthropic", "gemini-*": "gemini", "*": "openai"},
-            models={
-                model: {"context_window": WINDOW, "max_output": 1_000}
-                for model in ("gpt-restore", "claude-restore", "gemini-restore")
-            },
-            restore={"enabled": True, **restore},
-        )
+        config = brim_config(url, upstream={"native_count": False}, restore=restore)
         brim = loop_thread.run(start(config, "127.0.0.1", 0))
         runners.append(brim)
         return f"http://127.0.0.1:{bound_port(brim)}", fake
@@ -452,18 +330,18 @@ def restored_in(client: Client, body: dict[str, Any], texts: list[str]) -> list[
 
 @each_client
 def test_a_restore_after_text_streams_on_as_the_same_reply(
-    client: Client, through: Callable[..., tuple[str, Rounds]]
+    client: Client, through: Callable[..., tuple[str, Restoring]]
 ) -> None:
     script: list[Turn | int] = [
         brims_restore("Let me fetch the cut log. "),
         Turn((Say("It says the build timed out."),), T2),
     ]
-    base, fake = through(client, script)
+    base, fake = through(script)
     texts = logs()
     heard = client.heard(base, client.body(texts))
 
-    assert len(fake.seen) == 2
-    first, second = fake.seen
+    assert len(fake.calls) == 2
+    first, second = (call.body for call in fake.calls)
     assert RESTORE_TOOL.name in orjson.dumps(first).decode()  # cut, so offered
     shape = SHAPE_OF[client.api]
     assert shape.errors(shape.wire.conversation(second)) == []
@@ -477,13 +355,13 @@ def test_a_restore_after_text_streams_on_as_the_same_reply(
 
 @each_client
 def test_text_then_a_client_call_goes_on_byte_for_byte(
-    client: Client, through: Callable[..., tuple[str, Rounds]]
+    client: Client, through: Callable[..., tuple[str, Restoring]]
 ) -> None:
-    base, fake = through(client, [Turn((Say("Reading b.py."), CLIENT_CALL), T1)])
+    base, fake = through([Turn((Say("Reading b.py."), CLIENT_CALL), T1)])
     body = client.body(logs())
     got = raw(base, client, body)
-    assert len(fake.seen) == 1
-    assert RESTORE_TOOL.name in orjson.dumps(fake.seen[0]).decode()  # offered, not called
+    assert len(fake.calls) == 1
+    assert RESTORE_TOOL.name in orjson.dumps(fake.calls[0].body).decode()  # offered, not called
     assert got == fake.sent[0]
     heard = client.heard(base, body)
     assert (heard.text, heard.calls) == ("Reading b.py.", [CLIENT_CALL.name])
@@ -491,13 +369,13 @@ def test_text_then_a_client_call_goes_on_byte_for_byte(
 
 @each_client
 def test_a_client_call_beside_a_restore_after_text_is_dropped(
-    client: Client, through: Callable[..., tuple[str, Rounds]]
+    client: Client, through: Callable[..., tuple[str, Restoring]]
 ) -> None:
     both = Turn((Say("Two things. "), CLIENT_CALL, Call("call_r", RESTORE_TOOL.name, {})), T1)
-    base, fake = through(client, [both, Turn((Say("Found it."),), T2)])
+    base, fake = through([both, Turn((Say("Found it."),), T2)])
     heard = client.heard(base, client.body(logs()))
-    assert len(fake.seen) == 2
-    tail = orjson.dumps(SHAPE_OF[client.api].wire.conversation(fake.seen[1])[-2:]).decode()
+    assert len(fake.calls) == 2
+    tail = orjson.dumps(SHAPE_OF[client.api].wire.conversation(fake.calls[1].body)[-2:]).decode()
     assert CLIENT_CALL.name not in tail and RESTORE_TOOL.name in tail
     assert (heard.text, heard.calls) == ("Two things. Found it.", [])
     assert heard.usage == T1.added(T2)
@@ -505,15 +383,15 @@ def test_a_client_call_beside_a_restore_after_text_is_dropped(
 
 @each_client
 def test_a_restore_after_text_in_a_continuation_round(
-    client: Client, through: Callable[..., tuple[str, Rounds]]
+    client: Client, through: Callable[..., tuple[str, Restoring]]
 ) -> None:
     again = Turn((Say("One more piece. "), Call("call_r2", RESTORE_TOOL.name, {})), T2)
     script: list[Turn | int] = [brims_restore("A first piece. "), again, Turn((Say("Done."),), T3)]
-    base, fake = through(client, script)
+    base, fake = through(script)
     heard = client.heard(base, client.body(logs()))
-    assert len(fake.seen) == 3
+    assert len(fake.calls) == 3
     shape = SHAPE_OF[client.api]
-    assert shape.errors(shape.wire.conversation(fake.seen[2])) == []
+    assert shape.errors(shape.wire.conversation(fake.calls[2].body)) == []
     assert (heard.text, heard.calls) == ("A first piece. One more piece. Done.", [])
     assert heard.usage == T1.added(T2).added(T3)
     assert len(heard.ids) == 1
@@ -543,23 +421,23 @@ def ends_in_error(client: Client, stream: bytes) -> str:
 
 @each_client
 def test_a_model_that_keeps_restoring_after_text_ends_the_stream_with_an_error(
-    client: Client, through: Callable[..., tuple[str, Rounds]]
+    client: Client, through: Callable[..., tuple[str, Restoring]]
 ) -> None:
-    base, fake = through(client, [brims_restore("Still missing. ")], max_rounds=2)
+    base, fake = through([brims_restore("Still missing. ")], max_rounds=2)
     got = raw(base, client, client.body(logs()))
-    assert len(fake.seen) == 3  # the request and two rounds, the last without tools
+    assert len(fake.calls) == 3  # the request and two rounds, the last without tools
     choice_none = SHAPE_OF[client.api].choice_none
-    assert {k: fake.seen[-1].get(k) for k in choice_none} == choice_none
+    assert {k: fake.calls[-1].body.get(k) for k in choice_none} == choice_none
     assert ends_in_error(client, got).count("Still missing.") == 3
 
 
 @each_client
 def test_a_failed_continuation_ends_the_stream_with_an_error_event(
-    client: Client, through: Callable[..., tuple[str, Rounds]]
+    client: Client, through: Callable[..., tuple[str, Restoring]]
 ) -> None:
-    base, fake = through(client, [brims_restore("Let me fetch it. "), 500])
+    base, fake = through([brims_restore("Let me fetch it. "), 500])
     got = raw(base, client, client.body(logs()))
-    assert len(fake.seen) == 2
+    assert len(fake.calls) == 2
     assert "Let me fetch it." in ends_in_error(client, got)
     if client is CHAT:  # the SDK raises the provider's kind of error
         with pytest.raises(openai.APIError):

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import shutil
-import socket
-import subprocess
-import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from middleware.archive import ContentArchive
 from middleware.store import MemoryStore, RedisStore, normalize_key
 from policies.conversation import archive_key
 from proxy.app import build_store, create_app
 from proxy.config import BrimConfig, ConfigError, load_config
+from tests.conftest import RedisServer
 from tests.fakes import free_port
 
 
@@ -99,6 +96,19 @@ def test_an_absent_key_is_none_and_malformed_puts_are_skipped() -> None:
     assert run(store.get(archive_key("missing"))) is None
 
 
+def test_the_store_and_the_archive_read_a_key_the_same_way(tmp_path: Path) -> None:
+    key, text = item("kept by both")
+    store = MemoryStore(1_000_000, 3600)
+    run(store.put_many([(key, text)]))
+    archive = ContentArchive(tmp_path / "archive", ttl_hours=1)
+    archive.put(key, text)
+    for asked in (key, key[:16], f"  SHA256:{key[:16].upper()} ", f"sha256: {key}"):
+        assert run(store.get(asked)) == text, asked
+        assert archive.resolve(asked) == key, asked
+    assert archive.resolve(key[:8]) == key  # the archive takes shorter prefixes; the store not
+    assert run(store.get(key[:8])) is None
+
+
 # --- memory bound and TTL ---------------------------------------------------------------------
 
 
@@ -161,59 +171,6 @@ def test_storing_again_renews_the_ttl() -> None:
 
 
 # --- Redis ------------------------------------------------------------------------------------
-
-
-class RedisServer:
-    """A redis-server on a fixed free port that a test can stop and start again."""
-
-    def __init__(self, binary: str) -> None:
-        self.binary = binary
-        self.port = free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--bind",
-                "127.0.0.1",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(10)
-            self.process = None
-
-
-@pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(binary)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def redis_store(url: str, **kwargs: Any) -> RedisStore:

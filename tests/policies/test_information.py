@@ -18,6 +18,7 @@ from policies.clear import ClearSettings, ClearToolResults
 from policies.compress import DEFAULT_ORDER, build_policies, compress
 from policies.conversation import (
     SAME_AS_PREFIX,
+    STALE,
     Conversation,
     Goal,
     archive_key,
@@ -439,6 +440,8 @@ def test_evict_removes_stale_tool_turns_before_chatter(wire: Builder) -> None:
         before, goal, wire.meter
     )
     assert [r.detail for r in records if r.action == "evicted"] == ["tools"]
+    # …and it is recorded in the batch of its value class (stale), which summaries go by
+    assert [r.batch for r in records if r.action == "evicted"] == [(STALE, 0)]
     assert result_of(after, "c2") == EDITED
     assert any("First I will read" in after.dialect.text(m) for m in after.messages)
     assert valid(after)

@@ -195,6 +195,29 @@ def test_claude_counts_are_o200k_times_the_calibration_factor() -> None:
         TokenCounter(claude_factor=0.9)
 
 
+def test_a_text_counted_for_claude_and_for_o200k_is_tokenized_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    counter = TokenCounter(claude_factor=1.2)
+    encoded: list[str] = []
+    real = TokenCounter.encoding
+
+    class Counting:
+        def __init__(self, tokenizer: str) -> None:
+            self.inner = real(tokenizer)
+
+        def encode_ordinary(self, text: str) -> list[int]:
+            encoded.append(text)
+            return self.inner.encode_ordinary(text)
+
+    monkeypatch.setattr(TokenCounter, "encoding", staticmethod(Counting))
+    text = "A tool result the guard measures for Claude and a summarizer for o200k_base."
+    assert counter.raw_text(text, "claude") == counter.raw_text(text, "o200k_base") == n(text)
+    assert counter.text(text, "claude") == math.ceil(n(text) * 1.2)  # the factor still applies
+    assert counter.text(text, "o200k_base") == n(text)
+    assert encoded == [text, text]  # once for raw counts, once for the fixed cost: not 4 times
+
+
 def test_unknown_tokenizer_is_refused(counter: TokenCounter) -> None:
     with pytest.raises(ValueError, match="p99k"):
         counter.text("x", "p99k")

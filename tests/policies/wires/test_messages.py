@@ -236,6 +236,48 @@ def instructions(messages: Any) -> list[Any]:
     return found
 
 
+def whole_or_cut(new: Any, original: Any, key: str = "") -> bool:
+    """Whether `new` is `original`, or `original` with texts cut by brim: the same structure
+    and roles, every other value equal, and each text that differs (a "text" or string
+    "content") marked by brim, starting with the original's head and ending with its tail (its
+    first and last lines, up to 20 characters: cut_middle keeps at least a third of 256 tokens
+    at the head and the rest at the tail, relevant_lines the first and last lines). A cut
+    tool_result whose content held several text blocks has their joined text in the first of
+    them, the others gone, its other blocks kept."""
+    texts = [
+        b
+        for b in (original if key == "content" and isinstance(original, list) else [])
+        if isinstance(b, dict) and b.get("type") == "text"
+    ]
+    if len(texts) > 1 and isinstance(new, list) and len(new) == len(original) - len(texts) + 1:
+        joined = {**texts[0], "text": "\n".join(b["text"] for b in texts)}
+        merged = [joined if b is texts[0] else b for b in original if b not in texts[1:]]
+        return new != merged and whole_or_cut(new, merged, key)
+    if isinstance(original, dict):
+        return (
+            isinstance(new, dict)
+            and new.keys() == original.keys()
+            and all(whole_or_cut(new[k], original[k], k) for k in original)
+        )
+    if isinstance(original, list):
+        return (
+            isinstance(new, list)
+            and len(new) == len(original)
+            and all(whole_or_cut(n, o, key) for n, o in zip(new, original, strict=True))
+        )
+    if new == original:
+        return True
+    return (
+        key in ("text", "content")
+        and isinstance(original, str)
+        and isinstance(new, str)
+        and "by brim" in new
+        and "by brim" not in original
+        and new.startswith(original.split("\n")[0][:20])
+        and new.endswith(original.split("\n")[-1][-20:])
+    )
+
+
 def run(messages: list[dict[str, Any]], limit: int) -> Outcome:
     return compress(D, messages, 50, METER, POLICIES, limit=limit, low_water=0.85)
 
@@ -266,10 +308,11 @@ def test_compressed_messages_are_valid_within_budget_and_keep_thinking_intact(
     if not outcome.fits:
         return
     assert outcome.tokens_out <= limit
+    # The newest turn is still the newest, whole or with its text cut (never dropped, never
+    # replaced by another message's cut).
     last = max(i for i, m in enumerate(messages) if m["role"] != "system")
-    assert messages[last] in out or any(
-        "cut from the middle by brim" in str(m.get("content")) for m in out
-    )
+    newest = max(i for i, m in enumerate(out) if m["role"] != "system")
+    assert whole_or_cut(out[newest], messages[last]), (out[newest], messages[last])
     assert run(messages, limit).messages == outcome.messages
 
 
@@ -283,6 +326,22 @@ def test_messages_that_fit_are_left_alone(messages: list[dict[str, Any]]) -> Non
     outcome = run(messages, 10_000_000)
     assert not outcome.changed
     assert all(a is b for a, b in zip(outcome.messages, messages, strict=True))
+
+
+def test_cutting_a_tool_results_text_keeps_its_images_and_block_fields() -> None:
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA"}}
+    cached = {"type": "text", "text": "first part", "cache_control": {"type": "ephemeral"}}
+    second = {"type": "text", "text": "second part"}
+    block = {"type": "tool_result", "tool_use_id": "t1", "content": [cached, image, second]}
+    message = {"role": "user", "content": [block]}
+    assert D.largest_text(message) == "first part\nsecond part"
+    cut = D.with_largest_text(message, "first […] part")
+    assert cut["content"][0]["content"] == [{**cached, "text": "first […] part"}, image]
+    assert message["content"][0]["content"] == [cached, image, second]  # the input unchanged
+    plain = {**block, "content": "all of it"}
+    assert D.with_largest_text({"role": "user", "content": [plain]}, "all")["content"] == [
+        {**plain, "content": "all"}
+    ]
 
 
 def test_a_tool_use_repeating_an_id_is_dropped_but_thinking_turns_are_never_edited() -> None:

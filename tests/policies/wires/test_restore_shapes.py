@@ -1099,6 +1099,21 @@ def test_responses_continued_on_a_string_input() -> None:
     assert responses_errors(out["input"]) == []
 
 
+def test_responses_continued_drops_a_call_brim_never_answers() -> None:
+    """A local shell call is no call brim reads, so none it answers: it goes like the client's
+    other calls, which the model makes again."""
+    wire = WIRES["openai.responses"]
+    reply = responses_reply(Turn((RESTORE_CALL,)))
+    shell = {"type": "local_shell_call", "call_id": "call_sh", "action": {"command": ["ls"]}}
+    reply["output"].insert(0, shell)
+    body = responses_body()
+    out = wire.continued(body, reply, restore_of(SHAPES[2], reply), ["x"])
+    assert [item["type"] for item in out["input"][len(body["input"]) :]] == [
+        "function_call",
+        "function_call_output",
+    ]
+
+
 def test_chat_continued_sends_back_what_a_request_message_takes() -> None:
     reply = chat_reply(MIXED)
     out = WIRES["openai.chat"].continued(chat_body(), reply, restore_of(SHAPES[0], reply), ["x"])
