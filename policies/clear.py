@@ -52,6 +52,7 @@ class ClearSettings(BaseModel):
 
 
 CLEARED_PREFIX = "[brim cleared this "
+_WHOLE = 8  # where clearing every candidate would not do, a multiple of this many are cleared
 
 
 def placeholder(tool: str, tokens: int, key: str, quoted: Sequence[str] = ()) -> str:
@@ -113,7 +114,7 @@ class ClearToolResults:
                     yield candidate.saving
 
         step = self.settings.clear_at_least
-        taken = made[: snapped_count(savings(), needed, goal.step(step))]
+        taken = made[: snapped_count(savings(), needed, goal.step(step), _WHOLE)]
 
         edits: dict[ResultKey, _Cleared] = {}
         for candidate in sorted(taken, key=lambda c: c.index):

@@ -205,11 +205,14 @@ class Policy(Protocol):
     ) -> tuple[Conversation, list[FidelityRecord]]: ...
 
 
-def snapped_count(savings: Iterable[int], needed: int, step: int) -> int:
+def snapped_count(savings: Iterable[int], needed: int, step: int, whole: int = 0) -> int:
     """How many items (in their fixed order) to take so their savings reach `needed`, rounded up
     to the next grid point — where the running sum crosses a multiple of `step` — so that as a
     session grows, the number taken (and so the request prefix) changes only now and then.
-    `savings` may be a generator: it is read no further than the items taken."""
+    Where the items run out before such a point, all are taken — or, with `whole`, a multiple of
+    `whole` items (when there are that many): the rest is left to the next policy, since a count
+    that grows with the session would change the prefix every turn. `savings` may be a
+    generator: it is read no further than the items taken."""
     if needed <= 0:
         return 0
     running = taken = 0
@@ -220,6 +223,8 @@ def snapped_count(savings: Iterable[int], needed: int, step: int) -> int:
         reached = reached or running >= needed
         if reached and (step <= 0 or running // step > before // step):
             return taken
+    if whole > 0 and taken >= whole:
+        return taken - taken % whole
     return taken
 
 

@@ -337,10 +337,26 @@ def _with_gaps(items: Sequence[Any], keep: set[int]) -> list[Any]:
     return out
 
 
+SHORTENED = "[brim shortened this result; the whole is sha256:"
+_NAMED = re.compile(re.escape(SHORTENED) + r"[0-9a-f]{16}\]")
+
+
 def shortened(text: str, key: str) -> str:
-    """A result cut by its information, with a last line naming the key of the whole (under
-    which the archive and the restore store keep it, for people and for `brim_restore`)."""
-    return f"{text}\n[brim shortened this result; the whole is sha256:{key[:16]}]"
+    """A result cut by its information, naming the key of the whole (under which the archive
+    and the restore store keep it, for people and for `brim_restore`): in a last line — or,
+    so that JSON stays JSON, as the last item of an array or a last `"brim"` field of an
+    object. A text that names its whole already (cut on an earlier turn) keeps that name."""
+    if _NAMED.search(text, max(0, len(text) - 100)):
+        return text
+    note = f"{SHORTENED}{key[:16]}]"
+    if text[:1] in ("[", "{") and text[-1:] in ("]", "}"):
+        with contextlib.suppress(orjson.JSONDecodeError):
+            parsed = orjson.loads(text)
+            if isinstance(parsed, list) and parsed:
+                return orjson.dumps([*parsed, note]).decode()
+            if isinstance(parsed, dict) and parsed and "brim" not in parsed:
+                return orjson.dumps({**parsed, "brim": note}).decode()
+    return f"{text}\n{note}"
 
 
 def matched_terms(text: str, terms: frozenset[str]) -> frozenset[str]:

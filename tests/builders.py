@@ -77,3 +77,20 @@ def same_turn(sent: dict[str, Any], original: dict[str, Any]) -> bool:
         and ids == [b.get("tool_use_id") for b in original["content"] if isinstance(b, dict)]
         and sent["role"] == original["role"]
     )
+
+
+def without_named_whole(shortened: str, original: str) -> str:
+    """A result prune shortened, without the note naming its whole — checked to name the key of
+    `original` (in a last line, or as a JSON array's last item or an object's "brim" field)."""
+    from policies.conversation import archive_key
+    from policies.prune import SHORTENED
+
+    note = f"{SHORTENED}{archive_key(original)[:16]}]"
+    if shortened.endswith(f"\n{note}"):
+        return shortened.removesuffix(f"\n{note}")
+    parsed = orjson.loads(shortened)
+    if isinstance(parsed, list):
+        assert parsed[-1] == note, parsed[-1]
+        return orjson.dumps(parsed[:-1]).decode()
+    assert parsed.pop("brim") == note
+    return orjson.dumps(parsed).decode()

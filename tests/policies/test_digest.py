@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from policies.clear import ClearSettings, ClearToolResults, placeholder
 from policies.conversation import Goal, archive_key, is_anomaly, keys_of
 from policies.information import (
+    CutFrom,
     cut_from,
     gist,
     is_marker,
@@ -32,6 +33,7 @@ from policies.prune import (
     digest_lines,
     matched_terms,
     relevant_lines,
+    shortened,
 )
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import WIRES
@@ -390,7 +392,7 @@ def test_digests_come_after_cuts_oldest_first_and_keep_what_is_unusual(api: str)
     for n in range(4):
         assert f"day {n} at 0300" in result_of(after, f"c{n}")  # the unusual line, kept
     assert result_of(after, "c9") == repetitive_log(300)  # the tool loop at hand: whole
-    assert cut_from(after)[2, "c0"] == result_of(before, "c0")  # noted for clear
+    assert cut_from(after).texts[2, "c0"] == result_of(before, "c0")  # noted for clear
     assert prune.apply(before, goal, builder.meter)[0].messages == after.messages
     assert items == original
     assert valid(after)
@@ -415,9 +417,14 @@ def test_a_placeholder_quotes_the_gist_of_the_result_before_it_was_cut() -> None
     conversation = builder.conversation(items)
     clear = ClearToolResults(ClearSettings(keep=1))
     alone = result_of(clear.apply(conversation, Goal(0, 0), builder.meter)[0], "c1")
-    remember_cut(conversation, {(2, "c1"): log})
+    whole = builder.conversation(
+        [*items[:2], builder.turn("c1", "bash", {"command": "make"}, log)[1]]
+    )
+    remember_cut(conversation, CutFrom({(2, "c1"): log}, {2: whole.sizes[2]}))
     told = result_of(clear.apply(conversation, Goal(0, 0), builder.meter)[0], "c1")
-    assert told.split("\n")[0] == alone.split("\n")[0]  # the same placeholder line…
+    assert alone.split("\n")[0] == placeholder("bash", conversation.sizes[2], archive_key(digest))
+    # …and where prune cut it first, the placeholder names the whole: its size and its key
+    assert told.split("\n")[0] == placeholder("bash", whole.sizes[2], archive_key(log))
     assert told.split("\n")[2:] == [f"> {UNUSUAL}"]  # …quoting the whole result's gist
     assert UNUSUAL not in alone
 
@@ -493,3 +500,23 @@ def test_digests_skip_the_oldest_results_that_placeholders_must_replace_anyway()
     assert cleared_then + digested_then >= 36_000 - 8 * (960 - 800)  # snapped down by < a step
     # Not even placeholders for all would do: only the newest few are digested.
     assert prune._digests_from(sizes, 39_500) == 32
+
+
+def test_a_shortened_result_names_its_whole_and_json_stays_json() -> None:
+    key = "0123456789abcdef" * 4
+    note = "[brim shortened this result; the whole is sha256:0123456789abcdef]"
+    assert shortened("line 1\n[… 9 lines omitted by brim …]", key).endswith(f"\n{note}")
+    assert orjson.loads(shortened('[1,"… 8 more items …",2]', key)) == [
+        1,
+        "… 8 more items …",
+        2,
+        note,
+    ]
+    assert orjson.loads(shortened('{"stdout":"a"}', key)) == {"stdout": "a", "brim": note}
+    # brackets that are not JSON, and an object that has a "brim" field: a last line
+    assert shortened("[INFO] start\n[INFO] done]", key).endswith(f"done]\n{note}")
+    assert shortened('{"brim":1}', key) == f'{{"brim":1}}\n{note}'
+    # cut again on a later turn (carried forward): it keeps naming the first whole
+    once = shortened("a\nb", key)
+    assert shortened(once, "f" * 64) == once
+    assert shortened(shortened("[1,2]", key), "f" * 64) == shortened("[1,2]", key)

@@ -16,6 +16,7 @@ from policies.truncate import Truncate
 from policies.wires.chat import CHAT, ChatDialect
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn as build_tool_turn
+from tests.builders import without_named_whole
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
@@ -57,6 +58,18 @@ def test_snapped_count_moves_in_batches() -> None:
     assert snapped_count(savings, 150, 0) == 2  # no batching: just enough
 
 
+def test_snapped_count_takes_whole_multiples_where_the_items_run_out() -> None:
+    # 27 items of 100 cannot save 10 000: all would be taken, one more every turn the session
+    # grows; with `whole`, a multiple of 8 — the rest left to the next policy.
+    assert snapped_count([100] * 27, 10_000, 500, whole=8) == 24
+    assert snapped_count([100] * 27, 2_650, 500, whole=8) == 24  # reached, but off the grid
+    assert snapped_count([100] * 27, 400, 500, whole=8) == 5  # on the grid: as without
+    assert snapped_count([100] * 6, 10_000, 500, whole=8) == 6  # fewer than 8: all
+    assert [snapped_count([100] * n, 10_000, 500, whole=8) for n in range(24, 33)] == [24] * 8 + [
+        32
+    ]
+
+
 def test_snapped_count_reads_savings_only_as_far_as_it_takes() -> None:
     read: list[int] = []
 
@@ -86,12 +99,14 @@ def test_prune_shrinks_json_and_logs_but_spares_the_newest_turn() -> None:
     before = conv(messages)
     cut_only = PruneSettings(max_text_tokens=300, digest_share=1)  # no digests
     after, records = PruneToolResults(cut_only).apply(before, Goal(0, 0), METER)
-    listing = orjson.loads(after.messages[2]["content"])
+    listing = orjson.loads(
+        without_named_whole(after.messages[2]["content"], messages[2]["content"])
+    )
     assert len(listing["files"]) == 8 + 1 + 4 and listing["files"][8] == "… 38 more items …"
     assert "html_url" not in listing["files"][0] and "owner" not in listing["files"][0]
     assert "lines without task terms or errors omitted by brim" in after.messages[4]["content"]
-    assert after.messages[4]["content"].startswith("2026-11-22 12:00:00 INFO")
-    assert after.messages[4]["content"].rstrip().endswith("processed batch 2793 ok")
+    log = without_named_whole(after.messages[4]["content"], messages[4]["content"])
+    assert log.startswith("2026-11-22 12:00:00 INFO") and log.endswith("processed batch 2793 ok")
     assert after.messages[6] is messages[6]  # the newest tool turn is never pruned
     assert [r.index for r in records] == [2, 4]
     assert all(r.tokens_after < r.tokens_before for r in records)
@@ -260,7 +275,7 @@ def test_prune_leaves_json_too_deep_to_write_back_as_text() -> None:
     after, records = PruneToolResults(PruneSettings(max_text_tokens=300)).apply(
         conv(messages), Goal(0, 0), METER
     )
-    pruned = after.messages[2]["content"]
+    pruned = without_named_whole(after.messages[2]["content"], deep)
     assert [r.index for r in records] == [2]
     assert "tokens cut from the middle by brim" in pruned  # cut as text, not re-encoded
     assert pruned.startswith('{"a":{"a":') and pruned.endswith("}}}")
