@@ -23,9 +23,16 @@ cut to budgets 1.3×, 2.5×, 5× and 10× smaller than they are, by:
   tokens, since they only see messages.
 
 Facts kept are reported apart for the ordinary facts (older, and in the last 8 messages) and the
-look-alike ones (wherever they are). Validity is checked by the test suite's own provider rules
-(tests/fakes.py, tests/fake_anthropic.py), written apart from brim's dialects; token counts are
-brim's own.
+look-alike ones (wherever they are). A fact is recoverable if it is kept, or if the request offers
+`brim_restore` and names a key (`sha256:<16 hex>`: a placeholder's, a shortened result's, a
+notice's or a summary's) whose original, as the content store brim's guard put it in holds it
+right after the request, contains the fact: a model could fetch it back with one call. Each cut
+has its own brim, so its own store; the baselines name no keys, so theirs is what they kept. Facts
+only reachable in a later round (through a key a restored original names) are not counted as
+recoverable; each case lists them apart in the JSON (`further`).
+
+Validity is checked by the test suite's own provider rules (tests/fakes.py,
+tests/fake_anthropic.py), written apart from brim's dialects; token counts are brim's own.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import logging
 import math
 import os
 import platform
+import re
 import sys
 import time
 from collections import Counter
@@ -57,8 +65,10 @@ from bench import sessions
 from bench.sessions import API_LABELS, MODELS, RENDER, STATEMENT_PATTERN, Session
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
+from middleware.restore import RESTORE_TOOL
 from middleware.sessions import SessionMemory
-from middleware.settings import GuardConfig
+from middleware.settings import GuardConfig, RestoreConfig
+from middleware.store import ContentStore
 from middleware.summarize import MemoryCache, Summarizer
 from policies.budget import DEFAULT_SAFETY_MARGIN, budget_for, requested_output
 from policies.compress import DEFAULT_ORDER, build_policies
@@ -79,6 +89,9 @@ LOW_WATER = GUARD.low_water
 RECENT = 8  # "the last 8 messages" (of the Chat rendering, system prompt not counted)
 SUMMARIZER_MODEL = "bench-summarizer"
 LITELLM_TURNS_PAST_32K = 6
+# A key as brim's stand-ins name it (placeholders, shortened results, notices, summaries).
+KEY_PATTERN = re.compile(r"sha256:([0-9a-f]{16,64})")
+RESTORE_ROUNDS = RestoreConfig().max_rounds
 
 BRIM = "brim"
 BRIM_SUMMARIZE = "brim + summarize"
@@ -395,11 +408,22 @@ class Case:
     facts_recent_kept: int
     facts_lookalike: int
     facts_lookalike_kept: int
+    # Kept, or in the original of a key the request names while it offers brim_restore.
+    facts_older_recoverable: int
+    facts_recent_recoverable: int
+    facts_lookalike_recoverable: int
+    restore_offered: bool  # brim_restore is among the request's tools
+    keys_named: int  # distinct sha256:<hex> keys in the request
+    keys_stored: int  # ...whose original the store holds (counted only where restore is offered)
     summarizer_calls: int
     seconds: float
     errors: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)  # the facts' ids ("FACT-0042")
     note: str = ""  # "untrimmed": the baseline gave up and returned its input
+    recovered: list[str] = field(default_factory=list)  # lost, but recoverable: the facts' ids
+    # Not recoverable, but in an original that a key named by a restored original leads to (a
+    # second or later restore round, up to brim's default rounds): not counted, shown apart.
+    further: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -429,6 +453,28 @@ def facts_of(session: Session) -> Facts:
     return Facts(tuple(older), tuple(recent), tuple(lookalike))
 
 
+def named_keys(text: str) -> list[str]:
+    """The distinct keys (`sha256:<16+ hex>`) `text` names, in order."""
+    return list(dict.fromkeys(KEY_PATTERN.findall(text)))
+
+
+async def stored_originals(
+    store: ContentStore, keys: Sequence[str], rounds: int
+) -> list[list[str]]:
+    """The originals `store` holds under `keys` (as `brim_restore` looks them up), then those
+    under the keys they name in turn, and so on: what each of `rounds` restore rounds can fetch."""
+    found: list[list[str]] = []
+    seen = set(keys)
+    for _ in range(rounds):
+        texts = [text for key in keys if (text := await store.get(key)) is not None]
+        if not texts:
+            break
+        found.append(texts)
+        keys = [key for key in named_keys("\n".join(texts)) if key not in seen]
+        seen.update(keys)
+    return found
+
+
 def judge(
     method: str,
     api: str,
@@ -442,7 +488,11 @@ def judge(
     check: Checker,
     seconds: float,
     summarizer_calls: int = 0,
+    store: ContentStore | None = None,
 ) -> Case:
+    """How `sent` (None: refused) keeps `original`. `store`: the content store of the brim that
+    sent it, through which the keys `sent` names are resolved when it offers brim_restore (None
+    for a method that has none: what it keeps is all it has)."""
     wire = WIRES[api]
     tokenizer = tokenizer_of(api)
     tokens_in = counter.request(wire, original, tokenizer, MODELS[api]).total
@@ -452,6 +502,19 @@ def judge(
     tokens_out = None if sent is None else counter.request(wire, sent, tokenizer, MODELS[api]).total
     before = wire.conversation(original)
     text = orjson.dumps(sent).decode() if sent is not None else ""
+    offered = sent is not None and RESTORE_TOOL.name in wire.tool_names(sent)
+    keys = named_keys(text)
+    rounds = (
+        asyncio.run(stored_originals(store, keys, RESTORE_ROUNDS))
+        if store is not None and offered and keys
+        else []
+    )
+    originals = rounds[0] if rounds else []
+    further = [original for found in rounds[1:] for original in found]
+
+    def recoverable(fact: str) -> bool:
+        return fact in text or any(fact in original for original in originals)
+
     return Case(
         method=method,
         api=api,
@@ -472,10 +535,22 @@ def judge(
         facts_recent_kept=sum(fact in text for fact in facts.recent),
         facts_lookalike=len(facts.lookalike),
         facts_lookalike_kept=sum(fact in text for fact in facts.lookalike),
+        facts_older_recoverable=sum(map(recoverable, facts.older)),
+        facts_recent_recoverable=sum(map(recoverable, facts.recent)),
+        facts_lookalike_recoverable=sum(map(recoverable, facts.lookalike)),
+        restore_offered=offered,
+        keys_named=len(keys),
+        keys_stored=len(originals),
         summarizer_calls=summarizer_calls,
         seconds=round(seconds, 4),
         errors=errors[:3],
         lost=[f.split()[0] for f in facts.all() if f not in text],
+        recovered=[f.split()[0] for f in facts.all() if f not in text and recoverable(f)],
+        further=[
+            f.split()[0]
+            for f in facts.all()
+            if not recoverable(f) and any(f in original for original in further)
+        ],
     )
 
 
@@ -514,6 +589,7 @@ def fidelity_cases(
                         sent=forwarded.body,
                         seconds=seconds,
                         summarizer_calls=forwarded.summarizer_calls,
+                        store=brim.guard.store,  # this cut's own brim: its own store
                     )
                 )
             if api != "openai.chat":
@@ -692,6 +768,22 @@ def summarize_cases(cases: Sequence[Case]) -> list[dict[str, Any]]:
                             sum(c.facts_lookalike_kept for c in group),
                             sum(c.facts_lookalike for c in group),
                         ),
+                        "facts_older_recoverable_pct": percent(
+                            sum(c.facts_older_recoverable for c in group),
+                            sum(c.facts_older for c in group),
+                        ),
+                        "facts_recent_recoverable_pct": percent(
+                            sum(c.facts_recent_recoverable for c in group),
+                            sum(c.facts_recent for c in group),
+                        ),
+                        "facts_lookalike_recoverable_pct": percent(
+                            sum(c.facts_lookalike_recoverable for c in group),
+                            sum(c.facts_lookalike for c in group),
+                        ),
+                        "facts_in_later_rounds": sum(len(c.further) for c in group),
+                        "restore_offered_pct": percent(
+                            sum(c.restore_offered for c in sent), len(sent)
+                        ),
                         "tokens_out_share": round(
                             sum((c.tokens_out or 0) / c.budget for c in sent) / len(sent), 3
                         )
@@ -788,8 +880,9 @@ def render_summary(report: Mapping[str, Any]) -> str:
         + "). Baselines take Chat Completions messages: n/a on Messages, Responses, Gemini.",
         "",
         "| method | API | valid | within budget | system kept | newest kept "
-        "| facts kept, older | facts kept, last 8 | look-alike facts kept | prefix kept |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| facts kept, older | facts recoverable, older | facts kept, last 8 "
+        "| look-alike facts kept | look-alike facts recoverable | prefix kept |",
+        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     growth = {(g["method"], g["api"]): g for g in report["growth"]}
     for method in METHODS:
@@ -812,8 +905,9 @@ def render_summary(report: Mapping[str, Any]) -> str:
             lines.append(
                 f"| {method} | {label} | {column('valid_pct')} | {column('within_budget_pct')} "
                 f"| {column('system_kept_pct')} | {column('newest_kept_pct')} "
-                f"| {column('facts_older_kept_pct')} | {column('facts_recent_kept_pct')} "
-                f"| {column('facts_lookalike_kept_pct')} | {prefix} |"
+                f"| {column('facts_older_kept_pct')} | {column('facts_older_recoverable_pct')} "
+                f"| {column('facts_recent_kept_pct')} | {column('facts_lookalike_kept_pct')} "
+                f"| {column('facts_lookalike_recoverable_pct')} | {prefix} |"
             )
     return "\n".join(lines)
 
@@ -831,14 +925,16 @@ def render(report: Mapping[str, Any]) -> str:
         "Messages, Responses and Gemini.",
         "Figures are % of requests (valid … newest kept) or of planted facts; refused = brim "
         "answered 400 instead. Look-alike facts: each one line of a listing whose other lines "
-        "look like it (bench.sessions); older and last 8 count the other facts.",
+        "look like it (bench.sessions); older and last 8 count the other facts. Recoverable = "
+        "kept, or in the stored original of a key the request names while it offers "
+        "brim_restore (baselines name none: recoverable = kept).",
     ]
     header = (
         "| method | API | valid | within budget | system kept | newest kept "
-        "| facts kept, older | facts kept, last 8 | look-alike facts kept | tokens / budget "
-        "| refused |"
+        "| facts kept, older | facts recoverable, older | facts kept, last 8 "
+        "| look-alike facts kept | look-alike facts recoverable | tokens / budget | refused |"
     )
-    rule = "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+    rule = "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
     for factor in FACTORS:
         rows = [r for r in report["fidelity"] if r["factor"] == factor]
         budget = ", ".join(
@@ -858,8 +954,11 @@ def render(report: Mapping[str, Any]) -> str:
                 f"| {row['method']} | {API_LABELS[row['api']]} | {cell(row['valid_pct'])} "
                 f"| {cell(row['within_budget_pct'])} | {cell(row['system_kept_pct'])} "
                 f"| {cell(row['newest_kept_pct'])} | {cell(row['facts_older_kept_pct'])} "
+                f"| {cell(row['facts_older_recoverable_pct'])} "
                 f"| {cell(row['facts_recent_kept_pct'])} "
-                f"| {cell(row['facts_lookalike_kept_pct'])} | {cell(row['tokens_out_share'])} "
+                f"| {cell(row['facts_lookalike_kept_pct'])} "
+                f"| {cell(row['facts_lookalike_recoverable_pct'])} "
+                f"| {cell(row['tokens_out_share'])} "
                 f"| {row['refused']} |"
             )
             if row["method"] in BASELINES:

@@ -13,9 +13,14 @@ import orjson
 import pytest
 
 from bench import fidelity, sessions
+from middleware.restore import RESTORE_TOOL
+from middleware.store import MemoryStore
+from policies.clear import placeholder
+from policies.conversation import archive_key
 from policies.information import words
 from policies.tokens import TokenCounter
 from policies.wires import WIRES
+from policies.wires.chat import CHAT
 from proxy.resources import use_bundled_tiktoken_files
 
 COLUMNS = (
@@ -24,8 +29,10 @@ COLUMNS = (
     "system kept",
     "newest kept",
     "facts kept, older",
+    "facts recoverable, older",
     "facts kept, last 8",
     "look-alike facts kept",
+    "look-alike facts recoverable",
     "tokens / budget",
     "refused",
     "prefix kept 8K",
@@ -94,8 +101,10 @@ def test_every_method_and_column_is_reported(quick: tuple[dict[str, Any], str]) 
     for row in report["fidelity"]:
         if row["method"] in fidelity.BASELINES:
             assert row["api"] == "openai.chat"
-        for key in ("facts_older_kept_pct", "facts_recent_kept_pct", "facts_lookalike_kept_pct"):
-            assert row[key] is not None and 0 <= row[key] <= 100, row
+        for kind in ("older", "recent", "lookalike"):
+            for key in (f"facts_{kind}_kept_pct", f"facts_{kind}_recoverable_pct"):
+                assert row[key] is not None and 0 <= row[key] <= 100, row
+            assert row[f"facts_{kind}_recoverable_pct"] >= row[f"facts_{kind}_kept_pct"], row
     assert all(s["facts"] > 0 and s["lookalike_facts"] > 0 for s in report["sessions"])
 
 
@@ -223,3 +232,168 @@ def test_a_request_judged_as_sent_and_as_refused() -> None:
     assert not (refused.valid or refused.within or refused.system_kept or refused.newest_kept)
     assert refused.facts_older_kept == refused.facts_recent_kept == 0
     assert len(refused.lost) == len(facts.all()) > 0
+
+
+@pytest.mark.timeout(300)
+def test_recoverable_is_kept_for_baselines_and_reaches_brims_store(
+    quick: tuple[dict[str, Any], str],
+) -> None:
+    """Baselines name no key: what they keep is all they have. brim's cuts offer brim_restore
+    and name keys its store holds, through which some facts it did not keep are recoverable."""
+    report, _ = quick
+    kinds = ("older", "recent", "lookalike")
+    baselines = [c for c in report["cases"] if c["method"] in fidelity.BASELINES]
+    assert baselines
+    for case in baselines:
+        assert not case["restore_offered"] and case["recovered"] == [], case["method"]
+        for kind in kinds:
+            assert case[f"facts_{kind}_recoverable"] == case[f"facts_{kind}_kept"], case["method"]
+    brim = [c for c in report["cases"] if c["method"] in (fidelity.BRIM, fidelity.BRIM_SUMMARIZE)]
+    for case in brim:
+        for kind in kinds:
+            assert case[f"facts_{kind}_kept"] <= case[f"facts_{kind}_recoverable"]
+            assert case[f"facts_{kind}_recoverable"] <= case[f"facts_{kind}"]
+        assert len(case["recovered"]) == sum(
+            case[f"facts_{kind}_recoverable"] - case[f"facts_{kind}_kept"] for kind in kinds
+        )
+    assert any(c["recovered"] for c in brim)  # found through the keys brim's requests name
+    assert all(c["keys_stored"] <= c["keys_named"] for c in brim)
+
+
+def cleared(body: dict[str, Any], fact: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """`body` (Chat) with every tool result that holds `fact` replaced by clear's placeholder,
+    and the (key, original) of each, as the guard would keep them."""
+    messages: list[dict[str, Any]] = []
+    originals: list[tuple[str, str]] = []
+    for message in body["messages"]:
+        content = message.get("content")
+        if message["role"] == "tool" and isinstance(content, str) and fact in content:
+            key = archive_key(content)
+            originals.append((key, content))
+            message = {**message, "content": placeholder("read_file", 500, key)}
+        messages.append(message)
+    return {**body, "messages": messages}, originals
+
+
+def store_of(items: list[tuple[str, str]]) -> MemoryStore:
+    store = MemoryStore(2**20, 3600)
+    for key, text in items:
+        assert store.put(key, text)
+    return store
+
+
+def judge_with(
+    session: sessions.Session, sent: dict[str, Any], store: MemoryStore | None
+) -> fidelity.Case:
+    use_bundled_tiktoken_files()
+    return fidelity.judge(
+        "m",
+        "openai.chat",
+        1.0,
+        session,
+        sessions.chat_body(session),
+        sent,
+        10**6,
+        TokenCounter(),
+        fidelity.facts_of(session),
+        fidelity.checkers()["openai.chat"],
+        0.1,
+        store=store,
+    )
+
+
+def test_a_cleared_fact_whose_key_the_request_names_is_recoverable_only_if_stored() -> None:
+    session = sessions.generate(3, 6_000)
+    body = sessions.chat_body(session)
+    facts = fidelity.facts_of(session)
+    fact = next(
+        f
+        for f in facts.older
+        if any(m["role"] == "tool" and f in str(m.get("content")) for m in body["messages"])
+    )
+    lookalike = facts.lookalike[0]
+    cut, originals = cleared(body, fact)
+    cut, more = cleared(cut, lookalike)
+    offered = CHAT.with_tool(cut, RESTORE_TOOL)
+    assert fact not in orjson.dumps(offered).decode()
+
+    stored = judge_with(session, offered, store_of(originals + more))
+    assert stored.restore_offered and stored.keys_named == stored.keys_stored == 2
+    assert stored.facts_older_kept == len(facts.older) - 1
+    assert stored.facts_older_recoverable == len(facts.older)  # recoverable, not kept
+    assert stored.facts_lookalike_kept == len(facts.lookalike) - 1
+    assert stored.facts_lookalike_recoverable == len(facts.lookalike)
+    assert sorted(stored.recovered) == sorted([fact.split()[0], lookalike.split()[0]])
+    assert fact.split()[0] in stored.lost
+
+    # Named, but the store does not hold it (never put there, or evicted): not recoverable.
+    missing = judge_with(session, offered, store_of(more))
+    assert missing.keys_named == 2 and missing.keys_stored == 1
+    assert missing.facts_older_recoverable == missing.facts_older_kept == len(facts.older) - 1
+    assert missing.facts_lookalike_recoverable == len(facts.lookalike)
+    # A bounded store with room for one of the two: the older one is out when the other is in.
+    sizes = [len(text.encode()) for _, text in originals + more]
+    evicted = MemoryStore(max(sizes), 3600)
+    assert sum(sizes) > max(sizes)
+    for key, text in originals + more:
+        assert evicted.put(key, text)
+    gone = judge_with(session, offered, evicted)
+    assert gone.keys_stored == 1
+    assert gone.facts_older_recoverable == len(facts.older) - 1
+    assert gone.facts_lookalike_recoverable == len(facts.lookalike)
+
+    # Stored, but the request does not name its key: not recoverable.
+    unnamed = {
+        **offered,
+        "messages": [
+            {**m, "content": m["content"].replace("sha256:", "key ")}
+            if m["role"] == "tool" and isinstance(m.get("content"), str)
+            else m
+            for m in offered["messages"]
+        ],
+    }
+    hidden = judge_with(session, unnamed, store_of(originals + more))
+    assert hidden.keys_named == 0
+    assert hidden.facts_older_recoverable == hidden.facts_older_kept == len(facts.older) - 1
+
+
+def test_without_brim_restore_offered_recoverable_is_what_is_kept() -> None:
+    session = sessions.generate(3, 6_000)
+    facts = fidelity.facts_of(session)
+    cut, originals = cleared(sessions.chat_body(session), facts.lookalike[0])
+    for store in (store_of(originals), None):  # a method with a store, and one without (baselines)
+        case = judge_with(session, cut, store)
+        assert not case.restore_offered and case.keys_named == 1 and case.keys_stored == 0
+        assert case.facts_lookalike_recoverable == case.facts_lookalike_kept
+        assert case.facts_lookalike_kept == len(facts.lookalike) - 1
+        assert case.recovered == []
+    # A baseline's request is judged without a store: even offered and named, it is what it keeps.
+    offered = judge_with(session, CHAT.with_tool(cut, RESTORE_TOOL), None)
+    assert offered.restore_offered and offered.keys_stored == 0
+    assert offered.facts_lookalike_recoverable == offered.facts_lookalike_kept
+
+
+def test_a_fact_behind_a_key_that_only_a_restored_original_names_is_not_recoverable() -> None:
+    """One restore call per key the request names: a fact two calls away is shown apart."""
+    session = sessions.generate(3, 6_000)
+    facts = fidelity.facts_of(session)
+    fact = facts.lookalike[0]
+    cut, originals = cleared(sessions.chat_body(session), fact)
+    ((inner_key, _),) = originals
+    outer = f"earlier messages, among them: {placeholder('read_file', 500, inner_key)}"
+    outer_key = archive_key(outer)
+    named = {
+        **cut,
+        "messages": [
+            {**m, "content": placeholder("read_file", 50, outer_key)}
+            if isinstance(m.get("content"), str) and inner_key[:16] in m["content"]
+            else m
+            for m in cut["messages"]
+        ],
+    }
+    case = judge_with(
+        session, CHAT.with_tool(named, RESTORE_TOOL), store_of([*originals, (outer_key, outer)])
+    )
+    assert case.keys_named == case.keys_stored == 1
+    assert case.facts_lookalike_recoverable == case.facts_lookalike_kept
+    assert case.further == [fact.split()[0]]
