@@ -6,9 +6,15 @@ provider with a small context window (tests/scripted_provider.py). The fake has 
 files with its own file-reading tool, one after another, until the session is well past the
 window, then answers. brim must keep every request inside the window: the CLI finishes (exit 0,
 the final answer printed), the provider never sees an overflowing or unpaired request, and brim's
-audit log shows the requests it compressed. The CLIs run fully offline: update checks,
-telemetry and model-list downloads are switched off, and any other connection goes to a dead
-proxy on 127.0.0.1.
+audit log shows the requests it compressed.
+
+In a second session per CLI the model fetches back what brim cut (tests/restoring_cli.py): it
+calls `brim_restore` with a key it read in the cut request, brim answers that call itself in a
+hidden round, and the CLI gets only the model's final answer, never the call (nothing it sends
+brim, prints or keeps names it); brim's audit log and /metrics count the restore.
+
+The CLIs run fully offline: update checks, telemetry and model-list downloads are switched off,
+and any other connection goes to a dead proxy on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -24,14 +30,22 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
+import httpx
+import orjson
 import pytest
+from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
+import proxy.app
+from middleware.restore import RESTORE_TOOL
 from proxy.app import bound_port, start
 from proxy.config import BrimConfig
-from tests.fakes import LoopThread, start_app
+from tests.fakes import LoopThread, Seen, record, start_app, wait_for
 from tests.real_clis import PINS, InstallError, install
+from tests.restoring import restored
+from tests.restoring_cli import RestoringSession, tool_names
 from tests.scripted_provider import ScriptedProvider, tool_uses
 
 # The first test may install the CLIs (about 20 s on a fast link, 1.1 GB on disk); the runs
@@ -41,6 +55,7 @@ pytestmark = pytest.mark.timeout(600)
 CLI_TIMEOUT_S = 60
 READS = 6  # big files the fake has the CLI read: far more than the window holds
 FINAL = "All six notes are read: the answer is FINAL-7f3a."
+RESTORED = "With the first notes file fetched back, the answer is RESTORED-5d2c."
 PROMPT = "Read the notes files in this folder one by one, then tell me the answer."
 DEAD_PROXY = "http://127.0.0.1:9"  # the discard port: nothing listens, connections are refused
 
@@ -233,12 +248,17 @@ class Run:
     audit: list[dict[str, Any]]
     home: Path
     work: Path
+    received: list[Seen]  # every request brim received from the CLI
+    metrics: str  # brim's /metrics once it had answered them all
 
     def report(self) -> str:
         calls = [(c.api, c.tokens, c.reply) for c in self.fake.calls]
-        outcomes = [(e["outcome"], e["tokens_in"], e["tokens_out"]) for e in self.audit]
+        outcomes = [
+            (e["outcome"], e["tokens_in"], e["tokens_out"], e["restored"]) for e in self.audit
+        ]
         return (
             f"exit {self.returncode} after {self.seconds:.1f} s\ncalls {calls}\n"
+            f"received {[f'{s.method} {s.path}' for s in self.received]}\n"
             f"audit {outcomes}\noverflows {self.fake.overflows}\n"
             f"rejections {self.fake.rejections}\nunknown paths {self.fake.unknown_paths}\n"
             f"stdout {self.stdout[-2000:]}\nstderr {self.stderr[-3000:]}"
@@ -265,18 +285,50 @@ def offline_env(bin_dir: Path, home: Path) -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-def drive(cli_bin: Path, loop_thread: LoopThread, tmp_path: Path) -> Iterator[Callable[[Cli], Run]]:
-    """Runs one CLI through a fresh brim in front of a fresh scripted provider."""
-    runners: list[Any] = []
+class Drive(Protocol):
+    def __call__(self, cli: Cli, *, restore: bool = False) -> Run: ...
 
-    def run(cli: Cli) -> Run:
+
+@pytest.fixture
+def drive(
+    cli_bin: Path, loop_thread: LoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Drive]:
+    """Runs one CLI through a fresh brim in front of a fresh scripted provider: the session of
+    `ScriptedProvider`, or with `restore` that of `RestoringSession`. brim's app records every
+    request it receives (as the CLI sent it) and when it has answered it."""
+    runners: list[Any] = []
+    received: list[Seen] = []
+    answered: list[Seen] = []
+
+    @web.middleware
+    async def recorded(request: web.Request, handler: Any) -> web.StreamResponse:
+        seen = await record(request)  # aiohttp keeps the body for brim's own read
+        received.append(seen)
+        try:
+            response: web.StreamResponse = await handler(request)
+            return response  # a stream: written to its end, and brim's records made
+        finally:
+            answered.append(seen)
+
+    create_app = proxy.app.create_app
+
+    def recording_app(config: BrimConfig, **options: Any) -> web.Application:
+        app = create_app(config, **options)
+        app.middlewares.append(recorded)
+        return app
+
+    monkeypatch.setattr(proxy.app, "create_app", recording_app)
+
+    def run(cli: Cli, *, restore: bool = False) -> Run:
         home, work = tmp_path / "home", tmp_path / "work"
         home.mkdir()
         work.mkdir()
         for step in range(1, READS + 1):
             (work / f"notes_{step}.txt").write_text(note(step))
-        fake = ScriptedProvider(cli.tool, lambda step: cli.arguments(work, step), READS, FINAL)
+        session = RestoringSession if restore else ScriptedProvider
+        fake = session(
+            cli.tool, lambda step: cli.arguments(work, step), READS, RESTORED if restore else FINAL
+        )
         fake_runner, url = loop_thread.run(start_app(fake.app()))
         runners.append(fake_runner)
         fake.url = url
@@ -314,6 +366,8 @@ def drive(cli_bin: Path, loop_thread: LoopThread, tmp_path: Path) -> Iterator[Ca
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
         seconds = time.monotonic() - started
+        wait_for(lambda: len(answered) == len(received))  # brim has counted every request
+        metrics = httpx.get(f"{base}/metrics").text
         loop_thread.run(runners.pop().cleanup())  # brim: every request done and audited
         events = (
             [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
@@ -327,6 +381,8 @@ def drive(cli_bin: Path, loop_thread: LoopThread, tmp_path: Path) -> Iterator[Ca
             events,
             home,
             work,
+            [s for s in received if s.path != "/metrics"],
+            metrics,
         )
 
     yield run
@@ -334,55 +390,133 @@ def drive(cli_bin: Path, loop_thread: LoopThread, tmp_path: Path) -> Iterator[Ca
         loop_thread.run(runner.cleanup())
 
 
-def check_session(cli: Cli, run: Run) -> None:
-    """What every CLI's session must show."""
+def check_run(cli: Cli, run: Run, final: str) -> None:
+    """What every run must show: the CLI finished and printed `final`; the provider saw no
+    request over its window and none with a broken tool pairing; the requests came from the
+    pinned CLI (its User-Agent names the version), and each one brim compressed fit the budget."""
     report = run.report()
-    # The CLI finished the session and printed the final answer.
     assert run.returncode == 0, report
-    assert FINAL in run.stdout, report
-    # The provider saw no request over its window and none with a broken tool pairing.
+    assert final in run.stdout, report
+    assert run.seconds < CLI_TIMEOUT_S, report
     assert run.fake.overflows == [] and run.fake.rejections == [], report
     assert run.fake.unknown_paths == [], report
     assert 0 < run.fake.max_tokens_seen() <= cli.window, report
+    assert all(PINS[cli.name][1] in e["client"] for e in run.audit), report
+    compressed = [e for e in run.audit if e["outcome"] == "compressed"]
+    assert compressed, report
+    assert all(e["tokens_out"] <= e["budget"] < cli.window for e in compressed), report
+
+
+def check_session(cli: Cli, run: Run) -> None:
+    """What every CLI's session must show."""
+    check_run(cli, run, FINAL)
+    report = run.report()
     # The CLI went through the whole script: each file asked for once, then the final answer.
     replies = [c.reply for c in run.fake.main_calls]
     assert replies == [f"read {n}" for n in range(1, READS + 1)] + ["final"], report
 
     # The last request: every call of the tool answered by its own result, the newest file
-    # whole, and older files no longer whole (brim cut them, keeping each call with its result).
+    # whole and as the CLI sent it, and older files not all as the CLI sent them (brim cut
+    # them, keeping each call with its result).
     last = run.fake.main_calls[-1]
     uses = tool_uses(cli.api, last.body, cli.tool)
     assert uses and all(use.result is not None for use in uses), report
     assert uses[-1].arguments == cli.arguments(run.work, READS), report
     assert whole(READS, uses[-1].result), report
-    kept_whole = [n for n in range(1, READS + 1) if any(whole(n, u.result) for u in uses)]
-    assert len(kept_whole) < READS, report
+    bodies = [orjson.loads(seen.body) for seen in run.received if seen.body]
+    (as_sent,) = [b for b in bodies if tool_uses(cli.api, b, cli.tool)[-1:] == uses[-1:]]
+    kept = [use for use in uses if use in tool_uses(cli.api, as_sent, cli.tool)]
+    assert uses[-1] in kept and len(kept) < len(uses), report
 
-    # brim's audit log, on requests from the pinned CLI (its User-Agent names the version): the
-    # session grew past the window, and each request brim compressed fit the budget.
-    assert all(PINS[cli.name][1] in e["client"] for e in run.audit), report
+    # The session grew past the window.
     compressed = [e for e in run.audit if e["outcome"] == "compressed"]
-    assert compressed, report
     assert max(e["tokens_in"] for e in compressed) > cli.window, report
-    assert all(e["tokens_out"] <= e["budget"] < cli.window for e in compressed), report
-    assert run.seconds < CLI_TIMEOUT_S, report
 
 
-def test_claude_code_session_past_the_window(drive: Callable[[Cli], Run]) -> None:
+def holding(home: Path, needle: str) -> list[Path]:
+    """The files under `home` (the CLI's own: transcripts, session stores) that hold `needle`."""
+    return [p for p in home.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+def restores_counted(metrics: str) -> dict[str, float]:
+    """brim_restores_total at /metrics, by its `found` label."""
+    return {
+        sample.labels["found"]: sample.value
+        for family in text_string_to_metric_families(metrics)
+        for sample in family.samples
+        if sample.name == "brim_restores_total"
+    }
+
+
+def check_restore(cli: Cli, run: Run) -> None:
+    """A session brim cut, in which the model called brim_restore with a key it read in a
+    placeholder or notice: brim answered the call with the original in a hidden round, the
+    model answered, and the CLI got that answer and nothing of the round."""
+    check_run(cli, run, RESTORED)
+    report = run.report()
+    fake = run.fake
+    assert isinstance(fake, RestoringSession), report
+    # The script: files read until a request showed a key (brim cut it); then a turn that
+    # called brim_restore with that key; then, with the original back, the final answer.
+    replies = [c.reply for c in fake.main_calls]
+    reads = len(replies) - 2
+    assert 1 < reads < READS, report
+    assert replies == [f"read {n}" for n in range(1, reads + 1)] + ["restore", "final"], report
+    asked, answered = fake.asked, fake.answered
+    assert asked is not None and answered is not None, report
+    assert fake.main_calls[-2:] == [asked.call, answered], report
+
+    # The request the model read the key in: brim cut it (a placeholder or notice names the
+    # key) and offered brim_restore.
+    cut = orjson.dumps(asked.call.body).decode()
+    assert RESTORE_TOOL.name in tool_names(cli.api, asked.call.body), report
+    assert asked.key in cut, report
+    # The hidden round: the model's brim_restore call answered by its own result (paired by
+    # id; the provider checked the pairing). That result is a file the CLI read — the marker
+    # planted in its first line there — with lines the cut request no longer had, as the CLI
+    # sent them.
+    (call,) = tool_uses(cli.api, answered.body, RESTORE_TOOL.name)
+    assert call.arguments == {"key": asked.key}, report
+    (original,) = restored(cli.api, answered.body)
+    back = {
+        n: [line for line in note(n).splitlines() if line in original and line not in cut]
+        for n in range(1, reads + 1)
+        if f"MARKER-{n}:" in original
+    }
+    assert any(back.values()), report + f"\nrestored {original}"
+    from_cli = b"".join(seen.body for seen in run.received).decode()
+    assert all(line in from_cli for lines in back.values() for line in lines), report
+
+    # The CLI never saw the call: nothing it sent brim names brim_restore or the key, nor does
+    # anything it printed or kept (its transcript, which holds the final answer).
+    for seen in run.received:
+        assert RESTORE_TOOL.name.encode() not in seen.body, report
+        assert asked.key.encode() not in seen.body, report
+    assert RESTORE_TOOL.name not in run.stdout + run.stderr, report
+    assert asked.key not in run.stdout + run.stderr, report
+    assert holding(run.home, RESTORED), report
+    assert holding(run.home, RESTORE_TOOL.name) == [] == holding(run.home, asked.key), report
+
+    # brim counted the restore: its audit line names the key, /metrics counts it.
+    assert [e["restored"] for e in run.audit if e["restored"]] == [[asked.key]], report
+    assert restores_counted(run.metrics) == {"true": 1}, report
+
+
+def test_claude_code_session_past_the_window(drive: Drive) -> None:
     check_session(CLAUDE, drive(CLAUDE))
 
 
-def test_codex_session_past_the_window(drive: Callable[[Cli], Run]) -> None:
+def test_codex_session_past_the_window(drive: Drive) -> None:
     run = drive(CODEX)
     check_session(CODEX, run)
     assert (run.home / "last-message.txt").read_text().strip() == FINAL, run.report()
 
 
-def test_gemini_cli_session_past_the_window(drive: Callable[[Cli], Run]) -> None:
+def test_gemini_cli_session_past_the_window(drive: Drive) -> None:
     check_session(GEMINI, drive(GEMINI))
 
 
-def test_opencode_session_past_the_window(drive: Callable[[Cli], Run]) -> None:
+def test_opencode_session_past_the_window(drive: Drive) -> None:
     check_session(OPENCODE, drive(OPENCODE))
 
 
@@ -391,7 +525,7 @@ def test_opencode_session_past_the_window(drive: Callable[[Cli], Run]) -> None:
 CLAUDE_NEWEST = dataclasses.replace(CLAUDE, model="claude-next-45000")
 
 
-def test_claude_code_with_a_model_it_does_not_know(drive: Callable[[Cli], Run]) -> None:
+def test_claude_code_with_a_model_it_does_not_know(drive: Drive) -> None:
     run = drive(CLAUDE_NEWEST)
     check_session(CLAUDE_NEWEST, run)
     # Its system messages reached the provider (which checks where they stand), and those of
@@ -400,3 +534,24 @@ def test_claude_code_with_a_model_it_does_not_know(drive: Callable[[Cli], Run]) 
     last = run.fake.main_calls[-1].body["messages"]
     sent = [m for m in first if m.get("role") == "system"]
     assert sent and all(m in last for m in sent), run.report()
+
+
+# The same sessions, in which the model fetches back a file that brim cut.
+
+
+def test_claude_code_restores_what_brim_cut(drive: Drive) -> None:
+    check_restore(CLAUDE, drive(CLAUDE, restore=True))
+
+
+def test_codex_restores_what_brim_cut(drive: Drive) -> None:
+    run = drive(CODEX, restore=True)
+    check_restore(CODEX, run)
+    assert (run.home / "last-message.txt").read_text().strip() == RESTORED, run.report()
+
+
+def test_gemini_cli_restores_what_brim_cut(drive: Drive) -> None:
+    check_restore(GEMINI, drive(GEMINI, restore=True))
+
+
+def test_opencode_restores_what_brim_cut(drive: Drive) -> None:
+    check_restore(OPENCODE, drive(OPENCODE, restore=True))
