@@ -105,6 +105,9 @@ class RequestReport:
     restore_offered: bool = False  # brim added `brim_restore` to the request's tools
     restored: list[str] = field(default_factory=list)  # keys the model fetched back
     restore_missing: list[str] = field(default_factory=list)  # asked for, unknown or expired
+    # The request as the retry last sent it, where that is not the one it was given (cut, or
+    # another model) and brim_restore was offered: restore rounds go on from it, and take it.
+    sent: Exchange | None = None
 
     @property
     def outcomes(self) -> list[Outcome]:

@@ -119,6 +119,8 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 steps=config.retry.steps,
                 safety_margin=guard.safety_margin,
                 archive=services.archive,
+                store=services.store,
+                clients=config.clients,
             )
         )
     stages.append(Forward(services.upstreams, services.telemetry.tracer))

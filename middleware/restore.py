@@ -8,7 +8,9 @@ room the request has left — appends the call and its result, and asks the prov
 most `max_rounds` times (the last round with tool calls turned off, so the model answers). The
 client gets only the final reply, its usage the sum over the rounds; client tool calls made in
 the same turn as a restore are dropped from the hidden round (the model makes them again once it
-has the content).
+has the content). A round goes on from the request as it was last sent: the retry's cut of it,
+where the provider refused it as too long (`RequestReport.sent`), so this stage sits outside the
+retry and every round still has the retry behind it.
 
 Streams are held only until it is clear how the turn starts. A turn that starts with a restore
 call is read to its end and answered before the client gets anything (a failure there is still
@@ -107,7 +109,7 @@ class RestoreRounds:
         self.max_rounds = max_rounds
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        response = await call_next(exchange)
+        exchange, response = await _sent(exchange, call_next)
         if not exchange.report.restore_offered or exchange.body is None or response.status >= 300:
             return response
         if response.chunks is not None:
@@ -136,8 +138,9 @@ class RestoreRounds:
         while calls := self._restores(wire, reply):
             self._check_rounds(exchange, rounds)
             rounds += 1
-            asked = await self._asked(exchange, reply, calls, rounds)
-            response = await call_next(asked)
+            asked, response = await _sent(
+                await self._asked(exchange, reply, calls, rounds), call_next
+            )
             if response.status >= 300:
                 return response
             if response.chunks is not None:
@@ -275,18 +278,21 @@ class RestoreRounds:
                 if out := splice.answer(wire.usage(reply) or Usage()):
                     yield out
                 rounds += 1
-                exchange = await self._asked(exchange, reply, calls, rounds)
-                response = await self._continued(exchange, call_next)
+                asked = await self._asked(exchange, reply, calls, rounds)
+                exchange, response = await self._continued(asked, call_next)
                 assert response.chunks is not None
                 round_ = _Round(wire.turn_reader(), SseEvents(), [], response.chunks)
         finally:
             await response.aclose()
 
-    async def _continued(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        """The round that continues a reply the client is already reading: a stream, or an
-        `UpstreamFailure` (which ends the client's stream with the API's error event)."""
+    async def _continued(
+        self, exchange: Exchange, call_next: CallNext
+    ) -> tuple[Exchange, UpstreamResponse]:
+        """The round that continues a reply the client is already reading, as sent (`_sent`),
+        and its stream; or an `UpstreamFailure` (which ends the client's stream with the API's
+        error event)."""
         try:
-            response = await call_next(exchange)
+            exchange, response = await _sent(exchange, call_next)
         except BrimError as exc:
             log.warning(
                 "request %s: the round after %s failed: %s",
@@ -301,7 +307,7 @@ class RestoreRounds:
                 upstream=exchange.upstream,
             ) from exc
         if response.status < 300 and response.chunks is not None:
-            return response
+            return exchange, response
         await response.aclose()
         log.warning("request %s: the round after a restore did not stream", exchange.request_id)
         raise UpstreamProtocolError(
@@ -319,6 +325,17 @@ class _Round:
     events: SseEvents
     read: list[SseEvent]
     rest: AsyncIterator[bytes]
+
+
+async def _sent(exchange: Exchange, call_next: CallNext) -> tuple[Exchange, UpstreamResponse]:
+    """`call_next`'s response to `exchange`, and the request it answers: the retry's, where the
+    retry cut it or changed its model (`RequestReport.sent`, taken off the report here), which
+    the next round continues from; else `exchange`."""
+    try:
+        response = await call_next(exchange)
+    finally:
+        sent, exchange.report.sent = exchange.report.sent, None
+    return sent or exchange, response
 
 
 def _fed(events: list[SseEvent], reader: TurnReader, splice: Splice) -> bytes:

@@ -11,7 +11,12 @@ On a `ContextOverflow` this stage:
 3. otherwise cuts the request — the same pair-safe policies as the guard, newest content and
    the system prompt kept — straight to the stated limit (minus the margin, scaled by how far
    brim's count was from the provider's), or by `steps` of the first attempt's tokens
-   (20 %, 30 %, 40 %), and resends;
+   (20 %, 30 %, 40 %), and resends. Like the guard, it keeps what it cut in the archive and the
+   content store and, where it cut something the model may fetch back, offers `brim_restore`
+   (measured in the cut, not added twice, not where the client's rule or the client's own
+   tools rule it out); the budget of the resent request is the one it was cut to, so a hidden
+   restore round answered on it (`RestoreRounds`, which continues from the request as this
+   stage sent it: `RequestReport.sent`) stays inside it;
 4. after `max_attempts` retries, relays the provider's last error unchanged.
 
 What it did goes on the request's report (retries, cuts, fallbacks), from which every reply and
@@ -24,7 +29,8 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
 from adapters.errors import ContextOverflow, NoRoute
@@ -32,7 +38,10 @@ from adapters.exchange import Exchange, RequestContext
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.guard import keep_originals
+from middleware.restore import RESTORE_TOOL, offers_restore
+from middleware.store import ContentStore
 from policies.budget import budget_for, requested_output
+from policies.clients import ClientRule
 from policies.compress import Outcome, compress_request
 from policies.conversation import Policy
 from policies.limits import LimitsRegistry
@@ -54,6 +63,8 @@ class RetryOnOverflow:
         steps: Sequence[float],
         safety_margin: float,
         archive: ContentArchive | None = None,
+        store: ContentStore | None = None,
+        clients: Mapping[str, ClientRule] | None = None,
     ) -> None:
         if max_attempts < 0:
             raise ValueError(f"max_attempts cannot be negative ({max_attempts})")
@@ -67,6 +78,8 @@ class RetryOnOverflow:
         self.steps = tuple(steps)
         self.safety_margin = safety_margin
         self.archive = archive
+        self.store = store  # None: brim_restore is not offered
+        self.clients = dict(clients or {})
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         if exchange.context is None or exchange.body is None or not conversation_wire(exchange.api):
@@ -77,7 +90,7 @@ class RetryOnOverflow:
         fallbacks = list(self.registry.fallbacks(exchange.model))
         while True:
             try:
-                return await call_next(current)
+                response = await call_next(current)
             except ContextOverflow as overflow:
                 self._learn(current.model, overflow)
                 exchange.report.overflow_messages.append(overflow.overflow.message)
@@ -92,13 +105,63 @@ class RetryOnOverflow:
                     exchange.report.fallbacks.append(switched.model)
                     current = switched
                     continue
-                cut = await self._cut(current, overflow, retries, first_tokens, sent)
+                cut = await self._cut_again(
+                    exchange, current, overflow, retries, first_tokens, sent
+                )
                 if cut is None:
                     exchange.report.retries = retries - 1
                     raise
-                exchange.report.retry_outcomes.append(cut)
-                await keep_originals(self.archive, None, cut, exchange)
-                current = self._with_outcome(current, cut)
+                current = cut
+            else:
+                if current is not exchange and exchange.report.restore_offered:
+                    exchange.report.sent = current  # restore rounds go on from it
+                return response
+
+    async def _cut_again(
+        self,
+        exchange: Exchange,
+        current: Exchange,
+        overflow: ContextOverflow,
+        retries: int,
+        first: int,
+        sent: int,
+    ) -> Exchange | None:
+        """`current` (the request that overflowed, `sent` tokens) cut for retry `retries`, its
+        originals kept and the cut recorded on `exchange`'s report; None if nothing more can be
+        cut."""
+        target = self._target(current, overflow, retries, first, sent)
+        made = await self._offering_cut(current, target, sent)
+        if made is None:
+            log.info("request %s: overflow, and nothing more can be cut", exchange.request_id)
+            return None
+        body, cut, offered = made
+        log.info(
+            "request %s: overflow from %r (%s); retry %d with %d → %d tokens (%s)",
+            exchange.request_id,
+            overflow.upstream,
+            overflow.overflow.message[:120],
+            retries,
+            sent,
+            cut.tokens_out,
+            cut.actions,
+        )
+        exchange.report.retry_outcomes.append(cut)
+        await keep_originals(self.archive, self.store, cut, exchange)
+        if offered:
+            exchange.report.restore_offered = True
+        return self._with_outcome(current, body, cut)
+
+    def _offered(self, exchange: Exchange) -> dict[str, Any] | None:
+        """The exchange's body with brim_restore added, where the retry offers it (the store is
+        on, the client's rule allows it, the request has no tool of that name yet — the guard's
+        or the client's own); else None."""
+        assert exchange.body is not None and exchange.context is not None
+        if self.store is None:
+            return None
+        wire = exchange.wire
+        if not offers_restore(wire, exchange.body, exchange.context.client, self.clients):
+            return None
+        return wire.with_tool(exchange.body, RESTORE_TOOL)
 
     def _learn(self, model: str, overflow: ContextOverflow) -> None:
         limit = overflow.overflow.limit
@@ -164,39 +227,48 @@ class RetryOnOverflow:
             target = int(target * sent / theirs)
         return target if target < sent else int(step)
 
+    async def _offering_cut(
+        self, exchange: Exchange, target: int, sent: int
+    ) -> tuple[dict[str, Any], Outcome, bool] | None:
+        """The request cut to `target` tokens: its body (brim_restore added where the retry
+        offers it, and counted in the cut), how it was cut, and whether the tool was added; or
+        None if nothing more can be cut. A cut that removed nothing the model could fetch back
+        is made again without the tool, so that it cuts no deeper than the request needs."""
+        assert exchange.body is not None
+        offered = self._offered(exchange)
+        if offered is not None:
+            cut = await self._cut(exchange, offered, target, sent)
+            if cut is not None and any(record.archive_key for record in cut.records):
+                return offered, cut, True
+        cut = await self._cut(exchange, exchange.body, target, sent)
+        return None if cut is None else (exchange.body, cut, False)
+
     async def _cut(
-        self, exchange: Exchange, overflow: ContextOverflow, retries: int, first: int, sent: int
+        self, exchange: Exchange, body: dict[str, Any], target: int, sent: int
     ) -> Outcome | None:
-        assert exchange.body is not None and exchange.context is not None
-        target = self._target(exchange, overflow, retries, first, sent)
+        """`body` (the exchange's, or with brim_restore added) cut to `target` tokens; None if
+        that cuts nothing, or not below the `sent` tokens that overflowed."""
+        assert exchange.context is not None
         tokenizer = exchange.context.limits.limits.tokenizer
         meter = CounterMeter(self.counter, tokenizer, exchange.model, exchange.wire)
 
         def run() -> Outcome:
-            assert exchange.body is not None
-            return compress_request(
-                exchange.body, meter, self.policies, limit=target, low_water=1.0
-            )
+            return compress_request(body, meter, self.policies, limit=target, low_water=1.0)
 
         outcome = await asyncio.to_thread(run) if len(exchange.raw) > OFF_LOOP_BYTES else run()
         if not outcome.changed or outcome.tokens_out >= sent:
-            log.info("request %s: overflow, and nothing more can be cut", exchange.request_id)
             return None
-        log.info(
-            "request %s: overflow from %r (%s); retry %d with %d → %d tokens (%s)",
-            exchange.request_id,
-            overflow.upstream,
-            overflow.overflow.message[:120],
-            retries,
-            sent,
-            outcome.tokens_out,
-            outcome.actions,
-        )
         return outcome
 
     @staticmethod
-    def _with_outcome(exchange: Exchange, outcome: Outcome) -> Exchange:
-        assert exchange.body is not None and exchange.context is not None
-        body = exchange.wire.with_conversation(exchange.body, outcome.messages)
-        context: RequestContext = dataclasses.replace(exchange.context, outcome=outcome)
-        return dataclasses.replace(exchange.with_body(body), context=context)
+    def _with_outcome(exchange: Exchange, body: dict[str, Any], outcome: Outcome) -> Exchange:
+        """The exchange carrying `body` cut as `outcome` says, its budget the one it was cut to
+        (what a restore round answered on it has left, `RestoreRounds._share`)."""
+        assert exchange.context is not None
+        cut = exchange.wire.with_conversation(body, outcome.messages)
+        budget = exchange.context.budget
+        budget = budget.allocate(max(0, budget.effective() - outcome.limit))
+        context: RequestContext = dataclasses.replace(
+            exchange.context, outcome=outcome, budget=budget
+        )
+        return dataclasses.replace(exchange.with_body(cut), context=context)

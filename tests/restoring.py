@@ -4,7 +4,9 @@ through a running brim share (tests/test_restore_e2e.py, tests/middleware/test_r
 `brim_config` puts brim in front of the provider on all four wire APIs, each model with a window
 of `WINDOW` tokens. The request bodies (`chat_body`, `messages_body`, `responses_body`,
 `gemini_body`) hold a long conversation of tool results (`logs`) that brim must cut to fit, so
-it offers the tool. `Restoring` is the provider: a model that calls brim_restore with a key it
+it offers the tool. The same conversation to a `RETRY_MODELS` model fits the window brim is told
+(`BELIEVED`) but not the provider's (`WINDOW`, in the name): the provider refuses it, and brim's
+retry is the one that cuts. `Restoring` is the provider: a model that calls brim_restore with a key it
 reads in the cut request, either as a `ScriptedProvider` session or turn by scripted turn.
 """
 
@@ -34,14 +36,19 @@ MODELS = {
     "responses": "gpt-restore",
     "gemini": "gemini-restore",
 }
+# The same models, whose real window (the provider's, the number after the name's last dash) is
+# smaller than what brim is told (`BELIEVED`): brim's retry cuts what the provider refuses.
+RETRY_MODELS = {api: f"{model}-{WINDOW}" for api, model in MODELS.items()}
+BELIEVED = 4 * WINDOW
 SHAPE_OF = {shape.api: shape for shape in shapes.SHAPES}  # brim's name of an API → its shape
 Items = list[dict[str, Any]]
 
 
-def logs(tag: str = "build", turns: int = 12) -> list[str]:
-    """`turns` tool results of ~600 tokens each, every line naming its own result."""
+def logs(tag: str = "build", turns: int = 12, lines: int = 55) -> list[str]:
+    """`turns` tool results of ~600 tokens each (`lines` of ~11), every line naming its own
+    result."""
     return [
-        "\n".join(f"{tag} log {turn}.{i}: compiled module without warnings" for i in range(55))
+        "\n".join(f"{tag} log {turn}.{i}: compiled module without warnings" for i in range(lines))
         for turn in range(turns)
     ]
 
@@ -52,7 +59,7 @@ TASK = "Find out why the nightly build fails."
 QUESTION = "What should we fix first?"
 
 
-def chat_body(texts: list[str], *, stream: bool = False) -> dict[str, Any]:
+def chat_body(texts: list[str], *, stream: bool = False, model: str = "") -> dict[str, Any]:
     items: Items = [{"role": "user", "content": TASK}]
     for n, text in enumerate(texts):
         arguments = orjson.dumps({"path": f"log{n}.txt"}).decode()
@@ -64,11 +71,11 @@ def chat_body(texts: list[str], *, stream: bool = False) -> dict[str, Any]:
         ]
     items.append({"role": "user", "content": QUESTION})
     tools = [{"type": "function", "function": {"name": "read_file", "parameters": READ}}]
-    body = {"model": MODELS["chat"], "messages": items, "tools": tools}
+    body = {"model": model or MODELS["chat"], "messages": items, "tools": tools}
     return (body | {"stream": True, "stream_options": {"include_usage": True}}) if stream else body
 
 
-def messages_body(texts: list[str], *, stream: bool = False) -> dict[str, Any]:
+def messages_body(texts: list[str], *, stream: bool = False, model: str = "") -> dict[str, Any]:
     items: Items = [{"role": "user", "content": TASK}]
     for n, text in enumerate(texts):
         use: dict[str, Any] = {"type": "tool_use", "id": f"toolu_{n}", "name": "read_file"}
@@ -77,7 +84,7 @@ def messages_body(texts: list[str], *, stream: bool = False) -> dict[str, Any]:
         items += [{"role": "assistant", "content": [use]}, {"role": "user", "content": [result]}]
     items[-1]["content"].append({"type": "text", "text": QUESTION})
     body = {
-        "model": MODELS["messages"],
+        "model": model or MODELS["messages"],
         "max_tokens": 1_000,
         "messages": items,
         "tools": [{"name": "read_file", "input_schema": READ}],
@@ -85,7 +92,7 @@ def messages_body(texts: list[str], *, stream: bool = False) -> dict[str, Any]:
     return (body | {"stream": True}) if stream else body
 
 
-def responses_body(texts: list[str], *, stream: bool = False) -> dict[str, Any]:
+def responses_body(texts: list[str], *, stream: bool = False, model: str = "") -> dict[str, Any]:
     items: Items = [{"role": "user", "content": TASK}]
     for n, text in enumerate(texts):
         arguments = orjson.dumps({"path": f"log{n}.txt"}).decode()
@@ -96,7 +103,7 @@ def responses_body(texts: list[str], *, stream: bool = False) -> dict[str, Any]:
         ]
     items.append({"role": "user", "content": QUESTION})
     tools = [{"type": "function", "name": "read_file", "parameters": READ}]
-    body = {"model": MODELS["responses"], "input": items, "tools": tools}
+    body = {"model": model or MODELS["responses"], "input": items, "tools": tools}
     return (body | {"stream": True}) if stream else body
 
 
@@ -120,10 +127,12 @@ def brim_config(
     *,
     upstream: dict[str, Any] | None = None,
     restore: dict[str, Any] | None = None,
+    windows: dict[str, int] | None = None,
     **sections: Any,
 ) -> BrimConfig:
     """brim in front of the provider at `url` on all four APIs, restore on: `upstream` and
-    `restore` add to every upstream's settings and to restore's, `sections` are the others."""
+    `restore` add to every upstream's settings and to restore's, `windows` are more models with
+    the window brim is told, `sections` are the other sections."""
     more = upstream or {}
     return BrimConfig(
         upstreams={
@@ -133,12 +142,40 @@ def brim_config(
         },
         routes={"claude-*": "anthropic", "gemini-*": "gemini", "*": "openai"},
         models={
-            model: {"context_window": WINDOW, "max_output": 1_000}
-            for model in dict.fromkeys(MODELS.values())
+            **{
+                model: {"context_window": WINDOW, "max_output": 1_000}
+                for model in dict.fromkeys(MODELS.values())
+            },
+            **{
+                model: {"context_window": BELIEVED, "max_output": 1_000}
+                for model in dict.fromkeys(RETRY_MODELS.values())
+            },
+            **{
+                model: {"context_window": window, "max_output": 1_000}
+                for model, window in (windows or {}).items()
+            },
         },
         restore={"enabled": True, **(restore or {})},
         **sections,
     )
+
+
+CONVERSATION = {"chat": "messages", "messages": "messages", "responses": "input"}
+
+
+def conversation(api: str, body: dict[str, Any]) -> Items:
+    """A request's conversation (the scripted provider's name of the API)."""
+    return list(body[CONVERSATION.get(api, "contents")])
+
+
+def tool_names(api: str, body: dict[str, Any]) -> list[str]:
+    """The names of the tools a request defines, in order, repeats kept."""
+    tools = body.get("tools") or []
+    if api == "gemini":
+        return [d["name"] for tool in tools for d in tool.get("functionDeclarations") or []]
+    if api == "chat":
+        return [tool["function"]["name"] for tool in tools]
+    return [tool["name"] for tool in tools]
 
 
 def restored(api: str, body: dict[str, Any]) -> list[str]:
@@ -156,7 +193,7 @@ def restored(api: str, body: dict[str, Any]) -> list[str]:
 @dataclass
 class Restoring(ScriptedProvider):
     """A model that uses brim_restore: each call of it asks for `key` (None: the first key the
-    request shows). It checks, counts and records every request as a `ScriptedProvider` does.
+    request shows, of those `among` if given). It checks, counts and records every request as a `ScriptedProvider` does.
 
     Without a `script` it answers whole or streamed, as asked: while fewer than `reads` calls
     were made, a request that offers the tool gets a call of it; every other request gets
@@ -169,6 +206,7 @@ class Restoring(ScriptedProvider):
     reads: int = 1
     final: str = ""
     key: str | None = None
+    among: frozenset[str] = frozenset()
     script: list[shapes.Turn | int] = field(default_factory=list)
     sent: list[bytes] = field(default_factory=list)
 
@@ -177,6 +215,8 @@ class Restoring(ScriptedProvider):
 
     def _asked(self, body: dict[str, Any]) -> dict[str, Any]:
         shown = KEY_SHOWN.findall(orjson.dumps(body).decode())
+        if self.among:
+            shown = [key for key in shown if key in self.among]
         return {"key": self.key or (shown[0] if shown else "none shown")}
 
     def _text_of(self, call: Call) -> str:

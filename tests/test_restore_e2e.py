@@ -2,13 +2,15 @@
 Gemini CLI sends it) through a running brim, in front of a scripted provider that uses
 `brim_restore` the way a model would — it calls the tool with a key it reads in the cut request,
 then answers quoting what it got. The client sees only that answer; brim's span, metrics, audit
-line and status record the restore. With `[cache] url` a restore is answered by any instance on
+line and status record the restore. What brim's retry cuts, after the provider refused a request
+as too long, comes back the same way. With `[cache] url` a restore is answered by any instance on
 the same Redis, whichever one cut the request.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,25 +28,36 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from middleware.restore import RESTORE_TOOL
 from policies.conversation import archive_key
+from policies.wires.base import Usage
 from proxy.app import bound_port, start
 from proxy.config import BrimConfig
 from tests.fakes import LoopThread, start_app
+from tests.policies.wires import test_restore_shapes as shapes
 from tests.restoring import (
     KEY_SHOWN,
     MODELS,
     QUOTE,
+    RETRY_MODELS,
+    WINDOW,
     Restoring,
     brim_config,
     chat_body,
+    conversation,
     gemini_body,
     logs,
     messages_body,
     responses_body,
     restored,
+    tool_names,
 )
-from tests.scripted_provider import OUTPUT_TOKENS, tool_uses
+from tests.scripted_provider import OUTPUT_TOKENS, WIRE_OF, tool_uses
 
 ADMIN = "restore-admin-key-0123456789"
+
+
+def key_of(text: str) -> str:
+    """The key brim shows for `text`."""
+    return f"sha256:{archive_key(text)[:16]}"
 
 
 def original_of(key: str, texts: list[str]) -> str:
@@ -53,16 +66,42 @@ def original_of(key: str, texts: list[str]) -> str:
     return found
 
 
+def dumped(body: dict[str, Any]) -> str:
+    return orjson.dumps(body).decode()
+
+
+CUT_MIDDLE = re.compile(r"\n?\[… \d+ tokens cut from the middle by brim[^\]\n]*\]\n?")
+
+
+def came_back(result: str, original: str) -> bool:
+    """Whether a restore's result is `original`, or (where the request had less room left than
+    it takes) `original` cut in the middle: its head and its tail around brim's marker."""
+    parts = CUT_MIDDLE.split(result)
+    if len(parts) == 1:
+        return result == original
+    head, tail = parts
+    return bool(head and tail) and original.startswith(head) and original.endswith(tail)
+
+
+def shows(body: dict[str, Any], text: str) -> bool:
+    """Whether a request carries `text` whole (as JSON writes it: its newlines escaped)."""
+    return orjson.dumps(text).decode()[1:-1] in dumped(body)
+
+
 @dataclass(frozen=True)
 class Api:
     """One wire API as its clients speak it."""
 
     name: str  # the scripted provider's name of it
-    send: Callable[[str, list[str]], Reply]
+    send: Callable[..., Reply]  # (base URL, texts, model="": the API's in `MODELS`)
 
     @property
     def model(self) -> str:
         return MODELS[self.name]
+
+    @property
+    def retry_model(self) -> str:
+        return RETRY_MODELS[self.name]
 
 
 @dataclass(frozen=True)
@@ -74,9 +113,9 @@ class Reply:
     dump: str  # the whole reply, for "nothing about brim_restore"
 
 
-def _chat(base: str, texts: list[str]) -> Reply:
+def _chat(base: str, texts: list[str], model: str = "") -> Reply:
     sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
-    raw = sdk.chat.completions.with_raw_response.create(**chat_body(texts))
+    raw = sdk.chat.completions.with_raw_response.create(**chat_body(texts, model=model))
     reply = raw.parse()
     message = reply.choices[0].message
     assert reply.usage is not None
@@ -89,9 +128,9 @@ def _chat(base: str, texts: list[str]) -> Reply:
     )
 
 
-def _messages(base: str, texts: list[str]) -> Reply:
+def _messages(base: str, texts: list[str], model: str = "") -> Reply:
     sdk = anthropic.Anthropic(base_url=base, api_key="sk-ant-client", max_retries=0)
-    raw = sdk.messages.with_raw_response.create(**messages_body(texts))
+    raw = sdk.messages.with_raw_response.create(**messages_body(texts, model=model))
     reply = raw.parse()
     return Reply(
         "".join(b.text for b in reply.content if b.type == "text"),
@@ -102,9 +141,9 @@ def _messages(base: str, texts: list[str]) -> Reply:
     )
 
 
-def _responses(base: str, texts: list[str]) -> Reply:
+def _responses(base: str, texts: list[str], model: str = "") -> Reply:
     sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
-    raw = sdk.responses.with_raw_response.create(**responses_body(texts))
+    raw = sdk.responses.with_raw_response.create(**responses_body(texts, model=model))
     reply = raw.parse()
     assert reply.usage is not None
     return Reply(
@@ -116,9 +155,9 @@ def _responses(base: str, texts: list[str]) -> Reply:
     )
 
 
-def _gemini(base: str, texts: list[str]) -> Reply:
+def _gemini(base: str, texts: list[str], model: str = "") -> Reply:
     raw = httpx.post(
-        f"{base}/v1beta/models/{MODELS['gemini']}:generateContent",
+        f"{base}/v1beta/models/{model or MODELS['gemini']}:generateContent",
         json=gemini_body(texts),
         headers={"x-goog-api-key": "AIza-client"},
         timeout=60,
@@ -214,7 +253,7 @@ def test_a_restore_is_answered_hidden_and_recorded(
     (asked,) = tool_uses(api.name, second.body, RESTORE_TOOL.name)
     key = str(asked.arguments["key"])
     original = original_of(key, texts)
-    assert original not in orjson.dumps(first.body).decode()  # it was cut...
+    assert not shows(first.body, original)  # it was cut...
     assert restored(api.name, second.body) == [original]  # ...and came back whole
     # The client: only the final answer, quoting it; no trace of the hidden round.
     assert reply.text == QUOTE + original
@@ -264,6 +303,184 @@ def test_a_request_that_fits_is_not_offered_restore_and_records_none(
     assert [e for e in root.events if e.name == "brim.restore"] == []
     metrics = counters(base)
     assert "brim_restores" not in metrics and "brim_restores_offered" not in metrics
+
+
+# --- what the retry cuts comes back too -------------------------------------------------------
+
+
+@each_api
+def test_what_the_retry_cuts_is_offered_and_restored(
+    api: Api, serve: Callable[..., str], tmp_path: Path
+) -> None:
+    """The provider refuses, in its own words, a request brim thought would fit; brim's retry
+    cuts it and offers brim_restore in the request it sends again, answers the model's call of
+    it from the store and asks once more, going on from the cut request."""
+    # A short result and a long one first: the short one comes back whole where the cut made
+    # room for it (`came_back`).
+    texts = [logs("short", 1, lines=20)[0], logs("long", 1, lines=200)[0], *logs("retry", 8)]
+    fake = Restoring(among=frozenset(key_of(text) for text in texts))
+    base = serve(config(serve(fake), tmp_path))
+
+    reply = api.send(base, texts, api.retry_model)
+
+    assert [c.reply for c in fake.calls] == ["overflow", "read 1", "final"], fake.rejections
+    refused, cut, last = fake.calls
+    assert refused.tokens > WINDOW and all(shows(refused.body, text) for text in texts)
+    assert RESTORE_TOOL.name not in dumped(refused.body)  # the guard let it through whole
+    # The retry's cut: its placeholders name keys, brim_restore is offered once, at the end.
+    assert cut.tokens <= WINDOW
+    assert tool_names(api.name, cut.body) == ["read_file", RESTORE_TOOL.name]
+    (asked,) = tool_uses(api.name, last.body, RESTORE_TOOL.name)
+    key = str(asked.arguments["key"])
+    original = original_of(key, texts)
+    assert key in dumped(cut.body) and not shows(cut.body, original)
+    # The next round goes on from the cut request, the original the call's result, paired (the
+    # provider refuses a request whose calls and results are not).
+    assert conversation(api.name, last.body)[: len(conversation(api.name, cut.body))] == (
+        conversation(api.name, cut.body)
+    )
+    assert tool_names(api.name, last.body) == tool_names(api.name, cut.body)
+    (result,) = restored(api.name, last.body)
+    assert came_back(result, original)  # whole, or cut to the room the retry's cut left
+    # The client: only the final answer, usage summed over the rounds the provider answered.
+    assert reply.text == QUOTE + result
+    assert reply.calls == []
+    assert RESTORE_TOOL.name not in reply.dump and key not in reply.dump
+    assert reply.usage == (cut.tokens + last.tokens, 2 * OUTPUT_TOKENS)
+    assert reply.headers["x-brim-retries"] == "1"
+    assert reply.headers["x-brim-restored"] == "1"
+
+
+@each_api
+def test_a_retry_after_the_guard_offered_restore_offers_it_once(
+    api: Api, serve: Callable[..., str], tmp_path: Path
+) -> None:
+    """The guard cut the request and offered brim_restore; the provider, whose window is smaller
+    than brim was told, refuses even that; the retry cuts further without adding the tool again,
+    and the model's call of it is answered within the window the retry learned: the original
+    cut to the room the retry's cut left, in a request the provider takes."""
+    texts = logs("guarded")
+    fake = Restoring(among=frozenset(key_of(text) for text in texts))
+    model = f"{api.model}-{WINDOW * 5 // 8}"
+    base = serve(config(serve(fake), tmp_path, windows={model: WINDOW}))
+
+    reply = api.send(base, texts, model)
+
+    assert [c.reply for c in fake.calls] == ["overflow", "read 1", "final"], fake.rejections
+    guarded, cut, last = fake.calls
+    assert tool_names(api.name, guarded.body) == ["read_file", RESTORE_TOOL.name]
+    assert tool_names(api.name, cut.body) == ["read_file", RESTORE_TOOL.name]
+    assert cut.tokens < guarded.tokens
+    (asked,) = tool_uses(api.name, last.body, RESTORE_TOOL.name)
+    original = original_of(str(asked.arguments["key"]), texts)
+    assert conversation(api.name, last.body)[: len(conversation(api.name, cut.body))] == (
+        conversation(api.name, cut.body)
+    )
+    (result,) = restored(api.name, last.body)
+    assert came_back(result, original)
+    assert reply.text == QUOTE + result
+    assert reply.usage == (cut.tokens + last.tokens, 2 * OUTPUT_TOKENS)
+    assert reply.headers["x-brim-retries"] == "1"
+
+
+STREAMED: dict[str, Callable[..., tuple[str, dict[str, Any]]]] = {
+    # the scripted provider's name of an API → (path, body) of a streamed request for a model
+    "chat": lambda texts, model: (
+        "/v1/chat/completions",
+        chat_body(texts, stream=True, model=model),
+    ),
+    "messages": lambda texts, model: (
+        "/v1/messages",
+        messages_body(texts, stream=True, model=model),
+    ),
+    "responses": lambda texts, model: (
+        "/v1/responses",
+        responses_body(texts, stream=True, model=model),
+    ),
+    "gemini": lambda texts, model: (
+        f"/v1beta/models/{model}:streamGenerateContent?alt=sse",
+        gemini_body(texts),
+    ),
+}
+
+
+@each_api
+def test_a_restore_after_text_in_a_retried_stream_streams_on_as_the_same_reply(
+    api: Api, serve: Callable[..., str], tmp_path: Path
+) -> None:
+    """Streamed: the retried request's turn starts with text the client gets at once, then
+    calls brim_restore; brim answers it on the retry's cut and streams the next round on as
+    more of the same reply (read with the SDK's own stream accumulator)."""
+    texts = [logs("short", 1, lines=20)[0], logs("long", 1, lines=200)[0], *logs("retry", 8)]
+    fetch = shapes.Turn(
+        (shapes.Say("Let me fetch it. "), shapes.Call("call_r", RESTORE_TOOL.name, {})),
+        Usage(3000, 40, 0),
+    )
+    found = shapes.Turn((shapes.Say("Found it."),), Usage(3500, 30, 0))
+    # (the first request is refused before the script is read)
+    fake = Restoring(script=[fetch, fetch, found], among=frozenset(map(key_of, texts)))
+    base = serve(config(serve(fake), tmp_path))
+    path, body = STREAMED[api.name](texts, api.retry_model)
+
+    headers = {"authorization": "Bearer sk-client", "x-api-key": "sk-ant-client"}
+    with httpx.stream("POST", base + path, json=body, headers=headers, timeout=60) as got:
+        assert got.status_code == 200, got.read()
+        stream = got.read()
+
+    assert [c.reply for c in fake.calls] == ["overflow", "read 1", "final"], fake.rejections
+    _, cut, last = fake.calls
+    assert tool_names(api.name, cut.body) == ["read_file", RESTORE_TOOL.name]
+    assert conversation(api.name, last.body)[: len(conversation(api.name, cut.body))] == (
+        conversation(api.name, cut.body)
+    )
+    (asked,) = tool_uses(api.name, last.body, RESTORE_TOOL.name)
+    (result,) = restored(api.name, last.body)
+    assert came_back(result, original_of(str(asked.arguments["key"]), texts))
+    heard, errors = shapes.HEARD[WIRE_OF[api.name]](stream)
+    assert errors == []
+    assert (heard.text, heard.calls) == ("Let me fetch it. Found it.", [])
+    assert (heard.usage.input, heard.usage.output) == (6500, 70)
+    assert RESTORE_TOOL.name.encode() not in stream
+
+
+@pytest.mark.parametrize("case", ["restore off", "client rule", "client's own tool"])
+def test_the_retry_offers_restore_only_where_the_guard_would(
+    case: str, serve: Callable[..., str], tmp_path: Path
+) -> None:
+    """Not with `[restore] enabled = false`, not to a client whose rule says `restore = false`,
+    and not over a tool of the client's own that has the name (its calls are the client's)."""
+    fake = Restoring()
+    sections: dict[str, Any] = {
+        "restore off": {"restore": {"enabled": False}},
+        "client rule": {"clients": {"quiet": {"user_agent": "quiet-agent/*", "restore": False}}},
+        "client's own tool": {},
+    }[case]
+    base = serve(config(serve(fake), tmp_path, **sections))
+    texts = logs("retry", turns=14)
+    body = chat_body(texts, model=RETRY_MODELS["chat"])
+    if case == "client's own tool":
+        own = {"name": RESTORE_TOOL.name, "parameters": {"type": "object", "properties": {}}}
+        body["tools"].append({"type": "function", "function": own})
+    sdk = openai.OpenAI(
+        base_url=f"{base}/v1",
+        api_key="sk-client",
+        max_retries=0,
+        default_headers={"User-Agent": "quiet-agent/1.0"},
+    )
+
+    raw = sdk.chat.completions.with_raw_response.create(**body)
+
+    reply = raw.parse()
+    assert raw.headers["x-brim-retries"] == "1"
+    refused, cut = fake.calls  # no hidden round
+    assert refused.reply == "overflow" and KEY_SHOWN.search(dumped(cut.body))
+    calls = [c.function.name for c in reply.choices[0].message.tool_calls or []]
+    if case == "client's own tool":
+        assert tool_names("chat", cut.body) == ["read_file", RESTORE_TOOL.name]  # the client's
+        assert calls == [RESTORE_TOOL.name]  # the call goes to the client, who defined it
+    else:
+        assert tool_names("chat", cut.body) == ["read_file"]
+        assert (calls, reply.choices[0].message.content) == ([], "ok")
 
 
 # --- two instances, one Redis ------------------------------------------------------------------

@@ -82,8 +82,12 @@ def test_a_stated_limit_is_used_directly_and_learned_for_the_next_request(
 
 
 def test_without_a_stated_limit_the_cut_grows_20_30_40_percent(
-    base: str, provider: FakeProvider
+    brim: BrimFactory, provider: FakeProvider
 ) -> None:
+    # Without brim_restore, whose tool (offered once the cut removed something) would count in
+    # each cut and move where the cuts land: the steps alone.
+    models = {"vague-3000": {"context_window": BIG, "max_output": 1_000}}
+    base = brim(models=models, guard={"safety_margin": 0.0}, restore={"enabled": False})
     messages = conversation(8, lines=40)  # ~4 640 tokens: only a 40 % cut gets under 3 000
     reply = post(base, "vague-3000", messages)
     assert reply.status_code == 200
@@ -96,6 +100,25 @@ def test_without_a_stated_limit_the_cut_grows_20_30_40_percent(
         assert first * (1 - step) * 0.9 <= counts[attempt] <= first * (1 - step), (attempt, counts)
     for seen in provider.requests:  # every cut kept the pairing valid
         assert pairing_errors(orjson.loads(seen.body)["messages"]) == []
+
+
+def test_brim_restore_is_offered_in_each_cut_and_counted_in_its_steps(
+    base: str, provider: FakeProvider
+) -> None:
+    # Restore on (the default): the retry's cuts name keys, so the tool goes with them — once,
+    # however often the request is cut — and each step counts it.
+    reply = post(base, "vague-3000", conversation(8, lines=40))
+    assert reply.status_code == 200
+    counts = [tokens for _, tokens in provider.tight_seen]
+    first, *retried = counts
+    assert len(retried) == int(reply.headers["x-brim-retries"]) >= 2
+    for attempt, (tokens, step) in enumerate(zip(retried, (0.2, 0.3, 0.4), strict=False)):
+        assert tokens <= first * (1 - step), (attempt, counts)
+    tools = [
+        [tool["function"]["name"] for tool in orjson.loads(seen.body).get("tools", [])]
+        for seen in provider.requests
+    ]
+    assert tools == [[]] + [["brim_restore"]] * len(retried)
 
 
 def test_after_the_last_attempt_the_providers_error_comes_back_unchanged(
