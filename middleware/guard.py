@@ -35,9 +35,19 @@ from policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
 log = logging.getLogger("brim.guard")
 
 
-SUMMARY_HEADER = "[brim: a summary of earlier messages, removed to fit the context window]\n"
-PER_SUMMARY = 32  # tokens a summary message costs beyond its text (header, message overhead)
+# A summary's first line names the key of the messages it condenses (as one JSON array, in
+# order, as evict's records keep them), under which the store keeps them for `brim_restore`.
+SUMMARY_HEADER = (
+    "[brim: a summary of earlier messages, removed to fit the context window; "
+    "the originals are sha256:{key}]\n"
+)
+PER_SUMMARY = 52  # tokens a summary message costs beyond its text (header and key, overhead)
 SUMMARY_ALLOWANCE = 0.1  # of the budget, set aside for summaries when evicting with a summarizer
+
+
+def summary_header(key: str) -> str:
+    """The first line of a summary of evicted messages, naming the key of their JSON."""
+    return SUMMARY_HEADER.format(key=key[:16])
 
 
 def summary_low_water(low_water: float, *, summarizing: bool) -> float:
@@ -126,7 +136,10 @@ def _summary_plan(sizes: Sequence[int], allowance: int) -> tuple[int, list[int]]
     return None
 
 
-RESULT_HEADER = "[brim: a summary of this tool result, too large for the context window]\n"
+RESULT_HEADER = (
+    "[brim: a summary of this tool result, too large for the context window; "
+    "the whole is sha256:{key}]\n"
+)
 
 
 def _notice_at(wire: Wire, items: Sequence[Any]) -> int | None:
@@ -289,7 +302,9 @@ class Guard:
         conversation (`summary_batches`), so that as a session grows, earlier batches keep their
         summary byte for byte (from the cache) and a turn pays for what it newly evicted, and
         for the older batches the allowance makes it step down or merge — when all can be made
-        in time and fit; otherwise the outcome as it was."""
+        in time and fit; otherwise the outcome as it was. Each summary's header names the key of
+        the messages it condenses (`summary_header`), which its record keeps as the original
+        (their JSON, as evict's records keep theirs); the notice's record goes with the notice."""
         wire = exchange.wire
         at = _notice_at(wire, outcome.messages)
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
@@ -312,6 +327,11 @@ class Guard:
         if merged:  # the oldest batches, summarized as one
             contents = ["\n".join(contents[:merged]), *contents[merged:]]
             sizes = [sum(sizes[:merged]), *sizes[merged:]]
+            batches = [[item for batch in batches[:merged] for item in batch], *batches[merged:]]
+        # What each summary stands for, restorable by the key its header names: a function of
+        # the batch alone, as the summary is, so the bytes stay put from turn to turn.
+        originals = [orjson.dumps(items).decode() for items in batches]
+        keys = [archive_key(original) for original in originals]
         summaries = await asyncio.gather(
             *(
                 self._summary(content, target, task, credentials)
@@ -323,7 +343,10 @@ class Guard:
             return outcome
         texts = [summary.text for summary in made]
         details = [_detail(summary) for summary in made]
-        messages = [wire.dialect.notice(SUMMARY_HEADER + text) for text in texts]
+        messages = [
+            wire.dialect.notice(summary_header(key) + text)
+            for key, text in zip(keys, texts, strict=True)
+        ]
         counts = [meter.message(message) for message in messages]
         added = sum(counts)
         if rest + added > outcome.limit:
@@ -335,18 +358,21 @@ class Guard:
                 -1,
                 size,
                 count,
-                archive_key=archive_key(content),
+                archive_key=key,
                 detail=detail,
-                original=content,
+                original=original,
             )
-            for content, size, count, detail in zip(contents, sizes, counts, details, strict=True)
+            for key, original, size, count, detail in zip(
+                keys, originals, sizes, counts, details, strict=True
+            )
         ]
+        kept = tuple(r for r in outcome.records if r.action != "notice")  # the notice is gone
         return dataclasses.replace(
             outcome,
             messages=(*outcome.messages[:at], *messages, *outcome.messages[at + 1 :]),
             sizes=(*outcome.sizes[:at], *counts, *outcome.sizes[at + 1 :]),
             tokens_out=rest + added,
-            records=(*outcome.records, *records),
+            records=(*kept, *records),
         )
 
     async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
@@ -361,6 +387,7 @@ class Guard:
         for record in outcome.records:
             if not record.detail.startswith("tool_result:") or not record.original:
                 continue
+            key = record.archive_key or archive_key(record.original)  # of the whole result
             call_id = record.detail.removeprefix("tool_result:")
             holders = [
                 i
@@ -374,7 +401,8 @@ class Guard:
             summary = await self._summary(record.original, max(64, before - 64), task, credentials)
             if summary is None:
                 continue
-            updated = dialect.with_tool_result(messages[at], call_id, RESULT_HEADER + summary.text)
+            header = RESULT_HEADER.format(key=key[:16])
+            updated = dialect.with_tool_result(messages[at], call_id, header + summary.text)
             size = meter.message(updated)
             if total - before + size > outcome.limit:
                 continue
@@ -387,7 +415,7 @@ class Guard:
                     record.index,
                     record.tokens_before,
                     size,
-                    archive_key=record.archive_key,
+                    archive_key=key,
                     detail=f"tool result {call_id}: {_detail(summary)}",
                     original=record.original,
                 )

@@ -20,9 +20,12 @@ own grid): the summaries of evicted turns are made per batch.
 One notice takes the place of the first removed unit — or goes before the system messages right
 in front of it, never after one (Anthropic's notice is a user message, and Anthropic takes a
 system message only right before an assistant turn) — saying how many messages and tokens went,
-which tools had been called, and the user requests that were dropped. If the protected units
-alone are over the limit, they are released oldest first (never a system message or the last
-user message), and the notice itself goes if it is what does not fit.
+which tools had been called, and the user requests that were dropped, and ending with the one
+key that restores them all: the sha256 of the removed messages' JSON, in order (`removed_json`),
+which the notice's own record keeps as its original. The notice is a function of the removed
+messages alone, so the same removed set gives the same bytes on every turn. If the protected
+units alone are over the limit, they are released oldest first (never a system message or the
+last user message), and the notice itself goes if it is what does not fit.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
 only while the same units are removed. Removing at least the budget's slack (limit − target) at a
@@ -46,6 +49,7 @@ from policies.conversation import (
     Goal,
     Meter,
     Unit,
+    archive_key,
     facts,
     last_request,
     message_key,
@@ -67,6 +71,14 @@ class EvictSettings(BaseModel):
     keep_recent_turns: int = Field(2, ge=0)
     evict_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
     notice: bool = True
+
+
+def removed_json(conversation: Conversation, removed: Sequence[Unit]) -> str:
+    """The removed units' messages as one JSON array, in conversation order (as each evicted
+    unit's own record keeps its messages): what the notice's key restores."""
+    messages = conversation.messages
+    ordered = sorted(removed, key=lambda unit: unit.start)
+    return orjson.dumps([messages[i] for unit in ordered for i in unit.indices]).decode()
 
 
 def _quote(text: str) -> str:
@@ -165,7 +177,8 @@ class Evict:
             quoted = "; ".join(f'"{r}"' for r in requests[:5])
             more = f" and {len(requests) - 5} more" if len(requests) > 5 else ""
             parts.append(f"; user requests removed: {quoted}{more}")
-        return "".join(parts) + "]"
+        key = archive_key(removed_json(conversation, removed))
+        return "".join(parts) + f"; restorable as sha256:{key[:16]}]"
 
     def _build(
         self, conversation: Conversation, removed: list[Unit], meter: Meter, notice: bool
@@ -281,10 +294,18 @@ class Evict:
             )
             for unit in removed
         ]
-        notices = [i for i, origin in enumerate(result.origin) if origin == -1]
-        records += [
-            FidelityRecord(self.name, "notice", -1, 0, result.sizes[i])
-            for i in notices
-            if result.messages[i] not in conversation.messages
+        notices = [
+            i
+            for i, origin in enumerate(result.origin)
+            if origin == -1 and result.messages[i] not in conversation.messages
         ]
+        if notices:  # the notice names every removed message by one key: its record keeps them
+            original = removed_json(conversation, removed)
+            key = archive_key(original)
+            records += [
+                FidelityRecord(
+                    self.name, "notice", -1, 0, result.sizes[i], archive_key=key, original=original
+                )
+                for i in notices
+            ]
         return result, records

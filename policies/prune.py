@@ -101,10 +101,12 @@ def cut_middle(
     head_share: float = 1 / 3,
     *,
     tokens: Sequence[int] | None = None,
+    marker: Callable[[int], str] | None = None,
 ) -> tuple[str, int]:
     """`text` with its middle replaced by a marker so about `keep_tokens` remain, cut at line
-    ends where there are any (`tokens`: the text's own, when the caller has them already).
-    Returns the new text and how many tokens were removed."""
+    ends where there are any (`tokens`: the text's own, when the caller has them already;
+    `marker`: what the marker says, given the tokens removed). Returns the new text and how
+    many tokens were removed."""
     if tokens is None:
         tokens = meter.tokens(text)
     if len(tokens) <= keep_tokens:
@@ -118,8 +120,8 @@ def cut_middle(
     if "\n" in tail[: len(tail) // 2]:
         tail = tail[tail.index("\n") + 1 :]
     removed = len(tokens) - len(meter.tokens(head)) - len(meter.tokens(tail))
-    marker = f"\n[… {removed} tokens cut from the middle by brim …]\n"
-    return head.rstrip("\n") + marker + tail.lstrip("\n"), removed
+    said = marker(removed) if marker else f"\n[… {removed} tokens cut from the middle by brim …]\n"
+    return head.rstrip("\n") + said + tail.lstrip("\n"), removed
 
 
 def _line_marker(omitted: int, telling: int, brief: bool = False) -> str:

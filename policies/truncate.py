@@ -1,7 +1,8 @@
 """`truncate`: cut the middle out of the largest message when one message alone is too big.
 
 Head and tail are kept (a third and two thirds: the end of a log is where the error is), with a
-marker saying how many tokens went. The largest text goes first, then the next, until the request
+marker saying how many tokens went and naming the key of the whole text (`marker`), which the
+record keeps as its original. The largest text goes first, then the next, until the request
 fits the budget itself (`Goal.limit`, not the low-water mark: this cut destroys text, so it goes
 no further than the budget needs) or no text is left to cut. The newest message and the last
 user message (`last_request`) are cut only after every other message has been, and only if the
@@ -11,6 +12,8 @@ dialect offers no text of (thinking turns, Anthropic's system messages).
 """
 
 from __future__ import annotations
+
+import functools
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,6 +27,14 @@ from policies.conversation import (
     last_request,
 )
 from policies.prune import cut_middle
+
+MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split
+
+
+def marker(removed: int, key: str) -> str:
+    """What takes the place of a cut text's middle: how many tokens went, and the key of the
+    whole text, as `prune` names the whole of what it shortens."""
+    return f"\n[… {removed} tokens cut from the middle by brim; the whole is sha256:{key[:16]} …]\n"
 
 
 class TruncateSettings(BaseModel):
@@ -62,10 +73,15 @@ class Truncate:
             if not text:
                 continue
             tokens = meter.tokens(text)
-            keep = max(self.settings.min_keep_tokens, len(tokens) - excess - 24)  # 24: the marker
+            key = archive_key(text)
+            # The marker's own tokens (with a count as long as it can get) are cut too.
+            allowance = meter.text_tokens(marker(len(tokens), key)) + MARKER_SLACK
+            keep = max(self.settings.min_keep_tokens, len(tokens) - excess - allowance)
             if keep >= len(tokens):
                 continue
-            cut, removed = cut_middle(text, keep, meter, tokens=tokens)
+            cut, removed = cut_middle(
+                text, keep, meter, tokens=tokens, marker=functools.partial(marker, key=key)
+            )
             if not removed:
                 continue
             updated = dialect.with_largest_text(message, cut)
@@ -80,7 +96,7 @@ class Truncate:
                     conversation.origin[index],
                     conversation.sizes[index],
                     size,
-                    archive_key=archive_key(text),
+                    archive_key=key,
                     detail=f"tool_result:{result.call_id}" if result else "",
                     original=text,
                 )

@@ -1,0 +1,183 @@
+"""Every stand-in the guard sends names a key the content store answers with what it stands for:
+evict's notice (the removed messages), truncate's marker (the whole text), each summary of
+evicted messages (its batch's messages) and a tool result's summary (the whole result). Driven
+through the guard stage itself, which puts each record's original into the store
+(`keep_originals`) before the request goes on."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from adapters.base import UpstreamResponse
+from adapters.exchange import Exchange
+from middleware.guard import Guard
+from middleware.limits import ResolveLimits
+from middleware.store import MemoryStore
+from middleware.summarize import MemoryCache, Summarizer
+from policies.compress import Outcome
+from policies.conversation import Policy
+from policies.evict import Evict
+from policies.limits import LimitsRegistry, ModelFacts
+from policies.tokens import CounterMeter, TokenCounter
+from policies.truncate import Truncate
+from policies.wires.base import NOTICE_PREFIX
+from policies.wires.chat import CHAT
+from proxy.resources import use_bundled_tiktoken_files
+from tests.builders import exchange, tool_turn
+
+use_bundled_tiktoken_files()
+COUNTER = TokenCounter()
+MODEL = "m-keys"
+KEY = re.compile(r"sha256:[0-9a-f]{16}")
+NOTICE_KEY = re.compile(r"; restorable as (sha256:[0-9a-f]{16})\]\Z")
+MARKER_KEY = re.compile(
+    r"tokens cut from the middle by brim; the whole is (sha256:[0-9a-f]{16}) …\]"
+)
+SUMMARY_KEY = re.compile(
+    r"\A\[brim: a summary of earlier messages, removed to fit the context window; "
+    r"the originals are (sha256:[0-9a-f]{16})\]\n"
+)
+RESULT_KEY = re.compile(
+    r"\A\[brim: a summary of this tool result, too large for the context window; "
+    r"the whole is (sha256:[0-9a-f]{16})\]\n"
+)
+Items = list[dict[str, Any]]
+
+
+class Shortening:
+    """A summary model: the first words of what it is given, as many as the room allows."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def __call__(
+        self, provider: str, messages: list[dict[str, str]], max_tokens: int, _: Mapping[str, str]
+    ) -> str:
+        self.calls += 1
+        return " ".join(messages[1]["content"].split()[: max_tokens // 3])
+
+
+def summarizer() -> tuple[Summarizer, Shortening]:
+    model = Shortening()
+    meter = CounterMeter(COUNTER, "o200k_base", "", CHAT)
+    registry = LimitsRegistry({"cheap": ModelFacts(context_window=100_000, max_output=4_000)})
+    made = Summarizer(model, ["cheap"], meter, registry, MemoryCache(1), max_retries=0)
+    return made, model
+
+
+def guard(policies: list[Policy], made: Summarizer | None = None) -> tuple[Guard, MemoryStore]:
+    store = MemoryStore(1 << 24, 3600)
+    stage = Guard(
+        COUNTER, policies, low_water=0.85, repair_pairs=True, summarizer=made, store=store
+    )
+    return stage, store
+
+
+async def send(stage: Guard, messages: Items, window: int = 8_192) -> tuple[Items, Outcome]:
+    """The messages the guard sent on for a Chat Completions request, and its outcome."""
+    limits = ResolveLimits(
+        LimitsRegistry({MODEL: ModelFacts(context_window=window, max_output=512)}),
+        COUNTER,
+        safety_margin=0.05,
+        clients={},
+    )
+    sent: list[Exchange] = []
+
+    async def upstream(ex: Exchange) -> UpstreamResponse:
+        sent.append(ex)
+        return UpstreamResponse(status=200, headers={}, body=b"{}")
+
+    async def guarded(ex: Exchange) -> UpstreamResponse:
+        return await stage(ex, upstream)
+
+    body = {"model": MODEL, "messages": messages, "max_tokens": 512}
+    await limits(exchange("openai.chat", MODEL, body), guarded)
+    (out,) = sent
+    assert out.body is not None and out.context is not None and out.context.outcome is not None
+    return out.body["messages"], out.context.outcome
+
+
+def session(turns: int, lines: int = 150) -> Items:
+    messages: Items = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "Deploy the service."},
+    ]
+    for turn in range(turns):
+        output = "\n".join(f"log {turn}.{i}: deploy step output text" for i in range(lines))
+        messages += tool_turn(f"c{turn}", output)
+    messages.append({"role": "user", "content": "What failed?"})
+    return messages
+
+
+def contents(messages: Items) -> list[str]:
+    return [str(m.get("content") or "") for m in messages]
+
+
+def test_the_notice_names_a_key_the_store_answers_with_every_message_it_removed() -> None:
+    stage, store = guard([Evict()])
+    messages = session(10)
+    sent, _ = asyncio.run(send(stage, messages))
+    (notice,) = [text for text in contents(sent) if text.startswith(NOTICE_PREFIX)]
+    shown = NOTICE_KEY.search(notice)
+    assert shown is not None, notice
+    original = asyncio.run(store.get(shown[1]))
+    assert original is not None
+    # What a model gets back: the removed messages, as the client sent them, in order.
+    assert orjson.loads(original) == [m for m in messages if m not in sent]
+    again, _ = asyncio.run(send(guard([Evict()])[0], orjson.loads(orjson.dumps(messages))))
+    assert again == sent  # the same history: the same notice, byte for byte
+
+
+def test_the_marker_names_a_key_the_store_answers_with_the_whole_text() -> None:
+    stage, store = guard([Truncate()])
+    log = "\n".join(f"worker {i}: processed batch without errors" for i in range(2_000))
+    messages = [{"role": "user", "content": "Why did the job fail?"}, *tool_turn("c0", log)]
+    sent, outcome = asyncio.run(send(stage, messages))
+    assert outcome.tokens_out <= outcome.limit
+    (shown,) = MARKER_KEY.findall(sent[-1]["content"])
+    assert asyncio.run(store.get(shown)) == log
+
+
+def test_each_summary_names_a_key_the_store_answers_with_the_batch_it_condenses() -> None:
+    made, model = summarizer()
+    stage, store = guard([Evict()], made)
+    messages = session(14, lines=120)
+    sent, outcome = asyncio.run(send(stage, messages))
+    texts = contents(sent)
+    summaries = [text for text in texts if text.startswith("[brim: a summary")]
+    assert len(summaries) >= 2 and not any(text.startswith(NOTICE_PREFIX) for text in texts)
+    batches: Items = []
+    for summary in summaries:
+        shown = SUMMARY_KEY.match(summary)
+        assert shown is not None, summary[:200]
+        assert len(KEY.findall(summary.split("\n", 1)[0])) == 1
+        original = asyncio.run(store.get(shown[1]))
+        assert original is not None
+        batch = orjson.loads(original)
+        at = messages.index(batch[0])  # a run of the client's own messages
+        assert batch == messages[at : at + len(batch)]
+        batches += batch
+    assert batches == [m for m in messages if m not in sent]  # every one, each once, in order
+    assert not any(r.action == "notice" for r in outcome.records)  # the notice is gone
+    # Summaries come from the cache by content; their keys are a function of it: same bytes.
+    calls = model.calls
+    assert calls >= len(summaries)  # summarized, not sent verbatim
+    again, _ = asyncio.run(send(guard([Evict()], made)[0], orjson.loads(orjson.dumps(messages))))
+    assert again == sent and model.calls == calls
+
+
+def test_a_tool_results_summary_names_the_key_of_the_whole_result() -> None:
+    made, _ = summarizer()
+    stage, store = guard([Truncate()], made)
+    log = "\n".join(f"worker {i}: processed batch without errors" for i in range(2_000))
+    messages = [{"role": "user", "content": "Why did the job fail?"}, *tool_turn("c0", log)]
+    sent, outcome = asyncio.run(send(stage, messages))
+    assert outcome.tokens_out <= outcome.limit
+    shown = RESULT_KEY.match(sent[-1]["content"])
+    assert shown is not None, sent[-1]["content"][:200]
+    assert asyncio.run(store.get(shown[1])) == log

@@ -1,0 +1,84 @@
+"""truncate's marker names the key of the whole text it cut, which its record keeps; the cut
+still stays within the budget."""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from policies.conversation import Goal, archive_key
+from policies.truncate import Truncate
+from tests.policies.test_policies import LOG, METER, conv, tool_turn
+
+SHOWN = re.compile(
+    r"\n\[… \d+ tokens cut from the middle by brim; the whole is sha256:([0-9a-f]{16}) …\]\n"
+)
+
+
+def test_the_marker_names_the_key_of_the_whole_text_its_record_keeps() -> None:
+    messages = [{"role": "system", "content": "sys"}, *tool_turn(1, LOG), *tool_turn(2, "ok")]
+    before = conv(messages)
+    after, records = Truncate().apply(before, Goal(target=1_000, limit=1_000), METER)
+    assert after.total <= 1_000  # the key costs tokens: the budget still holds
+    cut = after.messages[2]["content"]
+    (shown,) = SHOWN.findall(cut)  # one marker, one key
+    (record,) = records
+    assert record.original == LOG  # the whole text, not only what went
+    assert record.archive_key == archive_key(LOG) and shown == record.archive_key[:16]
+    assert record.detail == "tool_result:c1"
+    assert cut.startswith(LOG[:40]) and cut.endswith(LOG[-40:])
+
+
+def test_the_same_text_is_cut_to_the_same_bytes() -> None:
+    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": LOG}]
+    goal = Goal(target=900, limit=900)
+    first, _ = Truncate().apply(conv(messages), goal, METER)
+    again, _ = Truncate().apply(conv(copy.deepcopy(messages)), goal, METER)
+    assert SHOWN.search(first.messages[1]["content"]) is not None
+    assert first.messages == again.messages
+
+
+@st.composite
+def long_texts(draw: Any) -> str:
+    """A text of hundreds to thousands of tokens: lines of words, or one line without ends."""
+    words = draw(st.lists(st.sampled_from(WORDS), min_size=1, max_size=6))
+    width = draw(st.integers(1, 24))
+    lines = [
+        " ".join(words[(n + i) % len(words)] for i in range(width)) + f" {n}"
+        for n in range(draw(st.integers(20, 400)))
+    ]
+    return draw(st.sampled_from(["\n", " ", ""])).join(lines)
+
+
+WORDS = ["alpha", "beta", "東京", "é", "{", "}", "42", "error:", "\t", "0x1f", "…", "[brim"]
+
+
+@settings(
+    max_examples=80,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(texts=st.lists(long_texts(), min_size=1, max_size=3), share=st.floats(0.05, 0.95))
+def test_the_marker_and_its_key_stay_within_the_budget(texts: list[str], share: float) -> None:
+    """Texts with and without line ends, one or several of them: whatever truncate cuts fits
+    the limit whenever what it may not cut (the newest message, `min_keep_tokens` of each
+    text) does, and every cut names the key of its text."""
+    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}]
+    for n, text in enumerate(texts):
+        messages += [{"role": "user", "content": f"q{n}"}, {"role": "assistant", "content": text}]
+    before = conv(messages)
+    limit = max(1, int(before.total * share))
+    after, records = Truncate().apply(before, Goal(target=limit, limit=limit), METER)
+    for record in records:
+        assert record.original is not None and record.archive_key == archive_key(record.original)
+        cut = after.messages[record.index]["content"]  # truncate removes no message
+        assert SHOWN.findall(cut) == [record.archive_key[:16]]
+    floor = sum(min(len(METER.tokens(t)), 256) for t in texts)  # what cutting leaves at least
+    event(f"{len(records)} cut")
+    if before.total - sum(len(METER.tokens(t)) for t in texts) + floor + 60 * len(texts) < limit:
+        event("must fit")
+        assert after.total <= limit
