@@ -1,4 +1,6 @@
-"""The default stage order: observe → resolve limits → guard → retry on overflow → forward."""
+"""The default stage order: observe → loop breaker → resolve limits → guard → restore rounds →
+retry on overflow → forward. Restore sits outside the retry, so every hidden round it asks is
+retried too, and goes on from the request as the retry last sent it."""
 
 from __future__ import annotations
 
