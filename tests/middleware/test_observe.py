@@ -33,7 +33,7 @@ from middleware.telemetry import MODEL_LABELS, OTHER_MODELS, ModelLabels, Status
 from tests import builders
 from tests.builders import tool_session
 from tests.conftest import BrimFactory, fake_upstream
-from tests.fakes import FakeProvider, LoopThread
+from tests.fakes import FakeProvider, LoopThread, wait_for
 
 HELLO = [{"role": "user", "content": "ping"}]
 CANARY = "sk-canary-LEAK-4242-do-not-log"
@@ -69,6 +69,9 @@ def traced(
 
 
 def by_name(spans: InMemorySpanExporter, name: str) -> ReadableSpan:
+    """The last finished span of that name — waited for: a stream's root span ends when brim's
+    handler returns, which can be just after the client has read the stream's last byte."""
+    wait_for(lambda: any(s.name == name for s in spans.get_finished_spans()))
     found = [s for s in spans.get_finished_spans() if s.name == name]
     assert found, [s.name for s in spans.get_finished_spans()]
     return found[-1]
