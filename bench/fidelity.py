@@ -93,6 +93,15 @@ LITELLM_TURNS_PAST_32K = 6
 KEY_PATTERN = re.compile(r"sha256:([0-9a-f]{16,64})")
 RESTORE_ROUNDS = RestoreConfig().max_rounds
 
+# The per-request columns of a row, and the Case field each is the share of.
+REQUEST_SHARES = {
+    "valid": "valid",
+    "within_budget": "within",
+    "system_kept": "system_kept",
+    "newest_kept": "newest_kept",
+    "restore_offered": "restore_offered",
+}
+
 BRIM = "brim"
 BRIM_SUMMARIZE = "brim + summarize"
 LITELLM = "LiteLLM trim_messages"
@@ -752,38 +761,19 @@ def summarize_cases(cases: Sequence[Case]) -> list[dict[str, Any]]:
                         "api": api,
                         "cases": len(group),
                         "refused": len(group) - len(sent),
-                        "valid_pct": percent(sum(c.valid for c in sent), len(sent)),
-                        "within_budget_pct": percent(sum(c.within for c in sent), len(sent)),
-                        "system_kept_pct": percent(sum(c.system_kept for c in sent), len(sent)),
-                        "newest_kept_pct": percent(sum(c.newest_kept for c in sent), len(sent)),
-                        "facts_older_kept_pct": percent(
-                            sum(c.facts_older_kept for c in group),
-                            sum(c.facts_older for c in group),
-                        ),
-                        "facts_recent_kept_pct": percent(
-                            sum(c.facts_recent_kept for c in group),
-                            sum(c.facts_recent for c in group),
-                        ),
-                        "facts_lookalike_kept_pct": percent(
-                            sum(c.facts_lookalike_kept for c in group),
-                            sum(c.facts_lookalike for c in group),
-                        ),
-                        "facts_older_recoverable_pct": percent(
-                            sum(c.facts_older_recoverable for c in group),
-                            sum(c.facts_older for c in group),
-                        ),
-                        "facts_recent_recoverable_pct": percent(
-                            sum(c.facts_recent_recoverable for c in group),
-                            sum(c.facts_recent for c in group),
-                        ),
-                        "facts_lookalike_recoverable_pct": percent(
-                            sum(c.facts_lookalike_recoverable for c in group),
-                            sum(c.facts_lookalike for c in group),
-                        ),
+                        **{
+                            f"{column}_pct": percent(sum(getattr(c, name) for c in sent), len(sent))
+                            for column, name in REQUEST_SHARES.items()
+                        },
+                        **{
+                            f"facts_{where}_{how}_pct": percent(
+                                sum(getattr(c, f"facts_{where}_{how}") for c in group),
+                                sum(getattr(c, f"facts_{where}") for c in group),
+                            )
+                            for where in ("older", "recent", "lookalike")
+                            for how in ("kept", "recoverable")
+                        },
                         "facts_in_later_rounds": sum(len(c.further) for c in group),
-                        "restore_offered_pct": percent(
-                            sum(c.restore_offered for c in sent), len(sent)
-                        ),
                         "tokens_out_share": round(
                             sum((c.tokens_out or 0) / c.budget for c in sent) / len(sent), 3
                         )
