@@ -712,13 +712,24 @@ class PruneToolResults:
             if only_lossless:
                 records.append(FidelityRecord(self.name, "pruned", origin, before, after))
         out = pruned.replace(edited)
-        texts = {
-            (index, r.call_id): r.text
-            for index in edited
-            for r in results[index]
-            if r.call_id in cut.get(index, ()) or r.call_id in digested.get(index, ())
+        # Every result changed here — minified, pointed onward, cut or digested — noted with its
+        # text and its message's size as the client sent them: a placeholder names that whole
+        # whichever of these happened to it first.
+        changed = texts.keys() | {
+            (index, call_id)
+            for done in (cut, digested)
+            for index, calls in done.items()
+            for call_id in calls
         }
-        remember_cut(out, CutFrom(texts, {index: pruned.sizes[index] for index, _ in texts}))
+        wholes = {
+            (index, r.call_id): r.text
+            for index in {index for index, _ in changed}
+            for r in results[index]
+            if (index, r.call_id) in changed
+        }
+        remember_cut(
+            out, CutFrom(wholes, {index: conversation.sizes[index] for index, _ in wholes})
+        )
         return out, records
 
     def _digests_from(self, sizes: Sequence[int], left: int) -> int:

@@ -520,3 +520,28 @@ def test_a_shortened_result_names_its_whole_and_json_stays_json() -> None:
     once = shortened("a\nb", key)
     assert shortened(once, "f" * 64) == once
     assert shortened(shortened("[1,2]", key), "f" * 64) == shortened("[1,2]", key)
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_a_placeholder_names_the_result_as_sent_whatever_prune_did_to_it_first(api: str) -> None:
+    """Minified only, or cut to its relevant part: the placeholder clear makes next names the
+    result's size and key as the client sent it, so it is the same either way."""
+    builder = BUILDERS[api]
+    rows = [{"id": f"ORD-{n}", "status": "shipped", "note": None} for n in range(300)]
+    result = orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode()  # minifying changes it
+    items = [
+        builder.user("go"),
+        *builder.turn("c1", "list_orders", {}, result),
+        *builder.turn("c2", "bash", {"command": "true"}, "ok"),
+    ]
+    before = builder.conversation(items)
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0))
+    minified, _ = prune.apply(before, Goal(target=before.total, limit=before.total), builder.meter)
+    cut, _ = prune.apply(before, Goal(0, 0), builder.meter)
+    assert result_of(minified, "c1") != result and result_of(cut, "c1") != result_of(minified, "c1")
+    clear = ClearToolResults(ClearSettings(keep=1, gist_lines=0))
+    heads = {
+        result_of(clear.apply(pruned, Goal(0, 0), builder.meter)[0], "c1")
+        for pruned in (minified, cut)
+    }
+    assert heads == {placeholder("list_orders", before.sizes[2], archive_key(result))}
