@@ -246,6 +246,7 @@ _POINTER = re.compile(
     r"for call (?P<call>.*?)(?: in message (?P<at>\d+))?; see there; sha256:[0-9a-f]{16}\]\Z",
     re.DOTALL,
 )
+_BRIM_MARKER = re.compile(r"\[… [^\]\n]*?by brim[^\]\n]*?…\]")  # of what a cut left out
 _ANOMALY_WORDS = (  # found in lower-cased text, inside words too: KeyError, FAILED, UserWarning
     "error",
     "exception",
@@ -431,8 +432,11 @@ def _terms_of(text: str) -> frozenset[str]:
 
 def is_anomaly(text: str) -> bool:
     """Whether `text` reports something going wrong: an error, warning, failure, exception,
-    traceback or panic, a non-2xx HTTP status, a non-zero exit code."""
+    traceback or panic, a non-2xx HTTP status, a non-zero exit code. brim's own markers in it
+    ("… lines without task terms or errors omitted by brim …") report nothing."""
     lowered = text.lower()
+    if "by brim" in lowered:
+        lowered = _BRIM_MARKER.sub(" ", lowered)
     if any(word in lowered for word in _ANOMALY_WORDS):
         return True
     return any(hint in lowered for hint in ("http/", "status", "exit", "code", "rc")) and bool(

@@ -33,8 +33,13 @@ from policies.conversation import Conversation, ResultKey, strings_of
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
 _WORD = re.compile(r"\w*[^\W\d_]\w*")  # a word with a letter in it
-# Brim's own markers (of omitted lines, items or tokens): they say nothing about the result.
-_MARKER = re.compile(r"\[… \d+ [^\]]*by brim[^\]]*…\]|… \d+ more items …")
+# The note that ends a result prune shortened, naming the key of its whole.
+SHORTENED = "[brim shortened this result; the whole is sha256:"
+# Brim's own markers (of omitted lines, items or tokens, and that note): they say nothing about
+# the result.
+_MARKER = re.compile(
+    r"\[… \d+ [^\]]*by brim[^\]]*…\]|… \d+ more items …|" + re.escape(SHORTENED) + r"[0-9a-f]{16}\]"
+)
 _CUT_FROM = "cut_from"  # the memo key of `remember_cut`
 _SMOOTHING = 2  # a line of one rare word is no more telling than a sentence of rare words
 _GIST_RATIO = 0.6  # a gist quotes no line scoring below this share of its best line's
@@ -78,7 +83,7 @@ def line_scores(lines: Sequence[str]) -> list[float]:
     pieces = list(map(_WORD.findall, masked.split("\n")))
     if len(pieces) != len(lines):  # a line with a line break in it: one at a time
         pieces = [words(line) for line in lines]
-    if "by brim" in joined or "more items" in joined:
+    if "by brim" in joined or "more items" in joined or SHORTENED in joined:
         markers = [is_marker(line) for line in lines]
         scores = rarity_scores(
             [() if marker else piece for piece, marker in zip(pieces, markers, strict=True)]

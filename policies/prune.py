@@ -65,7 +65,14 @@ from policies.conversation import (
     snapped_count,
     strings_of,
 )
-from policies.information import CutFrom, item_scores, rare_keys, remember_cut, scores_of
+from policies.information import (
+    SHORTENED,
+    CutFrom,
+    item_scores,
+    rare_keys,
+    remember_cut,
+    scores_of,
+)
 from policies.nesting import SAFE_DEPTH, nests_deeper_than
 
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
@@ -339,7 +346,6 @@ def _with_gaps(items: Sequence[Any], keep: set[int]) -> list[Any]:
     return out
 
 
-SHORTENED = "[brim shortened this result; the whole is sha256:"
 _NAMED = re.compile(re.escape(SHORTENED) + r"[0-9a-f]{16}\]")
 
 

@@ -83,7 +83,7 @@ def without_named_whole(shortened: str, original: str) -> str:
     """A result prune shortened, without the note naming its whole — checked to name the key of
     `original` (in a last line, or as a JSON array's last item or an object's "brim" field)."""
     from policies.conversation import archive_key
-    from policies.prune import SHORTENED
+    from policies.information import SHORTENED
 
     note = f"{SHORTENED}{archive_key(original)[:16]}]"
     if shortened.endswith(f"\n{note}"):

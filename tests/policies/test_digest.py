@@ -545,3 +545,11 @@ def test_a_placeholder_names_the_result_as_sent_whatever_prune_did_to_it_first(a
         for pruned in (minified, cut)
     }
     assert heads == {placeholder("list_orders", before.sizes[2], archive_key(result))}
+
+
+def test_a_gist_never_quotes_the_note_naming_the_whole() -> None:
+    text = shortened(repetitive_log(40, unusual_at=None), "0123456789abcdef" * 4)
+    assert gist(text, 3) and not any("brim shortened" in line for line in gist(text, 3))
+    assert is_marker(text.split("\n")[-1])
+    listing = shortened(orjson.dumps(["a", "b"]).decode(), "0123456789abcdef" * 4)
+    assert not any("brim" in line for line in gist(listing, 3))

@@ -26,6 +26,7 @@ from policies.conversation import (
     has_evidence,
     is_anomaly,
     requests,
+    result_values,
     stale_results,
     terms_of,
 )
@@ -848,3 +849,27 @@ def test_generated_sessions_stay_valid_deterministic_and_keep_the_newest_copy(
             assert not shown[target].startswith("[brim cleared")  # …and not cleared either
             assert sent[target] == sent[call_id]  # a copy of it
             assert f"sha256:{archive_key(sent[call_id])[:16]}" in text  # archived under this
+
+
+def test_brims_own_markers_report_no_anomaly() -> None:
+    marker = "[… 40 lines without task terms or errors omitted by brim …]"
+    assert not is_anomaly(f"compiled unit 1\n{marker}\ncompiled unit 99")
+    assert is_anomaly(f"compiled unit 1\n{marker}\nERROR unit 99 failed")
+    assert is_anomaly("[… brim did not write this: an error …]")  # not brim's marker
+
+
+def test_a_result_prune_cut_keeps_its_value(wire: Builder) -> None:
+    """A plain log cut to its relevant lines is still plain: the marker of the lines it left
+    out ("… without task terms or errors …") is no anomaly, so clear and evict rank it alike
+    whether or not prune cut it first."""
+    log = "\n".join(f"2026-11-22 12:00:{n % 60:02d} INFO compiled unit {n}" for n in range(600))
+    items = session(
+        wire,
+        wire.turn("c1", "bash", {"command": "make"}, log),
+        wire.turn("c2", "bash", {"command": "true"}, "ok"),
+    )
+    before = wire.conversation(items)
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0, digest_share=1))
+    after, _ = prune.apply(before, Goal(0, 0), wire.meter)
+    assert "without task terms or errors omitted by brim" in result_of(after, "c1")
+    assert result_values(after) == result_values(before)
