@@ -389,9 +389,13 @@ def keys_of(text: str) -> frozenset[str]:
     return known.keys
 
 
+def keys_in(text: str) -> frozenset[str]:
+    """`keys_of`, worked out afresh: for pieces of a result, not worth remembering one by one."""
+    return _keys(text)
+
+
 def mentions(text: str, terms: frozenset[str]) -> bool:
-    """Whether a line or an item mentions a task term (worked out afresh: for pieces of a
-    result, which are not worth remembering one by one)."""
+    """Whether a line or an item mentions a task term (`keys_in`)."""
     return bool(terms) and not terms.isdisjoint(_keys(text))
 
 

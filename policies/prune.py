@@ -59,6 +59,7 @@ from policies.conversation import (
     copies,
     facts,
     is_anomaly,
+    keys_in,
     keys_of,
     mentions,
     pointer,
@@ -390,7 +391,7 @@ def _matched_terms(text: str, terms: frozenset[str]) -> frozenset[str]:
     # A key lies within a line: only the lines with a term in them need splitting.
     found = re.compile("|".join(map(re.escape, sorted(present)))).search
     lines = [line for line in lowered.split("\n") if found(line)]
-    return present & keys_of("\n".join(lines))
+    return present & keys_in("\n".join(lines))  # a throwaway text: not remembered
 
 
 _MATCHED: LRUCache[tuple[int, int, frozenset[str]], frozenset[str]] = LRUCache(maxsize=8_192)
