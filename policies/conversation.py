@@ -315,10 +315,6 @@ def parse_key(text: object, min_digits: int = 64) -> str | None:
     return digits
 
 
-def message_key(message: Any) -> str:
-    return archive_key(orjson.dumps(message).decode())
-
-
 def is_placeholder(text: str) -> bool:
     """Whether a result is already a stand-in: cleared, pointed onward, or never recorded."""
     return text.startswith(_PLACEHOLDER_PREFIXES)

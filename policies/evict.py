@@ -21,7 +21,7 @@ One notice takes the place of the first removed unit — or goes before the syst
 in front of it, never after one (Anthropic's notice is a user message, and Anthropic takes a
 system message only right before an assistant turn) — saying how many messages and tokens went,
 which tools had been called, and the user requests that were dropped, and ending with the one
-key that restores them all: the sha256 of the removed messages' JSON, in order (`removed_json`),
+key that restores them all: the sha256 of the removed messages as one JSON array, in order,
 which the notice's own record keeps as its original. The notice is a function of the removed
 messages alone, so the same removed set gives the same bytes on every turn. If the protected
 units alone are over the limit, they are released oldest first (never a system message or the
@@ -52,7 +52,6 @@ from policies.conversation import (
     archive_key,
     facts,
     last_request,
-    message_key,
     pointed_at,
     result_values,
     snapped_count,
@@ -73,12 +72,27 @@ class EvictSettings(BaseModel):
     notice: bool = True
 
 
-def removed_json(conversation: Conversation, removed: Sequence[Unit]) -> str:
-    """The removed units' messages as one JSON array, in conversation order (as each evicted
-    unit's own record keeps its messages): what the notice's key restores."""
-    messages = conversation.messages
-    ordered = sorted(removed, key=lambda unit: unit.start)
-    return orjson.dumps([messages[i] for unit in ordered for i in unit.indices]).decode()
+class _Dumped:
+    """Each unit's messages as a JSON array (its record's original), dumped once however many
+    removed sets — passes of the batching loop, last resorts, the records — it is part of."""
+
+    def __init__(self, conversation: Conversation) -> None:
+        self._messages = conversation.messages
+        self._arrays: dict[Unit, str] = {}
+
+    def unit(self, unit: Unit) -> str:
+        found = self._arrays.get(unit)
+        if found is None:
+            found = orjson.dumps([self._messages[i] for i in unit.indices]).decode()
+            self._arrays[unit] = found
+        return found
+
+    def removed(self, removed: Sequence[Unit]) -> str:
+        """The removed units' messages as one JSON array, in conversation order — what the
+        notice's key restores — from the units' own arrays (orjson writes no whitespace: one
+        array of all the messages is the units' items joined by commas)."""
+        items = (self.unit(unit)[1:-1] for unit in sorted(removed, key=lambda unit: unit.start))
+        return "[" + ",".join(item for item in items if item) + "]"
 
 
 def _quote(text: str) -> str:
@@ -150,7 +164,7 @@ class Evict:
     def __init__(self, settings: EvictSettings | None = None) -> None:
         self.settings = settings or EvictSettings()
 
-    def _notice_text(self, conversation: Conversation, removed: list[Unit]) -> str:
+    def _notice_text(self, conversation: Conversation, removed: list[Unit], dumped: _Dumped) -> str:
         dialect = conversation.dialect
         messages = conversation.messages
         count = sum(len(unit.indices) for unit in removed)
@@ -177,16 +191,21 @@ class Evict:
             quoted = "; ".join(f'"{r}"' for r in requests[:5])
             more = f" and {len(requests) - 5} more" if len(requests) > 5 else ""
             parts.append(f"; user requests removed: {quoted}{more}")
-        key = archive_key(removed_json(conversation, removed))
+        key = archive_key(dumped.removed(removed))
         return "".join(parts) + f"; restorable as sha256:{key[:16]}]"
 
     def _build(
-        self, conversation: Conversation, removed: list[Unit], meter: Meter, notice: bool
+        self,
+        conversation: Conversation,
+        removed: list[Unit],
+        meter: Meter,
+        notice: bool,
+        dumped: _Dumped,
     ) -> Conversation:
         gone = {i for unit in removed for i in unit.indices}
         inserts: dict[int, tuple[Any, int]] = {}
         if notice and removed:
-            message = conversation.dialect.notice(self._notice_text(conversation, removed))
+            message = conversation.dialect.notice(self._notice_text(conversation, removed, dumped))
             at = _notice_at(conversation, min(unit.start for unit in removed))
             inserts[at] = (message, meter.message(message))
         return conversation.keep(lambda i: i not in gone, inserts)
@@ -243,13 +262,16 @@ class Evict:
                 or unit in neighbours
             )
         ]
-        candidates = [u for u in units if u not in system and u not in always and u not in optional]
+        kept = system | always | set(optional)
+        candidates = [unit for unit in units if unit not in kept]
         size = {unit: sum(conversation.sizes[i] for i in unit.indices) for unit in units}
         value = self._values(conversation, candidates)
         ordered = sorted(candidates, key=lambda unit: (value[unit], unit.start))
 
+        dumped = _Dumped(conversation)
+
         def total_without(removed: list[Unit], notice: bool) -> tuple[Conversation, int]:
-            built = self._build(conversation, removed, meter, notice)
+            built = self._build(conversation, removed, meter, notice, dumped)
             return built, built.total
 
         step = goal.step(self.settings.evict_at_least)
@@ -287,9 +309,9 @@ class Evict:
                 conversation.origin[unit.start],
                 size[unit],
                 0,
-                archive_key=message_key([conversation.messages[i] for i in unit.indices]),
+                archive_key=archive_key(dumped.unit(unit)),
                 detail=unit.kind,
-                original=orjson.dumps([conversation.messages[i] for i in unit.indices]).decode(),
+                original=dumped.unit(unit),
                 batch=batch[unit],
             )
             for unit in removed
@@ -300,7 +322,7 @@ class Evict:
             if origin == -1 and result.messages[i] not in conversation.messages
         ]
         if notices:  # the notice names every removed message by one key: its record keeps them
-            original = removed_json(conversation, removed)
+            original = dumped.removed(removed)
             key = archive_key(original)
             records += [
                 FidelityRecord(

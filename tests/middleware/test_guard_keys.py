@@ -2,7 +2,7 @@
 evict's notice (the removed messages), truncate's marker (the whole text), each summary of
 evicted messages (its batch's messages) and a tool result's summary (the whole result). Driven
 through the guard stage itself, which puts each record's original into the store
-(`keep_originals`) before the request goes on."""
+(`keep_originals`) before the request goes on. On every wire API."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+import pytest
 
 from adapters.base import UpstreamResponse
 from adapters.exchange import Exchange
@@ -25,10 +26,14 @@ from policies.evict import Evict
 from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import CounterMeter, TokenCounter
 from policies.truncate import Truncate
+from policies.wires import WIRES
 from policies.wires.base import NOTICE_PREFIX
 from policies.wires.chat import CHAT
 from proxy.resources import use_bundled_tiktoken_files
-from tests.builders import exchange, tool_turn
+from tests.builders import exchange
+from tests.policies.test_evict import LEADING
+from tests.policies.test_information import BUILDERS, Builder
+from tests.policies.test_truncate import GEMINI_RESULTS_UNCUT
 
 use_bundled_tiktoken_files()
 COUNTER = TokenCounter()
@@ -47,6 +52,22 @@ RESULT_KEY = re.compile(
     r"the whole is (sha256:[0-9a-f]{16})\]\n"
 )
 Items = list[dict[str, Any]]
+# A request's body around its conversation, as each wire API has it (Gemini's model is in the URL).
+BODIES: dict[str, dict[str, Any]] = {
+    "openai.chat": {"model": MODEL, "max_tokens": 512},
+    "anthropic.messages": {"model": MODEL, "max_tokens": 512},
+    "openai.responses": {"model": MODEL, "max_output_tokens": 512},
+    "gemini.generate": {"generationConfig": {"maxOutputTokens": 512}},
+}
+
+
+@pytest.fixture(params=sorted(WIRES))
+def wire(request: pytest.FixtureRequest) -> Builder:
+    return BUILDERS[request.param]
+
+
+def test_every_wire_has_a_body() -> None:
+    assert set(BODIES) == set(WIRES)
 
 
 class Shortening:
@@ -78,8 +99,10 @@ def guard(policies: list[Policy], made: Summarizer | None = None) -> tuple[Guard
     return stage, store
 
 
-async def send(stage: Guard, messages: Items, window: int = 8_192) -> tuple[Items, Outcome]:
-    """The messages the guard sent on for a Chat Completions request, and its outcome."""
+async def send(
+    stage: Guard, wire: Builder, messages: Items, window: int = 8_192
+) -> tuple[Items, Outcome]:
+    """The items the guard sent on for a request of `wire`'s API, and its outcome."""
     limits = ResolveLimits(
         LimitsRegistry({MODEL: ModelFacts(context_window=window, max_output=512)}),
         COUNTER,
@@ -95,60 +118,83 @@ async def send(stage: Guard, messages: Items, window: int = 8_192) -> tuple[Item
     async def guarded(ex: Exchange) -> UpstreamResponse:
         return await stage(ex, upstream)
 
-    body = {"model": MODEL, "messages": messages, "max_tokens": 512}
-    await limits(exchange("openai.chat", MODEL, body), guarded)
+    api = WIRES[wire.api]
+    body = api.with_conversation(BODIES[wire.api], messages)
+    await limits(exchange(wire.api, MODEL, body), guarded)
     (out,) = sent
     assert out.body is not None and out.context is not None and out.context.outcome is not None
-    return out.body["messages"], out.context.outcome
+    return list(api.conversation(out.body)), out.context.outcome
 
 
-def session(turns: int, lines: int = 150) -> Items:
-    messages: Items = [
-        {"role": "system", "content": "You are a coding agent."},
-        {"role": "user", "content": "Deploy the service."},
-    ]
+def session(wire: Builder, turns: int, lines: int = 150) -> Items:
+    messages = [*LEADING.get(wire.api, []), wire.user("Deploy the service.")]
     for turn in range(turns):
         output = "\n".join(f"log {turn}.{i}: deploy step output text" for i in range(lines))
-        messages += tool_turn(f"c{turn}", output)
-    messages.append({"role": "user", "content": "What failed?"})
+        messages += wire.turn(f"c{turn}", "read_file", {"step": turn}, output)
+    messages.append(wire.user("What failed?"))
     return messages
 
 
-def contents(messages: Items) -> list[str]:
-    return [str(m.get("content") or "") for m in messages]
+def job(wire: Builder) -> tuple[Items, str]:
+    """A question and one tool result too large for the window: the log it is."""
+    log = "\n".join(f"worker {i}: processed batch without errors" for i in range(2_000))
+    return [wire.user("Why did the job fail?"), *wire.turn("c0", "read_file", {}, log)], log
 
 
-def test_the_notice_names_a_key_the_store_answers_with_every_message_it_removed() -> None:
+def contents(wire: Builder, messages: Items) -> list[str]:
+    dialect = WIRES[wire.api].dialect
+    return [dialect.text(m) for m in messages]
+
+
+def result(wire: Builder, messages: Items) -> str:
+    """The text of the last tool result, as the model will read it."""
+    dialect = WIRES[wire.api].dialect
+    (last,) = dialect.tool_results(messages[-1], dialect.tools_by_call(messages))
+    return last.text
+
+
+def test_the_notice_names_a_key_the_store_answers_with_every_message_it_removed(
+    wire: Builder,
+) -> None:
     stage, store = guard([Evict()])
-    messages = session(10)
-    sent, _ = asyncio.run(send(stage, messages))
-    (notice,) = [text for text in contents(sent) if text.startswith(NOTICE_PREFIX)]
+    messages = session(wire, 10)
+    sent, _ = asyncio.run(send(stage, wire, messages))
+    (notice,) = [text for text in contents(wire, sent) if text.startswith(NOTICE_PREFIX)]
     shown = NOTICE_KEY.search(notice)
     assert shown is not None, notice
     original = asyncio.run(store.get(shown[1]))
     assert original is not None
     # What a model gets back: the removed messages, as the client sent them, in order.
     assert orjson.loads(original) == [m for m in messages if m not in sent]
-    again, _ = asyncio.run(send(guard([Evict()])[0], orjson.loads(orjson.dumps(messages))))
+    again, _ = asyncio.run(send(guard([Evict()])[0], wire, orjson.loads(orjson.dumps(messages))))
     assert again == sent  # the same history: the same notice, byte for byte
 
 
-def test_the_marker_names_a_key_the_store_answers_with_the_whole_text() -> None:
+@pytest.mark.parametrize(
+    "api",
+    [
+        pytest.param(api, marks=GEMINI_RESULTS_UNCUT if api == "gemini.generate" else ())
+        for api in sorted(WIRES)
+    ],
+)
+def test_the_marker_names_a_key_the_store_answers_with_the_whole_text(api: str) -> None:
+    wire = BUILDERS[api]
     stage, store = guard([Truncate()])
-    log = "\n".join(f"worker {i}: processed batch without errors" for i in range(2_000))
-    messages = [{"role": "user", "content": "Why did the job fail?"}, *tool_turn("c0", log)]
-    sent, outcome = asyncio.run(send(stage, messages))
+    messages, log = job(wire)
+    sent, outcome = asyncio.run(send(stage, wire, messages))
     assert outcome.tokens_out <= outcome.limit
-    (shown,) = MARKER_KEY.findall(sent[-1]["content"])
+    (shown,) = MARKER_KEY.findall(result(wire, sent))
     assert asyncio.run(store.get(shown)) == log
 
 
-def test_each_summary_names_a_key_the_store_answers_with_the_batch_it_condenses() -> None:
+def test_each_summary_names_a_key_the_store_answers_with_the_batch_it_condenses(
+    wire: Builder,
+) -> None:
     made, model = summarizer()
     stage, store = guard([Evict()], made)
-    messages = session(14, lines=120)
-    sent, outcome = asyncio.run(send(stage, messages))
-    texts = contents(sent)
+    messages = session(wire, 14, lines=120)
+    sent, outcome = asyncio.run(send(stage, wire, messages))
+    texts = contents(wire, sent)
     summaries = [text for text in texts if text.startswith("[brim: a summary")]
     assert len(summaries) >= 2 and not any(text.startswith(NOTICE_PREFIX) for text in texts)
     batches: Items = []
@@ -167,17 +213,26 @@ def test_each_summary_names_a_key_the_store_answers_with_the_batch_it_condenses(
     # Summaries come from the cache by content; their keys are a function of it: same bytes.
     calls = model.calls
     assert calls >= len(summaries)  # summarized, not sent verbatim
-    again, _ = asyncio.run(send(guard([Evict()], made)[0], orjson.loads(orjson.dumps(messages))))
+    again, _ = asyncio.run(
+        send(guard([Evict()], made)[0], wire, orjson.loads(orjson.dumps(messages)))
+    )
     assert again == sent and model.calls == calls
 
 
-def test_a_tool_results_summary_names_the_key_of_the_whole_result() -> None:
+@pytest.mark.parametrize(
+    "api",
+    [
+        pytest.param(api, marks=GEMINI_RESULTS_UNCUT if api == "gemini.generate" else ())
+        for api in sorted(WIRES)
+    ],
+)
+def test_a_tool_results_summary_names_the_key_of_the_whole_result(api: str) -> None:
+    wire = BUILDERS[api]
     made, _ = summarizer()
     stage, store = guard([Truncate()], made)
-    log = "\n".join(f"worker {i}: processed batch without errors" for i in range(2_000))
-    messages = [{"role": "user", "content": "Why did the job fail?"}, *tool_turn("c0", log)]
-    sent, outcome = asyncio.run(send(stage, messages))
+    messages, log = job(wire)
+    sent, outcome = asyncio.run(send(stage, wire, messages))
     assert outcome.tokens_out <= outcome.limit
-    shown = RESULT_KEY.match(sent[-1]["content"])
-    assert shown is not None, sent[-1]["content"][:200]
+    shown = RESULT_KEY.match(result(wire, sent))
+    assert shown is not None, result(wire, sent)[:200]
     assert asyncio.run(store.get(shown[1])) == log

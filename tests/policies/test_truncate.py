@@ -1,5 +1,5 @@
 """truncate's marker names the key of the whole text it cut, which its record keeps; the cut
-still stays within the budget."""
+still stays within the budget — on every wire API."""
 
 from __future__ import annotations
 
@@ -7,24 +7,53 @@ import copy
 import re
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from policies.conversation import Goal, archive_key
 from policies.truncate import Truncate
-from tests.policies.test_policies import LOG, METER, conv, tool_turn
+from policies.wires import WIRES
+from tests.policies.test_evict import LEADING
+from tests.policies.test_information import BUILDERS, Builder, result_of
+from tests.policies.test_policies import LOG
 
 SHOWN = re.compile(
     r"\n\[… \d+ tokens cut from the middle by brim; the whole is sha256:([0-9a-f]{16}) …\]\n"
 )
 
 
-def test_the_marker_names_the_key_of_the_whole_text_its_record_keeps() -> None:
-    messages = [{"role": "system", "content": "sys"}, *tool_turn(1, LOG), *tool_turn(2, "ok")]
-    before = conv(messages)
-    after, records = Truncate().apply(before, Goal(target=1_000, limit=1_000), METER)
+@pytest.fixture(params=sorted(WIRES))
+def wire(request: pytest.FixtureRequest) -> Builder:
+    return BUILDERS[request.param]
+
+
+# Gemini's dialect offers truncate the text parts of an item only (`largest_text`), not the
+# output of a `functionResponse`: a tool result too large for the window is not cut there.
+GEMINI_RESULTS_UNCUT = pytest.mark.xfail(
+    strict=True, reason="truncate does not cut a Gemini functionResponse (GeminiDialect)"
+)
+
+
+@pytest.mark.parametrize(
+    "api",
+    [
+        pytest.param(api, marks=GEMINI_RESULTS_UNCUT if api == "gemini.generate" else ())
+        for api in sorted(WIRES)
+    ],
+)
+def test_the_marker_names_the_key_of_the_whole_text_its_record_keeps(api: str) -> None:
+    wire = BUILDERS[api]
+    messages = [
+        *LEADING.get(wire.api, []),
+        wire.user("why?"),
+        *wire.turn("c1", "read_file", {"path": "a.log"}, LOG),
+        *wire.turn("c2", "read_file", {"path": "b.log"}, "ok"),
+    ]
+    before = wire.conversation(messages)
+    after, records = Truncate().apply(before, Goal(target=1_000, limit=1_000), wire.meter)
     assert after.total <= 1_000  # the key costs tokens: the budget still holds
-    cut = after.messages[2]["content"]
+    cut = result_of(after, "c1")
     (shown,) = SHOWN.findall(cut)  # one marker, one key
     (record,) = records
     assert record.original == LOG  # the whole text, not only what went
@@ -33,12 +62,12 @@ def test_the_marker_names_the_key_of_the_whole_text_its_record_keeps() -> None:
     assert cut.startswith(LOG[:40]) and cut.endswith(LOG[-40:])
 
 
-def test_the_same_text_is_cut_to_the_same_bytes() -> None:
-    messages = [{"role": "system", "content": "sys"}, {"role": "user", "content": LOG}]
+def test_the_same_text_is_cut_to_the_same_bytes(wire: Builder) -> None:
+    messages = [*LEADING.get(wire.api, []), wire.user(LOG)]
     goal = Goal(target=900, limit=900)
-    first, _ = Truncate().apply(conv(messages), goal, METER)
-    again, _ = Truncate().apply(conv(copy.deepcopy(messages)), goal, METER)
-    assert SHOWN.search(first.messages[1]["content"]) is not None
+    first, _ = Truncate().apply(wire.conversation(messages), goal, wire.meter)
+    again, _ = Truncate().apply(wire.conversation(copy.deepcopy(messages)), goal, wire.meter)
+    assert SHOWN.search(first.dialect.text(first.messages[-1])) is not None
     assert first.messages == again.messages
 
 
@@ -57,28 +86,33 @@ def long_texts(draw: Any) -> str:
 WORDS = ["alpha", "beta", "東京", "é", "{", "}", "42", "error:", "\t", "0x1f", "…", "[brim"]
 
 
+@pytest.mark.parametrize("api", sorted(WIRES))
 @settings(
-    max_examples=80,
+    max_examples=25,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 @given(texts=st.lists(long_texts(), min_size=1, max_size=3), share=st.floats(0.05, 0.95))
-def test_the_marker_and_its_key_stay_within_the_budget(texts: list[str], share: float) -> None:
+def test_the_marker_and_its_key_stay_within_the_budget(
+    api: str, texts: list[str], share: float
+) -> None:
     """Texts with and without line ends, one or several of them: whatever truncate cuts fits
     the limit whenever what it may not cut (the newest message, `min_keep_tokens` of each
     text) does, and every cut names the key of its text."""
-    messages: list[dict[str, Any]] = [{"role": "system", "content": "sys"}]
+    wire = BUILDERS[api]
+    messages: list[dict[str, Any]] = [*LEADING.get(api, [])]
     for n, text in enumerate(texts):
-        messages += [{"role": "user", "content": f"q{n}"}, {"role": "assistant", "content": text}]
-    before = conv(messages)
+        messages += [wire.user(f"q{n}"), wire.said(text)]
+    before = wire.conversation(messages)
+    meter = wire.meter
     limit = max(1, int(before.total * share))
-    after, records = Truncate().apply(before, Goal(target=limit, limit=limit), METER)
+    after, records = Truncate().apply(before, Goal(target=limit, limit=limit), meter)
     for record in records:
         assert record.original is not None and record.archive_key == archive_key(record.original)
-        cut = after.messages[record.index]["content"]  # truncate removes no message
+        cut = after.dialect.text(after.messages[record.index])  # truncate removes no message
         assert SHOWN.findall(cut) == [record.archive_key[:16]]
-    floor = sum(min(len(METER.tokens(t)), 256) for t in texts)  # what cutting leaves at least
+    floor = sum(min(len(meter.tokens(t)), 256) for t in texts)  # what cutting leaves at least
     event(f"{len(records)} cut")
-    if before.total - sum(len(METER.tokens(t)) for t in texts) + floor + 60 * len(texts) < limit:
+    if before.total - sum(len(meter.tokens(t)) for t in texts) + floor + 60 * len(texts) < limit:
         event("must fit")
         assert after.total <= limit
