@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,8 +41,60 @@ class Carried:
     sizes: tuple[int, ...]
     records: tuple[FidelityRecord, ...]  # what is in effect, without the originals
     target: int
-    grid: int
-    weight: int  # bytes of brim's own items, for the memory's bound
+    weight: int  # bytes it takes in memory, for the memory's bound (`weight_of`)
+
+
+# What a `Carried` takes besides brim's own items, in bytes as CPython (64-bit) allocates them
+# (each object rounded up to 16): a pointer in `items` and one in `sizes` per item, and an int
+# object for each index and token count past the cached small ints; a `Made` per item of
+# brim's own; per record, the record, its key, its batch and ints (its policy, action and
+# detail are mostly shared constants); per entry, the `Carried`, its three tuples' headers,
+# its key in the memory (a tuple and a digest) and the memory's bookkeeping for it.
+# `tests/middleware/test_sessions.py` measures the whole against tracemalloc.
+POINTERS = 2 * 8
+INT = 32
+SMALL_INT = 256  # ints up to this one are shared
+MADE = 48
+RECORD = 384
+ENTRY = 1024
+
+
+def footprint(values: Iterable[Any]) -> int:
+    """Bytes `values` take in memory: each and everything their dicts and lists hold, each
+    object once, rounded up as the allocator does; not a dict's keys (the same few names,
+    shared by every message)."""
+    seen: set[int] = set()
+    total = 0
+    stack = list(values)
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += (sys.getsizeof(item) + 15) & ~15
+        if isinstance(item, dict):
+            stack += item.values()
+        elif isinstance(item, (list, tuple)):
+            stack += item
+    return total
+
+
+def weight_of(
+    items: Sequence[int | Made], sizes: Sequence[int], records: Sequence[FidelityRecord]
+) -> int:
+    """What a `Carried` of these takes in memory: brim's own items object by object
+    (`footprint`), the rest by the allowances above."""
+    made = [item.item for item in items if isinstance(item, Made)]
+    ints = sum(1 for item in items if isinstance(item, int) and item > SMALL_INT)
+    ints += sum(1 for size in sizes if size > SMALL_INT)
+    return (
+        ENTRY
+        + POINTERS * len(items)
+        + INT * ints
+        + MADE * len(made)
+        + footprint(made)
+        + RECORD * len(records)
+    )
 
 
 def prefix_digests(items: Sequence[Any]) -> list[bytes]:
@@ -62,19 +115,20 @@ def carried_from(outcome: Outcome, client: Sequence[Any]) -> Carried | None:
     if not outcome.records or outcome.repairs or not outcome.fits:
         return None
     position = {id(item): index for index, item in enumerate(client)}
-    items: list[int | Made] = []
-    weight = 0
-    for message in outcome.messages:
-        index = position.get(id(message))
-        if index is None:
-            items.append(Made(message))
-            weight += len(orjson.dumps(message))
-        else:
-            items.append(index)
-    sizes = outcome.sizes
-    records = tuple(dataclasses.replace(record, original=None) for record in outcome.records)
+    items = tuple(
+        Made(message) if (index := position.get(id(message))) is None else index
+        for message in outcome.messages
+    )
+    records = outcome.records
+    if any(record.original is not None for record in records):  # a carried turn's are without
+        records = tuple(dataclasses.replace(record, original=None) for record in records)
     return Carried(
-        len(client), tuple(items), sizes, records, outcome.target, outcome.grid, weight + 64
+        len(client),
+        items,
+        outcome.sizes,
+        records,
+        outcome.target,
+        weight_of(items, outcome.sizes, records),
     )
 
 
@@ -115,6 +169,5 @@ def carry(
         records=carried.records,
         repairs=(),
         tried=(),
-        grid=carried.grid,
         carried=True,
     )

@@ -59,7 +59,6 @@ class Outcome:
     repairs: tuple[str, ...]
     tried: tuple[str, ...]
     sizes: tuple[int, ...]  # each message's tokens, as `messages`
-    grid: int = 0  # the step snapped cuts were made in (`Goal.step`)
     carried: bool = False  # the previous turn's compressed request plus the new items
 
     @property
@@ -125,7 +124,6 @@ def compress(
         records=tuple(records),
         repairs=tuple(repairs),
         tried=tuple(tried),
-        grid=goal.step(None),
     )
 
 

@@ -87,6 +87,10 @@ def test_the_next_turn_is_the_compressed_one_plus_the_new_items() -> None:
     assert following.records == carried.records
     assert pairing_errors(list(following.messages)) == []
     assert growth(carried, grown, METER) == sum(METER.message(m) for m in added)
+    # Remembered in turn, the carried turn shares its records with the one it was built on.
+    onward = carried_from(following, grown)
+    assert onward is not None and onward.covers == len(grown)
+    assert onward.records is carried.records
 
 
 def test_nothing_is_carried_past_the_limit_or_into_a_broken_pairing() -> None:
@@ -123,4 +127,21 @@ def test_room_lowers_the_target_to_half_the_limit_at_most_and_keeps_the_grid() -
     )
     assert roomy.target == 3_500 < plain.target
     assert roomy.tokens_out <= 3_500 < plain.tokens_out
-    assert roomy.grid == plain.grid == 6_000 - 5_100
+    # The grid is the low-water mark's (6 000 − 5 100), not the lower target's: evict's batches
+    # — what the summaries are made per — are the same for the units cut either way.
+    evict = build_policies(["evict"], {})
+    shorter = tool_session([text[: len(text) // 3] for text in LOGS])
+    batches = []
+    for room in (0, 2_500):
+        made = compress(
+            DIALECT, shorter, METER.fixed({}), METER, evict, limit=6_000, low_water=0.85, room=room
+        )
+        evicted = [record for record in made.records if record.action == "evicted"]
+        assert len({record.batch and record.batch[0] for record in evicted}) == 1  # one class
+        running = 0
+        for record in evicted:  # the class's running sum, in steps of the grid
+            assert record.batch is not None and record.batch[1] == running // 900
+            running += record.tokens_before
+        batches.append({record.index: record.batch for record in evicted})
+    assert batches[0] and len(batches[1]) > len(batches[0])
+    assert batches[0].items() <= batches[1].items()
