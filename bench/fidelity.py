@@ -519,10 +519,14 @@ def judge(
         else []
     )
     originals = rounds[0] if rounds else []
-    further = [original for found in rounds[1:] for original in found]
-
-    def recoverable(fact: str) -> bool:
-        return fact in text or any(fact in original for original in originals)
+    further = [later for found in rounds[1:] for later in found]
+    # Each fact looked for once: in the request as sent, else in what one restore round fetches.
+    kept = {fact for fact in facts.all() if fact in text}
+    recoverable = kept | {
+        fact
+        for fact in facts.all()
+        if fact not in kept and any(fact in stored for stored in originals)
+    }
 
     return Case(
         method=method,
@@ -539,26 +543,26 @@ def judge(
         and sessions.system_of(api, sent) == sessions.system_of(api, original),
         newest_kept=bool(items) and orjson.dumps(items[-1]) == orjson.dumps(before[-1]),
         facts_older=len(facts.older),
-        facts_older_kept=sum(fact in text for fact in facts.older),
+        facts_older_kept=sum(fact in kept for fact in facts.older),
         facts_recent=len(facts.recent),
-        facts_recent_kept=sum(fact in text for fact in facts.recent),
+        facts_recent_kept=sum(fact in kept for fact in facts.recent),
         facts_lookalike=len(facts.lookalike),
-        facts_lookalike_kept=sum(fact in text for fact in facts.lookalike),
-        facts_older_recoverable=sum(map(recoverable, facts.older)),
-        facts_recent_recoverable=sum(map(recoverable, facts.recent)),
-        facts_lookalike_recoverable=sum(map(recoverable, facts.lookalike)),
+        facts_lookalike_kept=sum(fact in kept for fact in facts.lookalike),
+        facts_older_recoverable=sum(fact in recoverable for fact in facts.older),
+        facts_recent_recoverable=sum(fact in recoverable for fact in facts.recent),
+        facts_lookalike_recoverable=sum(fact in recoverable for fact in facts.lookalike),
         restore_offered=offered,
         keys_named=len(keys),
         keys_stored=len(originals),
         summarizer_calls=summarizer_calls,
         seconds=round(seconds, 4),
         errors=errors[:3],
-        lost=[f.split()[0] for f in facts.all() if f not in text],
-        recovered=[f.split()[0] for f in facts.all() if f not in text and recoverable(f)],
+        lost=[f.split()[0] for f in facts.all() if f not in kept],
+        recovered=[f.split()[0] for f in facts.all() if f in recoverable and f not in kept],
         further=[
             f.split()[0]
             for f in facts.all()
-            if not recoverable(f) and any(f in original for original in further)
+            if f not in recoverable and any(f in later for later in further)
         ],
     )
 

@@ -50,6 +50,8 @@ from typing import Any, Literal
 
 import orjson
 
+from policies.information import words
+
 FACT_PATTERN = re.compile(r"FACT-\d{4}[a-z0-9 \-]*[a-z0-9]")
 # A planted fact or a look-alike listing's decoy (whose id has a hex letter): what a summarizer
 # that cannot know which lines the bench tracks would see as equally worth keeping.
@@ -552,12 +554,6 @@ LISTING_CHATTER = [
     "The registry may say who owns this; listing the {team} team's entries.",
     "Checking the {team} team's ops facts for anything about the export or its cron.",
 ]
-_WORD = re.compile(r"[a-z]\w*")  # as a rarity measure sees words: numbers and hex ids dropped
-_HEX_OR_NUMBER = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")
-
-
-def _words(line: str) -> set[str]:
-    return set(_WORD.findall(_HEX_OR_NUMBER.sub(" ", line.lower())))
 
 
 def _statement(rng: random.Random) -> str:
@@ -825,14 +821,17 @@ class Generator:
             updated, owner, state, ident, statement = row
             return f"{updated}  {owner:<7}  {state:<6}  FACT-{ident} {statement}"
 
-        # The planted line has no word of its own: each of its words is on another line too.
-        seen = [_words(line(row)) for row in rows]
+        # The planted line has no word of its own: each of its words is on another line too,
+        # words as a rarity measure sees them (numbers and hex ids dropped).
+        seen = [set(words(line(row))) for row in rows]
         counts: dict[str, int] = {}
         for found in seen:
             for word in found:
                 counts[word] = counts.get(word, 0) + 1
         ordinary = [n for n, found in enumerate(seen) if all(counts[w] > 1 for w in found)]
-        ordinary = ordinary or list(range(len(rows)))  # (20 lines or more: never so far)
+        # Possible, if rare: every line with a word of its own. Of 200,000 listings of 20 lines
+        # drawn, none was, but 6 had one line without a word of its own.
+        ordinary = ordinary or list(range(len(rows)))
         planted = min(len(ordinary), 1 if rng.random() < 0.75 else 2)
         for n in rng.sample(ordinary, planted):
             rows[n][3] = f"{self.next_lookalike:04d}"

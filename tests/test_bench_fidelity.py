@@ -202,32 +202,37 @@ def test_the_window_gives_the_guard_exactly_the_target_budget() -> None:
             assert fidelity.window_budget(api, body, window) == budget
 
 
-def test_a_request_judged_as_sent_and_as_refused() -> None:
+def judge_with(
+    session: sessions.Session, sent: dict[str, Any] | None, store: MemoryStore | None = None
+) -> fidelity.Case:
+    """`sent` (None: refused) judged as what was sent for `session`'s Chat request, with `store`
+    as brim's content store (None: a baseline's, which has none)."""
     use_bundled_tiktoken_files()
+    return fidelity.judge(
+        "m",
+        "openai.chat",
+        1.0,
+        session,
+        sessions.chat_body(session),
+        sent,
+        10**6,
+        TokenCounter(),
+        fidelity.facts_of(session),
+        fidelity.checkers()["openai.chat"],
+        0.1,
+        store=store,
+    )
+
+
+def test_a_request_judged_as_sent_and_as_refused() -> None:
     session = sessions.generate(3, 6_000)
-    body = sessions.RENDER["openai.chat"](session, None)
+    body = sessions.chat_body(session)
     facts = fidelity.facts_of(session)
-
-    def judged(sent: dict[str, Any] | None) -> fidelity.Case:
-        return fidelity.judge(
-            "m",
-            "openai.chat",
-            1.0,
-            session,
-            body,
-            sent,
-            10**6,
-            TokenCounter(),
-            facts,
-            fidelity.checkers()["openai.chat"],
-            0.1,
-        )
-
-    sent = judged(body)
+    sent = judge_with(session, body)
     assert sent.valid and sent.within and sent.system_kept and sent.newest_kept
     assert sent.facts_older_kept + sent.facts_recent_kept == len(facts.older + facts.recent)
     assert not sent.refused and sent.lost == [] and sent.tokens_out == sent.tokens_in
-    refused = judged(None)
+    refused = judge_with(session, None)
     assert refused.refused and refused.tokens_out is None
     assert not (refused.valid or refused.within or refused.system_kept or refused.newest_kept)
     assert refused.facts_older_kept == refused.facts_recent_kept == 0
@@ -280,26 +285,6 @@ def store_of(items: list[tuple[str, str]]) -> MemoryStore:
     for key, text in items:
         assert store.put(key, text)
     return store
-
-
-def judge_with(
-    session: sessions.Session, sent: dict[str, Any], store: MemoryStore | None
-) -> fidelity.Case:
-    use_bundled_tiktoken_files()
-    return fidelity.judge(
-        "m",
-        "openai.chat",
-        1.0,
-        session,
-        sessions.chat_body(session),
-        sent,
-        10**6,
-        TokenCounter(),
-        fidelity.facts_of(session),
-        fidelity.checkers()["openai.chat"],
-        0.1,
-        store=store,
-    )
 
 
 def test_a_cleared_fact_whose_key_the_request_names_is_recoverable_only_if_stored() -> None:
