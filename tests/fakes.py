@@ -166,7 +166,8 @@ class FakeProvider:
     strict_rejections: list[str] = field(default_factory=list)
     tight_seen: list[tuple[str, int]] = field(default_factory=list)
     summarizer_calls: list[str] = field(default_factory=list)
-    summarized: list[str] = field(default_factory=list)  # the text each summarizer call got
+    # (system prompt, text) of each summarizer call: the prompt names the level asked
+    summarized: list[tuple[str, str]] = field(default_factory=list)
     gate: threading.Event = field(default_factory=threading.Event)
     gate_timed_out: bool | None = None
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
@@ -576,7 +577,7 @@ class FakeProvider:
                 {"error": {"message": "down", "type": "server_error"}}, status=500
             )
         system, text = body["messages"][0]["content"], body["messages"][1]["content"]
-        self.summarized.append(text)
+        self.summarized.append((system, text))
         if model == "summarizer-verbose" and "Condense" in system:
             summary = text
         else:

@@ -23,7 +23,14 @@ from aiohttp import web
 from middleware.restore import RESTORE_TOOL
 from proxy.config import BrimConfig
 from tests.policies.wires import test_restore_shapes as shapes
-from tests.scripted_provider import WIRE_OF, Call, ScriptedProvider, tool_uses
+from tests.scripted_provider import (
+    WIRE_OF,
+    Call,
+    ScriptedProvider,
+    stream_in_pieces,
+    tool_uses,
+)
+from tests.scripted_provider import tool_names as tool_names  # for the restore tests
 
 KEY_SHOWN = re.compile(r"sha256:[0-9a-f]{16}")  # a key as brim shows it in what it cut
 WINDOW = 8_000
@@ -168,14 +175,9 @@ def conversation(api: str, body: dict[str, Any]) -> Items:
     return list(body[CONVERSATION.get(api, "contents")])
 
 
-def tool_names(api: str, body: dict[str, Any]) -> list[str]:
-    """The names of the tools a request defines, in order, repeats kept."""
-    tools = body.get("tools") or []
-    if api == "gemini":
-        return [d["name"] for tool in tools for d in tool.get("functionDeclarations") or []]
-    if api == "chat":
-        return [tool["function"]["name"] for tool in tools]
-    return [tool["name"] for tool in tools]
+def shown_keys(body: dict[str, Any]) -> list[str]:
+    """The keys a request shows (in placeholders, notices and summaries), in order."""
+    return KEY_SHOWN.findall(orjson.dumps(body).decode())
 
 
 def restored(api: str, body: dict[str, Any]) -> list[str]:
@@ -214,7 +216,7 @@ class Restoring(ScriptedProvider):
         self.arguments = lambda step: self._asked(self.calls[-1].body)  # just admitted
 
     def _asked(self, body: dict[str, Any]) -> dict[str, Any]:
-        shown = KEY_SHOWN.findall(orjson.dumps(body).decode())
+        shown = shown_keys(body)
         if self.among:
             shown = [key for key in shown if key in self.among]
         return {"key": self.key or (shown[0] if shown else "none shown")}
@@ -239,9 +241,4 @@ class Restoring(ScriptedProvider):
         turn = shapes.Turn(segments, step.usage)
         stream = shapes.round_stream(SHAPE_OF[WIRE_OF[call.api]], turn, len(self.calls))
         self.sent.append(stream)
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await response.prepare(request)
-        for at in range(0, len(stream), 97):  # events split across reads
-            await response.write(stream[at : at + 97])
-        await response.write_eof()
-        return response
+        return await stream_in_pieces(request, stream)

@@ -14,29 +14,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from middleware.restore import RESTORE_TOOL
 from policies.wires.base import Usage
 from tests.policies.wires import test_restore_shapes as shapes
-from tests.restoring import KEY_SHOWN, SHAPE_OF
-from tests.scripted_provider import OUTPUT_TOKENS, WIRE_OF, Call, ScriptedProvider, tool_uses
-
-
-def tool_names(api: str, body: dict[str, Any]) -> list[str]:
-    """The names of the tools a request offers, in the provider's name of its API."""
-    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
-    if api == "chat":
-        return [str((t.get("function") or {}).get("name")) for t in tools]
-    if api == "gemini":
-        return [
-            str(declaration.get("name"))
-            for tool in tools
-            for declaration in tool.get("functionDeclarations") or []
-            if isinstance(declaration, dict)
-        ]
-    return [str(t.get("name")) for t in tools]
+from tests.restoring import SHAPE_OF, shown_keys
+from tests.scripted_provider import (
+    OUTPUT_TOKENS,
+    WIRE_OF,
+    Call,
+    ScriptedProvider,
+    stream_in_pieces,
+    tool_uses,
+)
 
 
 @dataclass(frozen=True)
@@ -58,16 +49,11 @@ class RestoringSession(ScriptedProvider):
     asked: Asked | None = None
     answered: Call | None = None  # the hidden round: the request with brim's answer
 
-    @staticmethod
-    def shown_key(body: dict[str, Any]) -> str | None:
-        """The first key a request shows (in a placeholder, a notice or a summary)."""
-        shown = KEY_SHOWN.search(orjson.dumps(body).decode())
-        return shown.group() if shown else None
-
     def _admit(
         self, api: str, model: str, body: dict[str, Any], offered: bool, problems: list[str]
     ) -> Call:
-        key = self.shown_key(body) if self.asked is None and offered else None
+        shown = shown_keys(body) if self.asked is None and offered else []
+        key = shown[0] if shown else None  # the first key the request shows
         answered = self.asked is not None and bool(tool_uses(api, body, RESTORE_TOOL.name))
         mine = key is not None or answered
         # Refused, or a side request, as the session would; else one of this class's turns.
@@ -100,12 +86,4 @@ class RestoringSession(ScriptedProvider):
         )
         if not streamed:
             return web.json_response(shape.reply(turn))
-        stream = shapes.round_stream(shape, turn, len(self.calls))
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
-        await response.prepare(request)
-        for at in range(0, len(stream), 97):  # events split across reads
-            await response.write(stream[at : at + 97])
-        await response.write_eof()
-        return response
+        return await stream_in_pieces(request, shapes.round_stream(shape, turn, len(self.calls)))

@@ -133,9 +133,9 @@ class ScriptedProvider:
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         model = str(body.get("model"))
-        names = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+        offered = self.tool in tool_names("messages", body)
         problems = anthropic_errors(body.get("messages"))  # role "system" ones too, where placed
-        call = self._admit("messages", model, body, self.tool in names, problems)
+        call = self._admit("messages", model, body, offered, problems)
         if call.reply in ("invalid", "overflow"):
             message = (
                 f"prompt is too long: {call.tokens} tokens > {window_of(model)} maximum"
@@ -179,9 +179,9 @@ class ScriptedProvider:
         body = await self._body(request)
         model = str(body.get("model"))
         items = body.get("input")
-        names = [t.get("name") for t in body.get("tools") or [] if isinstance(t, dict)]
+        offered = self.tool in tool_names("responses", body)
         problems = responses_errors(items) if isinstance(items, list) else []
-        call = self._admit("responses", model, body, self.tool in names, problems)
+        call = self._admit("responses", model, body, offered, problems)
         if call.reply in ("invalid", "overflow"):
             overflow = call.reply == "overflow"
             error = {
@@ -237,10 +237,9 @@ class ScriptedProvider:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = await self._body(request)
         model = str(body.get("model"))
-        tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
-        names = [(t.get("function") or {}).get("name") for t in tools]
+        offered = self.tool in tool_names("chat", body)
         problems = pairing_errors(body.get("messages") or [])
-        call = self._admit("chat", model, body, self.tool in names, problems)
+        call = self._admit("chat", model, body, offered, problems)
         if call.reply in ("invalid", "overflow"):
             overflow = call.reply == "overflow"
             error = {
@@ -295,14 +294,9 @@ class ScriptedProvider:
         if method == "countTokens":
             inner = body.get("generateContentRequest") or body
             return web.json_response({"totalTokens": _count("gemini", inner)})
-        names = [
-            declaration.get("name")
-            for tool in body.get("tools") or []
-            for declaration in tool.get("functionDeclarations") or []
-            if isinstance(declaration, dict)
-        ]
+        offered = self.tool in tool_names("gemini", body)
         problems = gemini_errors(body.get("contents") or [])
-        call = self._admit("gemini", model, body, self.tool in names, problems)
+        call = self._admit("gemini", model, body, offered, problems)
         if call.reply in ("invalid", "overflow"):
             message = (
                 f"The input token count ({call.tokens}) exceeds the maximum number of tokens allowed ({window_of(model)})."
@@ -339,6 +333,22 @@ class ScriptedProvider:
         body = orjson.loads(seen.body)
         assert isinstance(body, dict), f"{request.path}: the body is not a JSON object"
         return body
+
+
+def tool_names(api: str, body: dict[str, Any]) -> list[str]:
+    """The names of the tools a request offers, in order, repeats kept (`api`: the provider's
+    name of its API)."""
+    tools = [t for t in body.get("tools") or [] if isinstance(t, dict)]
+    if api == "chat":
+        return [str((t.get("function") or {}).get("name")) for t in tools]
+    if api == "gemini":
+        return [
+            str(declaration.get("name"))
+            for tool in tools
+            for declaration in tool.get("functionDeclarations") or []
+            if isinstance(declaration, dict)
+        ]
+    return [str(t.get("name")) for t in tools]
 
 
 @dataclass
@@ -438,6 +448,11 @@ def _count(api: str, body: dict[str, Any]) -> int:
     if api == "messages":
         return token_count(body)
     return counted(WIRE_OF[api], body)
+
+
+async def stream_in_pieces(request: web.Request, stream: bytes) -> web.StreamResponse:
+    """A whole event stream sent 97 bytes at a time: events split across reads."""
+    return await _sse_reply(request, [stream[at : at + 97] for at in range(0, len(stream), 97)])
 
 
 async def _sse_reply(request: web.Request, events: list[bytes]) -> web.StreamResponse:

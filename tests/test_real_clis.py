@@ -45,8 +45,8 @@ from proxy.config import BrimConfig
 from tests.fakes import LoopThread, Seen, record, start_app, wait_for
 from tests.real_clis import PINS, InstallError, install
 from tests.restoring import restored
-from tests.restoring_cli import RestoringSession, tool_names
-from tests.scripted_provider import ScriptedProvider, tool_uses
+from tests.restoring_cli import RestoringSession
+from tests.scripted_provider import ScriptedProvider, tool_names, tool_uses
 
 # The first test may install the CLIs (about 20 s on a fast link, 1.1 GB on disk); the runs
 # themselves take seconds, and each has its own CLI_TIMEOUT_S.
@@ -229,11 +229,15 @@ OPENCODE = Cli(
 
 @pytest.fixture(scope="session")
 def cli_bin() -> Path:
-    """The pinned CLIs, installed on first use (CI installs them before the suite)."""
+    """The pinned CLIs, installed on first use (CI installs them before the suite). Offline
+    they are skipped — but fail under CI (`CI` set), so that these tests cannot pass there
+    without having run, as with tests/conftest.py's redis-server."""
     try:
         return install() / "bin"
     except InstallError as exc:
         if exc.offline:
+            if os.environ.get("CI"):
+                pytest.fail(f"the real CLIs cannot be installed under CI: {exc}")
             pytest.skip(f"the real CLIs cannot be installed here: {exc}")
         raise
 

@@ -102,15 +102,16 @@ def test_a_60_turn_agent_session_completes_within_an_8k_window(
     assert newest_user in last
 
 
-@pytest.mark.parametrize(("restore", "floor"), [(False, 0.6), (True, 0.5)])
+@pytest.mark.parametrize("restore", [False, True])
 def test_compressed_prefixes_stay_stable_as_the_session_grows(
-    brim: BrimFactory, provider: FakeProvider, restore: bool, floor: float
+    brim: BrimFactory, provider: FakeProvider, restore: bool
 ) -> None:
     """A provider's prompt cache survives when each request starts with everything brim
-    compressed in the previous one. Count how often that holds once compression has begun.
-    With `brim_restore` (the default) its definition (~150 tokens) is a sizeable part of this
-    8k window's slack, and costs about one kept prefix in nine here (35/54 without, 29/54
-    with, when this was written)."""
+    compressed in the previous one. Count how often that holds once compression has begun,
+    with `brim_restore` (the default) and without: its definition (~150 tokens) takes part of
+    this 8k window's slack. That cost one kept prefix in nine when first measured (35/54
+    without, 29/54 with, on dbe24af); since the digest tier's shorter results (6886315,
+    7d09f89) it costs none here."""
     base = brim(
         models={"strict-8k": {"context_window": STRICT_WINDOW, "max_output": 1_024}},
         restore={"enabled": restore},
@@ -133,9 +134,11 @@ def test_compressed_prefixes_stay_stable_as_the_session_grows(
     kept = sum(1 for p, c in pairs if shared(p, c) >= compressed_prefix(p))
     # Each turn here adds ~22 % of the window: whether turns are carried forward (and a
     # re-cut goes down to half the budget) or re-cut on their snapped grid, two more turns fit
-    # after a cut, so about two requests in three keep the prefix. The fidelity benchmark
-    # (python -m bench.fidelity) measures realistic windows.
-    assert kept / len(pairs) >= floor, (kept, len(pairs))
+    # after a cut, so about two requests in three keep the prefix: 38 of 54, with restore and
+    # without (measured on c40dc4a; the run is deterministic, so the floor is that figure and
+    # a single prefix lost more fails). The fidelity benchmark (python -m bench.fidelity)
+    # measures realistic windows.
+    assert kept / len(pairs) >= 38 / 54, (kept, len(pairs))
 
 
 def test_requests_that_fit_are_forwarded_byte_for_byte(

@@ -20,11 +20,10 @@ from middleware.limits import ResolveLimits
 from policies.budget import ESTIMATE_BANDS, estimate_band, undecided
 from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import TokenCounter
-from policies.wires.gemini import GEMINI
 from tests import builders
 from tests.conftest import BrimFactory, fake_upstream
 from tests.fake_anthropic import SLOW_COUNT_S, FakeAnthropic, provider_count, token_count
-from tests.fakes import FakeProvider, wait_for
+from tests.fakes import FakeProvider, counted, wait_for
 
 # Budget of a 6000-token window with the default 5 % margin (Claude's output has its own room).
 WINDOW = 6_000
@@ -123,10 +122,10 @@ def test_a_request_just_over_the_estimate_that_the_provider_says_fits_goes_uncha
     assert orjson.loads(anthropic_fake.last.body) == body  # forwarded as the client sent it
     (asked,) = count_requests(anthropic_fake)
     assert asked == {"model": model, "messages": body["messages"]}  # no max_tokens, no stream
-    counted = next(s for s in anthropic_fake.requests if s.path.endswith("/count_tokens"))
-    assert counted.path == "/v1/messages/count_tokens"
-    assert counted.headers["x-api-key"] == "sk-ant-client"  # the client's own credentials
-    assert counted.headers["anthropic-version"] == "2023-06-01"
+    count_call = next(s for s in anthropic_fake.requests if s.path.endswith("/count_tokens"))
+    assert count_call.path == "/v1/messages/count_tokens"
+    assert count_call.headers["x-api-key"] == "sk-ant-client"  # the client's own credentials
+    assert count_call.headers["anthropic-version"] == "2023-06-01"
 
     again = post(base, body)  # the same body: counted once, from the cache now
     assert again.status_code == 200 and again.headers["x-brim-actions"] == "none"
@@ -235,9 +234,8 @@ def gemini_body(words: int) -> dict[str, Any]:
 
 
 def gemini_sized(estimate: int) -> dict[str, Any]:
-    counter = TokenCounter()
     words = estimate // 2
-    while counter.request(GEMINI, gemini_body(words), "o200k_base").total < estimate:
+    while counted("gemini.generate", gemini_body(words)) < estimate:
         words += 1
     return gemini_body(words)
 
@@ -362,7 +360,7 @@ def test_when_the_provider_counts_more_than_brim_the_guard_cuts_to_its_count(
 
 def gemini_provider_count(model: str, body: dict[str, Any]) -> int:
     """What the fake Gemini counts for `body` sent to a "gemscaledPP-N" model: PP % of brim's."""
-    tokens = TokenCounter().request(GEMINI, body, "o200k_base").total
+    tokens = counted("gemini.generate", body)
     return tokens * int(model.split("-")[0].removeprefix("gemscaled")) // 100
 
 
@@ -384,7 +382,7 @@ def test_when_gemini_counts_more_than_brim_the_guard_cuts_to_its_count(
     body = {**gemini_body(0), "contents": contents}
 
     def estimate() -> int:
-        return TokenCounter().request(GEMINI, body, "o200k_base").total
+        return counted("gemini.generate", body)
 
     target = GEM_BUDGET - 150
     while estimate() > target:
@@ -397,6 +395,8 @@ def test_when_gemini_counts_more_than_brim_the_guard_cuts_to_its_count(
     reply = generate(base, model, body)
     assert reply.status_code == 200, reply.text
     assert reply.headers["x-brim-retries"] == "0" and "evict" in reply.headers["x-brim-actions"]
-    assert len(gemini_counts(provider)) >= 1  # Gemini was asked
+    # Gemini was asked once, about the body as the client sent it; the cut goes out unasked.
+    (asked,) = gemini_counts(provider)
+    assert orjson.loads(asked.body)["generateContentRequest"]["contents"] == body["contents"]
     (sent,) = [orjson.loads(s.body) for s in provider.requests]  # one generateContent call
     assert gemini_provider_count(model, sent) <= GEM_BUDGET

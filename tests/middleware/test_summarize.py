@@ -382,8 +382,10 @@ def test_a_growing_session_reuses_its_earlier_summaries_byte_for_byte(
     assert all(after[2] == before[2] for before, after in quiet)  # …and no summarizer call
     # Every summarizer call is for a distinct (text, level): nothing made twice. A turn that
     # evicts more pays for its new batch, plus the older ones it steps down or merges.
-    texts = provider.summarized
-    assert len(texts) == summarized[-1][2] >= 6
+    asked = provider.summarized  # (system prompt, text): the prompt names the level
+    assert len(asked) == summarized[-1][2] >= 6
+    assert len(set(asked)) == len(asked), [a for a, n in Counter(asked).items() if n > 1][:2]
+    texts = [text for _, text in asked]
     assert max(Counter(texts).values()) <= 2  # a batch: its key points, then its headline
     grew = [(b, a) for b, a in pairs if a[0] != b[0]]
     assert len(grew) >= 3 and all(len(a[1]) > 1 for _, a in grew)

@@ -154,12 +154,20 @@ def test_a_long_tool_use_session_completes_within_the_window(
     assert anthropic_fake.rejections == []
     assert max(anthropic_fake.counts) <= 6_000
     assert token_count({"system": SYSTEM, "tools": TOOLS, "messages": history}) > 5 * 6_000
-    for seen in anthropic_fake.requests:
+    turn, cuts = 0, []  # requests made so far; whether each was cut
+    for seen in anthropic_fake.requests:  # each turn's create, after its count if brim asked
         sent = orjson.loads(seen.body)
         assert anthropic_errors(sent["messages"]) == []
-        # Fixed cost, never touched; brim only adds its own tool, at the end, to a request it cut.
+        # Fixed cost, never touched; brim adds its own tool, at the end, to a request it cut —
+        # one whose messages are not those the client sent on that turn — and to no other.
+        cut = sent["messages"] != history[: 1 + 2 * turn]
         assert sent["system"] == SYSTEM and sent["tools"][: len(TOOLS)] == TOOLS
-        assert [tool["name"] for tool in sent["tools"][len(TOOLS) :]] in ([], ["brim_restore"])
+        assert [tool["name"] for tool in sent["tools"][len(TOOLS) :]] == (
+            ["brim_restore"] if cut else []
+        ), (turn, seen.path)
+        if seen.path == "/v1/messages":
+            cuts.append(cut)
+            turn += 1
         for message in sent["messages"]:  # thinking blocks still verify
             for block in message["content"] if isinstance(message["content"], list) else []:
                 if block["type"] == "thinking":
@@ -167,6 +175,7 @@ def test_a_long_tool_use_session_completes_within_the_window(
                         block["signature"]
                         == hashlib.sha256(block["thinking"].encode()).hexdigest()[:32]
                     )
+    assert turn == 30 and not cuts[0] and all(cuts[-20:])  # sent whole at first, then cut
     last = orjson.loads(anthropic_fake.last.body)["messages"]
     assert last[-2:] == history[-4:-2]  # the ongoing tool loop (sent last) is kept whole
 
@@ -214,15 +223,20 @@ def test_mid_conversation_system_messages_are_forwarded_and_kept_through_compres
     base: str, anthropic_fake: FakeAnthropic
 ) -> None:
     client = sdk(base)
+
+    def create(model: str, max_tokens: int, messages: list[dict[str, Any]]) -> Any:
+        """The raw reply to Claude Code's request with the mid-conversation beta."""
+        return client.messages.with_raw_response.create(
+            model=model,
+            max_tokens=max_tokens,
+            system=SYSTEM,  # type: ignore[arg-type]
+            tools=TOOLS,  # type: ignore[arg-type]
+            messages=messages,  # type: ignore[arg-type]
+            extra_headers={"anthropic-beta": MID_CONVERSATION},
+        )
+
     short = session_with_system_messages(2)
-    reply = client.messages.with_raw_response.create(
-        model="claude-x",
-        max_tokens=50,
-        system=SYSTEM,
-        tools=TOOLS,
-        messages=short,
-        extra_headers={"anthropic-beta": MID_CONVERSATION},
-    )  # type: ignore[arg-type]
+    reply = create("claude-x", 50, short)
     assert reply.status_code == 200 and reply.headers["x-brim-actions"] == "none"
     seen = anthropic_fake.last
     assert seen.headers["anthropic-beta"] == MID_CONVERSATION
@@ -238,14 +252,7 @@ def test_mid_conversation_system_messages_are_forwarded_and_kept_through_compres
 
     long = session_with_system_messages(60)
     assert token_count({"system": SYSTEM, "tools": TOOLS, "messages": long}) > 6_000
-    reply = client.messages.with_raw_response.create(
-        model="claude-window-6000",
-        max_tokens=1_024,
-        system=SYSTEM,
-        tools=TOOLS,
-        messages=long,
-        extra_headers={"anthropic-beta": MID_CONVERSATION},
-    )  # type: ignore[arg-type]
+    reply = create("claude-window-6000", 1_024, long)
     assert reply.status_code == 200
     assert "evict" in reply.headers["x-brim-actions"]
     assert "repair" not in reply.headers["x-brim-actions"]
