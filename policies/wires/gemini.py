@@ -169,10 +169,22 @@ class GeminiDialect:
             for p in _parts(item)
         ):
             return None
-        return largest_part_text(_parts(item))
+        texts = [largest_part_text(_parts(item)) or ""]
+        texts += [result.text for result in self.tool_results(item, {})]  # as results read
+        largest = max(texts, key=len)
+        return largest or None
 
     def with_largest_text(self, item: Any, text: str) -> Any:
-        return {**item, "parts": with_part_text(_parts(item), self.largest_text(item), text)}
+        """`item` with its largest text — a text part's, or a function response's as
+        `tool_results` reads it — rewritten to `text` (a response as `with_tool_result` writes
+        it)."""
+        largest = self.largest_text(item)
+        if largest == largest_part_text(_parts(item)):
+            return {**item, "parts": with_part_text(_parts(item), largest, text)}
+        for result in self.tool_results(item, {}):
+            if result.text == largest:
+                return self.with_tool_result(item, result.call_id, text)
+        return item
 
     def notice(self, text: str) -> Any:
         return {"role": "user", "parts": [{"text": text}]}

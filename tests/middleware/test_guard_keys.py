@@ -33,7 +33,6 @@ from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import exchange
 from tests.policies.test_evict import LEADING
 from tests.policies.test_information import BUILDERS, Builder
-from tests.policies.test_truncate import GEMINI_RESULTS_UNCUT
 
 use_bundled_tiktoken_files()
 COUNTER = TokenCounter()
@@ -170,13 +169,7 @@ def test_the_notice_names_a_key_the_store_answers_with_every_message_it_removed(
     assert again == sent  # the same history: the same notice, byte for byte
 
 
-@pytest.mark.parametrize(
-    "api",
-    [
-        pytest.param(api, marks=GEMINI_RESULTS_UNCUT if api == "gemini.generate" else ())
-        for api in sorted(WIRES)
-    ],
-)
+@pytest.mark.parametrize("api", sorted(WIRES))
 def test_the_marker_names_a_key_the_store_answers_with_the_whole_text(api: str) -> None:
     wire = BUILDERS[api]
     stage, store = guard([Truncate()])
@@ -219,13 +212,7 @@ def test_each_summary_names_a_key_the_store_answers_with_the_batch_it_condenses(
     assert again == sent and model.calls == calls
 
 
-@pytest.mark.parametrize(
-    "api",
-    [
-        pytest.param(api, marks=GEMINI_RESULTS_UNCUT if api == "gemini.generate" else ())
-        for api in sorted(WIRES)
-    ],
-)
+@pytest.mark.parametrize("api", sorted(WIRES))
 def test_a_tool_results_summary_names_the_key_of_the_whole_result(api: str) -> None:
     wire = BUILDERS[api]
     made, _ = summarizer()

@@ -28,20 +28,7 @@ def wire(request: pytest.FixtureRequest) -> Builder:
     return BUILDERS[request.param]
 
 
-# Gemini's dialect offers truncate the text parts of an item only (`largest_text`), not the
-# output of a `functionResponse`: a tool result too large for the window is not cut there.
-GEMINI_RESULTS_UNCUT = pytest.mark.xfail(
-    strict=True, reason="truncate does not cut a Gemini functionResponse (GeminiDialect)"
-)
-
-
-@pytest.mark.parametrize(
-    "api",
-    [
-        pytest.param(api, marks=GEMINI_RESULTS_UNCUT if api == "gemini.generate" else ())
-        for api in sorted(WIRES)
-    ],
-)
+@pytest.mark.parametrize("api", sorted(WIRES))
 def test_the_marker_names_the_key_of_the_whole_text_its_record_keeps(api: str) -> None:
     wire = BUILDERS[api]
     messages = [

@@ -112,3 +112,25 @@ def test_compressed_contents_are_valid_within_budget_and_keep_thoughts_intact(
         compress(D, contents, 10, METER, POLICIES, limit=limit, low_water=0.85).messages
         == outcome.messages
     )
+
+
+def test_the_largest_text_of_a_turn_can_be_a_function_response() -> None:
+    """Truncate cuts a turn's largest text: in Gemini a tool's output sits in a
+    functionResponse, which is read and written as `tool_results` and `with_tool_result` do."""
+    log = "\n".join(f"line {n}" for n in range(500))
+    item = {
+        "role": "user",
+        "parts": [
+            {"text": "and here is the log"},
+            {"functionResponse": {"name": "read", "response": {"output": log}}},
+        ],
+    }
+    assert D.largest_text(item) == log
+    cut = D.with_largest_text(item, "line 0\n[…]\nline 499")
+    assert cut["parts"][0] == item["parts"][0]
+    assert cut["parts"][1] == {
+        "functionResponse": {"name": "read", "response": {"output": "line 0\n[…]\nline 499"}}
+    }
+    assert item["parts"][1]["functionResponse"]["response"]["output"] == log  # not mutated
+    shorter = {**item, "parts": [{"text": log + "!"}, item["parts"][1]]}
+    assert D.with_largest_text(shorter, "x")["parts"] == [{"text": "x"}, item["parts"][1]]
