@@ -20,7 +20,7 @@ from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
-from middleware.restore import RESTORE_TOOL, offers_restore
+from middleware.restore import restorable, restore_offer
 from middleware.sessions import SessionMemory
 from middleware.store import ContentStore
 from middleware.summarize import LEVELS, Summarizer, Summary
@@ -434,18 +434,18 @@ class Guard:
         if not self._needs_work(exchange):
             return await call_next(exchange)
 
-        body = exchange.body
-        offer = self.store is not None and offers_restore(
-            exchange.wire, body, exchange.context.client, self.clients
-        )
-        if offer:  # measured with brim_restore among the tools, in case something is cut
-            body = exchange.wire.with_tool(body, RESTORE_TOOL)
+        # Measured with brim_restore among the tools, in case something is cut; sent with it
+        # only where something restorable was (cut a little deeper for it, within the slack
+        # below the limit that the low-water mark leaves: the policies do not run twice).
+        offered = restore_offer(self.store, exchange, self.clients)
+        body = exchange.body if offered is None else offered
         if len(exchange.raw) > OFF_LOOP_BYTES:
             outcome, digest = await asyncio.to_thread(self._decide, exchange, body)
         else:
             outcome, digest = self._decide(exchange, body)
-        if offer and not any(record.archive_key for record in outcome.records):
-            offer, body = False, exchange.body  # nothing cut: nothing to restore
+        offer = offered is not None and restorable(outcome)
+        if not offer:
+            body = exchange.body
         if not outcome.messages:
             raise NothingLeftToSend(
                 "Nothing is left to send: every message was a tool result that answers no tool "

@@ -27,7 +27,8 @@ round on as more of the same reply, which every wire API can express (`Wire.spli
   (the SDKs take a `message_delta`'s figures over `message_start`'s); one `message_stop`.
 - Responses: the next round's `response.created` / `.in_progress` dropped, `sequence_number`
   and `output_index` numbered on, item ids as the provider gave them; the last
-  `response.completed` has the first round's id, every item the client got, the summed usage.
+  `response.completed` has the last round's id (the stored response a client goes on from),
+  every item the client got, the summed usage.
 - Gemini: the next round's chunks appended under the first `responseId`, the earlier rounds'
   usage added to every usage figure.
 
@@ -38,6 +39,7 @@ calling brim_restore) ends the stream with that API's own error event, never a d
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -51,6 +53,7 @@ from adapters.exchange import Exchange
 from middleware.base import CallNext
 from middleware.store import ContentStore
 from policies.clients import ClientRule
+from policies.compress import Outcome
 from policies.prune import cut_middle
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires.base import (
@@ -87,17 +90,30 @@ GONE = (
     "user for it]"
 )
 MIN_RESULT_TOKENS = 64
+RESULT_SLACK = 16  # tokens: a cut lands on line ends, its marker's count varies
 
 
-def offers_restore(
-    wire: Wire, body: Mapping[str, Any], client: str | None, clients: Mapping[str, ClientRule]
-) -> bool:
-    """Whether brim may add `brim_restore` to this request: restore is on for its client and the
-    client's own tools do not already use the name."""
+def restore_offer(
+    store: ContentStore | None, exchange: Exchange, clients: Mapping[str, ClientRule]
+) -> dict[str, Any] | None:
+    """The exchange's body with `brim_restore` added, for a stage about to cut it (the guard, the
+    retry), where brim may offer it: the content store is on (None: restore is off), the
+    client's rule allows it, and the request has no tool of that name yet (brim's own from an
+    earlier cut, or the client's); else None. The tool counts in the cut, and goes only where
+    the cut removed something the model can fetch back (`restorable`)."""
+    assert exchange.body is not None and exchange.context is not None
+    client = exchange.context.client
     rule = clients.get(client) if client else None
-    if rule is not None and not rule.restore:
-        return False
-    return RESTORE_TOOL.name not in wire.tool_names(body)
+    if store is None or (rule is not None and not rule.restore):
+        return None
+    if RESTORE_TOOL.name in exchange.wire.tool_names(exchange.body):
+        return None
+    return exchange.wire.with_tool(exchange.body, RESTORE_TOOL)
+
+
+def restorable(outcome: Outcome) -> bool:
+    """Whether a cut removed something the model can fetch back (a record with a key)."""
+    return any(record.archive_key for record in outcome.records)
 
 
 class RestoreRounds:
@@ -177,36 +193,53 @@ class RestoreRounds:
         self, exchange: Exchange, reply: Mapping[str, Any], calls: list[ToolCall], rounds: int
     ) -> Exchange:
         """The request of round `rounds`: `exchange`'s, with `reply`'s turn and brim's answers
-        to its `calls`; tool calling turned off in the last round."""
-        assert exchange.body is not None
-        share = self._share(exchange, exchange.body, len(calls))
-        results = [await self._result(exchange, call, share) for call in calls]
-        body = exchange.wire.continued(exchange.body, reply, calls, results)
+        to its `calls`, which share the room the request has left; tool calling turned off in
+        the last round. It carries its own size (`Outcome.tokens_out`: the retry cuts it from
+        there, the next round counts on from there)."""
+        assert exchange.body is not None and exchange.context is not None
+        # brim offers the tool only in a request it cut (the guard or the retry): the cut's
+        # outcome has the request's size and the limit it was cut to, both in brim's counts.
+        outcome = exchange.context.outcome
+        assert outcome is not None, f"{RESTORE_TOOL.name} offered in a request brim did not cut"
+        wire, body = exchange.wire, exchange.body
+        meter = CounterMeter(
+            self.counter, exchange.context.limits.limits.tokenizer, exchange.model, wire
+        )
+        originals = [await self._original(exchange, call) for call in calls]
+        # The reply's own turn (its text, thinking, the calls) and the results' wrapping come
+        # first; the originals share what is left. A cut's marker and the tokenizer's factor
+        # can take a share past its room: then again, each share that much (and a little) less.
+        turn = _added(wire, body, wire.continued(body, reply, calls, [""] * len(calls)), meter)
+        share = max(MIN_RESULT_TOKENS, (outcome.limit - outcome.tokens_out - turn) // len(calls))
+        tokens_of = [meter.tokens(text) if found else None for text, found in originals]
+        for _ in range(4):
+            results = [
+                cut_middle(text, share, meter, tokens=own)[0] if own is not None else text
+                for (text, _), own in zip(originals, tokens_of, strict=True)
+            ]
+            continued = wire.continued(body, reply, calls, results)
+            tokens = outcome.tokens_out + _added(wire, body, continued, meter)
+            over = tokens - outcome.limit
+            if over <= 0 or share == MIN_RESULT_TOKENS:
+                break
+            share = max(MIN_RESULT_TOKENS, share - over // len(calls) - RESULT_SLACK)
         if rounds >= self.max_rounds:
-            body = exchange.wire.with_tool_choice_none(body)
-        return exchange.with_body(body)
+            continued = wire.with_tool_choice_none(continued)
+        context = dataclasses.replace(
+            exchange.context, outcome=dataclasses.replace(outcome, tokens_out=tokens)
+        )
+        return dataclasses.replace(exchange.with_body(continued), context=context)
 
-    def _share(self, exchange: Exchange, body: Mapping[str, Any], calls: int) -> int:
-        """Tokens each of a round's `calls` may have: the room the request has left."""
-        assert exchange.context is not None
-        tokenizer = exchange.context.limits.limits.tokenizer
-        used = self.counter.request(exchange.wire, body, tokenizer, exchange.model).total
-        room = exchange.context.budget.effective() - used - 200 * calls  # the turn's own items
-        return max(MIN_RESULT_TOKENS, room // calls)
-
-    async def _result(self, exchange: Exchange, call: ToolCall, share: int) -> str:
-        """The original a call asks for, cut to `share` tokens."""
+    async def _original(self, exchange: Exchange, call: ToolCall) -> tuple[str, bool]:
+        """The original a call asks for, and True; or a note that it is gone, and False."""
         key = str(call.arguments.get("key", ""))
         original = await self.store.get(key)
         if original is None:
             log.info("request %s: restore of %r: not available", exchange.request_id, key[:80])
             exchange.report.restore_missing.append(key)
-            return GONE.format(key=key[:80] or "the key")
+            return GONE.format(key=key[:80] or "the key"), False
         exchange.report.restored.append(key)
-        assert exchange.context is not None
-        tokenizer = exchange.context.limits.limits.tokenizer
-        meter = CounterMeter(self.counter, tokenizer, exchange.model, exchange.wire)
-        return cut_middle(original, share, meter)[0]
+        return original, True
 
     async def _streamed(
         self,
@@ -336,6 +369,15 @@ async def _sent(exchange: Exchange, call_next: CallNext) -> tuple[Exchange, Upst
     finally:
         sent, exchange.report.sent = exchange.report.sent, None
     return sent or exchange, response
+
+
+def _added(
+    wire: Wire, body: Mapping[str, Any], continued: Mapping[str, Any], meter: CounterMeter
+) -> int:
+    """The tokens of what `continued` appends to `body`'s conversation (`Wire.continued`)."""
+    return sum(
+        meter.message(item) for item in wire.conversation(continued)[len(wire.conversation(body)) :]
+    )
 
 
 def _fed(events: list[SseEvent], reader: TurnReader, splice: Splice) -> bytes:

@@ -14,9 +14,9 @@ On a `ContextOverflow` this stage:
    (20 %, 30 %, 40 %), and resends. Like the guard, it keeps what it cut in the archive and the
    content store and, where it cut something the model may fetch back, offers `brim_restore`
    (measured in the cut, not added twice, not where the client's rule or the client's own
-   tools rule it out); the budget of the resent request is the one it was cut to, so a hidden
-   restore round answered on it (`RestoreRounds`, which continues from the request as this
-   stage sent it: `RequestReport.sent`) stays inside it;
+   tools rule it out); a hidden restore round answered on the resent request (`RestoreRounds`,
+   which continues from the request as this stage sent it: `RequestReport.sent`) stays inside
+   the limit it was cut to, and a round the provider refuses in turn is cut from its own size;
 4. after `max_attempts` retries, relays the provider's last error unchanged.
 
 What it did goes on the request's report (retries, cuts, fallbacks), from which every reply and
@@ -38,7 +38,7 @@ from adapters.exchange import Exchange, RequestContext
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.guard import keep_originals
-from middleware.restore import RESTORE_TOOL, offers_restore
+from middleware.restore import restorable, restore_offer
 from middleware.store import ContentStore
 from policies.budget import budget_for, requested_output
 from policies.clients import ClientRule
@@ -99,7 +99,7 @@ class RetryOnOverflow:
                 if retries >= self.max_attempts:
                     raise
                 retries += 1
-                exchange.report.retries = retries
+                exchange.report.retries += 1  # over every restore round of the request
                 switched = self._fallback(current, fallbacks)
                 if switched is not None:
                     exchange.report.fallbacks.append(switched.model)
@@ -109,7 +109,7 @@ class RetryOnOverflow:
                     exchange, current, overflow, retries, first_tokens, sent
                 )
                 if cut is None:
-                    exchange.report.retries = retries - 1
+                    exchange.report.retries -= 1
                     raise
                 current = cut
             else:
@@ -150,18 +150,6 @@ class RetryOnOverflow:
         if offered:
             exchange.report.restore_offered = True
         return self._with_outcome(current, body, cut)
-
-    def _offered(self, exchange: Exchange) -> dict[str, Any] | None:
-        """The exchange's body with brim_restore added, where the retry offers it (the store is
-        on, the client's rule allows it, the request has no tool of that name yet — the guard's
-        or the client's own); else None."""
-        assert exchange.body is not None and exchange.context is not None
-        if self.store is None:
-            return None
-        wire = exchange.wire
-        if not offers_restore(wire, exchange.body, exchange.context.client, self.clients):
-            return None
-        return wire.with_tool(exchange.body, RESTORE_TOOL)
 
     def _learn(self, model: str, overflow: ContextOverflow) -> None:
         limit = overflow.overflow.limit
@@ -235,10 +223,10 @@ class RetryOnOverflow:
         None if nothing more can be cut. A cut that removed nothing the model could fetch back
         is made again without the tool, so that it cuts no deeper than the request needs."""
         assert exchange.body is not None
-        offered = self._offered(exchange)
+        offered = restore_offer(self.store, exchange, self.clients)
         if offered is not None:
             cut = await self._cut(exchange, offered, target, sent)
-            if cut is not None and any(record.archive_key for record in cut.records):
+            if cut is not None and restorable(cut):
                 return offered, cut, True
         cut = await self._cut(exchange, exchange.body, target, sent)
         return None if cut is None else (exchange.body, cut, False)
@@ -262,13 +250,9 @@ class RetryOnOverflow:
 
     @staticmethod
     def _with_outcome(exchange: Exchange, body: dict[str, Any], outcome: Outcome) -> Exchange:
-        """The exchange carrying `body` cut as `outcome` says, its budget the one it was cut to
-        (what a restore round answered on it has left, `RestoreRounds._share`)."""
+        """The exchange carrying `body` cut as `outcome` says (whose limit is what a restore
+        round answered on it may fill: `RestoreRounds._asked`)."""
         assert exchange.context is not None
         cut = exchange.wire.with_conversation(body, outcome.messages)
-        budget = exchange.context.budget
-        budget = budget.allocate(max(0, budget.effective() - outcome.limit))
-        context: RequestContext = dataclasses.replace(
-            exchange.context, outcome=outcome, budget=budget
-        )
+        context: RequestContext = dataclasses.replace(exchange.context, outcome=outcome)
         return dataclasses.replace(exchange.with_body(cut), context=context)

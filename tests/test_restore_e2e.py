@@ -38,6 +38,7 @@ from tests.restoring import (
     MODELS,
     QUOTE,
     RETRY_MODELS,
+    SHAPE_OF,
     WINDOW,
     Restoring,
     brim_config,
@@ -50,7 +51,7 @@ from tests.restoring import (
     restored,
     tool_names,
 )
-from tests.scripted_provider import OUTPUT_TOKENS, WIRE_OF, tool_uses
+from tests.scripted_provider import OUTPUT_TOKENS, WIRE_OF, Call, tool_uses
 
 ADMIN = "restore-admin-key-0123456789"
 
@@ -383,6 +384,68 @@ def test_a_retry_after_the_guard_offered_restore_offers_it_once(
     assert reply.headers["x-brim-retries"] == "1"
 
 
+@each_api
+def test_a_restore_round_the_provider_refuses_is_cut_from_its_own_size(
+    api: Api, serve: Callable[..., str], tmp_path: Path
+) -> None:
+    """The provider's window is smaller than brim was told: the guard's cut fits it, the round
+    that answers the model's brim_restore (the original filling the room the cut left) does
+    not. The retry cuts that round as the request it is — its own size, not the first one's."""
+    texts = [logs("long", 1, lines=200)[0], *logs("round")]
+    fake = Restoring(among=frozenset(key_of(text) for text in texts))
+    model = f"{api.model}-6500"
+    base = serve(config(serve(fake), tmp_path, windows={model: WINDOW}))
+
+    reply = api.send(base, texts, model)
+
+    assert [c.reply for c in fake.calls] == ["read 1", "overflow", "final"], fake.rejections
+    first, refused, cut = fake.calls
+    assert first.tokens < 6500 < refused.tokens
+    assert cut.tokens >= 0.8 * 0.9 * refused.tokens  # not 80 % of the first request
+    (result,) = restored(api.name, cut.body)
+    (asked,) = tool_uses(api.name, cut.body, RESTORE_TOOL.name)
+    assert came_back(result, original_of(str(asked.arguments["key"]), texts))
+    assert reply.text == QUOTE + result
+    assert reply.headers["x-brim-retries"] == "1"
+
+
+@dataclass
+class Refusing(Restoring):
+    """A provider that counts higher than brim: it refuses the requests numbered in `refuse`
+    (from 1) as too long, in its API's own words, whatever their size."""
+
+    refuse: frozenset[int] = frozenset()
+
+    def _admit(
+        self, api: str, model: str, body: dict[str, Any], offered: bool, problems: list[str]
+    ) -> Call:
+        call = super()._admit(api, model, body, offered, problems)
+        if len(self.calls) in self.refuse and call.reply not in ("invalid", "overflow"):
+            if call.reply.startswith("read "):
+                self.steps -= 1  # not answered: the next request gets this step
+            call.reply = "overflow"
+        return call
+
+
+@each_api
+def test_retries_are_counted_over_every_restore_round(
+    api: Api, serve: Callable[..., str], tmp_path: Path
+) -> None:
+    """The provider refuses the request and then the round that answers brim_restore: the retry
+    cuts each, and x-brim-retries counts both."""
+    texts = logs("counted")
+    fake = Refusing(refuse=frozenset({1, 3}))
+    model = f"{api.model}-{WINDOW}"
+    base = serve(config(serve(fake), tmp_path, windows={model: WINDOW}))
+
+    reply = api.send(base, texts, model)
+
+    assert [c.reply for c in fake.calls] == ["overflow", "read 1", "overflow", "final"]
+    assert len(restored(api.name, fake.calls[-1].body)) == 1
+    assert reply.text.startswith(QUOTE)
+    assert reply.headers["x-brim-retries"] == "2"
+
+
 STREAMED: dict[str, Callable[..., tuple[str, dict[str, Any]]]] = {
     # the scripted provider's name of an API → (path, body) of a streamed request for a model
     "chat": lambda texts, model: (
@@ -443,9 +506,43 @@ def test_a_restore_after_text_in_a_retried_stream_streams_on_as_the_same_reply(
     assert RESTORE_TOOL.name.encode() not in stream
 
 
+WHOLE: dict[str, Callable[[list[str], str], tuple[str, dict[str, Any]]]] = {
+    # the scripted provider's name of an API → (path, body) of a whole request for a model
+    "chat": lambda texts, model: ("/v1/chat/completions", chat_body(texts, model=model)),
+    "messages": lambda texts, model: ("/v1/messages", messages_body(texts, model=model)),
+    "responses": lambda texts, model: ("/v1/responses", responses_body(texts, model=model)),
+    "gemini": lambda texts, model: (f"/v1beta/models/{model}:generateContent", gemini_body(texts)),
+}
+OWN = {"name": RESTORE_TOOL.name, "parameters": {"type": "object", "properties": {}}}
+OWN_TOOL: dict[str, Callable[[dict[str, Any]], None]] = {
+    # adds a tool of the client's own named brim_restore to a request, as each API defines one
+    "chat": lambda body: body["tools"].append({"type": "function", "function": OWN}),
+    "messages": lambda body: body["tools"].append(
+        {"name": OWN["name"], "input_schema": OWN["parameters"]}
+    ),
+    "responses": lambda body: body["tools"].append({"type": "function", **OWN}),
+    "gemini": lambda body: body["tools"][0]["functionDeclarations"].append(OWN),
+}
+TEXT_OF: dict[str, Callable[[dict[str, Any]], str]] = {
+    # a whole reply's text
+    "chat": lambda reply: reply["choices"][0]["message"]["content"] or "",
+    "messages": lambda reply: "".join(b["text"] for b in reply["content"] if b["type"] == "text"),
+    "responses": lambda reply: "".join(
+        part["text"]
+        for item in reply["output"]
+        if item["type"] == "message"
+        for part in item["content"]
+    ),
+    "gemini": lambda reply: "".join(
+        part.get("text", "") for part in reply["candidates"][0]["content"]["parts"]
+    ),
+}
+
+
+@each_api
 @pytest.mark.parametrize("case", ["restore off", "client rule", "client's own tool"])
 def test_the_retry_offers_restore_only_where_the_guard_would(
-    case: str, serve: Callable[..., str], tmp_path: Path
+    api: Api, case: str, serve: Callable[..., str], tmp_path: Path
 ) -> None:
     """Not with `[restore] enabled = false`, not to a client whose rule says `restore = false`,
     and not over a tool of the client's own that has the name (its calls are the client's)."""
@@ -456,31 +553,30 @@ def test_the_retry_offers_restore_only_where_the_guard_would(
         "client's own tool": {},
     }[case]
     base = serve(config(serve(fake), tmp_path, **sections))
-    texts = logs("retry", turns=14)
-    body = chat_body(texts, model=RETRY_MODELS["chat"])
+    path, body = WHOLE[api.name](logs("retry", turns=14), api.retry_model)
     if case == "client's own tool":
-        own = {"name": RESTORE_TOOL.name, "parameters": {"type": "object", "properties": {}}}
-        body["tools"].append({"type": "function", "function": own})
-    sdk = openai.OpenAI(
-        base_url=f"{base}/v1",
-        api_key="sk-client",
-        max_retries=0,
-        default_headers={"User-Agent": "quiet-agent/1.0"},
-    )
+        OWN_TOOL[api.name](body)
+    headers = {
+        "authorization": "Bearer sk-client",
+        "x-api-key": "sk-ant-client",
+        "x-goog-api-key": "AIza-client",
+        "user-agent": "quiet-agent/1.0",
+    }
 
-    raw = sdk.chat.completions.with_raw_response.create(**body)
+    raw = httpx.post(base + path, json=body, headers=headers, timeout=60)
 
-    reply = raw.parse()
+    assert raw.status_code == 200, raw.text
     assert raw.headers["x-brim-retries"] == "1"
     refused, cut = fake.calls  # no hidden round
     assert refused.reply == "overflow" and KEY_SHOWN.search(dumped(cut.body))
-    calls = [c.function.name for c in reply.choices[0].message.tool_calls or []]
+    reply = raw.json()
+    calls = [call.name for call in SHAPE_OF[WIRE_OF[api.name]].wire.reply_calls(reply)]
     if case == "client's own tool":
-        assert tool_names("chat", cut.body) == ["read_file", RESTORE_TOOL.name]  # the client's
+        assert tool_names(api.name, cut.body) == ["read_file", RESTORE_TOOL.name]  # the client's
         assert calls == [RESTORE_TOOL.name]  # the call goes to the client, who defined it
     else:
-        assert tool_names("chat", cut.body) == ["read_file"]
-        assert (calls, reply.choices[0].message.content) == ([], "ok")
+        assert tool_names(api.name, cut.body) == ["read_file"]
+        assert (calls, TEXT_OF[api.name](reply)) == ([], "ok")
 
 
 # --- two instances, one Redis ------------------------------------------------------------------
@@ -507,8 +603,8 @@ def test_a_restore_arriving_at_another_instance_is_answered_from_redis(
     others = logs("second")
     reply = api.send(second, others)
     assert [c.reply for c in fake.calls[-2:]] == ["read 1", "final"]
-    cut_by_b = orjson.dumps(fake.calls[-2].body).decode()
-    assert original not in cut_by_b and key not in cut_by_b  # B never had it
+    cut_by_b = fake.calls[-2].body
+    assert not shows(cut_by_b, original) and key not in dumped(cut_by_b)  # B never had it
     assert reply.text == QUOTE + original
     assert reply.headers["x-brim-restored"] == "1"
 

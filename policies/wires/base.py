@@ -163,10 +163,6 @@ class TurnReader(ABC):
     def _start(self, kind: StartKind) -> None:
         self._started = self._started or kind
 
-    def feed(self, data: bytes) -> None:
-        """One event's data payload, as `sse_data` gives it."""
-        self.take(json_event(data))
-
     def take(self, event: dict[str, Any] | None) -> None:
         """One event already parsed (`SseEvent.json`); None (not a JSON object) adds nothing."""
         if event is not None:

@@ -454,8 +454,10 @@ class ResponsesSplice(Splice):
     `output_index`: the SDKs append each added item and find it again by its index) from what
     the client has; a later round's `response.created` and `.in_progress` dropped; a round that
     called brim_restore loses its call items and its `response.completed`. The last round's
-    `response.completed` carries the first round's `id` and `created_at`, every item the
-    client got (the SDKs' final response is that event's), and the usage of every round."""
+    `response.completed` carries its own `id` (the response the provider stored with the
+    answer, which a client's next `previous_response_id` names; the first round's holds an
+    unanswered brim_restore call), the first round's `created_at`, every item the client got
+    (the SDKs' final response is that event's), and the usage of every round."""
 
     def __init__(self, earlier: Usage | None) -> None:
         super().__init__(earlier, RESPONSES.usage, _write_event_usage)
@@ -463,7 +465,7 @@ class ResponsesSplice(Splice):
         self._items: dict[int, Any] = {}  # the client's output items, by their index
         self._at: dict[int, int] = {}  # this round's output_index → the client's
         self._dropped: set[int] = set()  # this round's items the client does not get
-        self._head: dict[str, Any] = {}  # the first round's id and created_at
+        self._head: dict[str, Any] = {}  # the first round's created_at
 
     def _calls(self, event: dict[str, Any]) -> bool:
         return (
@@ -478,7 +480,7 @@ class ResponsesSplice(Splice):
             if self.rounds:
                 return None
             if not self._head and isinstance(response, Mapping):
-                self._head = {k: response[k] for k in ("id", "created_at") if k in response}
+                self._head = {k: response[k] for k in ("created_at",) if k in response}
         out = event
         index = event.get("output_index")
         if isinstance(index, int):

@@ -8,6 +8,7 @@ tests use (`tests.policies.wires.test_restore_shapes`)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -25,10 +26,11 @@ from adapters.exchange import Exchange
 from middleware.limits import ResolveLimits
 from middleware.restore import RESTORE_TOOL, RestoreRounds
 from middleware.store import MemoryStore
+from policies.compress import compress_request
 from policies.conversation import archive_key
 from policies.limits import LimitsRegistry, ModelFacts
-from policies.tokens import TokenCounter
-from policies.wires.base import Usage, sse_data
+from policies.tokens import CounterMeter, TokenCounter
+from policies.wires.base import Usage, json_event, sse_data
 from proxy.app import bound_port, start
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import exchange
@@ -53,6 +55,7 @@ from tests.restoring import (
     logs,
     messages_body,
     responses_body,
+    restored,
 )
 
 use_bundled_tiktoken_files()
@@ -112,8 +115,14 @@ async def run(
     upstream = scripted(shape, turns, stream, seen)
 
     async def offered(ex: Exchange) -> UpstreamResponse:
-        ex.report.restore_offered = True  # as the guard does when it cut something
-        return await stage(ex, upstream)
+        # As the guard does when it cut something: the tool offered, the cut on the context.
+        ex.report.restore_offered = True
+        assert ex.body is not None and ex.context is not None
+        meter = CounterMeter(COUNTER, ex.context.limits.limits.tokenizer, ex.model, ex.wire)
+        limit = ex.context.budget.effective()
+        cut = compress_request(ex.body, meter, [], limit=limit, low_water=1.0)
+        context = dataclasses.replace(ex.context, outcome=cut)
+        return await stage(dataclasses.replace(ex, context=context), upstream)
 
     body = shape.wire.with_tool(shape.body(), RESTORE_TOOL)
     ex = exchange(shape.api, model, body, stream=stream)
@@ -124,7 +133,7 @@ async def run(
         data = b"".join([chunk async for chunk in response.chunks])
         reader = shape.wire.turn_reader()
         for event in sse_data(data):
-            reader.feed(event)
+            reader.take(json_event(event))
         final = reader.reply()
     return ex, seen, final
 
@@ -257,7 +266,7 @@ def messages_heard(base: str, body: dict[str, Any]) -> Heard:
 def responses_heard(base: str, body: dict[str, Any]) -> Heard:
     sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
     with sdk.responses.stream(**{k: v for k, v in body.items() if k != "stream"}) as stream:
-        ids = {event.response.id for event in stream if event.type == "response.created"}
+        ids = [event.response.id for event in stream if event.type == "response.created"]
         final = stream.get_final_response()
     usage = final.usage
     assert usage is not None
@@ -265,7 +274,7 @@ def responses_heard(base: str, body: dict[str, Any]) -> Heard:
         final.output_text,
         [item.name for item in final.output if item.type == "function_call"],
         Usage(usage.input_tokens, usage.output_tokens, usage.input_tokens_details.cached_tokens),
-        sorted(ids | {final.id}),
+        list(dict.fromkeys([*ids, final.id])),
     )
 
 
@@ -328,6 +337,20 @@ def restored_in(client: Client, body: dict[str, Any], texts: list[str]) -> list[
     return [t for t in texts if orjson.dumps(t).decode()[1:-1] in answered]
 
 
+def one_reply(client: Client, fake: Restoring) -> list[str]:
+    """The ids a client reads a reply spliced from `fake`'s rounds under: the first round's (a
+    Responses stream's completed response is the last round's, the one stored with the answer:
+    what a client's next `previous_response_id` names)."""
+    if client is RESPONSES:
+        return ["resp_1", f"resp_{len(fake.calls)}"]
+    first = {
+        "openai.chat": "chatcmpl-1",
+        "anthropic.messages": "msg_1",
+        "gemini.generate": "resp-1",
+    }
+    return [first[client.api]]
+
+
 @each_client
 def test_a_restore_after_text_streams_on_as_the_same_reply(
     client: Client, through: Callable[..., tuple[str, Restoring]]
@@ -350,7 +373,7 @@ def test_a_restore_after_text_streams_on_as_the_same_reply(
     assert heard.text == "Let me fetch the cut log. It says the build timed out."
     assert heard.calls == []
     assert heard.usage == T1.added(T2)
-    assert len(heard.ids) == 1
+    assert heard.ids == one_reply(client, fake)
 
 
 @each_client
@@ -394,7 +417,7 @@ def test_a_restore_after_text_in_a_continuation_round(
     assert shape.errors(shape.wire.conversation(fake.calls[2].body)) == []
     assert (heard.text, heard.calls) == ("A first piece. One more piece. Done.", [])
     assert heard.usage == T1.added(T2).added(T3)
-    assert len(heard.ids) == 1
+    assert heard.ids == one_reply(client, fake)
 
 
 ERROR_EVENT: dict[str, Callable[[dict[str, Any]], bool]] = {
@@ -413,7 +436,7 @@ def ends_in_error(client: Client, stream: bytes) -> str:
     assert RESTORE_TOOL.name.encode() not in b"".join(datas[:-1])
     reader = SHAPE_OF[client.api].wire.turn_reader()
     for data in datas[:-1]:
-        reader.feed(data)
+        reader.take(json_event(data))
     reply = reader.reply()
     assert SHAPE_OF[client.api].wire.reply_calls(reply) == []
     return orjson.dumps(reply).decode()
@@ -435,13 +458,63 @@ def test_a_model_that_keeps_restoring_after_text_ends_the_stream_with_an_error(
 def test_a_failed_continuation_ends_the_stream_with_an_error_event(
     client: Client, through: Callable[..., tuple[str, Restoring]]
 ) -> None:
-    base, fake = through([brims_restore("Let me fetch it. "), 500])
+    # (twice: the SDK's request below fails the same way, in its stream, not before it)
+    base, fake = through([brims_restore("Let me fetch it. "), 500] * 2)
     got = raw(base, client, client.body(logs()))
     assert len(fake.calls) == 2
     assert "Let me fetch it." in ends_in_error(client, got)
     if client is CHAT:  # the SDK raises the provider's kind of error
-        with pytest.raises(openai.APIError):
+        with pytest.raises(openai.APIError) as raised:
             client.heard(base, client.body(logs()))
+        assert not isinstance(raised.value, openai.APIStatusError)  # from the stream's event
     if client is MESSAGES:
-        with pytest.raises(anthropic.APIError):
+        with pytest.raises(anthropic.APIError) as raised:
             client.heard(base, client.body(logs()))
+        assert getattr(raised.value, "status_code", None) == 200  # from the stream's event
+    if client is RESPONSES:  # the SDK hands on the API's error event; no response completes
+        sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)
+        body = {k: v for k, v in client.body(logs()).items() if k != "stream"}
+        with sdk.responses.stream(**body) as stream:
+            events = list(stream)
+            with pytest.raises(RuntimeError, match=r"response\.completed"):
+                stream.get_final_response()
+        assert events[-1].type == "error" and events[-1].message
+        assert [e.type for e in events].count("error") == 1
+    if client is GEMINI:  # Google's error object, which the Gemini CLI's client throws
+        error = orjson.loads(sse_data(got)[-1])["error"]
+        assert isinstance(error["code"], int) and error["code"] >= 400
+        assert error["status"] and error["message"]
+
+
+# Text the model writes before it calls brim_restore: ~900 tokens, less than the room the
+# guard's cut leaves, which the original would fill on its own.
+LONG_SAY = " ".join(
+    f"Step {n}: the cache key for stage {n} matched, so it was skipped." for n in range(50)
+)
+
+
+@each_client
+def test_a_restore_after_long_text_is_answered_within_the_budget(
+    client: Client, through: Callable[..., tuple[str, Restoring]]
+) -> None:
+    """The room a restored original gets is what the request has left once the reply's own
+    turn (its text before the call) is counted: the next round stays within the budget."""
+    script: list[Turn | int] = [
+        Turn((Say(LONG_SAY), Call("call_r", RESTORE_TOOL.name, {})), T1),
+        Turn((Say("Done."),), T2),
+    ]
+    base, fake = through(script)
+    texts = [logs("long", 1, lines=200)[0], *logs()]
+    headers = {"authorization": "Bearer sk-client", "x-api-key": "sk-ant-client"}
+    headers["x-goog-api-key"] = "AIza-client"
+    body = client.body(texts)
+    with httpx.stream("POST", base + client.path, json=body, headers=headers, timeout=60) as got:
+        assert got.status_code == 200, got.read()
+        heard, errors = HEARD[client.api](got.read())
+    assert errors == []
+    assert heard.text == LONG_SAY + "Done."
+    first, second = fake.calls
+    assert LONG_SAY in orjson.dumps(second.body).decode()
+    (result,) = restored(second.api, second.body)
+    assert "cut from the middle by brim" in result  # the original takes what room there is
+    assert second.tokens <= int(got.headers["x-brim-budget"]), (first.tokens, second.tokens)

@@ -22,7 +22,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies.wires import WIRES
-from policies.wires.base import SseEvents, ToolCall, ToolSpec, Usage, Wire, sse_data, with_data
+from policies.wires.base import (
+    SseEvents,
+    ToolCall,
+    ToolSpec,
+    Usage,
+    Wire,
+    json_event,
+    sse_data,
+    with_data,
+)
 from tests.fake_anthropic import FakeAnthropic, anthropic_errors, thinking_signature
 from tests.fakes import gemini_errors, pairing_errors, responses_errors
 
@@ -1235,7 +1244,7 @@ def test_usage_sums() -> None:
 def read(shape: Shape, stream: bytes) -> Any:
     reader = shape.wire.turn_reader()
     for data in sse_data(stream):
-        reader.feed(data)
+        reader.take(json_event(data))
     return reader
 
 
@@ -1304,9 +1313,9 @@ def test_turn_reader_has_not_started_before_content(shape: Shape) -> None:
     reader = shape.wire.turn_reader()
     assert reader.started is None
     for data in events[:opening]:
-        reader.feed(data)
+        reader.take(json_event(data))
     assert reader.started is None
-    reader.feed(events[opening])
+    reader.take(json_event(events[opening]))
     assert reader.started == "text"
 
 
@@ -1608,7 +1617,10 @@ class Heard:
     text: str  # the reply's text (thinking and reasoning apart)
     calls: list[str]  # names of the tool calls
     usage: Usage
-    ids: list[str]  # every id the stream gave the reply (one reply: one id)
+    # Every id the stream gave the reply, in order (one reply: one id; a Responses stream's
+    # completed response, the SDK's final one, is the last round's: the one stored with the
+    # answer, which a client's next `previous_response_id` names).
+    ids: list[str]
 
 
 def chat_heard(stream: bytes) -> tuple[Heard, list[str]]:
@@ -1733,7 +1745,9 @@ def responses_heard(stream: bytes) -> tuple[Heard, list[str]]:
         completed.output_text,
         [item.name for item in completed.output if item.type == "function_call"],
         Usage(usage.input_tokens, usage.output_tokens, usage.input_tokens_details.cached_tokens),
-        sorted({e["response"]["id"] for e in events if "response" in e}),
+        list(
+            dict.fromkeys([e["response"]["id"] for e in events if "response" in e] + [completed.id])
+        ),
     )
     return heard, errors
 
@@ -1879,7 +1893,10 @@ def test_a_restore_after_text_streams_on_as_one_reply(
         "openai.responses": "resp_1",
         "gemini.generate": "resp-1",
     }[shape.api]
-    assert heard.ids == [first_id]  # one reply, under the first round's id
+    if shape.api == "openai.responses":  # its completed response: the last round's
+        assert heard.ids == [first_id, f"resp_{len(turns)}"]
+    else:
+        assert heard.ids == [first_id]  # one reply, under the first round's id
 
 
 @each_shape
