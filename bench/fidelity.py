@@ -109,6 +109,9 @@ LANGCHAIN = "LangChain trim_messages"
 KEEP_LAST = "keep-last-N"
 MIDDLE_OUT = "middle-out"
 METHODS = (BRIM, BRIM_SUMMARIZE, LITELLM, LANGCHAIN, KEEP_LAST, MIDDLE_OUT)
+# Not a method: the most prefix any method can keep on a growing session (`prefix_ceiling`).
+CEILING = "ceiling (newest turn whole, all else cut)"
+GROWTH_ROWS = (*METHODS, CEILING)
 BASELINES = (LITELLM, LANGCHAIN, KEEP_LAST, MIDDLE_OUT)
 
 Messages = list[dict[str, Any]]
@@ -632,6 +635,7 @@ class Growth:
     prefix_kept: int = 0  # ...where the earlier one is a byte-identical prefix of the later
     valid: int = 0
     within: int = 0
+    newest_kept: int = 0  # requests that end with the client's newest item, byte for byte
     refused: int = 0
     untrimmed: int = 0  # the baseline gave up and returned its input
     calls_per_turn: list[int] = field(default_factory=list)
@@ -708,6 +712,10 @@ def grow(
             continue
         growth.valid += not check(wire.conversation(sent))
         growth.within += counter.request(wire, sent, tokenizer, MODELS[api]).total <= budget
+        items = wire.conversation(sent)
+        growth.newest_kept += bool(items) and orjson.dumps(items[-1]) == orjson.dumps(
+            wire.conversation(body)[-1]
+        )
         if previous is not None:
             growth.pairs += 1
             growth.prefix_kept += is_prefix(api, previous, sent)
@@ -715,6 +723,44 @@ def grow(
     if method == BRIM_SUMMARIZE and last is not None:
         growth.resend_calls = asyncio.run(brim.send(last)).summarizer_calls
     growth.seconds = round(time.perf_counter() - started, 2)
+    return growth
+
+
+def prefix_ceiling(
+    session: Session, api: str, window: int, turns: int, counter: TokenCounter
+) -> Growth:
+    """The most prefix any method can keep over the turns `grow` measures, if it keeps the
+    newest turn whole (its last unit: the user message, or a tool call with its results) and
+    sends valid requests: whenever the next turn does not fit on top of the previous request,
+    cut down to the system prompt, the tools and that newest turn alone, no lower bound being
+    lower; otherwise send the previous request plus the new items. Cutting to the least leaves
+    the most room for the turns after it, so no method keeps the prefix on more turns."""
+    wire, tokenizer = WIRES[api], tokenizer_of(api)
+    budget = window_budget(api, RENDER[api](session, 1), window)
+    points = session.request_points()
+    start = first_over(session, api, budget, counter, points)
+    growth = Growth(CEILING, api, window, budget)
+    sent: int | None = None  # the ceiling method's request, in tokens
+    before = 0  # the client's previous request, in tokens
+    for point in points[start : start + turns]:
+        body = RENDER[api](session, point)
+        total = counter.request(wire, body, tokenizer, MODELS[api]).total
+        if total <= budget:
+            break
+        growth.turns += 1
+        growth.newest_kept += 1  # by its definition
+        if sent is not None:
+            growth.pairs += 1
+            if sent + total - before <= budget:
+                growth.prefix_kept += 1
+                sent, before = sent + total - before, total
+                continue
+        items = wire.conversation(body)
+        units = wire.dialect.units(items)
+        kept = [i for unit in units if unit.kind == "system" for i in unit.indices]
+        kept += list(units[-1].indices)
+        least = wire.with_conversation(body, [items[i] for i in sorted(set(kept))])
+        sent, before = counter.request(wire, least, tokenizer, MODELS[api]).total, total
     return growth
 
 
@@ -728,6 +774,7 @@ def growth_runs(
         for api in APIS:
             for method in (BRIM, BRIM_SUMMARIZE):
                 runs.append(grow(session, method, api, window, turns, counter, check[api]))
+            runs.append(prefix_ceiling(session, api, window, turns, counter))
         for method in BASELINES:
             # LiteLLM recounts every kept message for each one it adds (~8 s a call at 128K).
             count = (
@@ -814,7 +861,7 @@ def summarize_places(
 
 def summarize_growth(runs: Sequence[Growth]) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
-    for method in METHODS:
+    for method in GROWTH_ROWS:
         for api in APIS:
             group = {g.window: g for g in runs if (g.method, g.api) == (method, api)}
             if not group:
@@ -829,6 +876,7 @@ def summarize_growth(runs: Sequence[Growth]) -> list[dict[str, Any]]:
                     "prefix_kept_pct": percent(g.prefix_kept, g.pairs),
                     "valid_pct": percent(g.valid, g.turns - g.refused),
                     "within_budget_pct": percent(g.within, g.turns - g.refused),
+                    "newest_kept_pct": percent(g.newest_kept, g.turns - g.refused),
                     "refused": g.refused,
                     "untrimmed": g.untrimmed,
                     "summarizer_calls_first_turn": calls[0] if calls else None,
@@ -985,15 +1033,22 @@ def render(report: Mapping[str, Any]) -> str:
         f"**Growing sessions** ({report['growth_turns']} compressed turns per window; LiteLLM "
         f"{LITELLM_TURNS_PAST_32K} past 32K, as it is slow there): prefix kept = share of "
         "consecutive compressed requests where the earlier one is a byte-identical prefix of the "
-        "later one (what a provider's prompt cache needs).",
+        "later one (what a provider's prompt cache needs); newest kept = share of those requests "
+        "that end with the client's newest item whole. The ceiling is the most any method "
+        "keeping the newest turn whole can reach on these sessions (`prefix_ceiling`).",
         "",
-        "| method | API | " + " | ".join(f"prefix kept {label}" for label in labels) + " |",
-        "|---|---|" + "--:|" * len(windows),
+        "| method | API | "
+        + " | ".join(f"prefix kept {label}" for label in labels)
+        + " | newest kept "
+        + " · ".join(labels)
+        + " |",
+        "|---|---|" + "--:|" * (len(windows) + 1),
     ]
     for row in report["growth"]:
         api = API_LABELS[row["api"]] + (" (others n/a)" if row["method"] in BASELINES else "")
         prefix = " | ".join(cell(row[w]["prefix_kept_pct"]) if w in row else "—" for w in windows)
-        lines.append(f"| {row['method']} | {api} | {prefix} |")
+        newest = cells([row[w]["newest_kept_pct"] if w in row else None for w in windows])
+        lines.append(f"| {row['method']} | {api} | {prefix} | {newest} |")
     lines += [
         "",
         "**Summarizer calls** (brim + summarize, growing sessions): on the first compressed turn, "

@@ -28,6 +28,7 @@ from policies.carry import carried_from, carry, growth, prefix_digests
 from policies.clients import ClientRule
 from policies.compress import Outcome, compress_request
 from policies.conversation import FidelityRecord, Policy, archive_key
+from policies.evict import GISTS_HEADER
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import conversation_wire
 from policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
@@ -304,7 +305,9 @@ class Guard:
         for the older batches the allowance makes it step down or merge — when all can be made
         in time and fit; otherwise the outcome as it was. Each summary's header names the key of
         the messages it condenses (`summary_header`), which its record keeps as the original
-        (their JSON, as evict's records keep theirs); the notice's record goes with the notice."""
+        (their JSON, as evict's records keep theirs); the notice's record goes with the notice.
+        The lines the notice quoted from the latest removed results stay, after the summaries:
+        a summarizer condenses, the quoted lines are what the results said word for word."""
         wire = exchange.wire
         at = _notice_at(wire, outcome.messages)
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
@@ -312,9 +315,14 @@ class Guard:
             return outcome
         wire, meter, task, credentials = self._summary_inputs(exchange)
         rest = outcome.tokens_out - meter.message(outcome.messages[at])
+        _, header, lines = wire.dialect.text(outcome.messages[at]).partition("\n" + GISTS_HEADER)
+        quoted = header + lines
         # The allowance is the same every turn; only a turn that evicts to its last resorts,
         # up to the budget itself, leaves less (and then no summarizer call is wasted).
-        allowance = min(int(outcome.limit * SUMMARY_ALLOWANCE), outcome.limit - rest)
+        allowance = min(
+            int(outcome.limit * SUMMARY_ALLOWANCE),
+            outcome.limit - rest - (meter.text_tokens(quoted) if quoted else 0),
+        )
         assert exchange.body is not None
         client = None if outcome.repairs else wire.conversation(exchange.body)
         batches = summary_batches(evicted, client)
@@ -343,6 +351,7 @@ class Guard:
             return outcome
         texts = [summary.text for summary in made]
         details = [_detail(summary) for summary in made]
+        texts[-1] += quoted
         messages = [
             wire.dialect.notice(summary_header(key) + text)
             for key, text in zip(keys, texts, strict=True)

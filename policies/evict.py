@@ -22,9 +22,14 @@ in front of it, never after one (Anthropic's notice is a user message, and Anthr
 system message only right before an assistant turn) — saying how many messages and tokens went,
 which tools had been called, and the user requests that were dropped, and ending with the one
 key that restores them all: the sha256 of the removed messages as one JSON array, in order,
-which the notice's own record keeps as its original. The notice is a function of the removed
-messages alone, so the same removed set gives the same bytes on every turn. If the protected
-units alone are over the limit, they are released oldest first (never a system message or the
+which the notice's own record keeps as its original. Under that line the notice quotes what the
+latest removed tool results said: each one's gist (the most informative line of the whole
+result, as clear's placeholder quotes it), newest first as far as `gist_share` of the budget
+allows (and no more than a quarter of what was removed), shown in conversation order; a line
+quoted already is not repeated, and a result pointed onward quotes nothing. The notice is a
+function of the removed messages and the budget alone, so the same removed set gives the same
+bytes on every turn. If the protected units alone are over the limit, the notice's quoted lines
+go first, then the protected units are released oldest first (never a system message or the
 last user message), and the notice itself goes if it is what does not fit.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
@@ -36,7 +41,7 @@ turns on average — and every one of them reuses the provider's prompt cache.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -51,17 +56,21 @@ from policies.conversation import (
     Unit,
     archive_key,
     facts,
+    is_placeholder,
     last_request,
     pointed_at,
     result_values,
     snapped_count,
 )
+from policies.information import cut_from, gist
 from policies.wires.base import NOTICE_PREFIX
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests.
 # (System units are never evicted: they have none.)
 PRIORITY = {"orphan": STALE, "assistant": 1, "tools": 2, "user": 3}
 QUOTE = 80
+GISTS_HEADER = "The most informative line of each of the latest removed tool results:"
+_REMOVED_SHARE = 4  # the quoted lines take at most a quarter of the tokens removed
 
 
 class EvictSettings(BaseModel):
@@ -70,6 +79,7 @@ class EvictSettings(BaseModel):
     keep_recent_turns: int = Field(2, ge=0)
     evict_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
     notice: bool = True
+    gist_share: float = Field(0.1, ge=0, le=0.5)  # of the budget: the notice's quoted lines
 
 
 class _Dumped:
@@ -93,6 +103,61 @@ class _Dumped:
         array of all the messages is the units' items joined by commas)."""
         items = (self.unit(unit)[1:-1] for unit in sorted(removed, key=lambda unit: unit.start))
         return "[" + ",".join(item for item in items if item) + "]"
+
+
+class _Gists:
+    """Each tool group's quoted lines — one per result: the most informative line of the whole
+    result (before any cut), or the one its placeholder quotes (none for a pointer onward) —
+    with what each costs, worked out once however many removed sets are tried."""
+
+    def __init__(self, conversation: Conversation, meter: Meter) -> None:
+        self._known = facts(conversation)
+        self._before = cut_from(conversation)
+        self._meter = meter
+        self._lines: dict[Unit, list[tuple[str, int]]] = {}
+
+    def unit(self, unit: Unit) -> list[tuple[str, int]]:
+        found = self._lines.get(unit)
+        if found is None:
+            found = self._lines[unit] = list(self._of(unit))
+        return found
+
+    def _of(self, unit: Unit) -> Iterator[tuple[str, int]]:
+        if unit.kind != "tools":
+            return
+        known = self._known
+        for index in unit.indices:
+            for result in known.results[index]:
+                if is_placeholder(result.text):  # cleared: the line it quotes, if any
+                    said = _quoted(result.text)
+                else:
+                    whole = self._before.texts.get((index, result.call_id), result.text)
+                    said = next(iter(gist(whole, 1)), None)
+                if said:
+                    line = f"> {result.tool}: {said}"
+                    yield line, self._meter.text_tokens(line) + 1
+
+    def chosen(self, removed: Sequence[Unit], allowance: int) -> list[str]:
+        """The lines of the latest removed results that fit `allowance`, in conversation order:
+        newest first until one does not fit; a line said already is not repeated."""
+        picked: list[str] = []
+        seen: set[str] = set()
+        spent = 0
+        for unit in sorted(removed, key=lambda unit: unit.start, reverse=True):
+            for line, cost in reversed(self.unit(unit)):
+                if line in seen:
+                    continue
+                if spent + cost > allowance:
+                    return picked[::-1]
+                picked.append(line)
+                seen.add(line)
+                spent += cost
+        return picked[::-1]
+
+
+def _quoted(placeholder: str) -> str | None:
+    """The first line a placeholder quotes (clear's `> line` under its head), if any."""
+    return next((line[2:] for line in placeholder.split("\n")[1:] if line.startswith("> ")), None)
 
 
 def _quote(text: str) -> str:
@@ -164,7 +229,9 @@ class Evict:
     def __init__(self, settings: EvictSettings | None = None) -> None:
         self.settings = settings or EvictSettings()
 
-    def _notice_text(self, conversation: Conversation, removed: list[Unit], dumped: _Dumped) -> str:
+    def _notice_text(
+        self, conversation: Conversation, removed: list[Unit], dumped: _Dumped, said: list[str]
+    ) -> str:
         dialect = conversation.dialect
         messages = conversation.messages
         count = sum(len(unit.indices) for unit in removed)
@@ -192,7 +259,8 @@ class Evict:
             more = f" and {len(requests) - 5} more" if len(requests) > 5 else ""
             parts.append(f"; user requests removed: {quoted}{more}")
         key = archive_key(dumped.removed(removed))
-        return "".join(parts) + f"; restorable as sha256:{key[:16]}]"
+        head = "".join(parts) + f"; restorable as sha256:{key[:16]}]"
+        return "\n".join([head, GISTS_HEADER, *said]) if said else head
 
     def _build(
         self,
@@ -201,11 +269,13 @@ class Evict:
         meter: Meter,
         notice: bool,
         dumped: _Dumped,
+        said: list[str],
     ) -> Conversation:
         gone = {i for unit in removed for i in unit.indices}
         inserts: dict[int, tuple[Any, int]] = {}
         if notice and removed:
-            message = conversation.dialect.notice(self._notice_text(conversation, removed, dumped))
+            text = self._notice_text(conversation, removed, dumped, said)
+            message = conversation.dialect.notice(text)
             at = _notice_at(conversation, min(unit.start for unit in removed))
             inserts[at] = (message, meter.message(message))
         return conversation.keep(lambda i: i not in gone, inserts)
@@ -269,9 +339,20 @@ class Evict:
         ordered = sorted(candidates, key=lambda unit: (value[unit], unit.start))
 
         dumped = _Dumped(conversation)
+        gists = _Gists(conversation, meter)
+        share = self.settings.gist_share
 
-        def total_without(removed: list[Unit], notice: bool) -> tuple[Conversation, int]:
-            built = self._build(conversation, removed, meter, notice, dumped)
+        def total_without(
+            removed: list[Unit], notice: bool, quoting: bool = True
+        ) -> tuple[Conversation, int]:
+            """The conversation without `removed`, with the notice (quoting the latest removed
+            results' lines where `quoting`) if `notice`, and its size."""
+            said: list[str] = []
+            if notice and quoting and share > 0:
+                removed_tokens = sum(size[unit] for unit in removed)
+                allowance = min(int(goal.limit * share), removed_tokens // _REMOVED_SHARE)
+                said = gists.chosen(removed, allowance)
+            built = self._build(conversation, removed, meter, notice, dumped, said)
             return built, built.total
 
         step = goal.step(self.settings.evict_at_least)
@@ -288,6 +369,9 @@ class Evict:
                 break
             notice_allowance += total - goal.target
 
+        quoting = total <= goal.limit  # over the limit, the quoted lines are the first to go
+        if not quoting:
+            result, total = total_without(removed, self.settings.notice, quoting)
         running = 0  # last resorts are batched (for their summaries) on their own grid
         for unit in optional:  # last resort, oldest first: only as far as the limit demands
             if total <= goal.limit:
@@ -295,7 +379,7 @@ class Evict:
             removed.append(unit)
             batch[unit] = (LAST_RESORT, running // step if step > 0 else len(batch))
             running += size[unit]
-            result, total = total_without(removed, self.settings.notice)
+            result, total = total_without(removed, self.settings.notice, quoting)
         if total > goal.limit and self.settings.notice and removed:
             without, smaller = total_without(removed, False)
             if smaller <= goal.limit:

@@ -382,3 +382,39 @@ def test_a_fact_behind_a_key_that_only_a_restored_original_names_is_not_recovera
     assert case.keys_named == case.keys_stored == 1
     assert case.facts_lookalike_recoverable == case.facts_lookalike_kept
     assert case.further == [fact.split()[0]]
+
+
+@pytest.mark.timeout(300)
+def test_no_method_keeps_its_prefix_more_often_than_the_ceiling(
+    quick: tuple[dict[str, Any], str],
+) -> None:
+    """The ceiling row bounds every method that keeps the newest turn whole and stays within
+    budget: brim, with and without a summarizer, on every API and window."""
+    report, table = quick
+    rows = {(r["method"], r["api"]): r for r in report["growth"]}
+    assert f"| {fidelity.CEILING} |" in table
+    for api in fidelity.APIS:
+        ceiling = rows[fidelity.CEILING, api]
+        for method in (fidelity.BRIM, fidelity.BRIM_SUMMARIZE):
+            for window in map(str, report["windows"]):
+                mine, best = rows[method, api][window], ceiling[window]
+                assert mine["pairs"] == best["pairs"] > 0
+                assert mine["prefix_kept_pct"] <= best["prefix_kept_pct"], (method, api, window)
+
+
+def test_the_ceiling_keeps_every_prefix_when_the_turns_fit_and_not_when_they_are_large() -> None:
+    """Never over the window: nothing measured; after one cut to the least, turns that fit on
+    top of each other: every prefix kept; turns large for the window: some lost."""
+    use_bundled_tiktoken_files()
+    counter = TokenCounter()
+    session = sessions.generate(3, 30_000)
+    api = "openai.chat"
+    loose = fidelity.prefix_ceiling(session, api, 120_000, 6, counter)
+    assert loose.turns == 0  # never over a 120K window: nothing to measure
+    points = session.request_points()
+    body = sessions.RENDER[api](session, points[-1])
+    size = counter.request(WIRES[api], body, "o200k_base").total
+    roomy = fidelity.prefix_ceiling(session, api, int(size * 0.6), 6, counter)
+    assert roomy.pairs > 0 and roomy.prefix_kept == roomy.pairs
+    tight = fidelity.prefix_ceiling(session, api, 2_400, 6, counter)
+    assert tight.pairs > 0 and tight.prefix_kept < tight.pairs

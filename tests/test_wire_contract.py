@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from policies.evict import GISTS_HEADER
 from policies.wires import WIRES
 from policies.wires.base import NOTICE_PREFIX, Wire
 from proxy.cli import main
@@ -458,8 +459,10 @@ def test_evicted_turns_are_summarized_in_place_of_the_notice(
     assert summaries
     assert f"summarize:{len(summaries)}" in reply.headers["x-brim-actions"].split(",")
     assert provider.summarizer_calls == ["summarizer-good"] * len(summaries)
-    # The tool result with the fact was in the oldest batch: its summary, and only it, has it.
-    assert [FACT in text for text in summaries] == [True] + [False] * (len(summaries) - 1)
+    # The tool result with the fact was in the oldest batch: its summary, and only it, has it
+    # (the last one ends with the lines the notice quoted: not the summary's own).
+    own = [text.partition("\n" + GISTS_HEADER)[0] for text in summaries]
+    assert [FACT in text for text in own] == [True] + [False] * (len(summaries) - 1)
     assert not any(text.startswith(NOTICE_PREFIX) for text in sent)
     calls = len(provider.summarizer_calls)
     assert send(base, case, model, session(case, 10, fact=True)).status_code == 200

@@ -135,10 +135,12 @@ def test_compressed_prefixes_stay_stable_as_the_session_grows(
     # Each turn here adds ~22 % of the window: whether turns are carried forward (and a
     # re-cut goes down to half the budget) or re-cut on their snapped grid, two more turns fit
     # after a cut, so about two requests in three keep the prefix: 38 of 54, with restore and
-    # without (measured on c40dc4a; the run is deterministic, so the floor is that figure and
-    # a single prefix lost more fails). The fidelity benchmark (python -m bench.fidelity)
-    # measures realistic windows.
-    assert kept / len(pairs) >= 38 / 54, (kept, len(pairs))
+    # without (measured on c40dc4a), 37 since evict's notice quotes the latest removed results
+    # (a re-cut keeps up to a tenth of the budget in quoted lines, and once here that leaves
+    # room for one turn less). The run is deterministic, so the floor is that figure and a
+    # single prefix lost more fails. The fidelity benchmark (python -m bench.fidelity) measures
+    # realistic windows, and the most any method can keep on them.
+    assert kept / len(pairs) >= 37 / 54, (kept, len(pairs))
 
 
 def test_requests_that_fit_are_forwarded_byte_for_byte(

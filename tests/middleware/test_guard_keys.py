@@ -22,7 +22,7 @@ from middleware.store import MemoryStore
 from middleware.summarize import MemoryCache, Summarizer
 from policies.compress import Outcome
 from policies.conversation import Policy
-from policies.evict import Evict
+from policies.evict import GISTS_HEADER, Evict
 from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import CounterMeter, TokenCounter
 from policies.truncate import Truncate
@@ -38,7 +38,7 @@ use_bundled_tiktoken_files()
 COUNTER = TokenCounter()
 MODEL = "m-keys"
 KEY = re.compile(r"sha256:[0-9a-f]{16}")
-NOTICE_KEY = re.compile(r"; restorable as (sha256:[0-9a-f]{16})\]\Z")
+NOTICE_KEY = re.compile(r"; restorable as (sha256:[0-9a-f]{16})\](?:\n|\Z)")
 MARKER_KEY = re.compile(
     r"tokens cut from the middle by brim; the whole is (sha256:[0-9a-f]{16}) …\]"
 )
@@ -125,11 +125,14 @@ async def send(
     return list(api.conversation(out.body)), out.context.outcome
 
 
-def session(wire: Builder, turns: int, lines: int = 150) -> Items:
+def session(wire: Builder, turns: int, lines: int = 150, notes: bool = False) -> Items:
+    """Tool turns of templated logs (`notes`: each with one line of its own in the middle)."""
     messages = [*LEADING.get(wire.api, []), wire.user("Deploy the service.")]
     for turn in range(turns):
-        output = "\n".join(f"log {turn}.{i}: deploy step output text" for i in range(lines))
-        messages += wire.turn(f"c{turn}", "read_file", {"step": turn}, output)
+        log = [f"log {turn}.{i}: deploy step output text" for i in range(lines)]
+        if notes:
+            log.insert(lines // 2, f"NOTE the canary of step {turn} was pinned by operations")
+        messages += wire.turn(f"c{turn}", "read_file", {"step": turn}, "\n".join(log))
     messages.append(wire.user("What failed?"))
     return messages
 
@@ -210,6 +213,23 @@ def test_each_summary_names_a_key_the_store_answers_with_the_batch_it_condenses(
         send(guard([Evict()], made)[0], wire, orjson.loads(orjson.dumps(messages)))
     )
     assert again == sent and model.calls == calls
+
+
+def test_the_notices_quoted_lines_stay_after_the_summaries(wire: Builder) -> None:
+    """The summaries take the notice's place; the lines it quoted from the latest removed
+    results stay, word for word, at the end of the last summary — within the budget."""
+    messages = session(wire, 14, lines=120, notes=True)
+    plain, _ = asyncio.run(send(guard([Evict()])[0], wire, messages))
+    (notice,) = [text for text in contents(wire, plain) if text.startswith(NOTICE_PREFIX)]
+    _, header, lines = notice.partition("\n" + GISTS_HEADER)
+    assert header and lines.count("\n> ") >= 2
+    made, _ = summarizer()
+    sent, outcome = asyncio.run(send(guard([Evict()], made)[0], wire, messages))
+    summaries = [text for text in contents(wire, sent) if text.startswith("[brim: a summary")]
+    assert len(summaries) >= 2
+    assert summaries[-1].endswith(header + lines)
+    assert not any(GISTS_HEADER in summary for summary in summaries[:-1])
+    assert outcome.tokens_out <= outcome.limit
 
 
 @pytest.mark.parametrize("api", sorted(WIRES))

@@ -16,6 +16,7 @@ import pytest
 
 from middleware import summarize as summarize_module
 from middleware.summarize import Job, MemoryCache, RedisCache, Summarizer
+from policies.evict import GISTS_HEADER
 from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires.chat import CHAT
@@ -224,8 +225,8 @@ def test_a_fact_from_an_evicted_turn_survives_in_the_summary(
     assert provider.strict_rejections == []
     assert any("summarize" in a for a in actions), actions
     sent = orjson.loads(provider.requests[-1].body)["messages"]
-    summaries = [
-        m["content"]
+    summaries = [  # each summary's own text (the last one ends with the notice's quoted lines)
+        m["content"].partition("\n" + GISTS_HEADER)[0]
         for m in sent
         if m["role"] == "system" and m["content"].startswith("[brim: a summary")
     ]

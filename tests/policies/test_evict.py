@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import policies.evict
+from policies.clear import placeholder
 from policies.compress import DEFAULT_ORDER, build_policies, compress
 from policies.conversation import (
     Conversation,
@@ -21,14 +22,14 @@ from policies.conversation import (
     archive_key,
     facts,
 )
-from policies.evict import LAST_RESORT, Evict, EvictSettings, _Dumped
+from policies.evict import GISTS_HEADER, LAST_RESORT, Evict, EvictSettings, _Dumped
 from policies.wires import WIRES
 from policies.wires.base import NOTICE_PREFIX
 from tests.policies.test_compress import conversations
 from tests.policies.test_information import BUILDERS, Builder
 from tests.policies.test_policies import LOG
 
-SHOWN = re.compile(r"; restorable as sha256:([0-9a-f]{16})\]\Z")
+SHOWN = re.compile(r"; restorable as sha256:([0-9a-f]{16})\](?:\n|\Z)")
 COUNT = re.compile(r"\[brim removed (\d+) earlier messages")
 Items = list[dict[str, Any]]
 # The system prompt, where a wire API keeps it among the items (the others, in the body).
@@ -236,3 +237,114 @@ def test_each_removed_unit_is_dumped_once(
     last_resorts = [record for record in units if record.batch and record.batch[0] == LAST_RESORT]
     assert bool(last_resorts) == (keep_recent_turns == 30)
     assert len(dumped) == len(units)
+
+
+# ---------------------------------------------------------------- the notice's quoted lines
+
+
+def planted_session(wire: Builder, turns: int = 8) -> Items:
+    """Tool results of a templated log each with one line of its own: what it says once."""
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    for n in range(turns):
+        tool = "grep" if n % 2 else "read_file"
+        log = LOG[:3000].split("\n")
+        log.insert(len(log) // 2, f"NOTE module {n} keeps its secrets in vault path kv/mod{n}")
+        messages += wire.turn(f"c{n}", tool, {"path": f"src/module_{n}.py"}, "\n".join(log))
+        messages.append(wire.said(f"chatter {n} " * 40))
+    messages.append(wire.user("final question"))
+    return messages
+
+
+def quoted_lines(notice: str) -> list[str]:
+    _, header, lines = notice.partition("\n" + GISTS_HEADER + "\n")
+    return lines.split("\n") if header else []
+
+
+def removed_turns(records: list[FidelityRecord]) -> list[int]:
+    """The turn numbers (`src/module_N.py`) of the tool groups evict removed, in order."""
+    found = []
+    for record in records:
+        if record.action == "evicted" and record.detail == "tools":
+            found += [int(n) for n in re.findall(r"module_(\d+)\.py", record.original or "")]
+    return sorted(set(found))
+
+
+def test_the_notice_quotes_each_removed_result_s_most_informative_line(wire: Builder) -> None:
+    """Under its head, the notice quotes the line each removed tool result says once — in
+    conversation order, one per result — and nothing of the results that stayed."""
+    after, records = evicted(wire, planted_session(wire))
+    notice = notice_of(after)
+    gone = removed_turns(records)
+    assert len(gone) >= 3
+    assert SHOWN.search(notice.split("\n")[0]) is not None  # the head line names the key
+    assert quoted_lines(notice) == [
+        f"> {'grep' if n % 2 else 'read_file'}: NOTE module {n} keeps its secrets in vault path "
+        f"kv/mod{n}"
+        for n in gone
+    ]
+
+
+def test_the_latest_removed_results_are_quoted_first_within_the_share(wire: Builder) -> None:
+    """With room for two lines only, the two newest removed results are quoted, in order."""
+    messages = planted_session(wire)
+    before = wire.conversation(messages)
+    goal = Goal(target=before.total // 3, limit=before.total // 2)
+    line = "> read_file: NOTE module 0 keeps its secrets in vault path kv/mod0"
+    room = 2 * (wire.meter.text_tokens(line) + 1) + 1  # two lines, not three
+    evict = Evict(EvictSettings(evict_at_least=0, gist_share=room / goal.limit))
+    after, records = evict.apply(before, goal, wire.meter)
+    gone = removed_turns(records)
+    assert len(gone) >= 3
+    quoted = quoted_lines(notice_of(after))
+    assert [int(re.findall(r"module (\d+)", q)[0]) for q in quoted] == gone[-2:]
+
+
+def test_no_quoted_lines_with_a_gist_share_of_zero(wire: Builder) -> None:
+    before = wire.conversation(planted_session(wire))
+    goal = Goal(target=before.total // 3, limit=before.total // 2)
+    after, _ = Evict(EvictSettings(evict_at_least=0, gist_share=0)).apply(before, goal, wire.meter)
+    notice = notice_of(after)
+    assert GISTS_HEADER not in notice and SHOWN.search(notice) is not None
+
+
+def test_a_cleared_result_is_quoted_by_the_line_its_placeholder_quotes(wire: Builder) -> None:
+    """A result clear replaced earlier says in the notice what its placeholder said; a result
+    pointed onward (no line of its own) says nothing; a line said twice is quoted once."""
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    messages += wire.turn(
+        "c0", "read_file", {"p": "a"}, placeholder("read_file", 900, "ab" * 32, ["the one line"])
+    )
+    messages += wire.turn("c1", "grep", {"p": "b"}, "[brim: same content as the grep result c3]")
+    messages += wire.turn(
+        "c2", "read_file", {"p": "c"}, placeholder("read_file", 900, "cd" * 32, ["the one line"])
+    )
+    for n in range(3, 6):
+        messages += wire.turn(f"c{n}", "grep", {"p": n}, f"turn {n}\n{LOG[:3000]}")
+    messages.append(wire.user("final question"))
+    before = wire.conversation(messages)
+    goal = Goal(target=before.total // 2, limit=before.total * 3 // 4)
+    after, records = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=1)).apply(
+        before, goal, wire.meter
+    )
+    evicted_calls = "".join(r.original or "" for r in records if r.action == "evicted")
+    assert all(f'"c{n}"' in evicted_calls or f"c{n}" in evicted_calls for n in range(3))
+    quoted = quoted_lines(notice_of(after))
+    assert quoted.count("> read_file: the one line") == 1
+    assert not any(q.startswith("> grep: [brim") for q in quoted)
+
+
+def test_the_quoted_lines_go_before_any_protected_turn(wire: Builder) -> None:
+    """Where the request fits its limit only once every unprotected unit is gone and the notice
+    is bare, the notice drops its quoted lines rather than release a protected turn."""
+    before = wire.conversation(planted_session(wire))
+    bare = Evict(EvictSettings(evict_at_least=0, gist_share=0))
+    everything, _ = bare.apply(before, Goal(target=1, limit=before.total), wire.meter)
+    goal = Goal(target=everything.total, limit=everything.total)
+    quoting = Evict(EvictSettings(evict_at_least=0, gist_share=0.5))
+    after, records = quoting.apply(before, goal, wire.meter)
+    assert after.total <= goal.limit
+    assert not any(r.batch and r.batch[0] == LAST_RESORT for r in records)
+    assert after.messages == everything.messages  # the bare notice, the same units kept
+    # With room for them, the same cut quotes lines: they were dropped for the limit.
+    roomy, _ = quoting.apply(before, Goal(target=1, limit=before.total), wire.meter)
+    assert GISTS_HEADER in notice_of(roomy)
