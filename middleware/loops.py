@@ -5,31 +5,31 @@ in minutes, each one a paid provider call. After `limit` identical failures (sam
 client, same credentials) within `window_s` of each other, brim answers 429 itself — in the
 client's wire format, with `retry-after` set to when the block lifts — instead of calling the
 provider again. The block lifts `window_s` after the last real failure; one success clears it.
+
+The counts live in `counts`: this process's own (`LocalLoops`), or shared by every instance on
+one Redis (`middleware.shared.RedisLoops`, whose docstring says exactly how they add up).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-import time
-
-from cachetools import TTLCache
 
 from adapters.base import UpstreamResponse
 from adapters.errors import BrimError, RepeatedFailure
 from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.base import CallNext
+from middleware.shared import LocalLoops, LoopCounts
 
 
 class LoopBreaker:
-    def __init__(self, *, limit: int, window_s: float) -> None:
+    def __init__(self, counts: LoopCounts | None = None, *, limit: int, window_s: float) -> None:
         if limit < 1 or window_s <= 0:
             raise ValueError("limit must be at least 1 and window_s positive")
         self.limit = limit
         self.window_s = window_s
-        # key → (failures, when the last one happened)
-        self._failures: TTLCache[bytes, tuple[int, float]] = TTLCache(maxsize=50_000, ttl=window_s)
+        self.counts = counts if counts is not None else LocalLoops(window_s)
 
     @staticmethod
     def _key(exchange: Exchange) -> bytes:
@@ -43,11 +43,11 @@ class LoopBreaker:
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         key = self._key(exchange)
-        failures, last = self._failures.get(key, (0, 0.0))
-        if failures >= self.limit:
-            wait_s = max(1, math.ceil(self.window_s - (time.monotonic() - last)))
+        held = await self.counts.failures(key)
+        if held.count >= self.limit:
+            wait_s = max(1, math.ceil(held.lifts_in_s))
             stopped = RepeatedFailure(
-                f"This exact request has failed {failures} times in a row (each within "
+                f"This exact request has failed {held.count} times in a row (each within "
                 f"{self.window_s:g} s of the last); brim stopped sending it to the provider to "
                 f"protect your quota. Change the request, or retry in {wait_s} s."
             )
@@ -56,7 +56,7 @@ class LoopBreaker:
         try:
             reply = await call_next(exchange)
         except BrimError:
-            self._failures[key] = (failures + 1, time.monotonic())
+            await self.counts.failed(key)
             raise
-        self._failures.pop(key, None)
+        self.counts.succeeded(key)
         return reply

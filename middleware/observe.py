@@ -419,7 +419,7 @@ class Observe:
                 "restored": [key for key, found in restores if found],
                 "restore_missing": [key for key, found in restores if not found],
             }
-            self.status.recent.append(event)
+            self.status.event(event)
             if self.audit is not None:
                 self.audit.write(event)
 

@@ -21,6 +21,7 @@ from middleware.restore import RestoreRounds
 from middleware.retry import RetryOnOverflow
 from middleware.sessions import SessionMemory
 from middleware.settings import GuardConfig, RestoreConfig, RetryConfig, SummarizeConfig
+from middleware.shared import SharedState
 from middleware.store import ContentStore
 from middleware.summarize import Summarizer
 from middleware.telemetry import StatusBoard, Telemetry
@@ -52,13 +53,15 @@ class PipelineConfig(Protocol):
 @dataclass(frozen=True, slots=True)
 class Services:
     """Long-lived objects the stages share: upstream connections, limits (with what was learned
-    from provider errors), the token counter with its cache, and what reports on it all."""
+    from provider errors), the token counter with its cache, what reports on it all, and the
+    state shared with other processes and instances."""
 
     upstreams: Upstreams
     limits: LimitsRegistry
     counter: TokenCounter
     telemetry: Telemetry
     status: StatusBoard
+    shared: SharedState  # what processes and instances share (through Redis with [cache] url)
     audit: AuditLog | None = None
     archive: ContentArchive | None = None
     summarizer: Summarizer | None = None
@@ -76,7 +79,11 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
             upstreams=services.upstreams.configs,
         ),
         *(
-            [LoopBreaker(limit=guard.loop_limit, window_s=guard.loop_window_s)]
+            [
+                LoopBreaker(
+                    services.shared.loops, limit=guard.loop_limit, window_s=guard.loop_window_s
+                )
+            ]
             if guard.loop_limit
             else []
         ),

@@ -133,6 +133,11 @@ class RestoreConfig(BaseModel):
 
 
 class CacheConfig(BaseModel):
+    """Redis, shared by every brim process and instance that names it (`middleware.shared`)."""
+
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    url: str | None = None  # e.g. "redis://127.0.0.1:6379/0": share summaries between instances
+    url: str | None = None  # e.g. "redis://127.0.0.1:6379/0"; unset: each process on its own
+    refresh_s: float = Field(1.0, gt=0, le=60)  # how often each process syncs with Redis
+    retry_s: float = Field(5.0, gt=0, le=600)  # while Redis is unreachable, how often to retry
+    timeout_s: float = Field(2.0, gt=0, le=60)  # to connect, and for each answer

@@ -9,9 +9,9 @@ None for anything else: model input never raises.
 `MemoryStore` keeps the texts in process, bounded by their total UTF-8 bytes (least recently used
 out first) and by age. `RedisStore` writes to Redis (`brim:store:<first 16 hex>`, SET EX) and to a
 local `MemoryStore`, so that every brim instance on the same Redis can hand back what any of them
-removed; when Redis is down it keeps serving from the local store, warns once per outage, retries
-now and then, and when Redis is back it writes what was stored meanwhile. Neither raises into a
-request.
+removed; when Redis is down it keeps serving from the local store (the link's outage policy:
+one warning per outage, a retry now and then, `middleware.shared.RedisLink`), and when Redis is
+back it writes what was stored meanwhile. Neither raises into a request.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from cachetools import TTLCache
 
+from middleware.shared import RedisLink, Unavailable
 from policies.conversation import parse_key
 
 log = logging.getLogger("brim.store")
@@ -115,61 +116,22 @@ class MemoryStore:
 
 
 class RedisStore:
-    """Shared by every brim instance on the same Redis, with `fallback` as the local copy."""
+    """Shared by every brim instance on the same Redis, with `fallback` as the local copy. The
+    link (and its outage policy, `middleware.shared.RedisLink`) belongs to the caller."""
 
-    def __init__(
-        self,
-        url: str,
-        ttl_s: float,
-        fallback: MemoryStore,
-        *,
-        timeout_s: float = 2.0,
-        retry_s: float = 5.0,
-        timer: Callable[[], float] = time.monotonic,
-    ) -> None:
-        import redis.asyncio as redis
-        from redis.asyncio.retry import Retry
-        from redis.backoff import NoBackoff
-
-        # One quick retry (a pooled connection that died with a Redis restart), no backoff:
-        # a request must not wait for a Redis that is down.
-        self._client: Any = redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(NoBackoff(), 1),
-        )
+    def __init__(self, link: RedisLink, ttl_s: float, fallback: MemoryStore) -> None:
+        self.link = link
         self._ttl = max(1, int(ttl_s))
         self.local = fallback
-        self._retry_s = retry_s
-        self._timer = timer
-        self._down = False
-        self._retry_at = 0.0
         self._pending: OrderedDict[str, None] = OrderedDict()
+        link.on_recovery(self._replay)
 
     @property
     def redis_down(self) -> bool:
-        return self._down
+        return self.link.down
 
-    def _usable(self) -> bool:
-        return not self._down or self._timer() >= self._retry_at
-
-    def _failed(self, error: Exception) -> None:
-        self._retry_at = self._timer() + self._retry_s
-        if not self._down:
-            self._down = True
-            log.warning(
-                "Redis is unreachable (%s: %s); the restore store serves from this process "
-                "until it is back",
-                type(error).__name__,
-                error,
-            )
-
-    async def _recovered(self) -> None:
-        if not self._down:
-            return
-        self._down = False
-        log.info("Redis is reachable again; the restore store shares its content again")
+    async def _replay(self) -> None:
+        """Redis is back: write what was stored while it was down."""
         pending, self._pending = list(self._pending), OrderedDict()
         items = [
             (key, _encoded(text)) for key in pending if (text := self.local.lookup(key)) is not None
@@ -186,20 +148,18 @@ class RedisStore:
 
     async def _write(self, items: list[tuple[str, bytes]]) -> None:
         """Write each (key, its text's UTF-8 bytes) to Redis; remember them while it is down."""
-        if not self._usable():
-            self._remember(key for key, _ in items)
-            return
-        try:
-            pipe = self._client.pipeline(transaction=False)
+
+        async def write(client: Any) -> object:
+            pipe = client.pipeline(transaction=False)
             for key, data in items:
                 name = f"{REDIS_PREFIX}{key[:PREFIX_DIGITS]}"
                 pipe.set(name, key.encode() + data, ex=self._ttl)
-            await pipe.execute()
-        except Exception as error:  # never into a request; CancelledError still propagates
-            self._failed(error)
+            return await pipe.execute()
+
+        try:
+            await self.link.run(write)
+        except Unavailable:
             self._remember(key for key, _ in items)
-            return
-        await self._recovered()
 
     async def put_many(self, items: Iterable[tuple[str, str]]) -> None:
         kept: list[tuple[str, bytes]] = []
@@ -215,14 +175,13 @@ class RedisStore:
         if digits is None:
             return None
         text = self.local.lookup(digits)
-        if text is not None or not self._usable():
+        if text is not None:
             return text
+        name = f"{REDIS_PREFIX}{digits[:PREFIX_DIGITS]}"
         try:
-            value = await self._client.get(f"{REDIS_PREFIX}{digits[:PREFIX_DIGITS]}")
-        except Exception as error:
-            self._failed(error)
+            value = await self.link.run(lambda client: client.get(name))
+        except Unavailable:
             return None
-        await self._recovered()
         if not isinstance(value, bytes) or len(value) < 64:
             return None
         full, data = value[:64].decode("ascii", "replace"), value[64:]
@@ -236,7 +195,4 @@ class RedisStore:
         return text
 
     async def aclose(self) -> None:
-        try:
-            await self._client.aclose()
-        except Exception:
-            log.debug("closing the restore store's Redis client failed", exc_info=True)
+        """Nothing of its own to close: the link is closed by its owner."""

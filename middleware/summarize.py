@@ -15,12 +15,13 @@ left, which moves every turn — so the next turn of the same session reuses the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 import orjson
 from cachetools import TTLCache
@@ -28,6 +29,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from adapters.exchange import Exchange
 from adapters.registry import Upstreams
+from middleware.shared import RedisLink, Unavailable
 from policies.limits import LimitsRegistry
 from policies.prune import cut_middle
 from policies.tokens import CounterMeter
@@ -70,23 +72,39 @@ class MemoryCache:
 
 
 class RedisCache:
-    """Shared by every brim instance that points at the same Redis."""
+    """Shared by every brim instance that points at the same Redis, through `link` (its outage
+    policy: `middleware.shared.RedisLink`); `local` answers first, and alone while Redis is
+    down. Keys: `brim:summary:` + the summary's key (digests, level, provider, prompt version)."""
 
-    def __init__(self, url: str, ttl_hours: float) -> None:
-        import redis.asyncio as redis
-
-        self._client: Any = redis.from_url(url)
-        self._ttl = int(ttl_hours * 3600)
+    def __init__(self, link: RedisLink, ttl_hours: float, local: MemoryCache | None = None) -> None:
+        self.link = link
+        self.local = local if local is not None else MemoryCache(ttl_hours)
+        self._ttl = max(1, int(ttl_hours * 3600))
 
     async def get(self, key: str) -> str | None:
-        value = await self._client.get(f"brim:summary:{key}")
-        return value.decode() if isinstance(value, bytes) else value
+        found = await self.local.get(key)
+        if found is not None:
+            return found
+        try:
+            value = await self.link.run(lambda client: client.get(f"brim:summary:{key}"))
+        except Unavailable:
+            return None
+        if not isinstance(value, bytes):
+            return None
+        try:
+            text = value.decode("utf-8", "surrogatepass")
+        except UnicodeDecodeError:
+            return None
+        await self.local.set(key, text)
+        return text
 
     async def set(self, key: str, value: str) -> None:
-        await self._client.set(f"brim:summary:{key}", value, ex=self._ttl)
-
-    async def aclose(self) -> None:
-        await self._client.aclose()
+        await self.local.set(key, value)
+        data = value.encode("utf-8", "surrogatepass")
+        with contextlib.suppress(Unavailable):
+            await self.link.run(
+                lambda client: client.set(f"brim:summary:{key}", data, ex=self._ttl)
+            )
 
 
 @dataclass(frozen=True, slots=True)

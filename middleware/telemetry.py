@@ -1,4 +1,5 @@
-"""The instruments brim reports through (OpenTelemetry API), and the in-process status board."""
+"""The instruments brim reports through (OpenTelemetry API), and the in-process status board
+(summed over every process and instance by `middleware.shared` when they share a Redis)."""
 
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ class Telemetry:
         )
 
 
+RECENT_EVENTS = 50  # overflow events the status board keeps (the shared list keeps as many)
 MODEL_LABELS = 200  # distinct model labels, beyond the configured models, before "other"
 OTHER_MODELS = "other"
 
@@ -107,8 +109,20 @@ class StatusBoard:
     started_at: float = field(default_factory=time.time)
     totals: Counter[str] = field(default_factory=Counter)
     models: dict[str, Counter[str]] = field(default_factory=dict)
-    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
+    recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
     labels: ModelLabels = field(default_factory=ModelLabels)
+    events: int = 0  # overflow events recorded since start (`recent` holds the last of them)
+
+    def event(self, event: dict[str, Any]) -> None:
+        """Record an overflow event (no message bodies: what the audit log writes)."""
+        self.recent.append(event)
+        self.events += 1
+
+    def events_since(self, seen: int) -> list[dict[str, Any]]:
+        """The events recorded after the first `seen` (as many of them as `recent` still
+        holds), oldest first."""
+        newer = min(self.events - seen, len(self.recent))
+        return list(self.recent)[len(self.recent) - newer :] if newer > 0 else []
 
     def record(
         self, model: str, outcome: str, tokens_in: int, tokens_out: int, *, known: bool = True

@@ -10,6 +10,11 @@ Resolution, per figure (window, max output, tokenizer), first hit wins:
 4. the built-in model families (`gpt-4o*`, `claude-sonnet-4*`, …);
 5. `_default` (128 000 / 8 192), reported with source `default` so the caller can warn.
 
+What is learned is kept per normalised model id, each fact until its own expiry (wall-clock
+seconds, a day after it was learned), so that a fact learned in another process or on another
+machine (`adopt`, by `middleware.shared`) expires there when it expires here. Listeners hear of
+each fact learned in this process; `adopt` keeps a fact from elsewhere if it is newer.
+
 One request can ask for more: an Anthropic model called with the `context-1m-…` beta
 (`anthropic-beta: context-1m-2025-08-07`) has a 1 000 000-token window for that request, whatever
 the chain says (source `header`). The caller reads the header; `wants_long_context` parses it.
@@ -19,12 +24,13 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal
 
-from cachetools import TTLCache
+from cachetools import TLRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies import model_table
@@ -34,6 +40,8 @@ CLI_MARKER = "[cli]"
 _DATE_SUFFIX = re.compile(r"(-\d{4}-\d{2}-\d{2}|-\d{8}|@\d{8}|-v\d+:\d+)$")
 LONG_CONTEXT_BETA = "context-1m"  # Anthropic's beta token prefix: context-1m-2025-08-07
 LONG_CONTEXT_WINDOW = 1_000_000
+LEARNED_TTL_S = 24 * 3600.0
+LEARNED_MAX = 4_096  # facts of each kind kept (the soonest to expire go first)
 
 
 class LimitSource(StrEnum):
@@ -141,6 +149,23 @@ class ResolvedLimits:
         return self.sources["context_window"]
 
 
+LearnedKind = Literal["window", "output_counts"]
+LEARNED_KINDS: tuple[LearnedKind, ...] = ("window", "output_counts")
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """One fact a provider told brim about a model: its context window (`kind` "window",
+    `value` the window), or that it counts the request's output limit against the window
+    (`kind` "output_counts", `value` 1). `model` is the normalised id; `until` the wall-clock
+    time (`time.time()`) it is forgotten at."""
+
+    kind: LearnedKind
+    model: str
+    value: int
+    until: float
+
+
 def provider_of(model: ModelId, entry: MapEntry | None) -> str:
     if model.provider:
         return model.provider
@@ -166,6 +191,10 @@ def tokenizer_for(model: ModelId, provider: str) -> str:
     return "cl100k_base" if legacy else "o200k_base"
 
 
+def _until(key: str, value: tuple[int, float], now: float) -> float:
+    return value[1]
+
+
 class LimitsRegistry:
     """Resolves a model id to its limits. Holds the config's facts, litellm's map and what was
     learned from provider errors; looking up does no I/O."""
@@ -175,7 +204,8 @@ class LimitsRegistry:
         configured: Mapping[str, ModelFacts] | None = None,
         model_map: ModelMap | None = None,
         *,
-        learned_ttl_s: float = 24 * 3600,
+        learned_ttl_s: float = LEARNED_TTL_S,
+        timer: Callable[[], float] = time.time,
     ) -> None:
         self.configured = {key.lower(): facts for key, facts in (configured or {}).items()}
         self.aliases = {
@@ -183,31 +213,64 @@ class LimitsRegistry:
         }
         self.model_map = model_map if model_map is not None else ModelMap.empty()
         # What providers told us, shared by all requests; bounded, and forgotten after a day in
-        # case the provider raised the limit since.
-        self.learned: TTLCache[str, int] = TTLCache(maxsize=4_096, ttl=learned_ttl_s)
-        # Models whose provider said the request's output limit shares the window (Anthropic's
-        # "input length and `max_tokens` exceed context limit"), whatever the tables say.
-        self.learned_output_counts: TTLCache[str, bool] = TTLCache(maxsize=4_096, ttl=learned_ttl_s)
+        # case the provider raised the limit since. By kind: model → (value, until). Windows;
+        # and models whose provider said the request's output limit shares the window
+        # (Anthropic's "input length and `max_tokens` exceed context limit").
+        self.learned_ttl_s = learned_ttl_s
+        self._timer = timer
+        self._learned: dict[LearnedKind, TLRUCache[str, tuple[int, float]]] = {
+            kind: TLRUCache(maxsize=LEARNED_MAX, ttu=_until, timer=timer) for kind in LEARNED_KINDS
+        }
+        # Told of every fact learned here (not of those adopted from elsewhere).
+        self.listeners: list[Callable[[Learned], None]] = []
+
+    @property
+    def learned(self) -> dict[str, int]:
+        """The windows learned and not yet forgotten, by normalised model id."""
+        return {model: value for model, (value, _) in list(self._learned["window"].items())}
+
+    def learned_facts(self) -> list[Learned]:
+        """Every fact learned (here or adopted) and not yet forgotten."""
+        return [
+            Learned(kind, model, value, until)
+            for kind, cache in self._learned.items()
+            for model, (value, until) in list(cache.items())
+        ]
 
     def normalize(self, raw: str) -> ModelId:
         return normalize_model_id(raw, self.aliases)
 
+    def _learn(self, kind: LearnedKind, raw: str, value: int) -> bool:
+        key = self.normalize(raw).candidates[0]
+        cache = self._learned[kind]
+        before = cache.get(key)
+        fact = Learned(kind, key, value, self._timer() + self.learned_ttl_s)
+        cache[key] = (value, fact.until)
+        for listener in self.listeners:
+            listener(fact)
+        return before is None or before[0] != value
+
     def learn(self, raw: str, context_window: int) -> bool:
         """Remember the window a provider reported for this model; it wins from now on.
         Returns whether this was news (so the caller logs it once)."""
-        key = self.normalize(raw).candidates[0]
-        news = self.learned.get(key) != context_window
-        self.learned[key] = context_window
-        return news
+        return self._learn("window", raw, context_window)
 
     def learn_output_counts(self, raw: str) -> bool:
         """Remember that this model's provider counts the request's output limit against the
         window; `resolve` reports `output_counts` (source learned) from now on. Returns whether
         this was news."""
-        key = self.normalize(raw).candidates[0]
-        news = key not in self.learned_output_counts
-        self.learned_output_counts[key] = True
-        return news
+        return self._learn("output_counts", raw, 1)
+
+    def adopt(self, fact: Learned) -> bool:
+        """Keep a fact learned elsewhere (another process, another instance) if it is newer
+        than what this registry holds of its kind for its model — the later learning wins —
+        and not forgotten yet. Returns whether the value in force changed."""
+        cache = self._learned[fact.kind]
+        held = cache.get(fact.model)
+        if fact.until <= self._timer() or (held is not None and held[1] >= fact.until):
+            return False
+        cache[fact.model] = (fact.value, fact.until)
+        return held is None or held[0] != fact.value
 
     def fallbacks(self, raw: str) -> tuple[str, ...]:
         model = self.normalize(raw)
@@ -239,7 +302,7 @@ class LimitsRegistry:
             fnmatch.fnmatchcase(model.name, pattern) for pattern in model_table.INPUT_ONLY_LIMIT
         ):
             output_counts = False
-        if any(c in self.learned_output_counts for c in model.candidates):
+        if any(c in self._learned["output_counts"] for c in model.candidates):
             output_counts = True
             sources["output_counts"] = LimitSource.LEARNED
         if long_context and provider == "anthropic" and window < LONG_CONTEXT_WINDOW:
@@ -263,10 +326,11 @@ class LimitsRegistry:
 
     def _first(self, model: ModelId, figure: str, sources: dict[str, LimitSource]) -> int:
         if figure == "context_window":
+            learned = self._learned["window"]
             for candidate in model.candidates:
-                if candidate in self.learned:
+                if (fact := learned.get(candidate)) is not None:
                     sources[figure] = LimitSource.LEARNED
-                    return self.learned[candidate]
+                    return fact[0]
         for candidate in model.candidates:
             configured = self.configured.get(candidate)
             value = getattr(configured, figure) if configured else None

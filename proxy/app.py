@@ -29,6 +29,7 @@ from middleware.archive import ContentArchive
 from middleware.audit import AuditLog
 from middleware.base import Pipeline
 from middleware.pipeline import Services, default_pipeline
+from middleware.shared import LocalState, RedisLink, RedisState, SharedState
 from middleware.store import ContentStore, MemoryStore, RedisStore
 from middleware.summarize import (
     MemoryCache,
@@ -232,7 +233,7 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
         config.telemetry.model_copy(update={"prometheus": False})
     )
     limits = build_limits(config)
-    providers.telemetry.watch_learned_limits(lambda: dict(limits.learned))
+    providers.telemetry.watch_learned_limits(lambda: limits.learned)
     audit = None
     if config.audit.path:
         audit = AuditLog(
@@ -245,16 +246,44 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
         archive = ContentArchive(config.archive.dir, config.archive.ttl_hours)
     upstreams = Upstreams(config.upstreams, config.routes)
     counter = TokenCounter(claude_factor=config.guard.claude_token_factor)
+    status = StatusBoard(labels=model_labels(config))
+    link = build_link(config)
     return Services(
         upstreams=upstreams,
         limits=limits,
         counter=counter,
         telemetry=providers.telemetry,
-        status=StatusBoard(labels=model_labels(config)),
+        status=status,
+        shared=build_shared(config, link, limits, status),
         audit=audit,
         archive=archive,
-        summarizer=build_summarizer(config, upstreams, counter, limits),
-        store=build_store(config),
+        summarizer=build_summarizer(config, upstreams, counter, limits, link),
+        store=build_store(config, link),
+    )
+
+
+def build_link(config: BrimConfig) -> RedisLink | None:
+    """The app's one Redis connection, with `[cache] url`."""
+    cache = config.cache
+    if not cache.url:
+        return None
+    return RedisLink(cache.url, timeout_s=cache.timeout_s, retry_s=cache.retry_s)
+
+
+def build_shared(
+    config: BrimConfig, link: RedisLink | None, limits: LimitsRegistry, status: StatusBoard
+) -> SharedState:
+    """Learned limits, loop counts and status: through Redis when there is a link (it closes
+    it), else this process's own."""
+    local = LocalState(status, loop_window_s=config.guard.loop_window_s)
+    if link is None:
+        return local
+    return RedisState(
+        link,
+        local,
+        limits,
+        refresh_s=config.cache.refresh_s,
+        loop_limit=config.guard.loop_limit,
     )
 
 
@@ -266,17 +295,19 @@ def model_labels(config: BrimConfig) -> ModelLabels:
 
 
 def build_summarizer(
-    config: BrimConfig, upstreams: Upstreams, counter: TokenCounter, limits: LimitsRegistry
+    config: BrimConfig,
+    upstreams: Upstreams,
+    counter: TokenCounter,
+    limits: LimitsRegistry,
+    link: RedisLink | None = None,
 ) -> Summarizer | None:
     settings = config.summarize
     if not settings.enabled:
         return None
     cache: SummaryCache | None = None
     if settings.cache:
-        if config.cache.url:
-            cache = RedisCache(config.cache.url, settings.cache_ttl_hours)
-        else:
-            cache = MemoryCache(settings.cache_ttl_hours)
+        local = MemoryCache(settings.cache_ttl_hours)
+        cache = local if link is None else RedisCache(link, settings.cache_ttl_hours, local)
     return Summarizer(
         upstream_caller(upstreams),
         settings.chain(),
@@ -291,15 +322,16 @@ def build_summarizer(
     )
 
 
-def build_store(config: BrimConfig) -> ContentStore | None:
-    """The restore store, one per app: in process, and shared through `[cache] url` when set."""
+def build_store(config: BrimConfig, link: RedisLink | None = None) -> ContentStore | None:
+    """The restore store, one per app: in process, and shared through `link` (the app's Redis,
+    `[cache] url`) when there is one."""
     settings = config.restore
     if not settings.enabled:
         return None
     ttl_s = settings.ttl_hours * 3600
     local = MemoryStore(int(settings.store_mb * 1024 * 1024), ttl_s)
-    if config.cache.url:
-        return RedisStore(config.cache.url, ttl_s, local)
+    if link is not None:
+        return RedisStore(link, ttl_s, local)
     return local
 
 
@@ -329,6 +361,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if services.archive is not None:
         interval = app[CONFIG].archive.cleanup_interval_s
         cleaner = asyncio.create_task(_expire_archive(services.archive, interval))
+    await services.shared.start()
     app[READINESS].ready = True
     yield
     app[READINESS].ready = False
@@ -338,11 +371,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await app[UPSTREAMS].aclose()
     if services.audit is not None:
         services.audit.close()
-    cache = services.summarizer.cache if services.summarizer else None
-    if isinstance(cache, RedisCache):
-        await cache.aclose()
     if services.store is not None:
         await services.store.aclose()
+    await services.shared.aclose()
     await asyncio.to_thread(app[PROVIDERS].shutdown)
 
 

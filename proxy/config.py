@@ -25,6 +25,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, get_args, get_origin
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
 
@@ -320,4 +321,16 @@ def describe_config(config: BrimConfig) -> dict[str, Any]:
             if upstream.api_key
             else "(client's own key passed through)"
         )
+    if config.cache.url:
+        data["cache"]["url"] = mask_url_password(config.cache.url)
     return data
+
+
+def mask_url_password(url: str) -> str:
+    """`url` with the password in it (`redis://:password@host`) masked."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = f"{parts.username}:" if parts.username else ":"
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}****@{host}"))

@@ -76,12 +76,14 @@ def brim(loop_thread: LoopThread, provider: FakeProvider) -> Iterator[BrimFactor
     """Start brim in front of the fake provider; returns its base URL (without /v1).
 
     Keyword arguments are `proxy.toml` sections; by default one upstream, the fake provider.
+    Or a whole `config`, as it is.
     """
     runners = []
 
-    def make(span_processors: Any = (), **sections: Any) -> str:
-        sections.setdefault("upstreams", {"fake": fake_upstream(provider)})
-        config = BrimConfig(**sections)
+    def make(config: BrimConfig | None = None, span_processors: Any = (), **sections: Any) -> str:
+        if config is None:
+            sections.setdefault("upstreams", {"fake": fake_upstream(provider)})
+            config = BrimConfig(**sections)
         runner = loop_thread.run(start(config, "127.0.0.1", 0, span_processors=span_processors))
         runners.append(runner)
         return f"http://127.0.0.1:{bound_port(runner)}"

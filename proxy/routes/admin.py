@@ -42,8 +42,8 @@ async def metrics(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     require_admin(request)
     services = request.app[SERVICES]
-    snapshot = services.status.snapshot()
-    snapshot["learned_limits"] = dict(services.limits.learned)
+    snapshot = await services.shared.status()  # every instance's, with [cache] url
+    snapshot["learned_limits"] = services.limits.learned
     return web.json_response(snapshot)
 
 

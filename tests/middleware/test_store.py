@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from middleware.archive import ContentArchive
+from middleware.shared import RedisLink
 from middleware.store import MemoryStore, RedisStore, normalize_key
 from policies.conversation import archive_key
-from proxy.app import build_store, create_app
+from proxy.app import build_link, build_store, create_app
 from proxy.config import BrimConfig, ConfigError, load_config
 from tests.conftest import RedisServer
 from tests.fakes import free_port
@@ -174,7 +175,14 @@ def test_storing_again_renews_the_ttl() -> None:
 
 
 def redis_store(url: str, **kwargs: Any) -> RedisStore:
-    return RedisStore(url, 3600, MemoryStore(1_000_000, 3600), **kwargs)
+    """A store on a Redis link of its own (close it with `close`)."""
+    return RedisStore(RedisLink(url, **kwargs), 3600, MemoryStore(1_000_000, 3600))
+
+
+async def close(*stores: RedisStore) -> None:
+    for store in stores:
+        await store.aclose()
+        await store.link.aclose()
 
 
 def test_two_instances_on_one_redis_share_what_either_stored(redis_server: RedisServer) -> None:
@@ -187,8 +195,7 @@ def test_two_instances_on_one_redis_share_what_either_stored(redis_server: Redis
         copied = second.local.lookup(key)  # kept locally after the first fetch
         absent = await second.get(archive_key("never stored"))
         wrong = await second.get(key[:16] + ("0" if key[16] != "0" else "1") + key[17:])
-        await first.aclose()
-        await second.aclose()
+        await close(first, second)
         return text, by_prefix, by_key, copied, absent, wrong
 
     text, by_prefix, by_key, copied, absent, wrong = run(scenario())
@@ -200,14 +207,14 @@ def test_redis_keys_carry_the_prefix_and_a_ttl(redis_server: RedisServer) -> Non
     import redis.asyncio as redis
 
     async def scenario() -> tuple[Any, Any]:
-        store = RedisStore(redis_server.url, 120, MemoryStore(1_000_000, 120))
+        store = RedisStore(RedisLink(redis_server.url), 120, MemoryStore(1_000_000, 120))
         key, text = item("with an expiry")
         await store.put_many([(key, text)])
         client: Any = redis.from_url(redis_server.url)
         ttl = await client.ttl(f"brim:store:{key[:16]}")
         keys = await client.keys("brim:store:*")
         await client.aclose()
-        await store.aclose()
+        await close(store)
         return ttl, keys
 
     ttl, keys = run(scenario())
@@ -240,12 +247,12 @@ def test_redis_going_down_and_coming_back(
         await first.put_many([after])
         seen["up again"] = not first.redis_down
         seen["shared after"] = await second.get(after[0])
-        seen["replayed"] = await second.get(during[0])  # written when Redis came back
-        await first.aclose()
-        await second.aclose()
+        await first.link.settle()  # what was stored meanwhile is written in the background
+        seen["replayed"] = await second.get(during[0])
+        await close(first, second)
         return seen
 
-    with caplog.at_level(logging.INFO, logger="brim.store"):
+    with caplog.at_level(logging.INFO, logger="brim.shared"):
         seen = run(scenario())
     assert seen["shared before"] == "stored while Redis was up"
     assert seen["local during"] == "stored while Redis was down"
@@ -265,29 +272,23 @@ def test_redis_going_down_and_coming_back(
 def test_while_redis_is_down_it_is_tried_again_only_after_retry_s() -> None:
     async def scenario() -> tuple[Any, ...]:
         clock = Clock()
-        store = RedisStore(
-            f"redis://127.0.0.1:{free_port()}/0",
-            3600,
-            MemoryStore(1_000_000, 3600, timer=clock),
-            timeout_s=1,
-            retry_s=30,
-            timer=clock,
-        )
+        link = RedisLink(f"redis://127.0.0.1:{free_port()}/0", timeout_s=1, retry_s=30, timer=clock)
+        store = RedisStore(link, 3600, MemoryStore(1_000_000, 3600, timer=clock))
         calls = 0
-        client_get = store._client.get
+        client_get = link.client.get
 
         async def counting_get(*args: Any) -> Any:
             nonlocal calls
             calls += 1
             return await client_get(*args)
 
-        store._client.get = counting_get
+        link.client.get = counting_get
         key = archive_key("nowhere")
         first = await store.get(key)
         second = await store.get(key)  # within retry_s: Redis is not asked
         clock.now += 31
         third = await store.get(key)
-        await store.aclose()
+        await close(store)
         return first, second, third, calls, store.redis_down
 
     first, second, third, calls, down = run(scenario())
@@ -349,10 +350,11 @@ def test_the_store_follows_restore_and_cache_url() -> None:
     default = build_store(BrimConfig())  # on by default
     assert isinstance(default, MemoryStore)
     assert default.max_bytes == 64 * 1024 * 1024
-    shared = build_store(BrimConfig.model_validate({"cache": {"url": "redis://127.0.0.1:1/0"}}))
+    config = BrimConfig.model_validate({"cache": {"url": "redis://127.0.0.1:1/0"}})
+    shared = build_store(config, build_link(config))
     assert isinstance(shared, RedisStore)
     assert shared.local.max_bytes == 64 * 1024 * 1024
-    run(shared.aclose())
+    run(close(shared))
 
 
 def test_the_app_has_one_store_and_closes_it_on_cleanup() -> None:

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from middleware import summarize as summarize_module
+from middleware.shared import RedisLink
 from middleware.summarize import Job, MemoryCache, RedisCache, Summarizer
 from policies.evict import GISTS_HEADER
 from policies.limits import LimitsRegistry, ModelFacts
@@ -177,11 +178,12 @@ def test_the_cache_serves_the_same_bytes_and_misses_on_any_change(
 def test_two_brim_instances_share_summaries_through_redis(redis_url: str) -> None:
     async def run() -> tuple[Any, Any, int]:
         model = FakeModel()
-        first_cache, second_cache = RedisCache(redis_url, 1), RedisCache(redis_url, 1)
+        first_link, second_link = RedisLink(redis_url), RedisLink(redis_url)
+        first_cache, second_cache = RedisCache(first_link, 1), RedisCache(second_link, 1)
         first = await summarizer(model, cache=first_cache).summarize(LONG, 2_000, "task")
         second = await summarizer(model, cache=second_cache).summarize(LONG, 2_000, "task")
-        await first_cache.aclose()
-        await second_cache.aclose()
+        await first_link.aclose()
+        await second_link.aclose()
         return first, second, len(model.calls)
 
     first, second, calls = asyncio.run(run())

@@ -281,6 +281,24 @@ def test_secrets_come_from_the_environment_and_are_masked(
     assert secret not in repr(config)
 
 
+def test_the_cache_section_and_its_redis_password_masked(tmp_path: Path) -> None:
+    config, warnings = load_config(None)
+    cache = config.cache
+    assert (cache.url, cache.refresh_s, cache.retry_s, cache.timeout_s) == (None, 1, 5, 2)
+    path = write(tmp_path, '[cache]\nurl = "redis://brim:hunter2-secret@redis.internal:6379/0"\n')
+    config, warnings = load_config(path)
+    assert warnings == []
+    shown = describe_config(config)["cache"]["url"]
+    assert shown == "redis://brim:****@redis.internal:6379/0"
+    for text, named in [
+        ("[cache]\nrefresh_s = 0\n", "cache.refresh_s"),
+        ("[cache]\nretry_s = -1\n", "cache.retry_s"),
+        ('[cache]\ntimeout_s = "soon"\n', "cache.timeout_s"),
+    ]:
+        with pytest.raises(ConfigError, match=named):
+            load_config(write(tmp_path, text))
+
+
 def test_guard_clients_and_model_facts_sections(tmp_path: Path) -> None:
     path = write(
         tmp_path,

@@ -1,0 +1,685 @@
+"""State that several brim processes and instances share through Redis (`[cache] url`), each
+piece with a local fallback, and the one Redis connection every shared structure uses.
+
+`RedisLink` is that connection — one client per app — and its one outage policy: a call that
+fails marks Redis down and raises `Unavailable` (never anything else); while it is down, calls
+raise `Unavailable` at once, without waiting, and one call in `retry_s` tries it again (only one
+at a time); the first failure of an outage logs one warning and the first success after it one
+line at info, then runs the recovery hooks (the restore store writes what it kept meanwhile).
+The restore store (`middleware.store.RedisStore`) and the summary cache
+(`middleware.summarize.RedisCache`) use it too.
+
+`SharedState` is what the pipeline and `/admin/status` share. `LocalState` is one process on
+its own, exactly as brim runs without Redis; `RedisState` shares through Redis and keeps a
+`LocalState` that serves whenever Redis does not answer:
+
+- learned limits (`LimitsRegistry`): a fact learned here is written at once (off the request
+  path) to `brim:learned:{window,output_counts}` (hashes: normalised model id → "value until"),
+  and every `refresh_s` each process reads them back and adopts what is newer than its own
+  (`LimitsRegistry.adopt`) and writes what Redis lacks (learned while it was down, or lost with
+  a Redis restart). A request only reads the registry in memory: another instance's fact takes
+  effect here within `refresh_s` (plus one write). Facts expire when learned + a day, everywhere.
+- loop-guard counts (`RedisLoops`): see its docstring for the exact semantics.
+- the status board's numbers: every `refresh_s` each process writes its own totals and
+  per-model usage (`brim:status:instance:<id>`, expiring after `instance_ttl_s`, listed in the
+  sorted set `brim:status:instances` by when it last wrote) and pushes its new overflow events
+  onto one capped list (`brim:status:events`, the last 50); `/admin/status` sums this process's
+  live numbers and the other live instances' last writes, and merges the events by time.
+
+Keys hold no secrets and no message bodies: loop counts are keyed by a hash of the request, the
+rest by model id or a random instance id; every key expires.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import orjson
+from cachetools import TTLCache
+
+from middleware.telemetry import RECENT_EVENTS, StatusBoard
+from policies.limits import LEARNED_KINDS, LEARNED_MAX, Learned, LearnedKind, LimitsRegistry
+
+log = logging.getLogger("brim.shared")
+T = TypeVar("T")
+Operation = Callable[[Any], Awaitable[T]]  # given the Redis client
+
+MAX_BACKGROUND = 1_000  # writes off the request path in flight at once; more are dropped
+LEARNED_KEY = "brim:learned:"  # + kind
+MODEL_ID_MAX = 256  # longer model ids are not shared (they are not real models)
+LOOP_KEY = "brim:loop:"  # + the request's hash, in hex
+BLOCKED_KEY = "brim:loop:blocked"  # sorted set: request hash → when its block lifts
+BLOCKED_MAX = 10_000
+INSTANCES_KEY = "brim:status:instances"  # sorted set: instance id → when it last wrote
+INSTANCE_KEY = "brim:status:instance:"  # + instance id
+EVENTS_KEY = "brim:status:events"
+EVENTS_TTL_S = 24 * 3600
+INSTANCE_TTL_S = 30.0  # an instance not heard of for this long (or 5 refreshes) is left out
+INSTANCES_HORIZON_S = 3600  # ids listed in `brim:status:instances` for at most this long
+
+
+class Unavailable(Exception):
+    """Redis cannot serve this call: it is down (and not due for a retry), or the call failed."""
+
+
+class RedisLink:
+    """One Redis client and the outage policy every shared structure follows (module doc)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        timeout_s: float = 2.0,
+        retry_s: float = 5.0,
+        timer: Callable[[], float] = time.monotonic,
+    ) -> None:
+        import redis.asyncio as redis
+        from redis.asyncio.retry import Retry
+        from redis.backoff import NoBackoff
+        from redis.exceptions import ConnectionError, TimeoutError
+
+        # One quick retry (a pooled connection that died with a Redis restart), no backoff:
+        # a request must not wait for a Redis that is down.
+        self.client: Any = redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 1),
+        )
+        self._outage = (ConnectionError, TimeoutError, OSError)
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._timer = timer
+        self._down = False
+        self._retry_at = 0.0
+        self._probing = False
+        self._recovery: list[Callable[[], Awaitable[None]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._refusals: set[str] = set()  # kinds of refusal logged already (bounded: types)
+
+    @property
+    def down(self) -> bool:
+        return self._down
+
+    def usable(self) -> bool:
+        """Whether a call now would be sent to Redis (it is up, or due for a retry)."""
+        return not self._down or (not self._probing and self._timer() >= self._retry_at)
+
+    def on_recovery(self, hook: Callable[[], Awaitable[None]]) -> None:
+        """Run `hook` (in the background) whenever Redis answers again after an outage."""
+        self._recovery.append(hook)
+
+    async def run(self, operation: Operation[T]) -> T:
+        """`operation(client)`'s result; `Unavailable` if Redis is down or the call fails."""
+        probe = self._down
+        if probe and not self.usable():
+            raise Unavailable
+        self._probing = self._probing or probe
+        try:
+            result = await operation(self.client)
+        except self._outage as error:
+            self._failed(error)
+            raise Unavailable from error
+        except Exception as error:  # Redis answered but refused, or a bug: that call only
+            self._refused(error)
+            raise Unavailable from error
+        finally:
+            if probe:
+                self._probing = False
+        self._succeeded()
+        return result
+
+    def spawn(self, operation: Operation[object]) -> None:
+        """Run `operation` off the request path: its failure is the outage policy's (nothing
+        raises); dropped when Redis is down, outside an event loop, or too many are pending."""
+        if self.usable() and len(self._tasks) < MAX_BACKGROUND:
+            self._background(self.run(operation))
+
+    def _background(self, work: Awaitable[object]) -> None:
+        async def quietly() -> None:
+            try:
+                await work
+            except Unavailable:
+                pass
+            except Exception:
+                log.exception("a background Redis task failed")
+
+        try:
+            task = asyncio.get_running_loop().create_task(quietly())
+        except RuntimeError:  # no loop: not shared now (the next sync catches up)
+            if asyncio.iscoroutine(work):
+                work.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def settle(self) -> None:
+        """Wait until the writes off the request path are done (tests; shutdown)."""
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def _failed(self, error: BaseException) -> None:
+        self._retry_at = self._timer() + self.retry_s
+        if not self._down:
+            self._down = True
+            log.warning(
+                "Redis ([cache] url) is unreachable (%s: %s); this process goes on with its own "
+                "learned limits, loop counts, status, summaries and restore store, and tries "
+                "again every %g s",
+                type(error).__name__,
+                error,
+                self.retry_s,
+            )
+
+    def _refused(self, error: Exception) -> None:
+        kind = type(error).__name__
+        if kind not in self._refusals:
+            self._refusals.add(kind)
+            log.warning("a Redis command failed (%s: %s); logged once per kind", kind, error)
+
+    def _succeeded(self) -> None:
+        if not self._down:
+            return
+        self._down = False
+        log.info("Redis is reachable again; brim shares its state through it again")
+        for hook in self._recovery:
+            self._background(hook())
+
+    async def aclose(self) -> None:
+        if self._tasks:  # let the last writes land, briefly
+            await asyncio.wait(list(self._tasks), timeout=self.timeout_s)
+        for task in list(self._tasks):
+            task.cancel()
+        try:
+            await self.client.aclose()
+        except Exception:
+            log.debug("closing the Redis client failed", exc_info=True)
+
+
+# --- the loop guard's counts -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Failures:
+    """How often a request failed in a row, and in how many seconds that is forgotten."""
+
+    count: int
+    lifts_in_s: float
+
+
+NO_FAILURES = Failures(0, 0.0)
+
+
+class LoopCounts(Protocol):
+    """Failures of identical requests (`key`: a hash of the request), for `LoopBreaker`."""
+
+    async def failures(self, key: bytes) -> Failures:
+        """The failures of `key` so far (before it is sent)."""
+
+    async def failed(self, key: bytes) -> Failures:
+        """Count one more failure of `key`; the count is forgotten `window_s` after it."""
+
+    def succeeded(self, key: bytes) -> None:
+        """`key` succeeded: its count starts again."""
+
+
+class LocalLoops:
+    """Counts in this process: `window_s` after the last failure a count is forgotten."""
+
+    def __init__(
+        self, window_s: float, *, timer: Callable[[], float] = time.monotonic, size: int = 50_000
+    ) -> None:
+        if window_s <= 0:
+            raise ValueError("window_s must be positive")
+        self.window_s = window_s
+        self._timer = timer
+        # key → (failures, when the count is forgotten)
+        self._counts: TTLCache[bytes, tuple[int, float]] = TTLCache(
+            maxsize=size, ttl=window_s, timer=timer
+        )
+
+    def peek(self, key: bytes) -> Failures | None:
+        """The count held for `key`, or None if none is."""
+        held = self._counts.get(key)
+        if held is None:
+            return None
+        left = held[1] - self._timer()
+        return Failures(held[0], left) if left > 0 else None
+
+    def hold(self, key: bytes, count: int, lifts_in_s: float) -> Failures:
+        """Hold `count` for `key` (as Redis has it), forgotten in `lifts_in_s`."""
+        lifts_in_s = min(lifts_in_s, self.window_s)
+        self._counts[key] = (count, self._timer() + lifts_in_s)
+        return Failures(count, lifts_in_s)
+
+    def forget(self, key: bytes) -> bool:
+        return self._counts.pop(key, None) is not None
+
+    async def failures(self, key: bytes) -> Failures:
+        return self.peek(key) or NO_FAILURES
+
+    async def failed(self, key: bytes) -> Failures:
+        held = self.peek(key) or NO_FAILURES
+        return self.hold(key, held.count + 1, self.window_s)
+
+    def succeeded(self, key: bytes) -> None:
+        self.forget(key)
+
+
+class RedisLoops:
+    """Counts shared by every instance on the Redis (`brim:loop:<hash>`, INCR and PEXPIRE
+    `window_s` in one transaction), held locally too. Exactly:
+
+    - a failure is counted in Redis before its error goes back to the client (one round trip on
+      failed requests only), so failures split over instances add up exactly, and the instance
+      that counted the `limit`-th failure refuses the next one at once;
+    - a request that this instance knows to have failed (it failed here, or it is blocked — the
+      blocked ones, `brim:loop:blocked`, are read every `refresh_s`) asks Redis for the shared
+      count first (one GET); any other request does not touch Redis. So an instance that has
+      never seen a request fail sends it on until it reads the block (within `refresh_s`) or
+      sees it fail once — at most one call too many per such instance;
+    - a success clears the count everywhere when the instance that served it knew of the
+      failures; otherwise the count still lifts `window_s` after the last failure.
+
+    While Redis is down each instance counts alone (`local`), as without Redis.
+    """
+
+    def __init__(self, link: RedisLink, local: LocalLoops, limit: int) -> None:
+        self.link = link
+        self.local = local
+        self.limit = limit
+        self._window_ms = max(1, int(local.window_s * 1000))
+
+    @staticmethod
+    def _name(key: bytes) -> str:
+        return f"{LOOP_KEY}{key.hex()}"
+
+    async def failures(self, key: bytes) -> Failures:
+        held = self.local.peek(key)
+        if held is None:  # not known to have failed: no round trip
+            return NO_FAILURES
+        name = self._name(key)
+
+        async def read(client: Any) -> list[Any]:
+            return list(await client.pipeline(transaction=False).get(name).pttl(name).execute())
+
+        try:
+            count, pttl = await self.link.run(read)
+        except Unavailable:
+            return held
+        if not count or int(pttl) <= 0:  # cleared, or lifted, everywhere
+            self.local.forget(key)
+            return NO_FAILURES
+        return self.local.hold(key, int(count), int(pttl) / 1000)
+
+    async def failed(self, key: bytes) -> Failures:
+        held = await self.local.failed(key)  # counted here too, in case Redis does not answer
+        name = self._name(key)
+
+        async def count(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=True).incr(name).pexpire(name, self._window_ms)
+            return list(await pipe.execute())
+
+        try:
+            shared, _ = await self.link.run(count)
+        except Unavailable:
+            return held
+        if int(shared) >= self.limit:
+            self.link.spawn(self._block(key))
+        return self.local.hold(key, int(shared), self.local.window_s)
+
+    def _block(self, key: bytes) -> Operation[object]:
+        async def block(client: Any) -> object:
+            now = time.time()
+            pipe = client.pipeline(transaction=False)
+            pipe.zadd(BLOCKED_KEY, {key.hex(): now + self.local.window_s})
+            pipe.zremrangebyscore(BLOCKED_KEY, "-inf", now)
+            pipe.zremrangebyrank(BLOCKED_KEY, 0, -BLOCKED_MAX - 1)
+            pipe.expire(BLOCKED_KEY, max(1, int(self.local.window_s) + 1))
+            return await pipe.execute()
+
+        return block
+
+    def succeeded(self, key: bytes) -> None:
+        if self.local.forget(key):
+            name, member = self._name(key), key.hex()
+            self.link.spawn(
+                lambda client: (
+                    client.pipeline(transaction=False)
+                    .delete(name)
+                    .zrem(BLOCKED_KEY, member)
+                    .execute()
+                )
+            )
+
+    async def pull(self) -> None:
+        """Hold the requests blocked anywhere (so their next try here asks Redis first)."""
+        now = time.time()
+        blocked = await self.link.run(
+            lambda client: client.zrangebyscore(BLOCKED_KEY, now, "+inf", withscores=True)
+        )
+        for member, until in blocked:
+            try:
+                key = bytes.fromhex(member.decode("ascii"))
+            except (UnicodeDecodeError, ValueError):
+                continue
+            held = self.local.peek(key)
+            if held is None or held.count < self.limit:
+                self.local.hold(key, self.limit, float(until) - now)
+
+
+# --- learned limits ----------------------------------------------------------------------------
+
+
+class SharedLimits:
+    """A `LimitsRegistry`'s learned facts, shared (module doc)."""
+
+    def __init__(self, link: RedisLink, registry: LimitsRegistry) -> None:
+        self.link = link
+        self.registry = registry
+        registry.listeners.append(self._learned)
+
+    def _learned(self, fact: Learned) -> None:
+        if len(fact.model) <= MODEL_ID_MAX:
+            self.link.spawn(lambda client: self._write(client, [fact], []))
+
+    async def _write(
+        self, client: Any, facts: Iterable[Learned], stale: Iterable[tuple[LearnedKind, bytes]]
+    ) -> object:
+        pipe = client.pipeline(transaction=False)
+        ttl = max(1, int(self.registry.learned_ttl_s))
+        for fact in facts:
+            pipe.hset(f"{LEARNED_KEY}{fact.kind}", fact.model, f"{fact.value} {fact.until!r}")
+            pipe.expire(f"{LEARNED_KEY}{fact.kind}", ttl)
+        for kind, field in stale:
+            pipe.hdel(f"{LEARNED_KEY}{kind}", field)
+        return await pipe.execute()
+
+    async def sync(self) -> None:
+        """Adopt what Redis holds that is newer; write what it lacks; drop what expired."""
+
+        async def read(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            for kind in LEARNED_KINDS:
+                pipe.hgetall(f"{LEARNED_KEY}{kind}")
+            return list(await pipe.execute())
+
+        tables = await self.link.run(read)
+        now = time.time()
+        held: dict[tuple[str, str], float] = {}
+        stale: list[tuple[LearnedKind, bytes]] = []
+        for kind, table in zip(LEARNED_KINDS, tables, strict=True):
+            facts = []
+            for field, value in table.items():
+                fact = _parsed(kind, field, value)
+                if fact is None or fact.until <= now:
+                    stale.append((kind, field))
+                else:
+                    facts.append((fact, field))
+            facts.sort(key=lambda pair: pair[0].until, reverse=True)
+            stale += [(kind, field) for _, field in facts[LEARNED_MAX:]]
+            for fact, _ in facts[:LEARNED_MAX]:
+                held[(kind, fact.model)] = fact.until
+                if self.registry.adopt(fact):
+                    log.info(
+                        "adopted from another brim: model %r has %s %d",
+                        fact.model,
+                        "a window of" if kind == "window" else "output_counts =",
+                        fact.value,
+                    )
+        missing = [
+            fact
+            for fact in self.registry.learned_facts()
+            if held.get((fact.kind, fact.model), 0.0) < fact.until
+            and len(fact.model) <= MODEL_ID_MAX
+        ]
+        if missing or stale:
+            await self.link.run(lambda client: self._write(client, missing, stale))
+
+
+def _parsed(kind: LearnedKind, field: bytes, value: bytes) -> Learned | None:
+    try:
+        model = field.decode("utf-8")
+        number, until = value.decode("ascii").split()
+        fact = Learned(kind, model, int(number), float(until))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return fact if fact.value > 0 and len(model) <= MODEL_ID_MAX else None
+
+
+# --- the status board ---------------------------------------------------------------------------
+
+
+class SharedStatus:
+    """A `StatusBoard`'s numbers, written for the others and summed with theirs (module doc)."""
+
+    def __init__(self, link: RedisLink, board: StatusBoard, instance: str, ttl_s: float) -> None:
+        self.link = link
+        self.board = board
+        self.instance = instance
+        self.ttl_s = ttl_s
+        self._pushed = 0  # events on the shared list
+        self._identity = {"host": socket.gethostname(), "pid": os.getpid()}
+
+    async def push(self) -> None:
+        """Write this process's numbers, and its events not pushed yet."""
+        board = self.board
+        seen, new = board.events, board.events_since(self._pushed)
+        now = time.time()
+        numbers = orjson.dumps(
+            {
+                "id": self.instance,
+                **self._identity,
+                "started_at": board.started_at,
+                "totals": board.totals,
+                "models": board.models,
+            }
+        )
+        events = [orjson.dumps({**event, "instance": self.instance}) for event in new]
+
+        async def write(client: Any) -> object:
+            pipe = client.pipeline(transaction=False)
+            pipe.set(f"{INSTANCE_KEY}{self.instance}", numbers, ex=max(1, int(self.ttl_s)))
+            pipe.zadd(INSTANCES_KEY, {self.instance: now})
+            pipe.zremrangebyscore(INSTANCES_KEY, "-inf", now - INSTANCES_HORIZON_S)
+            pipe.expire(INSTANCES_KEY, INSTANCES_HORIZON_S)
+            if events:
+                pipe.lpush(EVENTS_KEY, *events)
+                pipe.ltrim(EVENTS_KEY, 0, RECENT_EVENTS - 1)
+                pipe.expire(EVENTS_KEY, EVENTS_TTL_S)
+            return await pipe.execute()
+
+        await self.link.run(write)
+        self._pushed = seen
+
+    def _own(self) -> dict[str, Any]:
+        return {
+            "id": self.instance,
+            **self._identity,
+            "uptime_s": round(time.time() - self.board.started_at, 1),
+        }
+
+    async def snapshot(self) -> dict[str, Any]:
+        """The status of every live instance: this one's live numbers and the others' last."""
+        own = self.board.snapshot()
+        own["instance"] = self.instance
+        now = time.time()
+
+        async def listing(client: Any) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            pipe.zrangebyscore(INSTANCES_KEY, now - self.ttl_s, "+inf")
+            pipe.lrange(EVENTS_KEY, 0, RECENT_EVENTS - 1)
+            return list(await pipe.execute())
+
+        try:
+            ids, pushed = await self.link.run(listing)
+            others = [i.decode() for i in ids if i.decode() != self.instance]
+            written = (
+                await self.link.run(
+                    lambda client: client.mget([f"{INSTANCE_KEY}{i}" for i in others])
+                )
+                if others
+                else []
+            )
+        except Unavailable:
+            return {**own, "shared": False, "instances": [self._own()]}
+        totals: Counter[str] = Counter(own["totals"])
+        models: dict[str, Counter[str]] = {m: Counter(u) for m, u in own["models"].items()}
+        instances = [self._own()]
+        for raw in written:
+            numbers = _loaded(raw)
+            if numbers is None:
+                continue
+            totals.update(_counts(numbers.get("totals")))
+            for model, usage in (numbers.get("models") or {}).items():
+                models.setdefault(str(model), Counter()).update(_counts(usage))
+            started = numbers.get("started_at")
+            instances.append(
+                {
+                    "id": numbers.get("id"),
+                    "host": numbers.get("host"),
+                    "pid": numbers.get("pid"),
+                    "uptime_s": round(now - started, 1) if isinstance(started, float) else None,
+                }
+            )
+        events = [e for raw in reversed(pushed) if (e := _loaded(raw)) is not None]
+        mine = self.board.events_since(self._pushed)
+        events += [{**event, "instance": self.instance} for event in mine]
+        events.sort(key=lambda event: str(event.get("time", "")))
+        return {
+            **own,
+            "totals": dict(totals),
+            "models": {model: dict(usage) for model, usage in models.items()},
+            "recent_events": events[-RECENT_EVENTS:],
+            "shared": True,
+            "instances": instances,
+        }
+
+
+def _loaded(raw: Any) -> dict[str, Any] | None:
+    try:
+        value = orjson.loads(raw)
+    except (orjson.JSONDecodeError, TypeError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _counts(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, int) and not isinstance(v, bool)}
+
+
+# --- the shared state ----------------------------------------------------------------------------
+
+
+class SharedState(Protocol):
+    """What brim processes and instances share: loop counts, status (and learned limits, which
+    need nothing of the caller: they follow the registry)."""
+
+    instance: str
+
+    @property
+    def loops(self) -> LoopCounts: ...
+
+    async def start(self) -> None:
+        """Begin sharing (called once the app runs)."""
+
+    async def status(self) -> dict[str, Any]:
+        """`/admin/status`'s numbers (without the learned limits, which the registry has)."""
+
+    async def aclose(self) -> None: ...
+
+
+class LocalState:
+    """One process on its own: no Redis, exactly as brim runs alone."""
+
+    def __init__(self, board: StatusBoard, *, loop_window_s: float) -> None:
+        self.instance = os.urandom(6).hex()
+        self.board = board
+        self._loops = LocalLoops(loop_window_s)
+
+    @property
+    def loops(self) -> LocalLoops:
+        return self._loops
+
+    async def start(self) -> None:
+        return None
+
+    async def status(self) -> dict[str, Any]:
+        return self.board.snapshot()
+
+    async def aclose(self) -> None:
+        return None
+
+
+class RedisState:
+    """Shared through Redis, with `local` serving while Redis is down (module doc). Every
+    `refresh_s` it adopts learned limits and blocked requests, and writes this process's status
+    numbers; the link is this object's to close."""
+
+    def __init__(
+        self,
+        link: RedisLink,
+        local: LocalState,
+        registry: LimitsRegistry,
+        *,
+        refresh_s: float,
+        loop_limit: int,
+    ) -> None:
+        if refresh_s <= 0:
+            raise ValueError("refresh_s must be positive")
+        self.link = link
+        self.local = local
+        self.instance = local.instance
+        self.refresh_s = refresh_s
+        self._loops = RedisLoops(link, local.loops, max(1, loop_limit))
+        self.limits = SharedLimits(link, registry)
+        ttl_s = max(INSTANCE_TTL_S, 5 * refresh_s)
+        self.board = SharedStatus(link, local.board, local.instance, ttl_s)
+        self._task: asyncio.Task[None] | None = None
+        self._failed_steps: set[str] = set()
+
+    @property
+    def loops(self) -> RedisLoops:
+        return self._loops
+
+    async def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._refresh())
+
+    async def sync(self) -> None:
+        """One round: learned limits, blocked requests, this process's status numbers."""
+        for step in (self.limits.sync, self._loops.pull, self.board.push):
+            try:
+                await step()
+            except Unavailable:
+                pass
+            except Exception:  # a bug, or data in Redis brim did not write: logged once a step
+                name = step.__qualname__
+                if name not in self._failed_steps:
+                    self._failed_steps.add(name)
+                    log.exception("sharing state through Redis failed (%s)", name)
+
+    async def _refresh(self) -> None:
+        while True:
+            await self.sync()
+            await asyncio.sleep(self.refresh_s)
+
+    async def status(self) -> dict[str, Any]:
+        return await self.board.snapshot()
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.link.aclose()
