@@ -1,5 +1,5 @@
 """The `brim` command: `brim serve`, `brim check-config`, `brim inspect`, `brim models`,
-`brim archive get`."""
+`brim archive get`, `brim run` (proxy/launcher.py)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from proxy.inspect import (
     render_inspection,
     render_models,
 )
+from proxy.launcher import add_command as add_run_command
 
 DEFAULT_CONFIG = "proxy.toml"
 
@@ -254,6 +255,8 @@ def parser() -> argparse.ArgumentParser:
     )
     get.add_argument("--config", help="proxy.toml to use (default as for serve)")
     get.set_defaults(func=archive)
+
+    add_run_command(commands)
     return root
 
 

@@ -8,6 +8,9 @@ window, then answers. brim must keep every request inside the window: the CLI fi
 the final answer printed), the provider never sees an overflowing or unpaired request, and brim's
 audit log shows the requests it compressed.
 
+Through `brim run` (proxy/launcher.py), each CLI is started by brim run, which starts brim and
+points the CLI at it itself; the CLI gets one answer, and brim run prints its summary.
+
 In a second session per CLI the model fetches back what brim cut (tests/restoring_cli.py): it
 calls `brim_restore` with a key it read in the cut request, brim answers that call itself in a
 hidden round, and the CLI gets only the model's final answer, never the call (nothing it sends
@@ -42,6 +45,7 @@ import proxy.app
 from middleware.restore import RESTORE_TOOL
 from proxy.app import bound_port, start
 from proxy.config import BrimConfig
+from tests.brim_run import Launched, gone, launch
 from tests.fakes import LoopThread, Seen, record, start_app, wait_for
 from tests.real_clis import PINS, InstallError, install
 from tests.restoring import restored
@@ -88,7 +92,9 @@ class Cli:
     model: str
     tool: str
     arguments: Callable[[Path, int], dict[str, Any]]
-    command: Callable[[Path, Path, str, str], tuple[list[str], dict[str, str]]]
+    # (executable, home, brim's base URL, model) -> (argv, environment). With no base URL, the
+    # CLI is left for `brim run` to point at brim: only what keeps it offline and scripted.
+    command: Callable[[Path, Path, str | None, str], tuple[list[str], dict[str, str]]]
 
     @property
     def window(self) -> int:
@@ -96,10 +102,10 @@ class Cli:
 
 
 def claude_command(
-    exe: Path, home: Path, base: str, model: str
+    exe: Path, home: Path, base: str | None, model: str
 ) -> tuple[list[str], dict[str, str]]:
     env = {
-        "ANTHROPIC_BASE_URL": base,
+        **({"ANTHROPIC_BASE_URL": base} if base else {}),
         "ANTHROPIC_API_KEY": "sk-ant-test",
         "DISABLE_AUTOUPDATER": "1",
         "DISABLE_TELEMETRY": "1",
@@ -111,30 +117,34 @@ def claude_command(
     return [*argv, "--allowedTools", "Read", "--max-turns", "20"], env
 
 
-def codex_command(exe: Path, home: Path, base: str, model: str) -> tuple[list[str], dict[str, str]]:
+def codex_command(
+    exe: Path, home: Path, base: str | None, model: str
+) -> tuple[list[str], dict[str, str]]:
     # Windows far above the fake's, so that Codex leaves the window to brim.
-    (home / "config.toml").write_text(
-        f'model = "{model}"\n'
-        'model_provider = "brim"\n'
-        "model_context_window = 1000000\n"
-        "model_auto_compact_token_limit = 900000\n"
-        "check_for_update_on_startup = false\n"
-        "[analytics]\nenabled = false\n"
-        "[feedback]\nenabled = false\n"
+    provider = (
         "[model_providers.brim]\n"
         'name = "brim"\n'
         f'base_url = "{base}/v1"\n'
         'wire_api = "responses"\n'
-        'env_key = "FAKE_PROVIDER_KEY"\n'
+        'env_key = "OPENAI_API_KEY"\n'
     )
-    env = {"CODEX_HOME": str(home), "FAKE_PROVIDER_KEY": "sk-test"}
+    (home / "config.toml").write_text(
+        f'model = "{model}"\n'
+        + ('model_provider = "brim"\n' if base else "")
+        + "model_context_window = 1000000\n"
+        "model_auto_compact_token_limit = 900000\n"
+        "check_for_update_on_startup = false\n"
+        "[analytics]\nenabled = false\n"
+        "[feedback]\nenabled = false\n" + (provider if base else "")
+    )
+    env = {"CODEX_HOME": str(home), "OPENAI_API_KEY": "sk-test"}
     argv = [str(exe), "exec", "--skip-git-repo-check", "--color", "never"]
     argv += ["--dangerously-bypass-approvals-and-sandbox", "-o", str(home / "last-message.txt")]
     return [*argv, PROMPT], env
 
 
 def gemini_command(
-    exe: Path, home: Path, base: str, model: str
+    exe: Path, home: Path, base: str | None, model: str
 ) -> tuple[list[str], dict[str, str]]:
     settings = {
         "security": {"auth": {"selectedType": "gemini-api-key"}},
@@ -145,7 +155,7 @@ def gemini_command(
     (home / ".gemini").mkdir()
     (home / ".gemini" / "settings.json").write_text(json.dumps(settings))
     env = {
-        "GOOGLE_GEMINI_BASE_URL": base,
+        **({"GOOGLE_GEMINI_BASE_URL": base} if base else {}),
         "GEMINI_API_KEY": "AIza-test",
         "GEMINI_CLI_TRUST_WORKSPACE": "true",
     }
@@ -153,24 +163,21 @@ def gemini_command(
 
 
 def opencode_command(
-    exe: Path, home: Path, base: str, model: str
+    exe: Path, home: Path, base: str | None, model: str
 ) -> tuple[list[str], dict[str, str]]:
+    # Its own provider at brim; or, for `brim run` to point, its OpenAI one (the Responses API).
+    name = "brim" if base else "openai"
+    own = {"npm": "@ai-sdk/openai-compatible", "name": "brim", "options": {"baseURL": f"{base}/v1"}}
+    provider: dict[str, Any] = own if base else {"options": {}}
+    provider["options"]["apiKey"] = "sk-test"
+    # A window far above the fake's, so that opencode leaves the window to brim.
+    provider["models"] = {model: {"name": model, "limit": {"context": 1_000_000, "output": 2_000}}}
     config = {
         "autoupdate": False,
         "share": "disabled",
-        "model": f"brim/{model}",
-        "small_model": f"brim/{model}",
-        "provider": {
-            "brim": {
-                "npm": "@ai-sdk/openai-compatible",
-                "name": "brim",
-                "options": {"baseURL": f"{base}/v1", "apiKey": "sk-test"},
-                # A window far above the fake's, so that opencode leaves the window to brim.
-                "models": {
-                    model: {"name": model, "limit": {"context": 1_000_000, "output": 2_000}}
-                },
-            }
-        },
+        "model": f"{name}/{model}",
+        "small_model": f"{name}/{model}",
+        "provider": {name: provider},
     }
     env = {
         "OPENCODE_CONFIG_CONTENT": json.dumps(config),
@@ -183,7 +190,7 @@ def opencode_command(
         "OPENCODE_DISABLE_AUTOCOMPACT": "1",
         "OPENCODE_DISABLE_PRUNE": "1",
     }
-    return [str(exe), "run", "--pure", "-m", f"brim/{model}", PROMPT], env
+    return [str(exe), "run", "--pure", "-m", f"{name}/{model}", PROMPT], env
 
 
 # Claude Code sends a model it does not know as its newest one, with role "system" messages in
@@ -560,3 +567,63 @@ def test_gemini_cli_restores_what_brim_cut(drive: Drive) -> None:
 
 def test_opencode_restores_what_brim_cut(drive: Drive) -> None:
     check_restore(OPENCODE, drive(OPENCODE, restore=True))
+
+
+# Through `brim run`: brim run starts brim from a proxy.toml and points the CLI at it.
+
+
+@dataclass
+class Launch:
+    launched: Launched
+    fake: ScriptedProvider
+
+    def report(self) -> str:
+        calls = [(c.api, c.model, c.reply) for c in self.fake.calls]
+        return f"{self.launched.report()}\ncalls {calls}\nunknown {self.fake.unknown_paths}"
+
+
+class BrimRun(Protocol):
+    def __call__(self, cli: Cli) -> Launch: ...
+
+
+@pytest.fixture
+def brim_run(cli_bin: Path, loop_thread: LoopThread, tmp_path: Path) -> Iterator[BrimRun]:
+    """Runs one CLI with `brim run --config proxy.toml -- CLI …` in a scratch folder, one prompt
+    answered at once by a scripted fake provider that only the proxy.toml names."""
+    runners: list[Any] = []
+
+    def run(cli: Cli) -> Launch:
+        home, work = tmp_path / "home", tmp_path / "work"
+        home.mkdir()
+        work.mkdir()
+        fake = ScriptedProvider(cli.tool, lambda step: cli.arguments(work, step), 0, FINAL)
+        runner, url = loop_thread.run(start_app(fake.app()))
+        runners.append(runner)
+        config = tmp_path / "proxy.toml"
+        base_url = f"{url}/v1" if cli.upstream == "openai" else url
+        config.write_text(
+            f'[upstreams.fake]\napi = "{cli.upstream}"\nbase_url = "{base_url}"\n'
+            f'[models."{cli.model}"]\ncontext_window = {cli.window}\nmax_output = 2000\n'
+        )
+        argv, extra = cli.command(cli_bin / cli.name, home, None, cli.model)
+        env = {**offline_env(cli_bin, home), **extra}
+        return Launch(
+            launch(["--config", str(config), "--", *argv], env, work, CLI_TIMEOUT_S), fake
+        )
+
+    yield run
+    for runner in runners:
+        loop_thread.run(runner.cleanup())
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_brim_run_points_the_cli_at_brim(brim_run: BrimRun, cli: Cli) -> None:
+    run = brim_run(cli)
+    launched, report = run.launched, run.report()
+    assert launched.returncode == 0, report
+    assert FINAL in launched.stdout, report
+    # The provider, which only brim knows, answered the CLI's prompt.
+    assert [c.reply for c in run.fake.calls if c.main] == ["final"], report
+    summary = launched.summary
+    assert summary is not None and summary.requests >= 1, report
+    assert gone(launched), report
