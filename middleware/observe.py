@@ -1,8 +1,9 @@
 """The outermost stage: one span per request (OpenTelemetry GenAI conventions), metrics, the
-audit line and the status board.
+audit line, the status board and the request's log line.
 
 It reads what the other stages wrote into `exchange.report`; it never sees keys or, unless
-`[telemetry] capture_content` is on, message bodies.
+`[telemetry] capture_content` is on, message bodies. The log line (`brim.request`) has neither,
+ever: it is made of counts, names and the request id.
 """
 
 from __future__ import annotations
@@ -47,6 +48,13 @@ from policies.limits import LimitSource
 from policies.wires.base import Wire, sse_data
 
 log = logging.getLogger("brim.observe")
+# One line per request: at INFO for a request brim changed, retried or refused, at DEBUG for the
+# others. Its `extra` fields are what `proxy.logs.JsonFormatter` writes as keys.
+request_log = logging.getLogger("brim.request")
+REQUEST_LINE = (
+    "%s client=%s %s → %s / %s tokens actions=%s retries=%d restored=%d +%.1f ms request_id=%s"
+)
+PLAIN_OUTCOMES = frozenset({"ok", "compressed", "repaired", "retried"})
 PROPAGATOR = TraceContextTextMapPropagator()
 CONTENT_LIMIT = 64 * 1024  # characters of captured content per attribute
 
@@ -193,6 +201,7 @@ class Observe:
         report = exchange.report
         try:
             reply = await call_next(exchange)
+            answered = time.perf_counter()  # a stream's reading time is the provider's, not brim's
         except BrimError as error:
             outcome = "refused" if isinstance(error, ContextTooLarge) else "upstream_error"
             if isinstance(error, UpstreamError):
@@ -213,10 +222,10 @@ class Observe:
                     report.usage = report.usage.merged(found)
             else:
                 _usage_from_body(wire, reply.body or b"", report)
-            self._finish(span, exchange, report, outcome, None)
+            self._finish(span, exchange, report, outcome, None, answered)
             return reply
         return dataclasses.replace(
-            reply, chunks=self._watch(reply.chunks, span, exchange, report, outcome)
+            reply, chunks=self._watch(reply.chunks, span, exchange, report, outcome, answered)
         )
 
     async def _watch(
@@ -226,6 +235,7 @@ class Observe:
         exchange: Exchange,
         report: RequestReport,
         outcome: str,
+        answered: float,
     ) -> AsyncIterator[bytes]:
         error: BaseException | None = None
         events = EventData()
@@ -239,7 +249,8 @@ class Observe:
             error = exc
             raise
         finally:
-            self._finish(span, exchange, report, outcome if error is None else "error", error)
+            outcome = outcome if error is None else "error"
+            self._finish(span, exchange, report, outcome, error, answered)
 
     @staticmethod
     def _outcome(report: RequestReport) -> str:
@@ -258,9 +269,12 @@ class Observe:
         report: RequestReport,
         outcome: str,
         error: BaseException | None,
+        answered: float | None = None,
     ) -> None:
+        """`answered`: when the pipeline returned the reply (its headers, for a stream); an
+        error is finished as it happens."""
         try:
-            self._publish(span, exchange, report, outcome, error)
+            self._publish(span, exchange, report, outcome, error, answered)
         except Exception:  # telemetry must never break a request
             log.exception("could not publish telemetry for request %s", exchange.request_id)
         finally:
@@ -273,6 +287,7 @@ class Observe:
         report: RequestReport,
         outcome: str,
         error: BaseException | None,
+        answered: float | None,
     ) -> None:
         telemetry = self.telemetry
         context = report.context
@@ -391,10 +406,15 @@ class Observe:
             found=len(report.restored),
             missing=len(report.restore_missing),
         )
-        total_ms = (time.perf_counter() - report.started) * 1000
+        total_ms = ((answered or time.perf_counter()) - report.started) * 1000
         upstream_ms = report.upstream_seconds * 1000
+        added_ms = max(0.0, total_ms - upstream_ms)
         telemetry.upstream_latency.record(upstream_ms, model)
-        telemetry.added_latency.record(max(0.0, total_ms - upstream_ms), model)
+        telemetry.added_latency.record(added_ms, model)
+        changed = attributes["brim.actions"] != "none" or report.retries or report.restored
+        level = logging.INFO if changed or outcome == "refused" else logging.DEBUG
+        if request_log.isEnabledFor(level):  # nothing below is done when the level is off
+            log_request(level, exchange, outcome, added_ms, attributes["brim.actions"])
 
         eventful = outcome in ("compressed", "repaired", "retried", "refused") or (
             context is not None and not context.fits
@@ -422,6 +442,54 @@ class Observe:
             self.status.event(event)
             if self.audit is not None:
                 self.audit.write(event)
+
+
+def log_request(level: int, exchange: Exchange, outcome: str, added_ms: float, done: str) -> None:
+    """The request's one line on `brim.request`: model, client, tokens in → out / budget, what
+    was done, retries, restored originals, the time brim added and the request id — counts and
+    names only, never a body, a header or a key. Client input (the model id, the User-Agent) is
+    cleaned to one printable word, so no request can forge a line of its own."""
+    report = exchange.report
+    context = report.context
+    tokens_in = report.tokens_received()
+    tokens_out = report.tokens_sent(tokens_in)
+    budget = context.budget.effective() if context is not None else None
+    client = context.client if context is not None and context.client else None
+    fields: dict[str, Any] = {
+        "model": log_word(exchange.model),
+        "client": client or log_word(exchange.user_agent.partition(" ")[0], 64),
+        "route": exchange.api,
+        "upstream": exchange.upstream,
+        "outcome": outcome,
+        "tokens_in": tokens_in,
+        "tokens_out": tokens_out,
+        "budget": budget,
+        "actions": done,
+        "retries": report.retries,
+        "restored": len(report.restored),
+        "added_ms": round(added_ms, 1),
+        "request_id": log_word(exchange.request_id, 128),  # the client's x-request-id, if any
+    }
+    line = REQUEST_LINE if outcome in PLAIN_OUTCOMES else REQUEST_LINE + " outcome=%s"
+    args = [
+        fields["model"],
+        fields["client"],
+        *(f"{n:,}" if n is not None else "?" for n in (tokens_in, tokens_out, budget)),
+        done,
+        report.retries,
+        fields["restored"],
+        added_ms,
+        fields["request_id"],
+    ]
+    if outcome not in PLAIN_OUTCOMES:
+        args.append(outcome)
+    request_log.log(level, line, *args, extra=fields)
+
+
+def log_word(text: str, limit: int = 200) -> str:
+    """Client input as one printable word for a log line: `-` when there is none."""
+    word = "".join(c if c.isprintable() and not c.isspace() else "?" for c in text[:limit])
+    return word or "-"
 
 
 def _usage_from_body(wire: Wire, body: bytes, report: RequestReport) -> None:

@@ -1,5 +1,5 @@
 """The `brim` command: `brim serve`, `brim check-config`, `brim inspect`, `brim models`,
-`brim archive get`, `brim run` (proxy/launcher.py)."""
+`brim archive get`, `brim init`, `brim --version`, `brim run` (proxy/launcher.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import errno
 import json
-import logging
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ from proxy.inspect import (
     render_models,
 )
 from proxy.launcher import add_command as add_run_command
+from proxy.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, chosen, configure_logging
 
 DEFAULT_CONFIG = "proxy.toml"
 
@@ -80,8 +80,9 @@ def serve(args: argparse.Namespace) -> int:
     )
     config = config.model_copy(update={"server": server})
     refuse_open_without_keys(config)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    configure_logging(
+        chosen(args.log_level, LEVEL_ENV, LEVELS, "info"),
+        chosen(args.log_format, FORMAT_ENV, FORMATS, "text"),
     )
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         runner.run(_serve(config))
@@ -178,6 +179,38 @@ def archive(args: argparse.Namespace) -> int:
     return 0
 
 
+def init(args: argparse.Namespace) -> int:
+    """Write the commented default proxy.toml (every key at its default, each explained)."""
+    from proxy.resources import default_config_text
+
+    path = Path(args.path)
+    if path.is_dir():
+        path = path / DEFAULT_CONFIG
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("w" if args.force else "x", encoding="utf-8") as file:
+            file.write(default_config_text())
+    except FileExistsError:
+        print(f"brim: {path} exists; brim init --force {args.path} replaces it", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"brim: cannot write {path}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"brim: wrote {path}; edit it, then: brim check-config {path}", file=sys.stderr)
+    return 0
+
+
+def version() -> str:
+    """brim's version, from the installed package's metadata."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("brim")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"
+
+
 def _port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:
@@ -189,6 +222,7 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="brim", description="Keeps every LLM request inside the model's context window."
     )
+    root.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = root.add_subparsers(dest="command", required=True)
 
     run = commands.add_parser("serve", help="run the proxy")
@@ -199,7 +233,17 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--host", help="listen address (default 127.0.0.1)")
     run.add_argument("--port", type=_port, help="listen port (default 8787; 0 picks a free one)")
-    run.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    run.add_argument(
+        "--log-level",
+        choices=LEVELS,
+        help=f"default: ${LEVEL_ENV}, else info (info: a line for each request brim changed or "
+        "retried; debug: for every request)",
+    )
+    run.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        help=f"default: ${FORMAT_ENV}, else text (json: one object per line)",
+    )
     run.set_defaults(func=serve)
 
     check = commands.add_parser(
@@ -255,6 +299,13 @@ def parser() -> argparse.ArgumentParser:
     )
     get.add_argument("--config", help="proxy.toml to use (default as for serve)")
     get.set_defaults(func=archive)
+
+    start = commands.add_parser("init", help="write a commented proxy.toml to start from")
+    start.add_argument(
+        "path", nargs="?", default=DEFAULT_CONFIG, help="file or folder (default: ./proxy.toml)"
+    )
+    start.add_argument("--force", action="store_true", help="replace a file that exists")
+    start.set_defaults(func=init, config=None)
 
     add_run_command(commands)
     return root

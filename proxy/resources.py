@@ -1,4 +1,5 @@
-"""Files brim takes from the installed litellm package — without importing litellm.
+"""Files brim reads from installed packages: its own default `proxy.toml`, and what it takes
+from litellm — without importing litellm.
 
 litellm ships its model map and tiktoken's encoding files; brim reads both from the package
 folder, so it needs no network and never pays litellm's import (seconds, hundreds of MB).
@@ -6,6 +7,7 @@ folder, so it needs no network and never pays litellm's import (seconds, hundred
 
 from __future__ import annotations
 
+import importlib.resources
 import importlib.util
 import os
 from functools import cache
@@ -13,6 +15,7 @@ from pathlib import Path
 
 from policies.model_map import ModelMap
 
+DEFAULT_CONFIG_FILE = "proxy.toml"  # package data: a copy of the repository's proxy.toml
 MODEL_MAP_FILE = "model_prices_and_context_window_backup.json"
 TOKENIZER_DIR = Path("litellm_core_utils") / "tokenizers"
 
@@ -43,3 +46,9 @@ def litellm_model_map() -> ModelMap:
     if package is None or not (package / MODEL_MAP_FILE).is_file():
         return ModelMap.empty()
     return ModelMap.from_json((package / MODEL_MAP_FILE).read_bytes())
+
+
+def default_config_text() -> str:
+    """The commented default `proxy.toml` that `brim init` writes, from the installed package
+    (the repository's proxy.toml; a test keeps the two identical)."""
+    return importlib.resources.files("proxy").joinpath(DEFAULT_CONFIG_FILE).read_text("utf-8")
