@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from typing import Any
 
 from adapters.base import UpstreamResponse
 from adapters.errors import BrimError, RepeatedFailure
@@ -21,6 +22,8 @@ from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.base import CallNext
 from middleware.shared import LocalLoops, LoopCounts
+
+KEY_SHOWN = 12  # hex digits of a request's hash that status shows (it is a hash: no content)
 
 
 class LoopBreaker:
@@ -60,3 +63,21 @@ class LoopBreaker:
             raise
         self.counts.succeeded(key)
         return reply
+
+
+def loop_status(counts: LoopCounts, *, limit: int, window_s: float) -> dict[str, Any]:
+    """What `/admin/status` says of the loop guard: its settings (limit 0: off) and the
+    requests it refuses now — a prefix of the request's hash, its failures, when it lifts."""
+    blocked = counts.blocked(limit) if limit else []
+    return {
+        "limit": limit,
+        "window_s": window_s,
+        "blocked": [
+            {
+                "request": key.hex()[:KEY_SHOWN],
+                "failures": held.count,
+                "lifts_in_s": round(held.lifts_in_s, 1),
+            }
+            for key, held in blocked
+        ],
+    }

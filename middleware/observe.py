@@ -36,13 +36,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from adapters.base import UpstreamResponse
 from adapters.config import UpstreamConfig
-from adapters.errors import BrimError, ContextTooLarge, UpstreamError
+from adapters.errors import BrimError, ContextTooLarge, RepeatedFailure, UpstreamError
 from adapters.exchange import Exchange, RequestReport
 from middleware.audit import AuditLog
 from middleware.base import CallNext
 from middleware.headers import actions
 from middleware.store import PREFIX_DIGITS, normalize_key
-from middleware.telemetry import StatusBoard, Telemetry
+from middleware.telemetry import StatusBoard, Telemetry, client_product
 from policies.budget import requested_output
 from policies.limits import LimitSource
 from policies.wires.base import Wire, sse_data
@@ -203,7 +203,13 @@ class Observe:
             reply = await call_next(exchange)
             answered = time.perf_counter()  # a stream's reading time is the provider's, not brim's
         except BrimError as error:
-            outcome = "refused" if isinstance(error, ContextTooLarge) else "upstream_error"
+            outcome = (
+                "refused"
+                if isinstance(error, ContextTooLarge)
+                else "blocked"  # by the loop guard
+                if isinstance(error, RepeatedFailure)
+                else "upstream_error"
+            )
             if isinstance(error, UpstreamError):
                 _usage_from_body(wire, error.body, report)
             self._finish(span, exchange, report, outcome, error)
@@ -381,17 +387,39 @@ class Observe:
 
         # Model ids are client input: bounded labels, so a flood of names cannot grow metrics.
         known = context is not None and context.limits.source is not LimitSource.DEFAULT
+        prevented = bool(
+            report.outcome is not None and report.outcome.records and context and not context.fits
+        )
+        survived = bool(report.retries) and error is None
+        overflows = [
+            name
+            for name, happened in (
+                ("prevented", prevented),
+                ("survived", survived),
+                ("refused", outcome == "refused"),
+                ("blocked", outcome == "blocked"),
+            )
+            if happened
+        ]
         label = self.status.record(
-            exchange.model, outcome, tokens_in or 0, tokens_out or 0, known=known
+            exchange.model,
+            outcome,
+            tokens_in or 0,
+            tokens_out or 0,
+            known=known,
+            client=(context.client if context else None) or client_product(exchange.user_agent),
+            window=context.limits.limits.context_window if context else None,
+            overflows=overflows,
+            removed=removed,
         )
         labels = {"route": exchange.api, "model": label, "outcome": outcome}
         telemetry.requests.add(1, labels)
         model = {"model": label}
-        if report.outcome is not None and report.outcome.records and context and not context.fits:
+        if prevented:
             telemetry.prevented.add(1, model)
         if report.retries:
             telemetry.retries.add(report.retries, model)
-            if error is None:
+            if survived:
                 telemetry.survived.add(1, model)
         for policy, tokens in removed.items():
             telemetry.tokens_removed.add(tokens, {"policy": policy, "model": label})

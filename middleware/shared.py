@@ -20,11 +20,12 @@ its own, exactly as brim runs without Redis; `RedisState` shares through Redis a
   a Redis restart). A request only reads the registry in memory: another instance's fact takes
   effect here within `refresh_s` (plus one write). Facts expire when learned + a day, everywhere.
 - loop-guard counts (`RedisLoops`): see its docstring for the exact semantics.
-- the status board's numbers: every `refresh_s` each process writes its own totals and
-  per-model usage (`brim:status:instance:<id>`, expiring after `instance_ttl_s`, listed in the
-  sorted set `brim:status:instances` by when it last wrote) and pushes its new overflow events
-  onto one capped list (`brim:status:events`, the last 50); `/admin/status` sums this process's
-  live numbers and the other live instances' last writes, and merges the events by time.
+- the status board's numbers: every `refresh_s` each process writes its own totals,
+  per-model usage, tokens removed per policy and time series (`brim:status:instance:<id>`,
+  expiring after `instance_ttl_s`, listed in the sorted set `brim:status:instances` by when it
+  last wrote) and pushes its new overflow events onto one capped list (`brim:status:events`, the
+  last 50); `/admin/status` sums this process's live numbers and the other live instances'
+  last writes (the series point by point), and merges the events by time.
 
 Keys hold no secrets and no message bodies: loop counts are keyed by a hash of the request, the
 rest by model id or a random instance id; every key expires.
@@ -45,7 +46,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 from cachetools import TTLCache
 
-from middleware.telemetry import RECENT_EVENTS, StatusBoard
+from middleware.telemetry import RECENT_EVENTS, StatusBoard, merge_series
 from policies.limits import LEARNED_KINDS, LEARNED_MAX, Learned, LearnedKind, LimitsRegistry
 
 log = logging.getLogger("brim.shared")
@@ -58,6 +59,7 @@ MODEL_ID_MAX = 256  # longer model ids are not shared (they are not real models)
 LOOP_KEY = "brim:loop:"  # + the request's hash, in hex
 BLOCKED_KEY = "brim:loop:blocked"  # sorted set: request hash → when its block lifts
 BLOCKED_MAX = 10_000
+BLOCKED_SHOWN = 20  # blocked requests /admin/status lists
 INSTANCES_KEY = "brim:status:instances"  # sorted set: instance id → when it last wrote
 INSTANCE_KEY = "brim:status:instance:"  # + instance id
 EVENTS_KEY = "brim:status:events"
@@ -230,6 +232,10 @@ class LoopCounts(Protocol):
     def succeeded(self, key: bytes) -> None:
         """`key` succeeded: its count starts again."""
 
+    def blocked(self, limit: int, *, most: int = BLOCKED_SHOWN) -> list[tuple[bytes, Failures]]:
+        """The requests with at least `limit` failures held now (those the loop guard refuses),
+        the longest-held first, at most `most`."""
+
 
 class LocalLoops:
     """Counts in this process: `window_s` after the last failure a count is forgotten."""
@@ -272,6 +278,12 @@ class LocalLoops:
 
     def succeeded(self, key: bytes) -> None:
         self.forget(key)
+
+    def blocked(self, limit: int, *, most: int = BLOCKED_SHOWN) -> list[tuple[bytes, Failures]]:
+        held = [(key, self.peek(key)) for key in list(self._counts)]
+        over = [(key, f) for key, f in held if f is not None and f.count >= limit]
+        over.sort(key=lambda pair: pair[1].lifts_in_s, reverse=True)
+        return over[:most]
 
 
 class RedisLoops:
@@ -359,6 +371,10 @@ class RedisLoops:
                     .execute()
                 )
             )
+
+    def blocked(self, limit: int, *, most: int = BLOCKED_SHOWN) -> list[tuple[bytes, Failures]]:
+        """Those held here: blocked here, or anywhere as of the last `pull`."""
+        return self.local.blocked(limit, most=most)
 
     async def pull(self) -> None:
         """Hold the requests blocked anywhere (so their next try here asks Redis first)."""
@@ -481,6 +497,8 @@ class SharedStatus:
                 "started_at": board.started_at,
                 "totals": board.totals,
                 "models": board.models,
+                "tokens_removed": board.removed,
+                "series": board.series.snapshot(),
             }
         )
         events = [orjson.dumps({**event, "instance": self.instance}) for event in new]
@@ -532,13 +550,18 @@ class SharedStatus:
         except Unavailable:
             return {**own, "shared": False, "instances": [self._own()]}
         totals: Counter[str] = Counter(own["totals"])
+        removed: Counter[str] = Counter(own["tokens_removed"])
         models: dict[str, Counter[str]] = {m: Counter(u) for m, u in own["models"].items()}
+        series = [own["series"]]
         instances = [self._own()]
         for raw in written:
             numbers = _loaded(raw)
             if numbers is None:
                 continue
             totals.update(_counts(numbers.get("totals")))
+            removed.update(_counts(numbers.get("tokens_removed")))
+            if isinstance(numbers.get("series"), dict):
+                series.append(numbers["series"])
             for model, usage in (numbers.get("models") or {}).items():
                 models.setdefault(str(model), Counter()).update(_counts(usage))
             started = numbers.get("started_at")
@@ -558,6 +581,8 @@ class SharedStatus:
             **own,
             "totals": dict(totals),
             "models": {model: dict(usage) for model, usage in models.items()},
+            "tokens_removed": dict(removed),
+            "series": merge_series(series, points=self.board.series.points),
             "recent_events": events[-RECENT_EVENTS:],
             "shared": True,
             "instances": instances,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,26 @@ class Telemetry:
 RECENT_EVENTS = 50  # overflow events the status board keeps (the shared list keeps as many)
 MODEL_LABELS = 200  # distinct model labels, beyond the configured models, before "other"
 OTHER_MODELS = "other"
+CLIENT_LABELS = 20  # distinct client labels (a `[clients]` rule's name, or a User-Agent's product)
+SERIES_BUCKET_S = 60  # seconds per point of the status board's time series
+SERIES_POINTS = 120  # points kept per series: two hours at a minute a point
+SERIES_MAX = 32  # (model, client) series kept; more fold into ("other", "other")
+# What each point of a series holds, in this order (`Series`).
+SERIES_FIELDS = (
+    "t",  # the bucket's start, wall-clock seconds (a multiple of the bucket size)
+    "requests",
+    "usage_sum",  # sum over the requests of tokens sent ÷ context window
+    "usage_max",  # the highest of those
+    "demand_max",  # the highest tokens received ÷ context window (over 1: it could not fit)
+    "prevented",  # compressed by the guard before it overflowed
+    "survived",  # succeeded after the provider's own overflow error and a retry
+    "refused",  # could not be made to fit: answered 400
+    "blocked",  # refused by the loop guard (429)
+)
+OVERFLOWS = ("prevented", "survived", "refused", "blocked")  # what a request can count as
+_T, _REQUESTS, _USAGE_SUM, _USAGE_MAX, _DEMAND_MAX = range(5)
+_MAXED = frozenset({_USAGE_MAX, _DEMAND_MAX})  # merged by max; the rest by sum (but `t`)
+_FIRST_COUNT = len(SERIES_FIELDS) - len(OVERFLOWS)
 
 
 class ModelLabels:
@@ -101,16 +121,151 @@ class ModelLabels:
         return len(self._labels)
 
 
+def client_product(user_agent: str) -> str:
+    """A User-Agent's product, the label a client without a `[clients]` rule gets:
+    `claude-cli/2.0.1 (external, cli)` → `claude-cli`; `-` when there is none."""
+    product = user_agent.split("/", 1)[0].split(" ", 1)[0].strip().lower()[:40]
+    return "".join(c for c in product if c.isalnum() or c in "._-") or "-"
+
+
+class Series:
+    """Context usage and overflow counts over time, per (model label, client label): a ring of
+    at most `points` points per series, each a `bucket_s`-second bucket with a request in it
+    (`SERIES_FIELDS`). At most `most` series: once `most` − 1 pairs have one, any other pair
+    counts under ("other", "other"). Recording is one dict look-up and a few list updates; a
+    point is allocated once per bucket and series."""
+
+    def __init__(
+        self,
+        *,
+        bucket_s: int = SERIES_BUCKET_S,
+        points: int = SERIES_POINTS,
+        most: int = SERIES_MAX,
+        timer: Callable[[], float] = time.time,
+    ) -> None:
+        if bucket_s < 1 or points < 1 or most < 1:
+            raise ValueError("bucket_s, points and most must be at least 1")
+        self.bucket_s = bucket_s
+        self.points = points
+        self.most = most
+        self._timer = timer
+        self._series: dict[tuple[str, str], deque[list[float]]] = {}
+
+    def add(
+        self,
+        model: str,
+        client: str,
+        *,
+        usage: float | None,
+        demand: float | None,
+        overflows: Iterable[str] = (),
+    ) -> None:
+        """Count one request: its usage (tokens sent ÷ window) and demand (tokens received ÷
+        window) where known, and what it counts as (`OVERFLOWS`)."""
+        key = (model, client)
+        ring = self._series.get(key)
+        if ring is None:
+            if len(self._series) >= self.most - 1:  # the last one is for ("other", "other")
+                key = (OTHER_MODELS, OTHER_MODELS)
+            ring = self._series.setdefault(key, deque(maxlen=self.points))
+        start = float(int(self._timer() // self.bucket_s) * self.bucket_s)
+        if not ring or ring[-1][_T] != start:
+            ring.append([start] + [0.0] * (len(SERIES_FIELDS) - 1))
+        point = ring[-1]
+        point[_REQUESTS] += 1
+        if usage is not None:
+            point[_USAGE_SUM] += usage
+            point[_USAGE_MAX] = max(point[_USAGE_MAX], usage)
+        if demand is not None:
+            point[_DEMAND_MAX] = max(point[_DEMAND_MAX], demand)
+        for overflow in overflows:
+            point[_FIRST_COUNT + OVERFLOWS.index(overflow)] += 1
+
+    def __len__(self) -> int:
+        return len(self._series)
+
+    def snapshot(self) -> dict[str, Any]:
+        """`{"bucket_s", "fields", "series": [{"model", "client", "points": [[…], …]}]}`, the
+        points oldest first, as `SERIES_FIELDS` name them (ratios rounded to 4 places)."""
+        return {
+            "bucket_s": self.bucket_s,
+            "fields": list(SERIES_FIELDS),
+            "series": [
+                {"model": model, "client": client, "points": [_rounded(p) for p in ring]}
+                for (model, client), ring in self._series.items()
+            ],
+        }
+
+
+def _rounded(point: Sequence[float]) -> list[float | int]:
+    return [
+        round(value, 4) if i in (_USAGE_SUM, *_MAXED) else int(value)
+        for i, value in enumerate(point)
+    ]
+
+
+def merge_series(snapshots: Iterable[Mapping[str, Any]], *, points: int) -> dict[str, Any]:
+    """Several instances' `Series.snapshot()`s as one: points of one (model, client) and bucket
+    summed (the peaks: the highest), the newest `points` kept per series. Snapshots of another
+    bucket size than the first, and malformed entries, are left out."""
+    bucket_s: int | None = None
+    merged: dict[tuple[str, str], dict[float, list[float]]] = {}
+    width = len(SERIES_FIELDS)
+    for snapshot in snapshots:
+        size = snapshot.get("bucket_s")
+        if not isinstance(size, int) or (bucket_s is not None and size != bucket_s):
+            continue
+        bucket_s = size
+        for series in snapshot.get("series") or ():
+            if not isinstance(series, dict):
+                continue
+            key = (str(series.get("model")), str(series.get("client")))
+            buckets = merged.setdefault(key, {})
+            for point in series.get("points") or ():
+                if not _is_point(point, width):
+                    continue
+                held = buckets.get(point[_T])
+                if held is None:
+                    buckets[point[_T]] = list(point)
+                    continue
+                for i in range(1, width):
+                    held[i] = max(held[i], point[i]) if i in _MAXED else held[i] + point[i]
+    return {
+        "bucket_s": bucket_s or SERIES_BUCKET_S,
+        "fields": list(SERIES_FIELDS),
+        "series": [
+            {
+                "model": model,
+                "client": client,
+                "points": [_rounded(buckets[t]) for t in sorted(buckets)[-points:]],
+            }
+            for (model, client), buckets in merged.items()
+        ],
+    }
+
+
+def _is_point(value: Any, width: int) -> bool:
+    return (
+        isinstance(value, list)
+        and len(value) == width
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    )
+
+
 @dataclass
 class StatusBoard:
-    """Totals, recent overflow events and per-model usage since start (for /admin/status).
-    Per-model usage is kept by `labels` (one entry per label, so bounded)."""
+    """Totals, recent overflow events, per-model usage, tokens removed per policy and the time
+    series (`Series`) since start (for /admin/status). Per-model usage is kept by `labels`
+    (one entry per label, so bounded); clients by `client_labels`."""
 
     started_at: float = field(default_factory=time.time)
     totals: Counter[str] = field(default_factory=Counter)
     models: dict[str, Counter[str]] = field(default_factory=dict)
+    removed: Counter[str] = field(default_factory=Counter)  # input tokens removed, by policy
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
     labels: ModelLabels = field(default_factory=ModelLabels)
+    client_labels: ModelLabels = field(default_factory=lambda: ModelLabels(cap=CLIENT_LABELS))
+    series: Series = field(default_factory=Series)
     events: int = 0  # overflow events recorded since start (`recent` holds the last of them)
 
     def event(self, event: dict[str, Any]) -> None:
@@ -125,9 +280,22 @@ class StatusBoard:
         return list(self.recent)[len(self.recent) - newer :] if newer > 0 else []
 
     def record(
-        self, model: str, outcome: str, tokens_in: int, tokens_out: int, *, known: bool = True
+        self,
+        model: str,
+        outcome: str,
+        tokens_in: int,
+        tokens_out: int,
+        *,
+        known: bool = True,
+        client: str = "-",
+        window: int | None = None,
+        overflows: Sequence[str] = (),
+        removed: Mapping[str, int] | None = None,
     ) -> str:
-        """Count a request under its model's label, and return the label (for metrics)."""
+        """Count a request under its model's label, and return the label (for metrics).
+        `client` is its `[clients]` rule or User-Agent product (`client_product`), `window` its
+        model's context window where resolved, `overflows` what it counts as (`OVERFLOWS`),
+        `removed` the input tokens each policy took out of it."""
         self.totals["requests"] += 1
         self.totals[outcome] += 1
         label = self.labels(model, known=known)
@@ -136,6 +304,19 @@ class StatusBoard:
         usage[outcome] += 1
         usage["tokens_in"] += tokens_in
         usage["tokens_out"] += tokens_out
+        for overflow in overflows:
+            if overflow != outcome:  # "refused" and "blocked" are outcomes too: counted once
+                self.totals[overflow] += 1
+                usage[overflow] += 1
+        if removed:
+            self.removed.update(removed)
+        self.series.add(
+            label,
+            self.client_labels(client),
+            usage=tokens_out / window if window else None,
+            demand=tokens_in / window if window else None,
+            overflows=overflows,
+        )
         return label
 
     def record_restores(self, label: str, *, offered: bool, found: int, missing: int) -> None:
@@ -156,5 +337,7 @@ class StatusBoard:
             "uptime_s": round(time.time() - self.started_at, 1),
             "totals": dict(self.totals),
             "models": {model: dict(usage) for model, usage in self.models.items()},
+            "tokens_removed": dict(self.removed),
+            "series": self.series.snapshot(),
             "recent_events": list(self.recent),
         }

@@ -57,7 +57,8 @@ from proxy.keys import (
     Readiness,
 )
 from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
-from proxy.routes import admin, anthropic, gemini, health, openai
+from proxy.routes import admin, anthropic, dashboard, gemini, health, openai
+from proxy.routes.dashboard import UI_PATHS
 from proxy.telemetry import Providers, build_providers
 
 log = logging.getLogger("brim")
@@ -164,13 +165,15 @@ def _presented_key(request: web.Request) -> tuple[str, str] | None:
 
 @web.middleware
 async def require_brim_key(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """With `server.api_keys_env` set, every non-health request must present one of the keys.
+    """With `server.api_keys_env` set, every request but health, metrics, the admin endpoints and
+    the dashboard's files must present one of the keys.
 
     The header that carried a brim key is not forwarded upstream.
     """
     keys = request.app[CONFIG].server.api_keys
-    if not keys or request.path in PUBLIC_PATHS or request.path.startswith("/admin/"):
-        return await handler(request)
+    path = request.path
+    if not keys or path in PUBLIC_PATHS or path in UI_PATHS or path.startswith("/admin/"):
+        return await handler(request)  # the admin routes and the dashboard: the admin key
     presented = _presented_key(request)
     if presented is None:
         raise Unauthorized(
@@ -233,6 +236,7 @@ def create_app(
     anthropic.add_routes(app)
     gemini.add_routes(app)
     admin.add_routes(app)
+    dashboard.add_routes(app)
     return app
 
 

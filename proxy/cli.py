@@ -1,5 +1,6 @@
 """The `brim` command: `brim serve`, `brim check-config`, `brim inspect`, `brim models`,
-`brim archive get`, `brim init`, `brim --version`, `brim run` (proxy/launcher.py)."""
+`brim archive get`, `brim init`, `brim --version`, `brim run` (proxy/launcher.py),
+`brim status`."""
 
 from __future__ import annotations
 
@@ -211,6 +212,26 @@ def version() -> str:
         return "unknown"
 
 
+def status(args: argparse.Namespace) -> int:
+    from proxy.status_view import ADMIN_KEY_ENV, StatusError, fetch_status, local_url, render_status
+
+    key = args.admin_key or os.environ.get(ADMIN_KEY_ENV)
+    if not key:
+        print(f"brim: give the admin key with --admin-key or ${ADMIN_KEY_ENV}", file=sys.stderr)
+        return 2
+    url = args.url
+    if url is None:
+        server = _load(args.config).server
+        url = local_url(server.host, server.port)
+    try:
+        snapshot = fetch_status(url, key)
+    except StatusError as exc:
+        print(f"brim: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(snapshot, indent=2) if args.json else render_status(snapshot, url))
+    return 0
+
+
 def _port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:
@@ -308,6 +329,15 @@ def parser() -> argparse.ArgumentParser:
     start.set_defaults(func=init, config=None)
 
     add_run_command(commands)
+
+    board = commands.add_parser(
+        "status", help="a running brim's figures, as /ui shows them (GET /admin/status)"
+    )
+    board.add_argument("--url", help="brim's base URL (default: [server] host and port)")
+    board.add_argument("--admin-key", help="an admin key (default: $BRIM_ADMIN_KEY)")
+    board.add_argument("--config", help="proxy.toml to use (default as for serve)")
+    board.add_argument("--json", action="store_true", help="the status as JSON")
+    board.set_defaults(func=status)
     return root
 
 

@@ -46,9 +46,17 @@ from policies.nesting import SAFE_DEPTH
 
 ENV_PREFIX = "BRIM_"
 ENV_DELIMITER = "__"
-# `BRIM_…` variables that are not configuration keys (read by `brim`, dev.sh or the bench).
+# `BRIM_…` variables that are not configuration keys (read by `brim`, dev.sh, tests or the bench).
 ENV_NOT_CONFIG = frozenset(
-    {"BRIM_CONFIG", "BRIM_VENV", "BRIM_LOG_LEVEL", "BRIM_LOG_FORMAT", "BRIM_BENCH_DIR"}
+    {
+        "BRIM_CONFIG",
+        "BRIM_VENV",
+        "BRIM_LOG_LEVEL",
+        "BRIM_LOG_FORMAT",
+        "BRIM_BENCH_DIR",
+        "BRIM_ADMIN_KEY",  # `brim status`
+        "BRIM_TEST_ARTIFACTS",
+    }
 )
 OPENAI_BASE_URL = "https://api.openai.com/v1"
 ANTHROPIC_BASE_URL = "https://api.anthropic.com"

@@ -18,6 +18,9 @@ settings.register_profile("dev", deadline=None)
 settings.load_profile("ci" if os.environ.get("CI") else "dev")
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+# Where tests keep what a person may want to look at afterwards (the dashboard's screenshot);
+# read before the BRIM_ variables go. Unset: the test's own tmp dir.
+ARTIFACTS = os.environ.get("BRIM_TEST_ARTIFACTS")
 for _name in [name for name in os.environ if name.startswith("BRIM_")]:
     del os.environ[_name]  # a developer's own BRIM_ settings must not leak into the tests
 
@@ -91,6 +94,14 @@ def brim(loop_thread: LoopThread, provider: FakeProvider) -> Iterator[BrimFactor
     yield make
     for runner in runners:
         loop_thread.run(runner.cleanup())
+
+
+@pytest.fixture
+def artifacts(tmp_path: Path) -> Path:
+    """The folder for a test's artifacts: $BRIM_TEST_ARTIFACTS if set, else its tmp dir."""
+    folder = Path(ARTIFACTS) if ARTIFACTS else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 @pytest.fixture
@@ -189,3 +200,15 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 def redis_url(redis_server: RedisServer) -> str:
     """The URL of a running redis-server of the test's own (see `redis_server`)."""
     return redis_server.url
+
+
+@pytest.fixture
+def chromium() -> str:
+    """Debian's headless-capable Chromium. Without it the test is skipped — but fails under CI
+    (`CI` set), as for redis-server: .ci/run installs it."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser")
+    if binary is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (.ci/run installs it)")
+        pytest.skip("chromium is not installed")
+    return binary

@@ -267,8 +267,20 @@ def test_admin_status_on_either_instance_shows_both_instances_events_and_totals(
     for base in (a, b):
         seen = status(base)
         assert seen["shared"] is True and len({i["id"] for i in seen["instances"]}) == 2
-        assert seen["totals"] == {"requests": 5, "ok": 3, "compressed": 2, "restore_offered": 2}
+        assert seen["totals"] == {
+            "requests": 5,
+            "ok": 3,
+            "compressed": 2,
+            "prevented": 2,
+            "restore_offered": 2,
+        }
         assert seen["models"]["fake-model"]["requests"] == 3
+        # the dashboard's figures are summed too: tokens removed, and the series point by point
+        assert sum(seen["tokens_removed"].values()) > 0
+        fields = seen["series"]["fields"]
+        (cut,) = [s["points"] for s in seen["series"]["series"] if s["model"] == "strict-8k"]
+        for name, count in (("requests", 2), ("prevented", 2)):
+            assert sum(point[fields.index(name)] for point in cut) == count
         assert seen["models"]["strict-8k"]["compressed"] == 2
         by_id = {e["request_id"]: e["instance"] for e in seen["recent_events"]}
         assert set(by_id) == {"a-cut", "b-cut"} and by_id["a-cut"] != by_id["b-cut"]

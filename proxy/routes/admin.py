@@ -1,26 +1,35 @@
-"""`GET /metrics` (Prometheus), and the admin endpoints: `GET /admin/status`,
-`GET /admin/archive/{key}` (the full sha256 key or a unique prefix of at least 8 hex digits,
-`sha256:` optional). The admin endpoints need a key from `[server] admin_keys_env`
-(`Authorization: Bearer <key>` or `x-brim-admin-key`) and are off when none is configured."""
+"""`GET /metrics` (Prometheus), and the admin endpoints: `GET /admin/status` (the figures the
+`/ui` dashboard and `brim status` show), `GET /admin/archive/{key}` (the full sha256 key or a
+unique prefix of at least 8 hex digits, `sha256:` optional). The admin endpoints need a key
+from `[server] admin_keys_env` (`Authorization: Bearer <key>` or `x-brim-admin-key`) and are off
+when none is configured."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import time
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from adapters.errors import AdminDisabled, InvalidRequest, Unauthorized, UnknownEndpoint
+from middleware.loops import loop_status
 from proxy.keys import CONFIG, PROVIDERS, SERVICES
 
 ADMIN_KEY_HEADER = "x-brim-admin-key"
 
 
-def require_admin(request: web.Request) -> None:
-    keys = request.app[CONFIG].server.admin_keys
-    if not keys:
+def require_admin_keys(request: web.Request) -> None:
+    """Refuse (403 `admin_disabled`) when no admin key is configured."""
+    if not request.app[CONFIG].server.admin_keys:
         raise AdminDisabled("The admin endpoints are off: set [server] admin_keys_env to use them.")
+
+
+def require_admin(request: web.Request) -> None:
+    """Refuse unless the request presents one of the admin keys (401), or none is set (403)."""
+    require_admin_keys(request)
+    keys = request.app[CONFIG].server.admin_keys
     presented = request.headers.get(ADMIN_KEY_HEADER, "")
     auth = request.headers.get("Authorization", "")
     if not presented and auth.lower().startswith("bearer "):
@@ -44,6 +53,20 @@ async def status(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     snapshot = await services.shared.status()  # every instance's, with [cache] url
     snapshot["learned_limits"] = services.limits.learned
+    now = time.time()
+    snapshot["learned"] = [
+        {
+            "model": fact.model,
+            "kind": fact.kind,
+            "value": fact.value,
+            "expires_in_s": round(max(0.0, fact.until - now)),
+        }
+        for fact in sorted(services.limits.learned_facts(), key=lambda f: (f.model, f.kind))
+    ]
+    guard = request.app[CONFIG].guard
+    snapshot["loop_guard"] = loop_status(
+        services.shared.loops, limit=guard.loop_limit, window_s=guard.loop_window_s
+    )
     return web.json_response(snapshot)
 
 

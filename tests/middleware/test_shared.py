@@ -81,7 +81,14 @@ async def test_without_redis_the_status_is_the_boards_own_as_before() -> None:
     await local.start()
     status = await local.status()
     await local.aclose()
-    assert set(status) == {"uptime_s", "totals", "models", "recent_events"}
+    assert set(status) == {
+        "uptime_s",
+        "totals",
+        "models",
+        "tokens_removed",
+        "series",
+        "recent_events",
+    }
     assert status["totals"] == {"requests": 1, "ok": 1}
     assert [e["request_id"] for e in status["recent_events"]] == ["r1"]
 
