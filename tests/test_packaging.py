@@ -135,6 +135,8 @@ def test_a_wheel_has_the_metadata_and_files_and_its_brim_runs(tmp_path: Path) ->
     assert metadata["Requires-Python"] == ">=3.11"
     assert packaged == (ROOT / "proxy.toml").read_bytes()
     assert not any(name.startswith(("tests/", "bench/")) for name in names)
+    ui = {path.name for path in (ROOT / "proxy" / "ui").iterdir() if not path.name.startswith(".")}
+    assert ui and {f"proxy/ui/{name}" for name in ui} <= names  # /ui works from a wheel
     assert "brim = proxy.cli:main" in entry_points
 
     venv = tmp_path / "venv"
