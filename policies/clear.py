@@ -19,7 +19,7 @@ result that is gone.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,10 +106,11 @@ class ClearToolResults:
             eligible.sort(key=lambda index: (max(values[index], default=STALE), index))
 
         made: list[_Candidate] = []
+        rewritten = _Rewritten(conversation, meter)
 
         def savings() -> Iterator[int]:  # candidates made only as far as they are taken
             for index in eligible:
-                if candidate := self._candidate(conversation, known, before_cut, index, meter):
+                if candidate := self._candidate(conversation, known, before_cut, index, rewritten):
                     made.append(candidate)
                     yield candidate.saving
 
@@ -123,7 +124,7 @@ class ClearToolResults:
                     edits.setdefault(at, cleared)
                 else:  # a pointer takes the placeholder of what it pointed to
                     edits[at] = cleared
-        changes = self._rewritten(conversation, edits, meter)
+        changes = rewritten(edits)
         records = [
             FidelityRecord(
                 self.name,
@@ -137,7 +138,7 @@ class ClearToolResults:
             )
             for (index, _), cleared in sorted(edits.items(), key=lambda edit: edit[0][0])
         ]
-        return conversation.replace(changes), records
+        return conversation.with_results(changes), records
 
     def _candidate(
         self,
@@ -145,7 +146,7 @@ class ClearToolResults:
         known: Facts,
         before_cut: CutFrom,
         index: int,
-        meter: Meter,
+        rewritten: _Rewritten,
     ) -> _Candidate | None:
         """The results of message `index` cleared, with what that saves; None if nothing would."""
         # The message it is in, before any cut: near enough, free, and the same every turn.
@@ -163,10 +164,7 @@ class ClearToolResults:
                 self._with_pointers((index, result.call_id), cleared, known.pointers, edits)
         if not edits:
             return None
-        saving = sum(
-            conversation.sizes[i] - size
-            for i, (_, size) in self._rewritten(conversation, edits, meter).items()
-        )
+        saving = sum(conversation.sizes[i] - size for i, (_, size) in rewritten(edits).items())
         return _Candidate(index, edits, saving)
 
     def _placeholder(self, tool: str, tokens: int, key: str, text: str, whole: str) -> str:
@@ -200,14 +198,28 @@ class ClearToolResults:
                     edits[pointer] = _Cleared(cleared.text, cleared.key, cleared.original, at[1])
                     pending.append(pointer)
 
-    @staticmethod
-    def _rewritten(
-        conversation: Conversation, edits: dict[ResultKey, _Cleared], meter: Meter
-    ) -> dict[int, tuple[Any, int]]:
-        """Each message the edits reach, with its results replaced, and its size."""
-        dialect = conversation.dialect
-        updated: dict[int, Any] = {}
+
+class _Rewritten:
+    """The messages edits reach, each with its results replaced, and their sizes — each message
+    written and measured once per set of its edits, though a candidate's edits are asked for
+    again when the ones taken are put together."""
+
+    def __init__(self, conversation: Conversation, meter: Meter) -> None:
+        self._conversation, self._meter = conversation, meter
+        self._made: dict[tuple[int, tuple[tuple[str, str], ...]], tuple[Any, int]] = {}
+
+    def __call__(self, edits: Mapping[ResultKey, _Cleared]) -> dict[int, tuple[Any, int]]:
+        replaced: dict[int, list[tuple[str, str]]] = {}
         for (index, call_id), cleared in edits.items():
-            message = updated.get(index, conversation.messages[index])
-            updated[index] = dialect.with_tool_result(message, call_id, cleared.text)
-        return {index: (message, meter.message(message)) for index, message in updated.items()}
+            replaced.setdefault(index, []).append((call_id, cleared.text))
+        written: dict[int, tuple[Any, int]] = {}
+        for index, texts in replaced.items():
+            key = (index, tuple(texts))
+            found = self._made.get(key)
+            if found is None:
+                message = self._conversation.messages[index]
+                for call_id, text in texts:
+                    message = self._conversation.dialect.with_tool_result(message, call_id, text)
+                found = self._made[key] = (message, self._meter.message(message))
+            written[index] = found
+        return written

@@ -86,7 +86,11 @@ class Dialect(Protocol):
         the tool got them, JSON text parsed."""
         ...
 
-    def with_tool_result(self, message: Any, call_id: str, text: str) -> Any: ...
+    def with_tool_result(self, message: Any, call_id: str, text: str) -> Any:
+        """`message` with the text of the result of `call_id` replaced, and nothing else of it
+        changed: its role, calls and their arguments, the results it holds, its `text` and the
+        units it is part of stay the same (`Conversation.with_results` relies on it)."""
+        ...
 
     def text(self, message: Any) -> str: ...
 
@@ -154,6 +158,19 @@ class Conversation:
         for index, (message, size) in changes.items():
             messages[index], sizes[index] = message, size
         return dataclasses.replace(self, messages=tuple(messages), sizes=tuple(sizes), memo={})
+
+    def with_results(self, changes: Mapping[int, tuple[Any, int]]) -> Conversation:
+        """`replace` for changes that rewrite the texts of tool results and nothing else
+        (`Dialect.with_tool_result`): what the facts of this conversation know of its calls,
+        units and requests holds for the new one as well, and goes with it, for `facts` to start
+        from if they are asked for."""
+        replaced = self.replace(changes)
+        known = self.memo.get(_FACTS)
+        if replaced is not self and isinstance(known, Facts):
+            replaced.memo[_FACTS] = _Earlier(known, frozenset(changes))
+        elif replaced is not self and isinstance(known, _Earlier):
+            replaced.memo[_FACTS] = _Earlier(known.facts, known.changed | changes.keys())
+        return replaced
 
     def keep(
         self, keep: Callable[[int], bool], inserts: Mapping[int, tuple[Any, int]]
@@ -363,6 +380,12 @@ class _TextFacts:
         self.anomaly = anomaly
         self.keys: frozenset[str] | None = None
 
+    def keys_of(self, text: str) -> frozenset[str]:
+        """The keys of `text`, the text these are the facts of: worked out when first asked."""
+        if self.keys is None:
+            self.keys = _keys(text)  # a race computes the same keys twice
+        return self.keys
+
 
 def _text_facts(text: str) -> _TextFacts:
     key = (len(text), hash(text))
@@ -379,10 +402,7 @@ def keys_of(text: str) -> frozenset[str]:
     """Every lower-case word, identifier, file name and path piece in `text`: what a task term
     is matched against (`parse_config`, `config`, `prune.py`, `prune` from `policies/prune.py`).
     Remembered by content: meant for whole results, which come back every turn."""
-    known = _text_facts(text)
-    if known.keys is None:
-        known.keys = _keys(text)  # a race computes the same keys twice
-    return known.keys
+    return _text_facts(text).keys_of(text)
 
 
 def keys_in(text: str) -> frozenset[str]:
@@ -397,7 +417,8 @@ def mentions(text: str, terms: frozenset[str]) -> bool:
 
 def has_evidence(text: str, terms: frozenset[str]) -> bool:
     """Whether a result mentions a task term or an anomaly."""
-    return _text_facts(text).anomaly or bool(terms and not terms.isdisjoint(keys_of(text)))
+    known = _text_facts(text)  # looked up once for both
+    return known.anomaly or bool(terms and not terms.isdisjoint(known.keys_of(text)))
 
 
 def terms_of(text: str) -> frozenset[str]:
@@ -509,21 +530,44 @@ class _Once(Generic[T]):
         return value
 
 
+_FACTS = "facts"  # the memo key of a conversation's `Facts`
+# The parts of `Facts` that the texts of tool results do not change: they depend on the calls,
+# the units and the user's requests alone.
+_OF_STRUCTURE = ("units", "_walk", "arguments", "call_counts", "queries")
+
+
 class Facts:
     """What the policies ask about one conversation, worked out once for it (see `facts`): the
     tool of each call, each message's results, units, the user's requests, call arguments,
     copies, stale results, pointers and what each result is worth. Each part is computed the
     first time it is asked for."""
 
-    def __init__(self, conversation: Conversation) -> None:
+    def __init__(
+        self, conversation: Conversation, earlier: Facts | None = None, changed: Iterable[int] = ()
+    ) -> None:
+        """The facts of `conversation`; with `earlier`, the facts of a conversation it differs
+        from only in the texts of the tool results of the messages at `changed`
+        (`Conversation.with_results`): what those texts do not change is taken from them, those
+        messages' results are read again, and the rest is worked out afresh when asked for."""
         # The dialect and messages, not the conversation: the conversation keeps its facts.
         self.dialect, self.messages = conversation.dialect, conversation.messages
         self.origin = conversation.origin
         dialect, messages = self.dialect, self.messages
-        self.names = dialect.tools_by_call(messages)
-        self.results = tuple(dialect.tool_results(m, self.names) for m in messages)
-        self.editable = tuple(editable(found) for found in self.results)
-        self._call_terms: dict[Unit, frozenset[str]] = {}
+        if earlier is None:
+            self.names = dialect.tools_by_call(messages)
+            self.results = tuple(dialect.tool_results(m, self.names) for m in messages)
+            self.editable = tuple(editable(found) for found in self.results)
+            self._call_terms: dict[Unit, frozenset[str]] = {}
+            return
+        self.names = earlier.names
+        results, editables = list(earlier.results), list(earlier.editable)
+        for index in changed:
+            results[index] = dialect.tool_results(messages[index], self.names)
+            editables[index] = editable(results[index])
+        self.results, self.editable = tuple(results), tuple(editables)
+        self._call_terms = earlier._call_terms
+        known = earlier.__dict__
+        self.__dict__.update({name: known[name] for name in _OF_STRUCTURE if name in known})
 
     @_Once
     def units(self) -> list[Unit]:
@@ -588,12 +632,19 @@ class Facts:
         return copies(self.editable)
 
     @_Once
-    def stale(self) -> dict[ResultKey, str]:
+    def queries(self) -> dict[str, str]:
+        """What each call asked — its tool and arguments — by call key, for the calls whose key
+        occurs once in the conversation."""
         asked: dict[str, str] = {}
         for found in self.arguments:
             for call, arguments in found:
                 if arguments is not None and self.call_counts[call] == 1:
                     asked[call] = f"{self.names.get(call, 'tool')}:{_canonical(arguments)}"
+        return asked
+
+    @_Once
+    def stale(self) -> dict[ResultKey, str]:
+        asked = self.queries
         duplicates = self.copies
         stale: dict[ResultKey, str] = {}
         seen: set[str] = set()
@@ -657,13 +708,28 @@ class Facts:
         )
 
 
+@dataclass(frozen=True, slots=True)
+class _Earlier:
+    """The facts of an earlier conversation that differs from the one whose memo holds this
+    only in the texts of the tool results of the messages at `changed` (`with_results`)."""
+
+    facts: Facts
+    changed: frozenset[int]
+
+
 def facts(conversation: Conversation) -> Facts:
     """The facts of `conversation`, worked out once: the policies of one compression ask about
-    the same messages (a policy that changes nothing passes the very conversation on)."""
-    known = conversation.memo.get("facts")
-    if not isinstance(known, Facts):
-        known = conversation.memo["facts"] = Facts(conversation)
-    return known
+    the same messages (a policy that changes nothing passes the very conversation on, one that
+    rewrites tool results passes on what the texts of results do not change)."""
+    known = conversation.memo.get(_FACTS)
+    if isinstance(known, Facts):
+        return known
+    if isinstance(known, _Earlier):
+        made = Facts(conversation, known.facts, known.changed)
+    else:
+        made = Facts(conversation)
+    conversation.memo[_FACTS] = made
+    return made
 
 
 def requests(conversation: Conversation) -> tuple[frozenset[str], ...]:

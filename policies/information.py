@@ -69,27 +69,39 @@ def rarity_scores(pieces: Sequence[Sequence[str]]) -> list[float]:
     word), over its number of distinct words plus a small constant. A word every piece has
     scores nothing; a piece without words scores 0."""
     sets = list(map(frozenset, pieces))
-    seen = Counter(chain.from_iterable(sets))
-    total = max(1, sum(1 for found in sets if found))
+    return _rarity(sets, sets)
+
+
+def _rarity(pieces: Sequence[frozenset[str]], scored: Sequence[frozenset[str]]) -> list[float]:
+    """`rarity_scores` of the pieces in `scored` among all `pieces` (each its distinct words)."""
+    seen = Counter(chain.from_iterable(pieces))
+    total = max(1, sum(1 for found in pieces if found))
     rarity = {word: math.log(total / count) for word, count in seen.items()}
     weigh = rarity.__getitem__
-    return [sum(map(weigh, found)) / (len(found) + _SMOOTHING) if found else 0.0 for found in sets]
+    return [
+        sum(map(weigh, found)) / (len(found) + _SMOOTHING) if found else 0.0 for found in scored
+    ]
 
 
 def line_scores(lines: Sequence[str]) -> list[float]:
-    """How informative each line is within `lines` (brim's markers score below every line)."""
-    joined = "\n".join(lines)
+    """How informative each line is within `lines` (brim's markers score below every line). A
+    line that comes again (a blank line, a repeated log line) is read and scored once."""
+    at = {line: n for n, line in enumerate(dict.fromkeys(lines))}
+    distinct = list(at)
+    joined = "\n".join(distinct)
     masked = _DIGITS.sub("0", _HEX_WORD.sub(" ", joined.lower()))  # as `words`, all at once
     pieces = list(map(_WORD.findall, masked.split("\n")))
-    if len(pieces) != len(lines):  # a line with a line break in it: one at a time
-        pieces = [words(line) for line in lines]
+    if len(pieces) != len(distinct):  # a line with a line break in it: one at a time
+        pieces = [words(line) for line in distinct]
+    markers = [False] * len(distinct)
     if "by brim" in joined or "more items" in joined or SHORTENED in joined:
-        markers = [is_marker(line) for line in lines]
-        scores = rarity_scores(
-            [() if marker else piece for piece, marker in zip(pieces, markers, strict=True)]
-        )
-        return [-1.0 if marker else score for score, marker in zip(scores, markers, strict=True)]
-    return rarity_scores(pieces)
+        markers = [is_marker(line) for line in distinct]
+    sets = [
+        frozenset(() if marker else piece) for piece, marker in zip(pieces, markers, strict=True)
+    ]
+    scores = _rarity([sets[at[line]] for line in lines], sets)
+    scores = [-1.0 if marker else score for score, marker in zip(scores, markers, strict=True)]
+    return [scores[at[line]] for line in lines]
 
 
 def scores_of(text: str) -> list[float]:

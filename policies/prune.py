@@ -203,17 +203,19 @@ def _ranks(lines: Sequence[str], terms: frozenset[str]) -> list[int]:
     """Each line's class: 2 if it reports an anomaly, 1 if it mentions a task term, else 0."""
     # A term is a piece of the line's lower-case text: most lines fail this cheaply.
     found = re.compile("|".join(map(re.escape, sorted(terms)))).search if terms else None
-    if found is None and not any(map(is_anomaly, _chunks(lines))):
-        return [0] * len(lines)  # no anomaly anywhere (looked for a few thousand lines at once)
-    ranks: list[int] = []
-    for line in lines:
-        if is_anomaly(line):
-            ranks.append(2)
-        else:
-            ranks.append(
-                int(found is not None and bool(found(line.lower())) and mentions(line, terms))
-            )
-    return ranks
+    # A line reports an anomaly only where the text it is in does (looked for a few thousand
+    # lines at once): where none does, no line is asked.
+    anomalous = any(map(is_anomaly, _chunks(lines)))
+    if found is None and not anomalous:
+        return [0] * len(lines)
+
+    def rank(line: str) -> int:
+        if anomalous and is_anomaly(line):
+            return 2
+        return int(found is not None and bool(found(line.lower())) and mentions(line, terms))
+
+    ranks = {line: rank(line) for line in dict.fromkeys(lines)}  # a repeated line: once
+    return [ranks[line] for line in lines]
 
 
 def _chunks(lines: Sequence[str], size: int = 4_096) -> Iterator[str]:
@@ -368,6 +370,12 @@ def shortened(text: str, key: str) -> str:
     return f"{text}\n{note}"
 
 
+def _naming(text: str, shrunk: str, named: str | None) -> str:
+    """`shrunk`, cut from `text`, naming the whole's key `named` where it was cut and a key is
+    given (`shortened`)."""
+    return shortened(shrunk, named) if named is not None and shrunk != text else shrunk
+
+
 def matched_terms(text: str, terms: frozenset[str]) -> frozenset[str]:
     """The task terms `text` mentions (`keys_of`), found without splitting the text into its
     keys where none of them is even a piece of it."""
@@ -409,11 +417,12 @@ class PruneToolResults:
         # A result is pruned the same way every turn; remember it instead of re-tokenizing.
         self._pruned: LRUCache[tuple[str, int, int, Hashable], str] = LRUCache(maxsize=20_000)
         self._lock = threading.Lock()
+        # A noise field's name matches one of `drop_fields` (as `fnmatch.fnmatchcase` does).
+        fields = self.settings.drop_fields
+        self._noisy = re.compile("|".join(map(fnmatch.translate, fields))).match if fields else None
 
     def _noise(self, key: str) -> bool:
-        return any(
-            fnmatch.fnmatchcase(key.lower(), pattern) for pattern in self.settings.drop_fields
-        )
+        return self._noisy is not None and self._noisy(key.lower()) is not None
 
     def _clean(self, value: Any) -> Any:
         """Lossless in all that matters: noise fields, nulls and base64 blobs go."""
@@ -461,8 +470,8 @@ class PruneToolResults:
         return _with_gaps(items, keep)
 
     def _json(self, text: str) -> Any | None:
-        stripped = text.strip()
-        if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]"):
+        stripped = _bracketed(text)
+        if stripped is not None:
             with contextlib.suppress(orjson.JSONDecodeError):
                 parsed = orjson.loads(stripped)
                 # Deeper JSON than brim can write back stays text.
@@ -484,6 +493,8 @@ class PruneToolResults:
 
     def lossless_text(self, text: str, meter: Meter) -> str:
         """`text` with JSON minified and its noise dropped; other text as it is."""
+        if _bracketed(text) is None:  # no JSON: nothing to look up
+            return text
 
         def make() -> str:
             parsed = self._json(text)
@@ -497,14 +508,21 @@ class PruneToolResults:
         meter: Meter,
         terms: frozenset[str] = frozenset(),
         at_most: int | None = None,
+        *,
+        named: str | None = None,
     ) -> str:
         """`text` (already lossless) cut to its relevant part. `at_most` bounds its tokens when
         the caller knows it (its message's size): a text that cannot be over `max_text_tokens`
-        is not tokenized to find out."""
+        is not tokenized to find out. `named`: the key of the whole result, which a cut text
+        names (`shortened`)."""
         matched = matched_terms(text, terms)  # all a relevance cut depends on
         short = at_most is not None and at_most <= self.settings.max_text_tokens
-        mode = ("lossy", short, matched)
-        return self._cached(meter, text, mode, lambda: self._lossy(text, matched, meter, short))
+        mode = ("lossy", short, matched, named)
+
+        def make() -> str:
+            return _naming(text, self._lossy(text, matched, meter, short), named)
+
+        return self._cached(meter, text, mode, make)
 
     def _lossy(self, text: str, terms: frozenset[str], meter: Meter, short: bool) -> str:
         limit = self.settings.max_text_tokens
@@ -521,14 +539,26 @@ class PruneToolResults:
             return relevant_lines(text, terms, limit, meter)
         return cut_middle(text, limit, meter)[0]
 
-    def digest_text(self, text: str, meter: Meter, terms: frozenset[str] = frozenset()) -> str:
+    def digest_text(
+        self,
+        text: str,
+        meter: Meter,
+        terms: frozenset[str] = frozenset(),
+        *,
+        named: str | None = None,
+    ) -> str:
         """`text` cut to its digest: about `digest_share` of its tokens (at least
-        `digest_min_tokens`), its most informative lines and items kept (`digest_lines`). A
-        pure function of the text, the task terms it mentions and the settings: remembered."""
+        `digest_min_tokens`), its most informative lines and items kept (`digest_lines`); a
+        cut text names the whole result's key `named` (`shortened`). A pure function of the
+        text, the task terms it mentions and the settings: remembered."""
         matched = matched_terms(text, terms)
         settings = self.settings
-        mode = ("digest", settings.digest_share, settings.digest_min_tokens, matched)
-        return self._cached(meter, text, mode, lambda: self._digest(text, matched, meter))
+        mode = ("digest", settings.digest_share, settings.digest_min_tokens, matched, named)
+
+        def make() -> str:
+            return _naming(text, self._digest(text, matched, meter), named)
+
+        return self._cached(meter, text, mode, make)
 
     def _digest(self, text: str, terms: frozenset[str], meter: Meter) -> str:
         settings = self.settings
@@ -634,7 +664,7 @@ class PruneToolResults:
                 texts[index, call_id] = pointer(copy.tool, copy.call_id, sha, at)
                 pointed[index, call_id] = copy.call_id
         changes = self._rewritten(conversation, results, texts, meter)
-        pruned = conversation.replace(changes)
+        pruned = conversation.with_results(changes)
 
         # 3. cuts to the relevant part, oldest first, only while over the target, in batches;
         # 4. once every result is cut so and the request is still over, digests, likewise.
@@ -718,7 +748,7 @@ class PruneToolResults:
             records += deduplicated + shrunk
             if only_lossless:
                 records.append(FidelityRecord(self.name, "pruned", origin, before, after))
-        out = pruned.replace(edited)
+        out = pruned.with_results(edited)
         # Every result changed here — minified, pointed onward, cut or digested — noted with its
         # text and its message's size as the client sent them: a placeholder names that whole
         # whichever of these happened to it first.
@@ -790,12 +820,13 @@ class PruneToolResults:
                     continue  # a short text: nothing to cut
                 unit = unit_of.get(index)
                 terms = request[index] | (known.call_terms(unit) if unit else frozenset())
+                named = archive_key(result.text)
                 if digest:
-                    shrunk = self.digest_text(text, meter, terms)
+                    shrunk = self.digest_text(text, meter, terms, named=named)
                 else:
-                    shrunk = self.lossy_text(text, meter, terms, size)
+                    shrunk = self.lossy_text(text, meter, terms, size, named=named)
                 if shrunk != text:
-                    found[result.call_id] = shortened(shrunk, archive_key(result.text))
+                    found[result.call_id] = shrunk
             return found
 
         return edits
@@ -827,6 +858,12 @@ class PruneToolResults:
                 for result in found:
                     texts.pop((index, result.call_id), None)
         return changes
+
+
+def _bracketed(text: str) -> str | None:
+    """`text` stripped, where it could be JSON worth parsing (an object or an array)."""
+    stripped = text.strip()
+    return stripped if stripped[:1] in ("{", "[") and stripped[-1:] in ("}", "]") else None
 
 
 def _said(value: Any) -> Any:

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from policies.clear import ClearSettings, ClearToolResults, placeholder
 from policies.conversation import Goal, archive_key, is_anomaly, keys_of
 from policies.information import (
+    SHORTENED,
     CutFrom,
     cut_from,
     gist,
@@ -43,6 +44,18 @@ from tests.policies.test_information import BUILDERS, Item, result_of, valid
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
+
+
+class CountingMeter(CounterMeter):
+    """A meter that counts the messages it measures."""
+
+    measured = 0
+
+    def message(self, message: Any) -> int:
+        self.measured += 1
+        return super().message(message)
+
+
 MARKER = re.compile(r"\[… (\d+) lines omitted by brim(?:, (\d+) with task terms or anomalies)? …\]")
 
 UNUSUAL = "2026-11-22 12:04:10 INFO  deploy-config: the staging key rotates on tuesdays at 0300"
@@ -469,7 +482,14 @@ def test_line_scores_all_at_once_equal_the_scores_line_by_line(text: str) -> Non
     expected = [
         -1.0 if is_marker(line) else score for line, score in zip(lines, plain, strict=True)
     ]
-    assert line_scores(lines) == pytest.approx(expected)
+    assert line_scores(lines) == expected  # the very same sums: each line's words in one order
+
+
+def test_a_line_that_comes_again_is_scored_as_every_time_it_comes() -> None:
+    """Lines are read once however often they come, and counted as often as they come: a
+    template's line that repeats is worth as little as its repeats make it."""
+    lines = [*repetitive_log(40, 20).split("\n"), *[""] * 5, *["PASSED"] * 30, UNUSUAL, "PASSED"]
+    assert line_scores(lines) == rarity_scores([words(line) for line in lines])
 
 
 @given(
@@ -521,6 +541,39 @@ def test_a_shortened_result_names_its_whole_and_json_stays_json() -> None:
     once = shortened("a\nb", key)
     assert shortened(once, "f" * 64) == once
     assert shortened(shortened("[1,2]", key), "f" * 64) == shortened("[1,2]", key)
+
+
+def test_a_cut_that_names_its_whole_is_the_cut_shortened() -> None:
+    """Prune remembers its cuts as sent, naming the whole they stand for (`shortened`); a text
+    it does not cut names nothing."""
+    prune = PruneToolResults(PruneSettings(max_text_tokens=200))
+    key = archive_key("the whole, as the client sent it")
+    log = repetitive_log()
+    assert prune.digest_text(log, METER, named=key) == shortened(prune.digest_text(log, METER), key)
+    assert prune.lossy_text(log, METER, named=key) == shortened(prune.lossy_text(log, METER), key)
+    items = orjson.dumps([{"id": n, "name": f"item {n}"} for n in range(100)]).decode()
+    named = prune.digest_text(items, METER, named=key)
+    assert named == shortened(prune.digest_text(items, METER), key)
+    assert orjson.loads(named)[-1] == f"{SHORTENED}{key[:16]}]"  # JSON stays JSON
+    short = "a line\nand another"
+    assert prune.digest_text(short, METER, named=key) == short
+    assert prune.lossy_text(short, METER, named=key) == short
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_clear_measures_each_message_it_rewrites_once(api: str) -> None:
+    """A candidate's placeholders are measured when it is made; the ones taken, put together,
+    are not measured again."""
+    builder = BUILDERS[api]
+    items = [builder.user("Why does parse_config fail?")]
+    for n in range(16):
+        items += builder.turn(f"c{n}", "read_file", {"path": f"src/m{n}.py"}, repetitive_log(60, n))
+    conversation = builder.conversation(items)
+    meter = CountingMeter(METER.counter, "o200k_base", "gpt-4o", WIRES[api])
+    clear = ClearToolResults(ClearSettings(keep=0))
+    out, records = clear.apply(conversation, Goal(target=0, limit=0), meter)
+    assert len(records) == 16 and meter.measured == 16
+    assert valid(out)
 
 
 @pytest.mark.parametrize("api", sorted(WIRES))

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fnmatch
 from collections.abc import Iterator
 from typing import Any
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.clear import ClearSettings, ClearToolResults
 from policies.conversation import Conversation, Goal, snapped_count
@@ -267,6 +270,20 @@ def test_truncate_cuts_only_as_far_as_the_budget_not_the_low_water_mark() -> Non
     assert len(records) == 1
     assert goal.target < after.total <= goal.limit  # text destroyed only as far as needed
     assert after.total >= goal.limit - 50  # …and not much further
+
+
+@given(
+    st.lists(st.text(alphabet="abxy_.*?[]!", min_size=1, max_size=6), max_size=4),
+    st.lists(st.text(alphabet="abxyAB_.*[]", min_size=1, max_size=8), max_size=8, unique=True),
+)
+@settings(max_examples=300, deadline=None)
+def test_prune_drops_the_fields_its_patterns_match_as_fnmatch_matches_them(
+    patterns: list[str], keys: list[str]
+) -> None:
+    prune = PruneToolResults(PruneSettings(drop_fields=tuple(patterns)))
+    kept = orjson.loads(prune.lossless_text(orjson.dumps(dict.fromkeys(keys, 1)).decode(), METER))
+    noise = [k for k in keys if any(fnmatch.fnmatchcase(k.lower(), p) for p in patterns)]
+    assert list(kept) == [k for k in keys if k not in noise]
 
 
 def test_prune_leaves_json_too_deep_to_write_back_as_text() -> None:
