@@ -79,7 +79,8 @@ def _rarity(pieces: Sequence[frozenset[str]], scored: Sequence[frozenset[str]]) 
     rarity = {word: math.log(total / count) for word, count in seen.items()}
     weigh = rarity.__getitem__
     return [
-        sum(map(weigh, found)) / (len(found) + _SMOOTHING) if found else 0.0 for found in scored
+        math.fsum(map(weigh, found)) / (len(found) + _SMOOTHING) if found else 0.0
+        for found in scored
     ]
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -234,3 +238,45 @@ def test_a_large_newest_result_that_fits_the_budget_is_never_cut(api: str) -> No
     assert not any(record.policy == "truncate" for record in outcome.records)
     assert outcome.messages[-1] == items[-1]  # the newest result as the client sent it
     assert case.violations(list(outcome.messages)) == []
+
+
+SAME_EVERYWHERE = """
+import hashlib, orjson
+from proxy.resources import use_bundled_tiktoken_files
+use_bundled_tiktoken_files()
+from bench import sessions
+from bench.sessions import MODELS, RENDER
+from policies.compress import DEFAULT_ORDER, build_policies, compress_request
+from policies.tokens import CounterMeter, TokenCounter
+from policies.wires import WIRES
+counter, session = TokenCounter(), sessions.generate(1, 60_000)
+for api, wire in sorted(WIRES.items()):
+    body = RENDER[api](session, None)
+    meter = CounterMeter(counter, "o200k_base", MODELS[api], wire)
+    limit = int(counter.request(wire, body, "o200k_base", MODELS[api]).total / 2.5)
+    out = compress_request(body, meter, build_policies(DEFAULT_ORDER, {}), limit=limit,
+                           low_water=0.85)
+    print(api, hashlib.sha256(orjson.dumps(out.messages)).hexdigest())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_every_process_compresses_a_request_to_the_same_bytes() -> None:
+    """Two brim processes (instances behind a load balancer, a restart) cut the same request to
+    the same bytes, so a provider's prompt cache holds across them: nothing depends on the
+    per-process hash seed (a sum of word scores taken in a frozenset's order did: ties between
+    lines a digest keeps flipped from one process to the next, in every session at 2.5x)."""
+    root = Path(__file__).parents[2]
+    outputs = [
+        subprocess.run(
+            [sys.executable, "-c", SAME_EVERYWHERE],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=root,
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)},
+        ).stdout
+        for seed in ("1", "2")
+    ]
+    assert len(outputs[0].splitlines()) == 4
+    assert outputs[0] == outputs[1]
