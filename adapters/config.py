@@ -10,9 +10,20 @@ from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, m
 
 from adapters.native import NATIVE_COUNTS
 
-WireApi = Literal["openai", "anthropic", "gemini", "litellm"]
+WireApi = Literal["openai", "anthropic", "gemini", "litellm", "cli"]
+# The coding CLIs an `api = "cli"` upstream can run (`adapters.cli` has one entry for each).
+CliName = Literal["claude", "codex", "gemini", "opencode", "cursor-agent"]
+CLI_NAMES: tuple[str, ...] = ("claude", "codex", "gemini", "opencode", "cursor-agent")
 # Upstreams with a token counter of their own (Anthropic `count_tokens`, Gemini `countTokens`).
 NATIVE_COUNT_APIS = frozenset(NATIVE_COUNTS)
+
+
+def cli_of(command: str) -> str | None:
+    """The CLI a command runs, by its file name (`/opt/bin/claude` → claude), if it is one."""
+    name = os.path.basename(command.strip().rstrip("/\\")).lower()
+    for suffix in (".exe", ".cmd", ".js", ".mjs"):
+        name = name.removesuffix(suffix)
+    return name if name in CLI_NAMES else None
 
 
 class FrozenModel(BaseModel):
@@ -47,6 +58,18 @@ class UpstreamConfig(FrozenModel):
     # tell (Claude, Gemini). "auto": on for the upstreams that have one (anthropic, gemini).
     native_count: Literal["auto"] | bool = "auto"
     native_count_timeout_s: float = Field(2, gt=0)  # then brim's own estimate decides
+    # api = "cli": the command that runs the CLI (a name on PATH or a path), which CLI it is
+    # (from the command's name unless set), extra arguments and environment for it, where the
+    # scratch folders of its runs go, and its process pool: at most `max_concurrency` runs at
+    # once, `max_queued` more waiting up to `queue_timeout_s`, any beyond answered 429.
+    command: str | None = None
+    cli: CliName | None = None
+    args: tuple[str, ...] = ()
+    env: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    max_concurrency: int = Field(2, ge=1, le=256)
+    max_queued: int = Field(16, ge=0, le=10_000)
+    queue_timeout_s: float = Field(30, ge=0)
     api_key: SecretStr | None = Field(default=None, exclude=True)
 
     @model_validator(mode="before")
@@ -65,9 +88,39 @@ class UpstreamConfig(FrozenModel):
 
     @model_validator(mode="after")
     def _base_url_required(self) -> UpstreamConfig:
-        if self.api != "litellm" and self.base_url is None:
+        if self.api not in ("litellm", "cli") and self.base_url is None:
             raise ValueError(f"base_url is required for api = {self.api!r}")
         return self
+
+    @model_validator(mode="after")
+    def _cli_named(self) -> UpstreamConfig:
+        if self.api != "cli":
+            if self.command is not None:
+                raise ValueError(f'command is only for api = "cli", not api = {self.api!r}')
+            return self
+        if not self.command or not self.command.strip():
+            raise ValueError(
+                'command is required for api = "cli": the CLI to run, a name on PATH or a '
+                f"path ({', '.join(CLI_NAMES)})"
+            )
+        if self.base_url is not None:
+            raise ValueError(
+                'base_url is not used by api = "cli"; point the CLI at its provider with its '
+                "own settings (env, args)"
+            )
+        if self.cli is None and cli_of(self.command) is None:
+            raise ValueError(
+                f"cannot tell which CLI command {self.command!r} runs: set cli to one of "
+                f"{', '.join(CLI_NAMES)}"
+            )
+        return self
+
+    @property
+    def cli_name(self) -> str | None:
+        """Which CLI an `api = "cli"` upstream runs."""
+        if self.api != "cli" or self.command is None:
+            return None
+        return self.cli or cli_of(self.command)
 
     @model_validator(mode="after")
     def _native_count_possible(self) -> UpstreamConfig:

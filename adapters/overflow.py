@@ -59,6 +59,11 @@ PATTERNS: list[tuple[re.Pattern[str], int | None, int | None]] = [
     ),
     # Anthropic
     (re.compile(rf"prompt is too long: {N} tokens > {N} maximum", re.I), 2, 1),
+    # Claude Code's own report of it (`claude -p`): "Prompt is too long · the request is ~75257
+    # tokens (limit 45000) …"
+    (re.compile(rf"prompt is too long\W+the request is ~?{N} tokens \(limit {N}\)", re.I), 2, 1),
+    # Codex CLI (`codex exec`)
+    (re.compile(r"ran out of room in the model's context window", re.I), None, None),
     (
         re.compile(
             rf"input length and `?max_tokens`? exceed context limit: {N} \+ {N} > {N}", re.I

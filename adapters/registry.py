@@ -6,10 +6,12 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 
 from adapters.base import Adapter
+from adapters.cli import CliAdapter
 from adapters.config import UpstreamConfig
 from adapters.errors import NoRoute
 from adapters.raw import RawHttpAdapter
 from adapters.translated import LitellmAdapter
+from policies.limits import CLI_MARKER
 from policies.wires import WIRES
 
 # Which upstream `api` values can serve each endpoint, as each wire API declares it.
@@ -19,9 +21,30 @@ SERVES: dict[str, frozenset[str]] = {
 
 
 def build_adapter(name: str, config: UpstreamConfig) -> Adapter:
+    if config.api == "cli":
+        return CliAdapter(name, config)
     if config.api == "litellm":
         return LitellmAdapter(name, config)
     return RawHttpAdapter(name, config)
+
+
+def route_matches(model: str, pattern: str) -> bool:
+    """Whether a `[routes]` glob matches a model id. A leading `[cli]` in a pattern is that
+    marker itself (`[cli]gemini:*`), not a glob character class."""
+    if pattern.startswith(CLI_MARKER):
+        if not model.startswith(CLI_MARKER):
+            return False
+        model, pattern = model[len(CLI_MARKER) :], pattern[len(CLI_MARKER) :]
+    return fnmatch.fnmatchcase(model, pattern)
+
+
+API_NAMES = {
+    "openai.chat": "Chat Completions",
+    "openai.responses": "Responses",
+    "anthropic.messages": "Messages",
+    "anthropic.count_tokens": "Messages token-count",
+    "gemini.generate": "Gemini generateContent",
+}
 
 
 class Upstreams:
@@ -55,9 +78,20 @@ class Upstreams:
                 if config.api in serving:
                     return name
             raise NoRoute(f"no upstream is configured for {api} requests", param="model")
+        unable: list[str] = []
         for pattern, name in self.routes:
-            if fnmatch.fnmatchcase(model, pattern) and self.configs[name].api in serving:
-                return name
+            if route_matches(model, pattern):
+                if self.configs[name].api in serving:
+                    return name
+                unable.append(name)
+        cli = [name for name in unable if self.configs[name].api == "cli"]
+        if cli:
+            raise NoRoute(
+                f"The model {model!r} is served by upstream {cli[0]!r}, which runs a CLI "
+                f"(api = cli) and answers Chat Completions requests only, not "
+                f"{API_NAMES.get(api, api)} requests",
+                param="model",
+            )
         raise NoRoute(
             f"The model {model!r} does not exist or no route in brim's [routes] serves it",
             param="model",

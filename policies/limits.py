@@ -207,7 +207,10 @@ class LimitsRegistry:
         learned_ttl_s: float = LEARNED_TTL_S,
         timer: Callable[[], float] = time.time,
     ) -> None:
-        self.configured = {key.lower(): facts for key, facts in (configured or {}).items()}
+        # `[models."[cli]gemini:flash"]` is the id without its marker, as ids are looked up.
+        self.configured = {
+            key.lower().removeprefix(CLI_MARKER): facts for key, facts in (configured or {}).items()
+        }
         self.aliases = {
             alias.lower(): key for key, facts in self.configured.items() for alias in facts.aliases
         }

@@ -589,7 +589,7 @@ class ChatWire(FieldConversation):
     dialect: Dialect = ChatDialect()
     serving: Mapping[str, frozenset[str]] = MappingProxyType(
         {
-            "openai.chat": frozenset({"openai", "litellm"}),
+            "openai.chat": frozenset({"openai", "litellm", "cli"}),
             "openai.models": frozenset({"openai"}),
         }
     )
