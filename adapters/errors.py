@@ -11,10 +11,16 @@ defined here.
     ├── UnknownEndpoint            404: no such path (or the feature behind it is off)
     ├── NoRoute                    404 model_not_found: no `[routes]` entry serves the model
     ├── MethodNotAllowed           405
+    ├── RequestTimeout             408: the body did not arrive within `server.body_timeout_s`
+    │                              (the connection is closed after the answer)
     ├── PayloadTooLarge            413: the body is over `server.max_body_mb`
     ├── RepeatedFailure            429: the same request failed `loop_limit` times in a row
+    ├── RateLimitExceeded          429: the client's key (or address) is past its
+    │                              `requests_per_minute` or `tokens_per_minute`
     ├── HeadersTooLarge            431: a header line or the URL is over `server.max_header_kb`
     ├── InternalError              500: a bug in brim (logged with the request id)
+    ├── Overloaded                 503: past `server.max_in_flight`, or too many large bodies
+    │                              at once (`max_body_buffer_mb`); with `retry-after`
     └── UpstreamFailure            the provider could not give an answer; `upstream` names it
         ├── UpstreamUnreachable    502: connection refused, DNS or TLS failure, reset before
         │                          any answer
@@ -95,6 +101,12 @@ class MethodNotAllowed(BrimError):
     code = "method_not_allowed"
 
 
+class RequestTimeout(BrimError):
+    status = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
 class PayloadTooLarge(BrimError):
     status = 413
     error_type = "invalid_request_error"
@@ -107,6 +119,14 @@ class RepeatedFailure(BrimError):
     code = "brim_repeated_failure"
 
 
+class RateLimitExceeded(BrimError):
+    """OpenAI's shape: the type names the limit that tripped (`requests` or `tokens`)."""
+
+    status = 429
+    error_type = "requests"
+    code = "rate_limit_exceeded"
+
+
 class HeadersTooLarge(BrimError):
     status = 431
     error_type = "invalid_request_error"
@@ -117,6 +137,12 @@ class InternalError(BrimError):
     status = 500
     error_type = "server_error"
     code = "internal_error"
+
+
+class Overloaded(BrimError):
+    status = 503
+    error_type = "server_error"
+    code = "overloaded"
 
 
 class NoRoute(BrimError):

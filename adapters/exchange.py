@@ -85,6 +85,16 @@ class RequestContext:
         return self.budget.fits(measured)
 
 
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """Whom a request counts against for `[server]` rate limits, and their limits: `holder` is a
+    hash of the client's brim key (of its address when brim has no keys), never the key."""
+
+    holder: str
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+
+
 @dataclass(slots=True)
 class RequestReport:
     """What happened to one request: facts the stages record as they act, read at the end for
@@ -154,6 +164,7 @@ class Exchange:
     request_id: str
     user_agent: str = ""
     context: RequestContext | None = None
+    quota: Quota | None = None  # None: no rate limits are configured
     report: RequestReport = field(default_factory=RequestReport, compare=False)
 
     @property

@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from adapters.base import UpstreamResponse
-from adapters.errors import BrimError, RepeatedFailure
+from adapters.errors import BrimError, RateLimitExceeded, RepeatedFailure
 from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.base import CallNext
@@ -58,6 +58,8 @@ class LoopBreaker:
             raise stopped
         try:
             reply = await call_next(exchange)
+        except RateLimitExceeded:  # brim's own limit refused it: nothing failed
+            raise
         except BrimError:
             await self.counts.failed(key)
             raise

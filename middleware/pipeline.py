@@ -1,6 +1,7 @@
-"""The default stage order: observe → loop breaker → resolve limits → guard → restore rounds →
-retry on overflow → forward. Restore sits outside the retry, so every hidden round it asks is
-retried too, and goes on from the request as the retry last sent it."""
+"""The default stage order: observe → loop breaker → resolve limits → rate limit (when `[server]`
+sets limits) → guard → restore rounds → retry on overflow → forward. Restore sits outside the
+retry, so every hidden round it asks is retried too, and goes on from the request as the retry
+last sent it."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from middleware.guard import Guard
 from middleware.limits import ResolveLimits
 from middleware.loops import LoopBreaker
 from middleware.observe import Observe
+from middleware.ratelimit import RateCounts, RateLimit
 from middleware.restore import RestoreRounds
 from middleware.retry import RetryOnOverflow
 from middleware.sessions import SessionMemory
@@ -66,6 +68,7 @@ class Services:
     archive: ContentArchive | None = None
     summarizer: Summarizer | None = None
     store: ContentStore | None = None  # originals the model may fetch back (`[restore]`)
+    rates: RateCounts | None = None  # per-key rate windows, when `[server]` sets any limit
 
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
@@ -95,6 +98,9 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
             upstreams=services.upstreams,  # their own token counters (`native_count`)
         ),
     ]
+    if services.rates is not None:
+        refused = services.telemetry.rate_limited
+        stages.append(RateLimit(services.rates, lambda kind: refused.add(1, {"limit": kind})))
     if guard.enabled:
         stages.append(
             Guard(

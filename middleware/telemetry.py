@@ -48,6 +48,36 @@ class Telemetry:
         self.upstream_latency = meter.create_histogram(
             "brim.latency.upstream", unit="ms", description="Time waiting for the provider"
         )
+        self.connections_closed = meter.create_counter(
+            "brim.connections.closed",
+            unit="{connection}",
+            description="Client connections brim closed: header_timeout, body_timeout, "
+            "max_connections",
+        )
+        self.shed = meter.create_counter(
+            "brim.requests.shed",
+            unit="{request}",
+            description="Requests answered 503 at once: max_in_flight, max_body_buffer_mb",
+        )
+        self.rate_limited = meter.create_counter(
+            "brim.requests.rate_limited",
+            unit="{request}",
+            description="Requests answered 429 by requests_per_minute or tokens_per_minute",
+        )
+
+    def watch_load(self, connections: Callable[[], int], in_flight: Callable[[], int]) -> None:
+        """Gauges of open client connections and requests being handled."""
+        for name, read, unit in (
+            ("brim.connections.open", connections, "{connection}"),
+            ("brim.requests.in_flight", in_flight, "{request}"),
+        ):
+
+            def observe(
+                options: CallbackOptions, read: Callable[[], int] = read
+            ) -> Iterable[Observation]:
+                return [Observation(read())]
+
+            self.meter.create_observable_gauge(name, callbacks=[observe], unit=unit)
 
     def watch_learned_limits(self, learned: Callable[[], Mapping[str, int]]) -> None:
         def observe(options: CallbackOptions) -> Iterable[Observation]:

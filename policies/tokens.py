@@ -79,11 +79,38 @@ def as_text(value: Any) -> str:
     return value if isinstance(value, str) else orjson.dumps(value).decode()
 
 
+PIECE_CHARS = 1 << 20  # longer texts are encoded a piece at a time
+
+
+def encoded_length(enc: tiktoken.Encoding, text: str) -> int:
+    """`len(enc.encode_ordinary(text))` without holding every token of a huge text at once
+    (a list of 6 M ints for 30 MB of text is ~250 MB): a long text is encoded in pieces of about
+    `PIECE_CHARS`, each cut just before a space that starts a word — where the encodings'
+    pre-tokenizers split anyway, so the sum is the same count."""
+    if len(text) <= PIECE_CHARS:
+        return len(enc.encode_ordinary(text))
+    total, start, end = 0, 0, len(text)
+    while start < end:
+        cut = min(end, start + PIECE_CHARS)
+        if cut < end:
+            at = cut
+            while at > start + PIECE_CHARS // 2:
+                at = text.rfind(" ", start + PIECE_CHARS // 2, at)
+                if at < 0:
+                    break
+                if not text[at - 1].isspace() and not text[at + 1].isspace():
+                    cut = at
+                    break
+        total += len(enc.encode_ordinary(text[start:cut]))
+        start = cut
+    return total
+
+
 def token_count(enc: tiktoken.Encoding) -> Callable[[Any], int]:
     """Tokens of a value in `enc`: a string as it is, anything else as its JSON; 0 for empty."""
 
     def count(value: Any) -> int:
-        return len(enc.encode_ordinary(as_text(value))) if value else 0
+        return encoded_length(enc, as_text(value)) if value else 0
 
     return count
 
@@ -152,7 +179,7 @@ class TokenCounter:
             cached = cache.get(key)
         if cached is not None:
             return cached
-        counted = len(self.encoding(tokenizer).encode_ordinary(text))
+        counted = encoded_length(self.encoding(tokenizer), text)
         with self._lock:
             cache[key] = counted
         return counted

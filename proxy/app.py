@@ -20,6 +20,7 @@ from adapters.errors import (
     InternalError,
     MethodNotAllowed,
     PayloadTooLarge,
+    RequestTimeout,
     Unauthorized,
     UnknownEndpoint,
 )
@@ -29,6 +30,7 @@ from middleware.archive import ContentArchive
 from middleware.audit import AuditLog
 from middleware.base import Pipeline
 from middleware.pipeline import Services, default_pipeline
+from middleware.ratelimit import LocalRates, RateCounts, RedisRates
 from middleware.shared import LocalState, RedisLink, RedisState, SharedState
 from middleware.store import ContentStore, MemoryStore, RedisStore
 from middleware.summarize import (
@@ -43,6 +45,15 @@ from policies.limits import LimitsRegistry
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import wire_for_path
 from policies.wires.chat import CHAT
+from proxy.admission import (
+    ADMISSION,
+    QUOTA_HOLDER,
+    Admission,
+    BrimRunner,
+    admission,
+    holder,
+    raise_descriptor_limit,
+)
 from proxy.config import BrimConfig
 from proxy.errors import error_response
 from proxy.keys import (
@@ -88,6 +99,14 @@ async def errors_in_wire_format(request: web.Request, handler: Handler) -> web.S
     wire = wire_for_path(request.path)
     try:
         return await handler(request)
+    except RequestTimeout as exc:  # the body was not read to its end: answer, then close
+        response = error_response(exc, id_header, wire)
+        response.force_close()
+        await response.prepare(request)
+        await response.write_eof()
+        if request.protocol is not None:
+            request.protocol.force_close()
+        return response
     except BrimError as exc:
         return error_response(exc, id_header, wire)
     except web.HTTPException as exc:
@@ -184,6 +203,8 @@ async def require_brim_key(request: web.Request, handler: Handler) -> web.Stream
     if not any(hmac.compare_digest(value.encode(), k.get_secret_value().encode()) for k in keys):
         raise Unauthorized("Incorrect brim API key provided.")
     request[BRIM_KEY_HEADER] = header
+    if request.app[CONFIG].server.rate_limited:
+        request[QUOTA_HOLDER] = holder("key", value)
     return await handler(request)
 
 
@@ -220,7 +241,7 @@ def create_app(
     """The brim application. `span_processors` add trace exporters (tests use an in-memory one)."""
     app = web.Application(
         client_max_size=config.server.max_body_bytes,
-        middlewares=[errors_in_wire_format, header_limits, require_brim_key],
+        middlewares=[errors_in_wire_format, admission, header_limits, require_brim_key],
     )
     providers = build_providers(config.telemetry, span_processors)
     services = build_services(config, providers)
@@ -230,6 +251,7 @@ def create_app(
     app[UPSTREAMS] = services.upstreams
     app[PIPELINE] = Pipeline(default_pipeline(config, services), providers.telemetry.tracer)
     app[READINESS] = Readiness()
+    app[ADMISSION] = Admission(config.server, providers.telemetry)
     app.cleanup_ctx.append(_lifecycle)
     health.add_routes(app)
     openai.add_routes(app)
@@ -265,6 +287,9 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
     counter = TokenCounter(claude_factor=config.guard.claude_token_factor)
     status = StatusBoard(labels=model_labels(config))
     link = build_link(config)
+    rates: RateCounts | None = None
+    if config.server.rate_limited:
+        rates = LocalRates() if link is None else RedisRates(link, LocalRates())
     return Services(
         upstreams=upstreams,
         limits=limits,
@@ -276,6 +301,7 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
         archive=archive,
         summarizer=build_summarizer(config, upstreams, counter, limits, link),
         store=build_store(config, link),
+        rates=rates,
     )
 
 
@@ -399,7 +425,8 @@ async def start(
 ) -> web.AppRunner:
     """Start brim on `host:port` (0 for any free port) and return the running runner."""
     line_cap = max(PARSER_LINE_CAP, 2 * config.server.max_header_kb * 1024)
-    runner = web.AppRunner(
+    raise_descriptor_limit(config.server.max_connections)
+    runner = BrimRunner(
         create_app(config, span_processors=span_processors),
         handler_cancellation=True,
         access_log_class=AccessLogger,

@@ -74,6 +74,21 @@ def _key_list(raw: str) -> tuple[SecretStr, ...]:
     return keys
 
 
+class KeyLimits(FrozenModel):
+    """`[server.key_limits.NAME]`: one brim key's own rate limits, in place of the server-wide
+    ones (a limit left out here is the server-wide one). The key is read from `key_env`."""
+
+    key_env: str
+    requests_per_minute: int | None = Field(None, ge=1)
+    tokens_per_minute: int | None = Field(None, ge=1)
+    key: SecretStr | None = Field(default=None, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_key(cls, data: Any) -> Any:
+        return secret_from_env(data, "key_env", "key", SecretStr)
+
+
 class ServerConfig(FrozenModel):
     host: str = "127.0.0.1"
     port: int = Field(8787, ge=0, le=65535)
@@ -85,6 +100,15 @@ class ServerConfig(FrozenModel):
     admin_keys_env: str | None = None  # keys for /admin/*; unset: the admin endpoints are off
     allow_unauthenticated: bool = False  # serve beyond loopback without api_keys (say so here)
     shutdown_timeout_s: float = Field(10, ge=0)
+    # Hostile and heavy clients (README "Saturation and rate limits"):
+    header_timeout_s: float = Field(15, gt=0)  # request line and headers, from the first byte
+    body_timeout_s: float = Field(60, gt=0)  # the whole body, from the end of the headers
+    max_connections: int = Field(1024, ge=1)  # open client connections; more are closed at once
+    max_in_flight: int = Field(512, ge=1)  # requests being handled; more are answered 503
+    max_body_buffer_mb: float = Field(256, gt=0)  # request bodies held in memory at once
+    requests_per_minute: int | None = Field(None, ge=1)  # per brim key (else client address)
+    tokens_per_minute: int | None = Field(None, ge=1)  # input tokens, as brim counts them
+    key_limits: dict[str, KeyLimits] = Field(default_factory=dict)
     api_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)
     admin_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)
 
@@ -94,9 +118,29 @@ class ServerConfig(FrozenModel):
         data = secret_from_env(data, "api_keys_env", "api_keys", _key_list)
         return secret_from_env(data, "admin_keys_env", "admin_keys", _key_list)
 
+    @model_validator(mode="after")
+    def _key_limits_name_keys(self) -> ServerConfig:
+        keys = {key.get_secret_value() for key in self.api_keys}
+        for name, limits in self.key_limits.items():
+            if limits.key is None or limits.key.get_secret_value() not in keys:
+                raise ValueError(
+                    f"key_limits.{name}: the key in {limits.key_env} is not one of the keys in "
+                    "server.api_keys_env (a limit applies to a key brim accepts)"
+                )
+        return self
+
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
+
+    @property
+    def max_body_buffer_bytes(self) -> int:
+        return int(self.max_body_buffer_mb * 1024 * 1024)
+
+    @property
+    def rate_limited(self) -> bool:
+        """Whether any request or token limit is set (else the limiter does no work at all)."""
+        return bool(self.requests_per_minute or self.tokens_per_minute or self.key_limits)
 
 
 DEFAULT_UPSTREAMS: dict[str, dict[str, str]] = {

@@ -488,9 +488,11 @@ ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "timeout_error",
     413: "request_too_large",
     429: "rate_limit_error",
     431: "invalid_request_error",
+    503: "overloaded_error",
     529: "overloaded_error",
 }
 

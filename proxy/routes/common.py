@@ -16,6 +16,7 @@ from adapters.exchange import ClientApi, Exchange
 from middleware.headers import brim_headers
 from policies.nesting import nests_deeper_than
 from policies.wires.base import BodyError, RequestFacts
+from proxy.admission import quota_for, read_body
 from proxy.keys import BRIM_KEY_HEADER, CONFIG, PIPELINE, REQUEST_ID, UPSTREAMS
 from proxy.relay import relay
 
@@ -46,7 +47,7 @@ async def read_json(request: web.Request) -> tuple[bytes, dict[str, Any]]:
             f"The request body is {request.content_length} bytes; this brim accepts at most "
             f"{limit} bytes (server.max_body_mb)."
         )
-    raw = await request.read()  # aiohttp enforces the same limit on chunked bodies
+    raw = await read_body(request, limit)  # within body_timeout_s and max_body_buffer_mb
     return raw, parse_object(raw, max_depth=server.max_json_depth)
 
 
@@ -91,6 +92,7 @@ def make_exchange(
         upstream=upstream,
         request_id=request[REQUEST_ID],
         user_agent=request.headers.get("User-Agent", ""),
+        quota=quota_for(request, request.app[CONFIG].server),
     )
 
 
