@@ -427,7 +427,7 @@ def chain(
 ) -> Iterator[Callable[..., Setup]]:
     runners: list[Any] = []
 
-    def make(c: Chain, models: dict[str, Any] | None = None) -> Setup:
+    def make(c: Chain, models: dict[str, Any] | None = None, **settings: Any) -> Setup:
         home = tmp_path / "home"
         home.mkdir(exist_ok=True)
         fake = Answering("none", lambda step: {}, 0, ANSWER)
@@ -439,6 +439,7 @@ def chain(
             upstreams={c.cli: {"api": "cli", "command": str(exe), "env": env, "timeout_s": 90}},
             routes={ROUTES[c.cli]: c.cli},
             models={c.model: {"context_window": c.window}, **(models or {})},
+            **settings,
         )
         brim = loop_thread.run(start(config, "127.0.0.1", 0))
         runners.append(brim)
@@ -531,3 +532,27 @@ def test_an_overflow_from_the_cli_is_learned_and_retried(chain: Callable[..., Se
         model=c.model, messages=[{"role": "user", "content": "hi"}]
     )
     assert again.headers["x-brim-budget"] == str(budget(80_000, "claude"))
+
+
+def test_the_summarizer_runs_through_a_real_cli(chain: Callable[..., Setup]) -> None:
+    """`[summarize] provider` names a CLI-backed model: what evict removed is summarized by the
+    real CLI (its provider sees brim's summarizing prompt), and the summary it answers takes the
+    notice's place in the request the model gets."""
+    c = Chain("claude", "claude:claude-sonnet-4-5-200000", 90_000, claude_env)
+    setup = chain(
+        c,
+        guard={"policies": ["evict", "truncate"]},
+        summarize={"enabled": True, "provider": c.model, "max_retries": 0},
+    )
+    client = openai.OpenAI(base_url=f"{setup.url}/v1", api_key="sk-none", max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model=c.model, messages=long_conversation(8)
+    )
+    assert raw.parse().choices[0].message.content == ANSWER
+    assert "summarize" in raw.headers["x-brim-actions"], raw.headers["x-brim-actions"]
+    bodies = [json.dumps(call.body) for call in setup.fake.calls]
+    summarizing = [body for body in bodies if "You summarize an earlier part" in body]
+    assert summarizing, bodies
+    main = [body for body in bodies if "What is the answer?" in body and body not in summarizing]
+    assert main and "[brim: a summary of earlier messages" in main[-1]
+    assert ANSWER in main[-1].split("[brim: a summary of earlier messages", 1)[1]
