@@ -19,10 +19,12 @@ result that is gone.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from cachetools import LRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
@@ -90,6 +92,12 @@ class ClearToolResults:
 
     def __init__(self, settings: ClearSettings | None = None) -> None:
         self.settings = settings or ClearSettings()
+        # (tool, tokens, the whole's length and hash, whether the text is a placeholder) →
+        # (the whole's archive key, the placeholder): `_placeholder` depends on nothing else.
+        self._placeholders: LRUCache[tuple[str, int, int, int, bool], tuple[str, str]] = LRUCache(
+            maxsize=20_000
+        )
+        self._lock = threading.Lock()
 
     def apply(
         self, conversation: Conversation, goal: Goal, meter: Meter
@@ -156,8 +164,7 @@ class ClearToolResults:
             if result.text.startswith(CLEARED_PREFIX):  # cleared already (a retry's cut)
                 continue
             whole = before_cut.texts.get((index, result.call_id), result.text)
-            key = archive_key(whole)
-            text = self._placeholder(result.tool, tokens, key, result.text, whole)
+            key, text = self._placeholder_of(result.tool, tokens, result.text, whole)
             if len(text) < len(result.text):
                 cleared = _Cleared(text, key, whole)
                 edits[index, result.call_id] = cleared
@@ -166,6 +173,20 @@ class ClearToolResults:
             return None
         saving = sum(conversation.sizes[i] - size for i, (_, size) in rewritten(edits).items())
         return _Candidate(index, edits, saving)
+
+    def _placeholder_of(self, tool: str, tokens: int, text: str, whole: str) -> tuple[str, str]:
+        """The archive key of the `whole` result and the placeholder of `text` (`_placeholder`),
+        remembered: the same results are cleared again every turn."""
+        # Python's own string hash (cached on the string) and the length, as in tokens.py.
+        cache_key = (tool, tokens, len(whole), hash(whole), is_placeholder(text))
+        with self._lock:
+            known = self._placeholders.get(cache_key)
+        if known is None:
+            key = archive_key(whole)
+            known = (key, self._placeholder(tool, tokens, key, text, whole))
+            with self._lock:
+                self._placeholders[cache_key] = known
+        return known
 
     def _placeholder(self, tool: str, tokens: int, key: str, text: str, whole: str) -> str:
         """The placeholder of `text` with the gist of the `whole` result (before any cut), where

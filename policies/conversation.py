@@ -137,7 +137,7 @@ class Conversation:
         return cls(
             dialect=dialect,
             messages=tuple(messages),
-            sizes=tuple(meter.message(m) for m in messages),
+            sizes=tuple(map(meter.message, messages)),
             fixed=fixed,
             origin=tuple(range(len(messages))),
         )
@@ -555,8 +555,8 @@ class Facts:
         dialect, messages = self.dialect, self.messages
         if earlier is None:
             self.names = dialect.tools_by_call(messages)
-            self.results = tuple(dialect.tool_results(m, self.names) for m in messages)
-            self.editable = tuple(editable(found) for found in self.results)
+            self.results = tuple([dialect.tool_results(m, self.names) for m in messages])
+            self.editable = tuple(map(editable, self.results))
             self._call_terms: dict[Unit, frozenset[str]] = {}
             return
         self.names = earlier.names
@@ -695,17 +695,23 @@ class Facts:
     @_Once
     def values(self) -> tuple[tuple[int, ...], ...]:
         stale, request = self.stale, self.requests
-        return tuple(
-            tuple(
-                STALE
-                if (index, result.call_id) in stale
-                else EVIDENCE
-                if has_evidence(result.text, request[index])
-                else PLAIN
-                for result in found
+        values: list[tuple[int, ...]] = []
+        for index, found in enumerate(self.results):
+            if not found:  # most messages hold no result: no generator for them
+                values.append(())
+                continue
+            terms = request[index]
+            values.append(
+                tuple(
+                    STALE
+                    if (index, result.call_id) in stale
+                    else EVIDENCE
+                    if has_evidence(result.text, terms)
+                    else PLAIN
+                    for result in found
+                )
             )
-            for index, found in enumerate(self.results)
-        )
+        return tuple(values)
 
 
 @dataclass(frozen=True, slots=True)

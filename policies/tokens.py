@@ -186,10 +186,16 @@ class TokenCounter:
 
     def message(self, message: Mapping[str, Any], tokenizer: str, model: str, wire: Wire) -> int:
         """One item's tokens (cached by content), by the rule of the wire API it is written in."""
+        return self._message(message, f"{wire.name}:{tokenizer}:{model}", tokenizer, model, wire)
+
+    def _message(
+        self, message: Mapping[str, Any], kind: str, tokenizer: str, model: str, wire: Wire
+    ) -> int:
+        """`message`, where `kind` is the cache's name for the wire, tokenizer and model."""
         # In-process cache: Python's own hash of the serialized message (and its length) is
         # several times faster than a cryptographic digest, and collisions are negligible here.
         serialized = orjson.dumps(message)
-        key = (f"{wire.name}:{tokenizer}:{model}", len(serialized), hash(serialized))
+        key = (kind, len(serialized), hash(serialized))
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -315,6 +321,7 @@ class CounterMeter:
         self.model = model
         self.wire = wire
         self._encoding = counter.encoding(tokenizer)
+        self._kind = f"{wire.name}:{tokenizer}:{model}"  # the counter's name for all three
 
     def text_tokens(self, text: str) -> int:
         """Tokens of a text, from the counter's cache (a meter lives for one request; tool
@@ -322,7 +329,7 @@ class CounterMeter:
         return self.counter.raw_text(text, self.tokenizer)
 
     def message(self, message: Any) -> int:
-        return self.counter.message(message, self.tokenizer, self.model, self.wire)
+        return self.counter._message(message, self._kind, self.tokenizer, self.model, self.wire)
 
     def tokens(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)

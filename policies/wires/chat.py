@@ -76,7 +76,9 @@ if TYPE_CHECKING:
 
 
 def _call_id(call: Any) -> str | None:
-    return str(call["id"]) if isinstance(call, Mapping) and call.get("id") is not None else None
+    if type(call) is not dict and not isinstance(call, Mapping):  # parsed JSON: no abc check
+        return None
+    return str(call["id"]) if call.get("id") is not None else None
 
 
 class ChatDialect:
@@ -169,7 +171,7 @@ class ChatDialect:
         answered: set[str] = set()
         in_group = False
         for index, message in enumerate(messages):
-            role = self.role(message)
+            role = role_of(message)
             if role == "tool":
                 call_id = str(message.get("tool_call_id", ""))
                 if not in_group or call_id not in pending:
@@ -181,10 +183,15 @@ class ChatDialect:
                 continue
             if pending:
                 problems.append(f"messages[{index}]: tool calls {pending} have no result")
-            calls = self.calls(message)
+            calls = self.calls(message) if role == "assistant" else []
+            if not calls:  # most messages: nothing open after them
+                pending, in_group = [], False
+                if answered:
+                    answered = set()
+                continue
             if repeated := repeats(calls):
                 problems.append(f"messages[{index}]: tool call ids {repeated} repeat")
-            pending, answered, in_group = list(dict.fromkeys(calls)), set(), bool(calls)
+            pending, answered, in_group = list(dict.fromkeys(calls)), set(), True
         if pending:
             problems.append(f"end of messages: tool calls {pending} have no result")
         return problems

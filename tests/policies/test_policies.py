@@ -138,6 +138,42 @@ def test_clear_keeps_the_most_recent_results_and_names_what_it_cleared() -> None
     assert D.violations(everything.messages) == []
 
 
+def test_clear_remembers_each_placeholder_by_what_it_depends_on() -> None:
+    messages = [{"role": "user", "content": "go"}]
+    for n in range(4):
+        messages += tool_turn(n, LOG, name="bash" if n % 2 else "grep")  # the same text twice
+    before = conv(messages)
+    policy = ClearToolResults(ClearSettings(keep=0))
+    made: list[str] = []
+    placeholder = policy._placeholder
+
+    def counted(tool: str, tokens: int, key: str, text: str, whole: str) -> str:
+        made.append(tool)
+        return placeholder(tool, tokens, key, text, whole)
+
+    policy._placeholder = counted  # type: ignore[method-assign]
+    first, _ = policy.apply(before, Goal(0, 0), METER)
+    assert sorted(made) == ["bash", "grep"]  # one per tool: the texts and sizes are the same
+    texts = [first.messages[i]["content"] for i in (2, 4, 6, 8)]
+    assert [
+        t.startswith(f"[brim cleared this {tool} result")
+        for t, tool in zip(texts, ["grep", "bash", "grep", "bash"], strict=True)
+    ] == [True] * 4
+    again, _ = policy.apply(conv(messages), Goal(0, 0), METER)
+    assert len(made) == 2 and again.messages == first.messages  # remembered, and the same
+    fresh, _ = ClearToolResults(ClearSettings(keep=0)).apply(conv(messages), Goal(0, 0), METER)
+    assert fresh.messages == first.messages
+
+
+def test_a_meter_counts_a_message_as_its_counter_does() -> None:
+    message = {"role": "tool", "tool_call_id": "c1", "content": LOG}
+    counter = TokenCounter()
+    meter = CounterMeter(counter, "claude", "claude-x", CHAT)
+    assert meter.message(message) == counter.message(message, "claude", "claude-x", CHAT)
+    assert meter.message(message) > METER.message(message)  # the calibration factor: its own
+    assert counter.cache_hits == 2 and counter.cache_misses == 1  # one cache: counted once
+
+
 def test_evict_removes_old_units_whole_and_leaves_one_notice() -> None:
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": "sys"},

@@ -59,6 +59,21 @@ def test_violations_name_each_broken_pairing() -> None:
         result("a"),
     ]
     assert len(D.violations(late)) == 2
+    # A message without calls closes the group: a result after it answers nothing, whether or
+    # not its call was answered before (the group's answers are forgotten).
+    reopened = [
+        {"role": "assistant", "tool_calls": [call("a")]},
+        result("a"),
+        {"role": "assistant", "content": "done"},
+        result("a"),
+        {"role": "assistant", "tool_calls": [call("b"), "not a call", {"id": None}]},
+        result("b"),
+        result("a"),
+    ]
+    assert D.violations(reopened) == [
+        "messages[3]: tool result 'a' answers no open call",
+        "messages[6]: tool result 'a' answers no open call",
+    ]
 
 
 def test_repair_is_minimal_and_keeps_untouched_messages_as_they_are() -> None:
