@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+ROOT = Path(__file__).resolve().parents[1]  # this checkout: what every process here runs
 
 
 def free_port() -> int:
@@ -58,6 +59,10 @@ def wait_ready(url: str, popen: subprocess.Popen[bytes], timeout: float) -> None
     raise RuntimeError(f"{url} not ready within {timeout} s")
 
 
+def _path_with(root: Path) -> str:
+    return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+
+
 def start(
     name: str,
     argv: list[str],
@@ -65,13 +70,17 @@ def start(
     url: str,
     timeout: float = 60,
     env: dict[str, str] | None = None,
+    root: Path | None = ROOT,
 ) -> Process:
+    """Start `argv` with `root` (this checkout unless told; None: nothing) first on its import
+    path, so that the code measured is that tree's, not the copy of brim the venv installed."""
     started = time.perf_counter()
+    paths = {} if root is None else {"PYTHONPATH": _path_with(root)}
     popen = subprocess.Popen(
         argv,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, **paths, **(env or {})},
     )
     wait_ready(ready_url, popen, timeout)
     return Process(name, popen, url, time.perf_counter() - started)
@@ -88,7 +97,18 @@ def start_fake() -> Process:
     )
 
 
-def start_brim(fake_url: str, folder: Path, litellm_upstream: bool = False) -> Process:
+def start_bare(fake_url: str) -> Process:
+    """The bare pass-through proxy (`bench.bare`): the floor under brim."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    argv = [sys.executable, "-m", "bench.bare", "--port", str(port), "--upstream", fake_url]
+    return start("bare", argv, f"{base}/readyz", f"{base}/v1")
+
+
+def start_brim(
+    fake_url: str, folder: Path, litellm_upstream: bool = False, root: Path = ROOT
+) -> Process:
+    """brim on the fake provider, running the code in `root` (this checkout unless told)."""
     port = free_port()
     config = folder / f"brim-{port}.toml"
     text = f'[upstreams.fake]\napi = "openai"\nbase_url = "{fake_url}"\n[routes]\n"*" = "fake"\n'
@@ -99,7 +119,7 @@ def start_brim(fake_url: str, folder: Path, litellm_upstream: bool = False) -> P
     brim = str(Path(sys.executable).with_name("brim"))
     base = f"http://127.0.0.1:{port}"
     argv = [brim, "serve", "--config", str(config), "--port", str(port), "--log-level", "warning"]
-    return start("brim", argv, f"{base}/readyz", f"{base}/v1")
+    return start("brim", argv, f"{base}/readyz", f"{base}/v1", root=root)
 
 
 LITELLM_VERSION = "1.102.4"
@@ -136,4 +156,6 @@ def start_litellm(binary: Path, fake_url: str, folder: Path) -> Process:
     base = f"http://127.0.0.1:{port}"
     argv = [str(binary), "--config", str(config), "--port", str(port), "--num_workers", "1"]
     env = {"LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_LOG": "ERROR"}
-    return start("litellm", argv, f"{base}/health/liveliness", f"{base}/v1", timeout=180, env=env)
+    return start(
+        "litellm", argv, f"{base}/health/liveliness", f"{base}/v1", timeout=180, env=env, root=None
+    )

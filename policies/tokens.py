@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -116,6 +117,33 @@ def token_count(enc: tiktoken.Encoding) -> Callable[[Any], int]:
 
 
 TextCache = LRUCache[tuple[str, int, int], int]  # (tokenizer, length, hash) → tokens
+MessageKey = tuple[str, int, int]  # (wire:tokenizer:model, length, hash of the message's JSON)
+
+
+class CountCache:
+    """A bounded least-recently-used map of message keys to counts: two C calls a look-up
+    (cachetools' `LRUCache` takes four Python ones, which on a 600-message request were most of
+    a warm count). Not thread-safe by itself: `TokenCounter` holds its lock around it."""
+
+    def __init__(self, maxsize: int) -> None:
+        self.maxsize = maxsize
+        self._data: OrderedDict[MessageKey, int] = OrderedDict()
+
+    def get(self, key: MessageKey) -> int | None:
+        value = self._data.get(key)
+        if value is not None:
+            self._data.move_to_end(key)
+        return value
+
+    def __setitem__(self, key: MessageKey, value: int) -> None:
+        data = self._data
+        data[key] = value
+        data.move_to_end(key)
+        if len(data) > self.maxsize:
+            data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
 
 
 class TokenCounter:
@@ -131,7 +159,7 @@ class TokenCounter:
         if claude_factor < 1:
             raise ValueError(f"claude_factor must be at least 1, not {claude_factor}")
         self.claude_factor = claude_factor
-        self._cache: LRUCache[tuple[str, int, int], int] = LRUCache(maxsize=cache_size)
+        self._cache = CountCache(cache_size)  # messages
         # Texts and tool definitions (system prompts, tools: few, long, counted every request),
         # apart from the messages so that a long session cannot evict them.
         self._fixed: LRUCache[tuple[str, int, int], int] = LRUCache(maxsize=fixed_cache_size)
@@ -195,7 +223,13 @@ class TokenCounter:
         # In-process cache: Python's own hash of the serialized message (and its length) is
         # several times faster than a cryptographic digest, and collisions are negligible here.
         serialized = orjson.dumps(message)
-        key = (kind, len(serialized), hash(serialized))
+        return self._keyed(
+            message, (kind, len(serialized), hash(serialized)), tokenizer, model, wire
+        )
+
+    def _keyed(
+        self, message: Mapping[str, Any], key: MessageKey, tokenizer: str, model: str, wire: Wire
+    ) -> int:
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
@@ -213,14 +247,30 @@ class TokenCounter:
     ) -> ChatCount:
         """A whole request of `wire`'s API: Σ item + its fixed cost + reply priming."""
         return ChatCount(
-            messages=tuple(
-                self.message(item, tokenizer, model, wire)
-                for item in wire.conversation(body)
-                if isinstance(item, Mapping)
-            ),
+            messages=self.messages(wire.conversation(body), tokenizer, model, wire),
             tools=wire.fixed_tokens(self, body, tokenizer, model),
             response_format=self.response_format(wire, body, tokenizer),
             priming=REPLY_PRIMING,
+        )
+
+    def messages(
+        self, items: Iterable[Any], tokenizer: str, model: str, wire: Wire
+    ) -> tuple[int, ...]:
+        """Each item's tokens (those that are objects), as `message` counts them: the cached
+        ones looked up together, under one lock (a long session's turn is mostly cached)."""
+        kind = f"{wire.name}:{tokenizer}:{model}"
+        keyed: list[tuple[Mapping[str, Any], MessageKey]] = []
+        for item in items:
+            if type(item) is dict or isinstance(item, Mapping):
+                serialized = orjson.dumps(item)
+                keyed.append((item, (kind, len(serialized), hash(serialized))))
+        cache = self._cache
+        with self._lock:
+            found = [cache.get(key) for _, key in keyed]
+            self.cache_hits += len(found) - found.count(None)
+        return tuple(
+            self._keyed(item, key, tokenizer, model, wire) if count is None else count
+            for (item, key), count in zip(keyed, found, strict=True)
         )
 
     def fixed(self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str = "") -> int:
@@ -287,7 +337,9 @@ class TokenCounter:
         byte of the text, and all text is inside the body's bytes. What costs more than its
         bytes: reply priming and each item's overhead (its role and separators), here; what else
         (tool calls, images, documents, tool definitions) the wire adds."""
-        items = sum(isinstance(item, Mapping) for item in wire.conversation(body))
+        items = sum(
+            type(item) is dict or isinstance(item, Mapping) for item in wire.conversation(body)
+        )
         overhead = REPLY_PRIMING + (PER_MESSAGE + PER_NAME) * items + wire.bound_overhead(body)
         return self.scale(len(raw) + overhead, tokenizer)
 

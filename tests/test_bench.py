@@ -39,7 +39,10 @@ def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
     for figures in report["latency"].values():
         assert figures["direct"]["n"] > 0 and figures["brim"]["n"] == figures["direct"]["n"]
         assert figures["brim"]["p50_ms"] > 0
-    assert report["throughput"]["rps"] > 0
+        assert figures["bare"]["n"] == figures["direct"]["n"]  # the floor: a bare proxy
+        assert set(figures["over_bare"]["brim"]) == {"p50_ms", "p99_ms", "p50_ratio", "p99_ratio"}
+    assert report["throughput"]["brim"]["rps"] > 0 and report["throughput"]["bare"]["rps"] > 0
+    assert report["throughput"]["brim"]["share_of_bare"] > 0
     assert (
         report["guard_fitting"]["warm_ms"] > 0
         and report["compression"]["tokens_out"] <= report["compression"]["budget"]

@@ -16,7 +16,7 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.tokens import TokenCounter
+from policies.tokens import CountCache, TokenCounter
 from policies.wires.chat import CHAT
 from proxy.resources import use_bundled_tiktoken_files
 
@@ -239,6 +239,27 @@ def test_the_cache_makes_turn_n_plus_1_count_only_new_messages(counter: TokenCou
     assert (counter.cache_hits, counter.cache_misses) == (101, 101)
     counter.request(CHAT, {"messages": session(51)}, "o200k_base")
     assert (counter.cache_hits, counter.cache_misses) == (202, 103)  # two new messages
+
+
+def test_a_request_counts_its_messages_as_one_by_one_and_repeats_hit_the_cache(
+    counter: TokenCounter,
+) -> None:
+    twice = {"role": "user", "content": "the same words"}
+    messages = [twice, {"role": "assistant", "content": "ok"}, dict(twice), "not an object"]
+    counted = counter.request(CHAT, {"messages": messages}, "o200k_base").messages
+    assert counted == tuple(TokenCounter().message(m, "o200k_base", "", CHAT) for m in messages[:3])
+    assert (counter.cache_hits, counter.cache_misses) == (1, 2)  # the repeat: counted once
+
+
+def test_the_count_cache_forgets_the_least_recently_used() -> None:
+    cache = CountCache(2)
+    cache[("a", 1, 1)] = 1
+    cache[("b", 1, 1)] = 2
+    assert cache.get(("a", 1, 1)) == 1  # now the most recent
+    cache[("c", 1, 1)] = 3
+    assert len(cache) == 2
+    assert cache.get(("b", 1, 1)) is None
+    assert (cache.get(("a", 1, 1)), cache.get(("c", 1, 1))) == (1, 3)
 
 
 def test_the_cache_separates_tokenizers(counter: TokenCounter) -> None:
