@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import inprocess
 
 
@@ -40,6 +42,14 @@ def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
         assert figures["direct"]["n"] > 0 and figures["brim"]["n"] == figures["direct"]["n"]
         assert figures["brim"]["p50_ms"] > 0
     assert report["throughput"]["rps"] > 0
+    scaled = report["scale_out"]  # --workers 1 against --workers 2, in the same run
+    one, two = scaled["throughput_rps"]["1"], scaled["throughput_rps"]["2"]
+    assert one > 0 and two > 0
+    assert scaled["throughput_ratio"] == pytest.approx(two / one, rel=0.02)
+    assert scaled["cpu_cores_used"]["2"]["brim"] > 0
+    for figures in scaled["streamed"].values():
+        assert figures["errors"] == 0 and figures["requests"] > 0 and figures["p99_ms"] > 0
+    assert "scale-out at c=256" in result.stdout
     assert (
         report["guard_fitting"]["warm_ms"] > 0
         and report["compression"]["tokens_out"] <= report["compression"]["budget"]
