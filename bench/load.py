@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import aiohttp
 import orjson
@@ -107,3 +108,50 @@ async def throughput(url: str, requests: int, concurrency: int) -> tuple[float, 
         )
         wall = time.perf_counter() - started
     return requests / wall, wall
+
+
+async def streams(
+    url: str,
+    clients: int,
+    seconds: float,
+    rss: Callable[[], float] | None = None,
+    warmup_s: float = 0.0,
+) -> dict[str, Any]:
+    """`clients` clients each streaming one request after another for `seconds`: requests,
+    errors, time to first byte (p50, p99) and, with `rss`, its figure sampled every second.
+    Requests started in the first `warmup_s` (the burst of new connections) are not timed."""
+    latencies: list[float] = []
+    errors: list[str] = []
+    samples: list[tuple[float, float]] = []
+    deadline = time.monotonic() + seconds
+    started = time.monotonic()
+
+    timed_from = started + warmup_s
+
+    async def worker(session: aiohttp.ClientSession) -> None:
+        while time.monotonic() < deadline:
+            timed = time.monotonic() >= timed_from
+            try:
+                latency = await one(session, url, True)
+            except Exception as exc:
+                errors.append(type(exc).__name__)
+                continue
+            if timed:
+                latencies.append(latency)
+
+    async def sampler(rss: Callable[[], float]) -> None:
+        while time.monotonic() < deadline:
+            samples.append((round(time.monotonic() - started, 1), rss()))
+            await asyncio.sleep(1)
+
+    connector = aiohttp.TCPConnector(limit=clients)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        jobs = [worker(session) for _ in range(clients)]
+        await asyncio.gather(*jobs, *([sampler(rss)] if rss else []))
+    return {
+        "requests": len(latencies),
+        "errors": len(errors),
+        "error_kinds": sorted(set(errors)),
+        **summary(latencies or [0.0]),
+        "rss_mb": samples,
+    }

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -13,6 +15,33 @@ from pathlib import Path
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]  # this checkout: what every process here runs
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid` (from /proc), such as brim's workers."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:  # gone meanwhile
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry))
+    return sorted(found)
+
+
+def machine_cpu_s() -> float:
+    """CPU time the whole machine has spent busy (every core, anyone's work), in seconds."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / CLOCK_TICKS
+
+
+def cpu_s(pid: int) -> float:
+    """The CPU time `pid` has used so far (user and system), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
 
 
 def free_port() -> int:
@@ -35,8 +64,12 @@ class Process:
         return 0.0
 
     def cpu_s(self) -> float:
-        fields = Path(f"/proc/{self.popen.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        """CPU time of the process and its children (brim's workers), in seconds."""
+        total = 0.0
+        for pid in [self.popen.pid, *children(self.popen.pid)]:
+            with contextlib.suppress(OSError):
+                total += cpu_s(pid)
+        return total
 
     def stop(self) -> None:
         self.popen.terminate()
@@ -70,20 +103,43 @@ def start(
     url: str,
     timeout: float = 60,
     env: dict[str, str] | None = None,
+    ready_line: str | None = None,
     root: Path | None = ROOT,
 ) -> Process:
-    """Start `argv` with `root` (this checkout unless told; None: nothing) first on its import
-    path, so that the code measured is that tree's, not the copy of brim the venv installed."""
+    """Start `argv` and wait until `ready_url` answers (and, with `ready_line`, until the
+    process has printed a line that starts so: brim's workers are all serving then). `root`
+    (this checkout unless told; None: nothing) goes first on its import path, so that the code
+    measured is that tree's, not the copy of brim the venv installed."""
     started = time.perf_counter()
     paths = {} if root is None else {"PYTHONPATH": _path_with(root)}
     popen = subprocess.Popen(
         argv,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.PIPE if ready_line else subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, **paths, **(env or {})},
     )
+    if ready_line is not None:
+        wait_line(ready_line, popen, timeout)
     wait_ready(ready_url, popen, timeout)
     return Process(name, popen, url, time.perf_counter() - started)
+
+
+def wait_line(prefix: str, popen: subprocess.Popen[bytes], timeout: float) -> None:
+    assert popen.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        readable, _, _ = select.select([popen.stdout], [], [], deadline - time.monotonic())
+        line = popen.stdout.readline() if readable else b""
+        if line.startswith(prefix.encode()):
+            return
+        if readable and not line:
+            raise RuntimeError(f"{argv_name(popen)} exited with {popen.wait()}")
+    raise RuntimeError(f"{argv_name(popen)} did not print {prefix!r} within {timeout} s")
+
+
+def argv_name(popen: subprocess.Popen[bytes]) -> str:
+    args = popen.args
+    return " ".join(map(str, args[:4])) if isinstance(args, list) else str(args)
 
 
 def start_fake() -> Process:
@@ -106,9 +162,14 @@ def start_bare(fake_url: str) -> Process:
 
 
 def start_brim(
-    fake_url: str, folder: Path, litellm_upstream: bool = False, root: Path = ROOT
+    fake_url: str,
+    folder: Path,
+    litellm_upstream: bool = False,
+    workers: int = 1,
+    root: Path = ROOT,
 ) -> Process:
-    """brim on the fake provider, running the code in `root` (this checkout unless told)."""
+    """brim (`python -m proxy serve`) running the code in `root` (this checkout unless told),
+    with `workers` processes."""
     port = free_port()
     config = folder / f"brim-{port}.toml"
     text = f'[upstreams.fake]\napi = "openai"\nbase_url = "{fake_url}"\n[routes]\n"*" = "fake"\n'
@@ -116,10 +177,12 @@ def start_brim(
     if litellm_upstream:
         text += '[upstreams.other]\napi = "litellm"\nmodel_prefix = "openai/"\n'
     config.write_text(text)
-    brim = str(Path(sys.executable).with_name("brim"))
     base = f"http://127.0.0.1:{port}"
-    argv = [brim, "serve", "--config", str(config), "--port", str(port), "--log-level", "warning"]
-    return start("brim", argv, f"{base}/readyz", f"{base}/v1", root=root)
+    argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
+    argv += ["--log-level", "warning", "--workers", str(workers)]
+    return start(
+        "brim", argv, f"{base}/readyz", f"{base}/v1", ready_line="brim listening", root=root
+    )
 
 
 LITELLM_VERSION = "1.102.4"

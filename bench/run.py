@@ -1,6 +1,7 @@
 """`python -m bench`: every scenario in one go, a table on stdout, the figures in a JSON file.
+Among them, brim with `--workers 1` against `--workers 2` in the same run (`scale_out`).
 
-python -m bench                 # the full run (creates LiteLLM's venv once, ~2 min)
+python -m bench                 # the full run (creates LiteLLM's venv once, ~3 min)
 python -m bench --quick         # tiny sizes: a smoke run (what the test suite runs)
 python -m bench --no-litellm    # skip the LiteLLM comparison
 python -m bench --base DIR      # also a brim running another checkout's code (e.g. `git archive`
@@ -17,15 +18,19 @@ import argparse
 import asyncio
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
 from bench import inprocess, load, procs
+
+T = TypeVar("T")
 
 TARGETS = {
     "added_p50_ms": 0.3,
@@ -120,6 +125,82 @@ def throughputs(
     return out
 
 
+class Cores:
+    """The cores brim, the fake provider, this process (the load generator) and the whole
+    machine (anyone's work) used while `measure` ran its calls, per second of their wall time."""
+
+    NAMES = ("brim", "fake", "client", "machine")
+
+    def __init__(self, brim: procs.Process | None, fake: procs.Process) -> None:
+        self.brim, self.fake = brim, fake
+        self.seconds = [0.0] * len(self.NAMES)
+        self.wall = 0.0
+
+    def _now(self) -> tuple[float, ...]:
+        brim = self.brim.cpu_s() if self.brim else 0.0
+        return (brim, self.fake.cpu_s(), time.process_time(), procs.machine_cpu_s())
+
+    def measure(self, run: Coroutine[Any, Any, T]) -> T:
+        """Run `run` (on a new event loop) and add what it took."""
+        before, started = self._now(), time.perf_counter()
+        result = asyncio.run(run)
+        self.wall += time.perf_counter() - started
+        for index, (a, b) in enumerate(zip(before, self._now(), strict=True)):
+            self.seconds[index] += b - a
+        return result
+
+    def shares(self) -> dict[str, float]:
+        return {
+            name: round(s / self.wall, 2) for name, s in zip(self.NAMES, self.seconds, strict=True)
+        }
+
+
+def scale_out(
+    fake: procs.Process, one: procs.Process, folder: Path, size: dict[str, Any]
+) -> dict[str, Any]:
+    """brim with one worker (`one`, running) against brim with two, in the same run: throughput
+    at concurrency 256 in interleaved rounds (the median of each) and time to first byte with
+    many concurrent streams (`size`: requests per round, rounds, streams, seconds per run, of
+    which the first `warmup_s` are not timed). Every process shares this machine's cores — the
+    load generator (this process: one core at most), the fake provider and brim — so the cores
+    each used are reported, and the whole machine's (other work included)."""
+    two = procs.start_brim(fake.url, folder, workers=2)
+    brims = {"1": one, "2": two}
+    clients, seconds, warmup = size["streams"], size["seconds"], size["warmup_s"]
+    try:
+        rates: dict[str, list[float]] = {workers: [] for workers in brims}
+        rounds = {workers: Cores(brim, fake) for workers, brim in brims.items()}
+        for _ in range(size["rounds"]):
+            for workers, brim in brims.items():
+                rps, _ = rounds[workers].measure(load.throughput(brim.url, size["requests"], 256))
+                rates[workers].append(rps)
+        streamed: dict[str, dict[str, Any]] = {}
+        streaming: dict[str, Cores] = {}
+        targets: list[tuple[str, procs.Process | None]] = [("direct", None), *brims.items()]
+        for name, target in targets:
+            url = fake.url if target is None else target.url
+            streaming[name] = Cores(target, fake)
+            streamed[name] = streaming[name].measure(
+                load.streams(url, clients, seconds, warmup_s=warmup)
+            )
+    finally:
+        two.stop()
+    medians = {workers: statistics.median(values) for workers, values in rates.items()}
+    return {
+        "throughput_rps": {w: round(r) for w, r in medians.items()},
+        "throughput_ratio": round(medians["2"] / medians["1"], 2),
+        "cpu_cores_used": {w: cores.shares() for w, cores in rounds.items()},
+        **{key: size[key] for key in ("rounds", "requests", "streams", "seconds", "warmup_s")},
+        "streamed": {
+            name: {
+                **{k: figures[k] for k in ("requests", "errors", "p50_ms", "p99_ms")},
+                "cpu_cores_used": streaming[name].shares(),
+            }
+            for name, figures in streamed.items()
+        },
+    }
+
+
 def startup(fake_url: str, folder: Path) -> dict[str, Any]:
     out = {}
     for label, litellm_upstream in (("plain", False), ("with_litellm_upstream", True)):
@@ -165,6 +246,13 @@ def main(argv: list[str] | None = None) -> int:
         "concurrent": 96 if quick else 3_000,
         "throughput": 300 if quick else 20_000,
     }
+    scaled = {
+        "requests": 300 if quick else 4_000,
+        "rounds": 1 if quick else 3,
+        "streams": 50 if quick else 500,
+        "seconds": 1.0 if quick else 6.0,
+        "warmup_s": 0.0 if quick else 1.0,
+    }
     folder = Path(args.dir)
     folder.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {
@@ -202,6 +290,10 @@ def main(argv: list[str] | None = None) -> int:
 
         measured = {"bare": bare, "brim": brim, **({"brim@base": base} if base else {})}
         report["throughput"] = throughputs(measured, size["throughput"], 256, rounds=3)
+        if litellm is not None:  # idle from here on: out of the way
+            litellm.stop()
+            litellm = None
+        report["scale_out"] = scale_out(fake, brim, scratch, scaled)
     finally:
         for process in (litellm, base, brim, bare):
             if process is not None:
@@ -257,6 +349,8 @@ def render(report: dict[str, Any]) -> str:
                     f"   p99 {own['p99_ms']:>+7.3f} ({ratios[1]})"
                 )
     throughput = report["throughput"]
+    scaled = report["scale_out"]
+    rates, used, streamed = scaled["throughput_rps"], scaled["cpu_cores_used"], scaled["streamed"]
     lines += [
         "",
         f"throughput at c={throughput['concurrency']}, median of {throughput['rounds']} rounds:",
@@ -276,6 +370,11 @@ def render(report: dict[str, Any]) -> str:
         )
     lines += [
         "",
+        f"scale-out at c=256: --workers 1 {rates['1']} req/s, --workers 2 {rates['2']} req/s: × {scaled['throughput_ratio']}",
+        f"  cores used by brim / fake provider / load client / whole machine: {_cores(used['1'])} and {_cores(used['2'])} of {report['machine']['cpus']}",
+        f"{scaled['streams']} concurrent streams, time to first byte p50 / p99: direct {streamed['direct']['p50_ms']} / {streamed['direct']['p99_ms']} ms, "
+        f"--workers 1 {streamed['1']['p50_ms']} / {streamed['1']['p99_ms']} ms, --workers 2 {streamed['2']['p50_ms']} / {streamed['2']['p99_ms']} ms",
+        f"  cores used: direct {_cores(streamed['direct']['cpu_cores_used'])}, --workers 1 {_cores(streamed['1']['cpu_cores_used'])}, --workers 2 {_cores(streamed['2']['cpu_cores_used'])}",
         f"guard, fitting {report['guard_fitting']['tokens']:,}-token request, {report['guard_fitting']['tool_calls']} tool calls: cold {report['guard_fitting']['cold_ms']} ms, warm {report['guard_fitting']['warm_ms']} ms",
         f"compression {report['compression']['tokens_in']:,} → {report['compression']['tokens_out']:,} tokens (budget {report['compression']['budget']:,}): cold {report['compression']['cold_ms']} ms, warm {report['compression']['warm_ms']} ms, next turn carried forward {report['compression']['carried_ms']} ms",
     ]
@@ -284,3 +383,7 @@ def render(report: dict[str, Any]) -> str:
             f"start-up ({label}): ready in {figures['ready_s']} s, idle RSS {figures['idle_rss_mb']} MB"
         )
     return "\n".join(lines)
+
+
+def _cores(shares: dict[str, float]) -> str:
+    return " / ".join(f"{shares[name]:g}" for name in Cores.NAMES)

@@ -12,54 +12,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
 from bench import load, procs
-
-
-async def _streams(url: str, streams: int, seconds: float, rss: Any = None) -> dict[str, Any]:
-    latencies: list[float] = []
-    errors: list[str] = []
-    samples: list[tuple[float, float]] = []
-    deadline = time.monotonic() + seconds
-    started = time.monotonic()
-
-    async def worker(session: aiohttp.ClientSession) -> None:
-        while time.monotonic() < deadline:
-            try:
-                latencies.append(await load.one(session, url, True))
-            except Exception as exc:
-                errors.append(type(exc).__name__)
-
-    async def sampler() -> None:
-        while time.monotonic() < deadline:
-            samples.append((round(time.monotonic() - started, 1), rss()))
-            await asyncio.sleep(1)
-
-    connector = aiohttp.TCPConnector(limit=streams)
-    async with aiohttp.ClientSession(connector=connector) as session:
-        jobs = [worker(session) for _ in range(streams)]
-        await asyncio.gather(*jobs, *([sampler()] if rss else []))
-    return {
-        "requests": len(latencies),
-        "errors": len(errors),
-        "error_kinds": sorted(set(errors)),
-        **load.summary(latencies or [0.0]),
-        "rss_mb": samples,
-    }
 
 
 def soak(streams: int, seconds: float) -> dict[str, Any]:
     fake = procs.start_fake()
     brim = procs.start_brim(fake.url, Path(tempfile.mkdtemp(prefix="brim-soak-")))
     try:
-        direct = asyncio.run(_streams(fake.url, streams, max(1.0, seconds / 6)))
-        through = asyncio.run(_streams(brim.url, streams, seconds, brim.rss_mb))
+        direct = asyncio.run(load.streams(fake.url, streams, max(1.0, seconds / 6)))
+        through = asyncio.run(load.streams(brim.url, streams, seconds, brim.rss_mb))
     finally:
         brim.stop()
         fake.stop()

@@ -18,13 +18,32 @@ import orjson
 
 
 class PrivateRotatingFileHandler(logging.handlers.RotatingFileHandler):
-    """Opens (and after each rotation re-creates) its file 0600, whatever the umask."""
+    """Opens (and after each rotation re-creates) its file 0600, whatever the umask.
+
+    Several processes may write the one file (the workers of `brim serve --workers`): a record
+    goes to the file now at the path, reopened if another process has rotated it away. (Two
+    processes rotating at the very same moment rotate twice: no line is lost, but one backup
+    goes early.)"""
 
     def _open(self) -> io.TextIOWrapper:
         descriptor = os.open(self.baseFilename, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         with contextlib.suppress(OSError):  # a file that predates this: made private too
             os.fchmod(descriptor, 0o600)
         return open(descriptor, "a", encoding=self.encoding, errors=self.errors)
+
+    def shouldRollover(self, record: logging.LogRecord) -> bool:
+        if self.stream is not None:
+            opened = os.fstat(self.stream.fileno())
+            try:
+                current = os.stat(self.baseFilename)
+                moved = (current.st_ino, current.st_dev) != (opened.st_ino, opened.st_dev)
+            except FileNotFoundError:
+                moved = True
+            if moved:  # rotated by another process: on to the new file
+                self.stream.close()
+                self.stream = self._open()
+        # The base class measures the file by seeking to its end: every writer's lines count.
+        return bool(super().shouldRollover(record))
 
 
 class AuditLog:

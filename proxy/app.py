@@ -6,7 +6,9 @@ import asyncio
 import hmac
 import logging
 import os
-from collections.abc import AsyncIterator, Sequence
+import signal
+import socket
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -65,8 +67,11 @@ from proxy.keys import (
     REQUEST_ID,
     SERVICES,
     UPSTREAMS,
+    WORKER_METRICS,
     Readiness,
 )
+from proxy.listen import BACKLOG
+from proxy.multiproc import PUBLISH_INTERVAL_S, MetricsShare, WorkerMetrics
 from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
 from proxy.routes import admin, anthropic, dashboard, gemini, health, openai
 from proxy.routes.dashboard import UI_PATHS
@@ -236,9 +241,13 @@ class AccessLogger(AbstractAccessLogger):
 
 
 def create_app(
-    config: BrimConfig, *, span_processors: Sequence[SpanProcessor] = ()
+    config: BrimConfig,
+    *,
+    span_processors: Sequence[SpanProcessor] = (),
+    metrics_share: MetricsShare | None = None,
 ) -> web.Application:
-    """The brim application. `span_processors` add trace exporters (tests use an in-memory one)."""
+    """The brim application. `span_processors` add trace exporters (tests use an in-memory one);
+    `metrics_share` makes it one of several workers whose `/metrics` each report them all."""
     app = web.Application(
         client_max_size=config.server.max_body_bytes,
         middlewares=[errors_in_wire_format, admission, header_limits, require_brim_key],
@@ -252,6 +261,10 @@ def create_app(
     app[PIPELINE] = Pipeline(default_pipeline(config, services), providers.telemetry.tracer)
     app[READINESS] = Readiness()
     app[ADMISSION] = Admission(config.server, providers.telemetry)
+    if metrics_share is not None and providers.registry is not None:
+        app[WORKER_METRICS] = WorkerMetrics(
+            metrics_share.directory, metrics_share.token, providers.registry
+        )
     app.cleanup_ctx.append(_lifecycle)
     health.add_routes(app)
     openai.add_routes(app)
@@ -396,21 +409,40 @@ async def _expire_archive(archive: ContentArchive, interval_s: float) -> None:
         await asyncio.sleep(interval_s)
 
 
+async def _publish_metrics(metrics: WorkerMetrics) -> None:
+    """A worker's figures, written for the other workers' scrapes every PUBLISH_INTERVAL_S."""
+    failing = False
+    while True:
+        await asyncio.sleep(PUBLISH_INTERVAL_S)
+        try:
+            await asyncio.to_thread(metrics.publish)
+            failing = False
+        except Exception:
+            if not failing:  # once per spell of failures, not every second
+                log.exception("could not write this worker's metrics to %s", metrics.directory)
+            failing = True
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     services = app[SERVICES]
     # The encodings take a moment to load: do it beside the event loop, not on a first request.
     warming = asyncio.get_running_loop().run_in_executor(None, _warm, services.counter)
-    cleaner = None
+    background = []
     if services.archive is not None:
         interval = app[CONFIG].archive.cleanup_interval_s
-        cleaner = asyncio.create_task(_expire_archive(services.archive, interval))
+        background.append(asyncio.create_task(_expire_archive(services.archive, interval)))
+    metrics = app.get(WORKER_METRICS)
+    if metrics is not None:
+        background.append(asyncio.create_task(_publish_metrics(metrics)))
     await services.shared.start()
     app[READINESS].ready = True
     yield
     app[READINESS].ready = False
-    if cleaner is not None:
-        cleaner.cancel()
+    for task in background:
+        task.cancel()
     await warming
+    if metrics is not None:  # what the requests that finished while draining counted, too
+        await asyncio.to_thread(metrics.close)
     await app[UPSTREAMS].aclose()
     if services.audit is not None:
         services.audit.close()
@@ -421,13 +453,24 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def start(
-    config: BrimConfig, host: str, port: int, *, span_processors: Sequence[SpanProcessor] = ()
+    config: BrimConfig,
+    host: str,
+    port: int,
+    *,
+    span_processors: Sequence[SpanProcessor] = (),
+    sockets: Sequence[socket.socket] = (),
+    reuse_port: bool = False,
+    metrics_share: MetricsShare | None = None,
 ) -> web.AppRunner:
-    """Start brim on `host:port` (0 for any free port) and return the running runner."""
+    """Start brim on `host:port` (0 for any free port) and return the running runner.
+
+    A worker of `brim serve --workers` serves the listening `sockets` its supervisor shares
+    instead, or binds `host:port` with SO_REUSEPORT (`reuse_port`) beside the other workers.
+    """
     line_cap = max(PARSER_LINE_CAP, 2 * config.server.max_header_kb * 1024)
     raise_descriptor_limit(config.server.max_connections)
     runner = BrimRunner(
-        create_app(config, span_processors=span_processors),
+        create_app(config, span_processors=span_processors, metrics_share=metrics_share),
         handler_cancellation=True,
         access_log_class=AccessLogger,
         shutdown_timeout=config.server.shutdown_timeout_s,
@@ -439,10 +482,52 @@ async def start(
     )
     _hide_parse_error_bytes()
     await runner.setup()
-    # A deep accept queue: at hundreds of concurrent clients the default 128 drops SYNs, and
-    # each drop costs the client a one-second retransmit.
-    await web.TCPSite(runner, host, port, backlog=1024).start()
+    sites: list[web.BaseSite] = [web.SockSite(runner, sock, backlog=BACKLOG) for sock in sockets]
+    if not sites:
+        sites.append(
+            web.TCPSite(runner, host, port, backlog=BACKLOG, reuse_port=reuse_port or None)
+        )
+    for site in sites:
+        await site.start()
     return runner
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+async def run_until_stopped(runner: web.AppRunner, *, lifeline: int | None = None) -> None:
+    """Serve until SIGINT or SIGTERM (or, for a worker, until the read end `lifeline` of a pipe
+    only its supervisor writes to reaches its end: the supervisor is gone), then stop: no new
+    connections, `/readyz` 503 at once, in-flight requests finish within
+    `[server] shutdown_timeout_s`."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in STOP_SIGNALS:
+        loop.add_signal_handler(signum, stop.set)
+    # A worker is forked with these blocked, so that none is lost before the handlers above.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    if lifeline is not None:
+
+        def orphaned() -> None:
+            loop.remove_reader(lifeline)
+            log.warning("the supervisor of this worker is gone: stopping")
+            stop.set()
+
+        loop.add_reader(lifeline, orphaned)
+    try:
+        await stop.wait()
+    finally:
+        runner.app[READINESS].ready = False
+        await runner.cleanup()
+
+
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop's event loop where it is installed (Linux and macOS), else asyncio's own."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
 
 
 def bound_port(runner: web.AppRunner) -> int:

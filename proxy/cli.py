@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import errno
 import json
 import os
-import signal
-import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from policies.wires import WIRES
-from proxy.config import BrimConfig, ConfigError, describe_config, load_config
+from proxy.config import BrimConfig, ConfigError, describe_config, load_config, parse_workers
 from proxy.inspect import (
     InspectError,
     inspect_request,
@@ -26,17 +23,10 @@ from proxy.inspect import (
     render_models,
 )
 from proxy.launcher import add_command as add_run_command
+from proxy.listen import CannotListen, listen_error
 from proxy.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, chosen, configure_logging
 
 DEFAULT_CONFIG = "proxy.toml"
-
-
-class CannotListen(Exception):
-    """`brim serve` could not open its listening socket (the message says why)."""
-
-
-# What binding a socket fails with; a file brim cannot open has a filename and is not one.
-LISTEN_ERRNOS = frozenset({errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES})
 
 
 def _load(path: str | None) -> BrimConfig:
@@ -47,27 +37,19 @@ def _load(path: str | None) -> BrimConfig:
 
 
 async def _serve(config: BrimConfig) -> None:
-    from proxy.app import bound_port, start
+    """One process serving the port (`workers = 1`)."""
+    from proxy.app import bound_port, run_until_stopped, start
 
     host, port = config.server.host, config.server.port
     try:
         runner = await start(config, host, port)
     except OSError as exc:
-        gai = isinstance(exc, socket.gaierror)
-        if exc.filename is not None or not (gai or exc.errno in LISTEN_ERRNOS):
+        error = listen_error(exc, host, port)
+        if error is None:
             raise
-        reason = exc.strerror if gai or not exc.errno else os.strerror(exc.errno)
-        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        raise CannotListen(f"cannot listen on {address}: {(reason or str(exc)).lower()}") from None
-    print(f"brim listening on http://{config.server.host}:{bound_port(runner)}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+        raise error from None
+    print(f"brim listening on http://{host}:{bound_port(runner)}", flush=True)
+    await run_until_stopped(runner)
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -75,27 +57,27 @@ def serve(args: argparse.Namespace) -> int:
     server = config.server.model_copy(
         update={
             key: value
-            for key, value in (("host", args.host), ("port", args.port))
+            for key, value in (("host", args.host), ("port", args.port), ("workers", args.workers))
             if value is not None
         }
     )
     config = config.model_copy(update={"server": server})
     refuse_open_without_keys(config)
+    workers = server.worker_count
     configure_logging(
         chosen(args.log_level, LEVEL_ENV, LEVELS, "info"),
         chosen(args.log_format, FORMAT_ENV, FORMATS, "text"),
+        process_ids=workers > 1,  # with several workers, each line says which process wrote it
     )
-    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+    if workers > 1:
+        from proxy.workers import serve_workers
+
+        return serve_workers(config, workers)
+    from proxy.app import loop_factory
+
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(_serve(config))
     return 0
-
-
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    try:
-        import uvloop  # the faster event loop where it is installed (Linux and macOS)
-    except ImportError:
-        return None
-    return uvloop.new_event_loop
 
 
 LOOPBACK = ("127.", "::1", "localhost")
@@ -239,6 +221,13 @@ def _port(text: str) -> int:
     return port
 
 
+def _workers(text: str) -> int | str:
+    try:
+        return parse_workers(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="brim", description="Keeps every LLM request inside the model's context window."
@@ -254,6 +243,13 @@ def parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--host", help="listen address (default 127.0.0.1)")
     run.add_argument("--port", type=_port, help="listen port (default 8787; 0 picks a free one)")
+    run.add_argument(
+        "--workers",
+        type=_workers,
+        metavar="N",
+        help='processes serving the port: a number, or "auto" for one per core '
+        "(default: [server] workers, 1)",
+    )
     run.add_argument(
         "--log-level",
         choices=LEVELS,

@@ -24,10 +24,10 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 
 from adapters.config import FrozenModel, UpstreamConfig, secret_from_env
 from middleware.settings import (
@@ -65,6 +65,41 @@ GEMINI_BASE_URL = "https://generativelanguage.googleapis.com"
 
 class ConfigError(ValueError):
     """The configuration cannot be used; the message names the key and the problem."""
+
+
+MAX_WORKERS = 1024
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS tells it), at least 1:
+    what `workers = "auto"` starts. CPU quotas (cgroup `cpu.max`) are not read."""
+    counter = getattr(os, "process_cpu_count", None)  # Python 3.13+
+    if counter is not None:
+        return int(counter() or 1)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def parse_workers(value: Any) -> int | Literal["auto"]:
+    """`[server] workers` and `--workers`: a whole number from 1 to `MAX_WORKERS`, or "auto".
+    Strings (the environment, the command line) are read as such; anything else is refused
+    with a ValueError that says what is allowed."""
+    allowed = f'a whole number from 1 to {MAX_WORKERS}, or "auto" (one per core)'
+    number = value
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        try:
+            number = int(text)
+        except ValueError:
+            raise ValueError(f"must be {allowed}, not {value!r}") from None
+    if isinstance(number, bool) or not isinstance(number, int):
+        raise ValueError(f"must be {allowed}, not {value!r}")
+    if not 1 <= number <= MAX_WORKERS:
+        raise ValueError(f"must be {allowed}, not {number}")
+    return number
 
 
 def _key_list(raw: str) -> tuple[SecretStr, ...]:
@@ -109,6 +144,13 @@ class ServerConfig(FrozenModel):
     requests_per_minute: int | None = Field(None, ge=1)  # per brim key (else client address)
     tokens_per_minute: int | None = Field(None, ge=1)  # input tokens, as brim counts them
     key_limits: dict[str, KeyLimits] = Field(default_factory=dict)
+    # Processes serving the port: 1 is one process, no supervisor; "auto" is one per core.
+    workers: int | Literal["auto"] = 1
+    # How several workers share the port: "reuse_port" (SO_REUSEPORT: one listening socket per
+    # worker, the kernel spreads connections evenly), "shared" (one socket bound before the
+    # workers are forked; an idle worker takes the next connection), "auto": reuse_port on
+    # Linux, shared elsewhere (other systems' SO_REUSEPORT does not spread connections).
+    worker_socket: Literal["auto", "reuse_port", "shared"] = "auto"
     api_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)
     admin_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)
 
@@ -129,6 +171,11 @@ class ServerConfig(FrozenModel):
                 )
         return self
 
+    @field_validator("workers", mode="before")
+    @classmethod
+    def _workers(cls, value: Any) -> int | Literal["auto"]:
+        return parse_workers(value)
+
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
@@ -141,6 +188,11 @@ class ServerConfig(FrozenModel):
     def rate_limited(self) -> bool:
         """Whether any request or token limit is set (else the limiter does no work at all)."""
         return bool(self.requests_per_minute or self.tokens_per_minute or self.key_limits)
+
+    @property
+    def worker_count(self) -> int:
+        """How many processes `workers` means on this machine."""
+        return available_cores() if self.workers == "auto" else self.workers
 
 
 DEFAULT_UPSTREAMS: dict[str, dict[str, str]] = {

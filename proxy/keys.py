@@ -10,6 +10,7 @@ from adapters.registry import Upstreams
 from middleware.base import Pipeline
 from middleware.pipeline import Services
 from proxy.config import BrimConfig
+from proxy.multiproc import WorkerMetrics
 from proxy.telemetry import Providers
 
 
@@ -24,6 +25,8 @@ SERVICES = web.AppKey("services", Services)
 PROVIDERS = web.AppKey("providers", Providers)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READINESS = web.AppKey("readiness", Readiness)
+# Set in a worker of `brim serve --workers N` only: its share of the group's metrics.
+WORKER_METRICS = web.AppKey("worker_metrics", WorkerMetrics)
 
 # Per request: brim's request id, and which header (if any) carried the client's brim key.
 REQUEST_ID = web.RequestKey("request_id", str)

@@ -326,9 +326,9 @@ class InProcessBrim:
 def _new_loop() -> Any:
     import asyncio
 
-    from proxy.cli import _loop_factory
+    from proxy.app import loop_factory
 
-    factory = _loop_factory()
+    factory = loop_factory()
     return factory() if factory else asyncio.new_event_loop()
 
 

@@ -65,10 +65,16 @@ def chosen(flag: str | None, env: str, allowed: tuple[str, ...], default: str) -
     return value
 
 
-def configure_logging(level: str, fmt: str, stream: TextIO | None = None) -> logging.Handler:
+def configure_logging(
+    level: str, fmt: str, stream: TextIO | None = None, *, process_ids: bool = False
+) -> logging.Handler:
     """Send every log record at `level` or above to `stream` (stderr) in `fmt`, replacing any
-    handler the root logger had. Returns the handler."""
+    handler the root logger had (`process_ids`: text lines name the process that wrote them,
+    as the workers of `brim serve --workers` share one stderr). Returns the handler."""
     handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    text = (
+        TEXT_FORMAT.replace("%(name)s:", "%(name)s[%(process)d]:") if process_ids else TEXT_FORMAT
+    )
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(text))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     return handler

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import inprocess
 
 
@@ -43,6 +45,14 @@ def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
         assert set(figures["over_bare"]["brim"]) == {"p50_ms", "p99_ms", "p50_ratio", "p99_ratio"}
     assert report["throughput"]["brim"]["rps"] > 0 and report["throughput"]["bare"]["rps"] > 0
     assert report["throughput"]["brim"]["share_of_bare"] > 0
+    scaled = report["scale_out"]  # --workers 1 against --workers 2, in the same run
+    one, two = scaled["throughput_rps"]["1"], scaled["throughput_rps"]["2"]
+    assert one > 0 and two > 0
+    assert scaled["throughput_ratio"] == pytest.approx(two / one, rel=0.02)
+    assert scaled["cpu_cores_used"]["2"]["brim"] > 0
+    for figures in scaled["streamed"].values():
+        assert figures["errors"] == 0 and figures["requests"] > 0 and figures["p99_ms"] > 0
+    assert "scale-out at c=256" in result.stdout
     assert (
         report["guard_fitting"]["warm_ms"] > 0
         and report["compression"]["tokens_out"] <= report["compression"]["budget"]

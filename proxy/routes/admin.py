@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from adapters.errors import AdminDisabled, InvalidRequest, Unauthorized, UnknownEndpoint
 from middleware.loops import loop_status
-from proxy.keys import CONFIG, PROVIDERS, SERVICES
+from proxy.keys import CONFIG, PROVIDERS, SERVICES, WORKER_METRICS
 
 ADMIN_KEY_HEADER = "x-brim-admin-key"
 
@@ -41,10 +41,16 @@ def require_admin(request: web.Request) -> None:
 
 
 async def metrics(request: web.Request) -> web.Response:
+    """This process's metrics; in a worker of `brim serve --workers N`, those of every worker
+    (see `proxy.multiproc`)."""
     registry = request.app[PROVIDERS].registry
     if registry is None:
         raise UnknownEndpoint("Prometheus metrics are off ([telemetry] prometheus = false).")
-    body = await asyncio.to_thread(generate_latest, registry)
+    shared = request.app.get(WORKER_METRICS)
+    if shared is not None:
+        body = await asyncio.to_thread(shared.exposition)
+    else:
+        body = await asyncio.to_thread(generate_latest, registry)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from middleware.audit import AuditLog
 from tests.builders import tool_session
 from tests.conftest import BrimFactory
 
@@ -70,3 +71,21 @@ def test_an_audit_log_left_readable_by_others_is_made_private(
     brim(audit={"path": str(log)})
     assert mode(log) == 0o600
     assert log.read_text() == '{"outcome": "compressed"}\n'  # appended to, never truncated
+
+
+def test_several_processes_writing_one_audit_log_rotate_it_together(tmp_path: Path) -> None:
+    """The workers of `brim serve --workers` each hold the log open: after one rotates it, the
+    others write on to the new file — the lines stay in order, and each backup is full."""
+    log = tmp_path / "brim.jsonl"
+    workers = [AuditLog(log, max_bytes=400, backups=50) for _ in range(2)]
+    for index in range(60):
+        workers[index % 2].write({"n": index, "outcome": "compressed", "pad": "x" * 20})
+    for worker in workers:
+        worker.close()
+    backups = sorted(log.parent.glob("brim.jsonl.*"), key=lambda path: -int(path.suffix[1:]))
+    files = [*backups, log]  # oldest first
+    lines = [line for path in files for line in path.read_text().splitlines()]
+    assert [json.loads(line)["n"] for line in lines] == list(range(60))
+    longest = max(len(line) + 1 for line in lines)
+    sizes = {path.name: path.stat().st_size for path in files}
+    assert all(400 - longest < sizes[path.name] <= 400 for path in backups), sizes

@@ -10,6 +10,7 @@ from proxy.config import (
     ENV_NOT_CONFIG,
     BrimConfig,
     ConfigError,
+    available_cores,
     describe_config,
     load_config,
     unknown_keys,
@@ -126,6 +127,13 @@ def test_unknown_keys_does_not_flag_known_ones() -> None:
         ('[server]\napi_keys_env = "NOPE_UNSET_KEYS"\n', "server"),
         ("[models.m]\ncontext_window = 0\n", "models.m.context_window"),
         ("[server\nport = 1\n", "not valid TOML"),
+        ("[server]\nworkers = 0\n", "server.workers: must be a whole number from 1 to 1024"),
+        ("[server]\nworkers = -2\n", "server.workers: must be a whole number from 1 to 1024"),
+        ("[server]\nworkers = 2.5\n", "server.workers: must be a whole number"),
+        ("[server]\nworkers = true\n", "server.workers: must be a whole number"),
+        ('[server]\nworkers = "many"\n', """or "auto" (one per core), not 'many'"""),
+        ("[server]\nworkers = 5000\n", "server.workers"),
+        ('[server]\nworker_socket = "fork"\n', "server.worker_socket"),
     ],
 )
 def test_bad_values_refuse_and_name_the_key(tmp_path: Path, text: str, named: str) -> None:
@@ -133,6 +141,28 @@ def test_bad_values_refuse_and_name_the_key(tmp_path: Path, text: str, named: st
         load_config(write(tmp_path, text))
     assert named in str(caught.value)
     assert str(tmp_path) in str(caught.value)
+
+
+def test_workers_default_to_one_and_auto_is_one_per_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config, _ = load_config(None)
+    assert (config.server.workers, config.server.worker_count) == (1, 1)
+    config, _ = load_config(write(tmp_path, '[server]\nworkers = "auto"\n'))
+    assert config.server.workers == "auto"
+    assert config.server.worker_count == available_cores() >= 1
+    monkeypatch.setattr("proxy.config.available_cores", lambda: 6)
+    assert config.server.worker_count == 6
+    monkeypatch.setenv("BRIM_SERVER__WORKERS", "3")
+    config, _ = load_config(write(tmp_path, '[server]\nworkers = "auto"\n'))
+    assert (config.server.workers, config.server.worker_count) == (3, 3)
+    monkeypatch.setenv("BRIM_SERVER__WORKERS", "AUTO")
+    assert load_config(None)[0].server.worker_count == 6
+    monkeypatch.setenv("BRIM_SERVER__WORKERS", "0")
+    with pytest.raises(
+        ConfigError, match=r"environment variable BRIM_SERVER__WORKERS: server\.workers"
+    ):
+        load_config(None)
 
 
 def test_bad_environment_value_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
