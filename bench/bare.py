@@ -9,11 +9,12 @@ is the cost of two more HTTP exchanges in aiohttp.
 from __future__ import annotations
 
 import argparse
-import asyncio
 from collections.abc import AsyncIterator
 
 import aiohttp
 from aiohttp import web
+
+from bench.fake import new_app, run_quietly
 
 SESSION = web.AppKey("session", aiohttp.ClientSession)
 UPSTREAM = web.AppKey("upstream", str)
@@ -58,20 +59,12 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--upstream", required=True, help="the API root, e.g. http://h:p/v1")
     args = parser.parse_args()
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass
-    app = web.Application(client_max_size=256 * 1024 * 1024)
+    app = new_app()
     app[UPSTREAM] = args.upstream.rstrip("/")
     app.cleanup_ctx.append(_session)
     app.router.add_post("/v1/chat/completions", forward)
     app.router.add_get("/readyz", ready)
-    web.run_app(
-        app, host="127.0.0.1", port=args.port, access_log=None, print=lambda *_: None, backlog=1024
-    )
+    run_quietly(app, args.port)
 
 
 if __name__ == "__main__":

@@ -59,22 +59,32 @@ async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--port", type=int, required=True)
-    args = parser.parse_args()
+def new_app() -> web.Application:
+    """An app for a bench server: bodies up to 256 MB."""
+    return web.Application(client_max_size=256 * 1024 * 1024)
+
+
+def run_quietly(app: web.Application, port: int) -> None:
+    """Serve `app` on 127.0.0.1:`port` on uvloop where installed, with no access log."""
     try:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass
-    app = web.Application(client_max_size=256 * 1024 * 1024)
+    web.run_app(
+        app, host="127.0.0.1", port=port, access_log=None, print=lambda *_: None, backlog=1024
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args()
+    app = new_app()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
-    web.run_app(
-        app, host="127.0.0.1", port=args.port, access_log=None, print=lambda *_: None, backlog=1024
-    )
+    run_quietly(app, args.port)
 
 
 if __name__ == "__main__":
