@@ -71,6 +71,20 @@ def fake_upstream(provider: FakeProvider, **extra: Any) -> dict[str, Any]:
     return {"api": "openai", "base_url": f"{provider.url}/v1", **extra}
 
 
+def every_api(provider: FakeProvider, anthropic_url: str | None = None) -> dict[str, Any]:
+    """The `upstreams` and `routes` sections that route each wire API to a fake: Chat and
+    Responses (and any other model) to `provider`, `claude-*` to the Anthropic fake at
+    `anthropic_url` (else `provider`, which speaks Messages too), `gem*` to `provider`."""
+    return {
+        "upstreams": {
+            "openai": fake_upstream(provider),
+            "anthropic": {"api": "anthropic", "base_url": anthropic_url or provider.url},
+            "gemini": {"api": "gemini", "base_url": provider.url},
+        },
+        "routes": {"claude-*": "anthropic", "gem*": "gemini", "*": "openai"},
+    }
+
+
 BrimFactory = Callable[..., str]
 
 

@@ -29,7 +29,7 @@ from policies.evict import GISTS_HEADER
 from policies.wires import WIRES
 from policies.wires.base import NOTICE_PREFIX, Wire
 from proxy.cli import main
-from tests.conftest import BrimFactory, fake_upstream
+from tests.conftest import BrimFactory, every_api
 from tests.fake_anthropic import FakeAnthropic, anthropic_errors
 from tests.fakes import FakeProvider, gemini_errors, pairing_errors, responses_errors
 
@@ -261,15 +261,7 @@ def serve(
 
     def start(**sections: Any) -> str:
         sections.setdefault("server", {"admin_keys_env": "CONTRACT_ADMIN_KEYS"})
-        sections.setdefault(
-            "upstreams",
-            {
-                "openai": fake_upstream(provider),
-                "anthropic": {"api": "anthropic", "base_url": anthropic_fake.url},
-                "gemini": {"api": "gemini", "base_url": provider.url},
-            },
-        )
-        sections.setdefault("routes", {"claude-*": "anthropic", "gem*": "gemini", "*": "openai"})
+        sections = {**every_api(provider, anthropic_fake.url), **sections}
         sections.setdefault("archive", {"enabled": True, "dir": str(tmp_path / "archive")})
         return brim(span_processors=[SimpleSpanProcessor(spans)], **sections)
 

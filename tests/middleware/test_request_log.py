@@ -20,7 +20,7 @@ import orjson
 import pytest
 
 from proxy.logs import TEXT_FORMAT, JsonFormatter
-from tests.conftest import BrimFactory, fake_upstream
+from tests.conftest import BrimFactory, every_api
 from tests.fake_anthropic import FakeAnthropic
 from tests.fakes import FakeProvider, wait_for
 from tests.test_wire_contract import CASES, Case, session, windows
@@ -61,16 +61,7 @@ def serve(
     """brim in front of the fakes of all four wire APIs (as tests/test_wire_contract.py)."""
 
     def start(**sections: Any) -> str:
-        sections.setdefault(
-            "upstreams",
-            {
-                "openai": fake_upstream(provider),
-                "anthropic": {"api": "anthropic", "base_url": anthropic_fake.url},
-                "gemini": {"api": "gemini", "base_url": provider.url},
-            },
-        )
-        sections.setdefault("routes", {"claude-*": "anthropic", "gem*": "gemini", "*": "openai"})
-        return brim(**sections)
+        return brim(**{**every_api(provider, anthropic_fake.url), **sections})
 
     return start
 

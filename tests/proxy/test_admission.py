@@ -22,22 +22,11 @@ import orjson
 import pytest
 
 from proxy.admission import BytesGate
-from tests.conftest import BrimFactory, fake_upstream
+from tests.conftest import BrimFactory, every_api
 from tests.fakes import FakeProvider, LoopThread, free_port, wait_for
 
 HELLO = [{"role": "user", "content": "ping"}]
 PARTIAL = b"POST /v1/chat/completions HTTP/1.1\r\nHost: brim\r\nContent-Le"
-
-
-def upstreams(provider: FakeProvider) -> dict[str, Any]:
-    return {
-        "upstreams": {
-            "openai": fake_upstream(provider),
-            "anthropic": {"api": "anthropic", "base_url": provider.url},
-            "gemini": {"api": "gemini", "base_url": provider.url},
-        },
-        "routes": {"claude-*": "anthropic", "gem*": "gemini", "*": "openai"},
-    }
 
 
 def metric(base: str, name: str, **labels: str) -> float:
@@ -309,7 +298,7 @@ def test_the_503s_past_max_in_flight_are_fast(brim_process: Any, provider: FakeP
 def test_the_503_comes_in_each_wire_apis_shape(
     brim: BrimFactory, provider: FakeProvider, path: str, body: dict[str, Any], shape: str
 ) -> None:
-    base = brim(server={"max_in_flight": 1}, **upstreams(provider))
+    base = brim(server={"max_in_flight": 1}, **every_api(provider))
 
     async def scenario() -> httpx.Response:
         async with httpx.AsyncClient(base_url=base, timeout=20) as client:

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from middleware.ratelimit import LocalRates, reset_text
-from tests.conftest import BrimFactory, RedisServer, fake_upstream
+from tests.conftest import BrimFactory, RedisServer, every_api, fake_upstream
 from tests.fakes import FakeProvider
 
 HELLO = [{"role": "user", "content": "ping"}]
@@ -162,12 +162,7 @@ def test_the_429_comes_in_each_wire_apis_shape(
 ) -> None:
     base = brim(
         server={"requests_per_minute": 1},
-        upstreams={
-            "openai": fake_upstream(provider),
-            "anthropic": {"api": "anthropic", "base_url": provider.url},
-            "gemini": {"api": "gemini", "base_url": provider.url},
-        },
-        routes={"claude-*": "anthropic", "gem*": "gemini", "*": "openai"},
+        **every_api(provider),
     )
     assert httpx.post(f"{base}{path}", json=body).status_code == 200
     reply = httpx.post(f"{base}{path}", json=body)
