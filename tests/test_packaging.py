@@ -103,7 +103,8 @@ def test_a_wheel_has_the_metadata_and_files_and_its_brim_runs(tmp_path: Path) ->
     source.mkdir()
     for name in SOURCES:
         shutil.copy(ROOT / name, source / name)
-    for name in PACKAGES:
+    # tests/ and bench/ too: what keeps them out of the wheel is pyproject's package list.
+    for name in (*PACKAGES, "tests", "bench"):
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     # A version of its own, so that `brim --version` shows it comes from this wheel's metadata.
     pyproject = source / "pyproject.toml"

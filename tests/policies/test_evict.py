@@ -327,7 +327,7 @@ def test_a_cleared_result_is_quoted_by_the_line_its_placeholder_quotes(wire: Bui
         before, goal, wire.meter
     )
     evicted_calls = "".join(r.original or "" for r in records if r.action == "evicted")
-    assert all(f'"c{n}"' in evicted_calls or f"c{n}" in evicted_calls for n in range(3))
+    assert all(f'"c{n}"' in evicted_calls for n in range(3))
     quoted = quoted_lines(notice_of(after))
     assert quoted.count("> read_file: the one line") == 1
     assert not any(q.startswith("> grep: [brim") for q in quoted)
