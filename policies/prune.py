@@ -569,9 +569,9 @@ class PruneToolResults:
         cap = settings.max_text_tokens
         if parsed is None:
             return digest_lines(text, terms, share, floor, meter, cap)
-        tokens = meter.tokens(text)
-        keep_tokens = max(floor, int(min(len(tokens), cap) * share))
-        if len(tokens) <= keep_tokens:
+        size = meter.text_tokens(text)  # a count, remembered: no token list is needed here
+        keep_tokens = max(floor, int(min(size, cap) * share))
+        if size <= keep_tokens:
             return text
         shrunk = orjson.dumps(self._digest_value(parsed, terms, meter)).decode()
         left = meter.tokens(shrunk)
