@@ -15,7 +15,6 @@ left, which moves every turn — so the next turn of the same session reuses the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -101,10 +100,8 @@ class RedisCache:
     async def set(self, key: str, value: str) -> None:
         await self.local.set(key, value)
         data = value.encode("utf-8", "surrogatepass")
-        with contextlib.suppress(Unavailable):
-            await self.link.run(
-                lambda client: client.set(f"brim:summary:{key}", data, ex=self._ttl)
-            )
+        # Off the summarizing path, as the other shared writes (the local copy answers now).
+        self.link.spawn(lambda client: client.set(f"brim:summary:{key}", data, ex=self._ttl))
 
 
 @dataclass(frozen=True, slots=True)
