@@ -36,7 +36,13 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from adapters.base import UpstreamResponse
 from adapters.config import UpstreamConfig
-from adapters.errors import BrimError, ContextTooLarge, RepeatedFailure, UpstreamError
+from adapters.errors import (
+    BrimError,
+    ContextTooLarge,
+    RateLimitExceeded,
+    RepeatedFailure,
+    UpstreamError,
+)
 from adapters.exchange import Exchange, RequestReport
 from middleware.audit import AuditLog
 from middleware.base import CallNext
@@ -208,6 +214,8 @@ class Observe:
                 if isinstance(error, ContextTooLarge)
                 else "blocked"  # by the loop guard
                 if isinstance(error, RepeatedFailure)
+                else "rate_limited"  # by the client's requests or tokens per minute
+                if isinstance(error, RateLimitExceeded)
                 else "upstream_error"
             )
             if isinstance(error, UpstreamError):
@@ -440,7 +448,8 @@ class Observe:
         telemetry.upstream_latency.record(upstream_ms, model)
         telemetry.added_latency.record(added_ms, model)
         changed = attributes["brim.actions"] != "none" or report.retries or report.restored
-        level = logging.INFO if changed or outcome == "refused" else logging.DEBUG
+        refused = outcome in ("refused", "blocked", "rate_limited")  # brim's own answers
+        level = logging.INFO if changed or refused else logging.DEBUG
         if request_log.isEnabledFor(level):  # nothing below is done when the level is off
             log_request(level, exchange, outcome, added_ms, attributes["brim.actions"])
 

@@ -53,6 +53,9 @@ def test_40_requests_against_30_per_minute_get_exactly_10_429s(
     assert {r.json()["error"]["code"] for r in more} == {"rate_limit_exceeded"}
     text = httpx.get(f"{base}/metrics").text
     assert re.search(r'brim_requests_rate_limited_total\{[^}]*limit="requests"[^}]*\} 20\.0', text)
+    # Counted as brim's own refusal, not as the provider's error.
+    assert re.search(r'brim_requests_total\{[^}]*outcome="rate_limited"[^}]*\} 20\.0', text)
+    assert 'outcome="upstream_error"' not in text
 
 
 def test_the_split_is_exact_over_two_instances_sharing_redis(
