@@ -24,7 +24,6 @@ import shutil
 import signal
 import sys
 import threading
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
@@ -34,6 +33,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import BrimConfig
+from proxy.status_view import open_direct
 
 # Signals passed on to the command when a process (not the terminal) sends them to brim run.
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -262,9 +262,8 @@ class Totals:
 
 def _get(url: str) -> bytes | None:
     """GET `url` straight (never through the user's HTTP proxy); None if it fails."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
-        with opener.open(url, timeout=FETCH_TIMEOUT_S) as reply:
+        with open_direct(url, FETCH_TIMEOUT_S) as reply:
             body: bytes = reply.read()
             return body
     except OSError:

@@ -18,6 +18,14 @@ EVENTS_SHOWN = 10
 TIMELINE_SHOWN = 15
 
 
+def open_direct(request: urllib.request.Request | str, timeout_s: float) -> Any:
+    """Open a URL of brim's straight, never through the user's HTTP proxy (`HTTP_PROXY` would
+    send a request for 127.0.0.1 to the proxy)."""
+    return urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+        request, timeout=timeout_s
+    )
+
+
 class StatusError(Exception):
     """brim could not be asked, or refused (the message says why)."""
 
@@ -28,7 +36,7 @@ def fetch_status(url: str, admin_key: str, *, timeout_s: float = 10.0) -> dict[s
         f"{url.rstrip('/')}/admin/status", headers={"x-brim-admin-key": admin_key}
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as reply:
+        with open_direct(request, timeout_s) as reply:
             value = json.loads(reply.read())
     except urllib.error.HTTPError as error:
         try:

@@ -304,6 +304,17 @@ def test_brim_status_takes_the_key_from_the_environment(
     assert json.loads(capsys.readouterr().out)["loop_guard"]["limit"] == 2
 
 
+def test_brim_status_goes_straight_to_brim_whatever_http_proxy_says(
+    dashboard: str, closed_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A proxy in the operator's environment is not asked for brim's own address."""
+    for name in ("HTTP_PROXY", "http_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{closed_port}")
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    assert main(["status", "--url", dashboard, "--admin-key", ADMIN, "--json"]) == 0
+
+
 # --- the page in a browser -------------------------------------------------------------------------
 
 
