@@ -333,23 +333,42 @@ def test_a_missing_cli_is_a_clear_error(fake_brim: Callable[..., Brim], tmp_path
     assert str(tmp_path / "nowhere" / "claude") in message and "does not exist" in message
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "message_at"),
+    [
+        (
+            "/v1/messages",
+            {
+                "model": "claude:sonnet",
+                "max_tokens": 10,
+                "messages": [{"role": "user", "content": "hi"}],
+            },
+            lambda reply: reply["type"] == "error" and reply["error"]["message"],  # Anthropic's
+        ),
+        (
+            "/v1/responses",
+            {"model": "claude:sonnet", "input": "hi"},
+            lambda reply: reply["error"]["message"],  # OpenAI's
+        ),
+        (
+            "/v1beta/models/claude:sonnet:generateContent",
+            {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+            lambda reply: reply["error"]["status"] == "NOT_FOUND" and reply["error"]["message"],
+        ),
+    ],
+    ids=["messages", "responses", "gemini"],
+)
 def test_other_wire_apis_get_a_clear_error_in_their_own_shape(
     fake_brim: Callable[..., Brim],
+    path: str,
+    body: dict[str, Any],
+    message_at: Callable[[dict[str, Any]], Any],
 ) -> None:
     brim = fake_brim()
-    response = httpx.post(
-        f"{brim.url}/v1/messages",
-        json={
-            "model": "claude:sonnet",
-            "max_tokens": 10,
-            "messages": [{"role": "user", "content": "hi"}],
-        },
-        timeout=30,
-    )
-    assert response.status_code == 404
-    body = response.json()
-    assert body["type"] == "error"  # Anthropic's shape
-    assert "Chat Completions requests only" in body["error"]["message"]
+    response = httpx.post(f"{brim.url}{path}", json=body, timeout=30)
+    assert response.status_code == 404, response.text
+    message = message_at(response.json())
+    assert isinstance(message, str) and "Chat Completions requests only" in message
 
 
 # -- The real CLIs -----------------------------------------------------------------------------
