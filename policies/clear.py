@@ -24,7 +24,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cachetools import LRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
@@ -42,6 +41,7 @@ from policies.conversation import (
     snapped_count,
 )
 from policies.information import CutFrom, cut_from, gist
+from policies.remembered import Remembered
 
 
 class ClearSettings(BaseModel):
@@ -69,7 +69,7 @@ def placeholder(tool: str, tokens: int, key: str, quoted: Sequence[str] = ()) ->
     return "\n".join([head, "Its gist:", *(f"> {line}" for line in quoted)])
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made for every candidate, every turn (and never changed)
 class _Cleared:
     """One result's placeholder: its text, the key it names and the text it stands for; for an
     older copy pointed onward, the call of the result it pointed to."""
@@ -94,8 +94,8 @@ class ClearToolResults:
         self.settings = settings or ClearSettings()
         # (tool, tokens, the whole's length and hash, whether the text is a placeholder) →
         # (the whole's archive key, the placeholder): `_placeholder` depends on nothing else.
-        self._placeholders: LRUCache[tuple[str, int, int, int, bool], tuple[str, str]] = LRUCache(
-            maxsize=20_000
+        self._placeholders: Remembered[tuple[str, int, int, int, bool], tuple[str, str]] = (
+            Remembered(maxsize=20_000)
         )
         self._lock = threading.Lock()
 

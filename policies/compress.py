@@ -91,9 +91,15 @@ def compress(
     repair: bool = True,
 ) -> Outcome:
     repairs: list[str] = []
-    if repair and dialect.violations(messages):
-        messages, repairs = dialect.repaired(messages)
+    clean = False  # known to pair validly
+    if repair:
+        if dialect.violations(messages):
+            messages, repairs = dialect.repaired(messages)
+        else:
+            clean = True
     conversation = Conversation.of(dialect, messages, meter, fixed)
+    if clean:
+        conversation.checked()
     tokens_in = conversation.total
     goal = Goal(
         target=room_target(limit, low_water, room),
@@ -109,7 +115,9 @@ def compress(
             tried.append(policy.name)
             conversation, done = policy.apply(conversation, goal, meter)
             records += done
-        if dialect.violations(conversation.messages):  # e.g. Anthropic's "start with a user"
+        # e.g. Anthropic's "start with a user"; not asked again where the policies only
+        # rewrote the texts of tool results of messages checked already
+        if not conversation.known_valid and dialect.violations(conversation.messages):
             fixed_messages, notes = dialect.repaired(conversation.messages)
             repairs += notes
             conversation = Conversation.of(dialect, fixed_messages, meter, fixed)

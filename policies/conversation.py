@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 import orjson
-from cachetools import LRUCache
+
+from policies.remembered import Remembered
 
 UnitKind = Literal["system", "user", "assistant", "tools", "orphan"]
 T = TypeVar("T")
@@ -134,10 +135,12 @@ class Conversation:
     def of(
         cls, dialect: Dialect, messages: Sequence[Any], meter: Meter, fixed: int
     ) -> Conversation:
+        # A meter that counts many messages at once (`CounterMeter.messages`) is asked so.
+        counted = getattr(meter, "messages", None)
         return cls(
             dialect=dialect,
             messages=tuple(messages),
-            sizes=tuple(map(meter.message, messages)),
+            sizes=tuple(map(meter.message, messages)) if counted is None else counted(messages),
             fixed=fixed,
             origin=tuple(range(len(messages))),
         )
@@ -165,12 +168,26 @@ class Conversation:
         units and requests holds for the new one as well, and goes with it, for `facts` to start
         from if they are asked for."""
         replaced = self.replace(changes)
+        if replaced is not self and self.memo.get(_PAIRED):
+            replaced.memo[_PAIRED] = True
         known = self.memo.get(_FACTS)
         if replaced is not self and isinstance(known, Facts):
             replaced.memo[_FACTS] = _Earlier(known, frozenset(changes))
         elif replaced is not self and isinstance(known, _Earlier):
             replaced.memo[_FACTS] = _Earlier(known.facts, known.changed | changes.keys())
         return replaced
+
+    def checked(self) -> Conversation:
+        """This conversation, noted as pairing validly (`Dialect.violations` found nothing in
+        its messages): the note goes with it through `with_results`, whose rewrites of result
+        texts leave every role, call and result where it was."""
+        self.memo[_PAIRED] = True
+        return self
+
+    @property
+    def known_valid(self) -> bool:
+        """Whether these messages are known to pair validly (`checked`)."""
+        return bool(self.memo.get(_PAIRED))
 
     def keep(
         self, keep: Callable[[int], bool], inserts: Mapping[int, tuple[Any, int]]
@@ -302,8 +319,8 @@ STOP_WORDS = frozenset(_STOP_WORDS.split())
 
 # Remembered by content (results come back every turn), keyed by the string's own cached hash
 # and its length: cheap, and collisions are negligible at these sizes (as in tokens.py).
-_ARCHIVE_KEYS: LRUCache[tuple[int, int], str] = LRUCache(maxsize=8_192)
-_TEXT_FACTS: LRUCache[tuple[int, int], _TextFacts] = LRUCache(maxsize=8_192)
+_ARCHIVE_KEYS: Remembered[tuple[int, int], str] = Remembered(maxsize=8_192)
+_TEXT_FACTS: Remembered[tuple[int, int], _TextFacts] = Remembered(maxsize=8_192)
 _CACHE_LOCK = threading.Lock()
 
 
@@ -531,6 +548,7 @@ class _Once(Generic[T]):
 
 
 _FACTS = "facts"  # the memo key of a conversation's `Facts`
+_PAIRED = "paired"  # …and of the note that its messages pair validly (`Conversation.checked`)
 # The parts of `Facts` that the texts of tool results do not change: they depend on the calls,
 # the units and the user's requests alone.
 _OF_STRUCTURE = ("units", "_walk", "arguments", "call_counts", "queries")

@@ -26,9 +26,9 @@ from itertools import chain
 from typing import Any
 
 import orjson
-from cachetools import LRUCache
 
 from policies.conversation import Conversation, ResultKey, strings_of
+from policies.remembered import Remembered
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
@@ -45,8 +45,8 @@ _SMOOTHING = 2  # a line of one rare word is no more telling than a sentence of 
 _GIST_RATIO = 0.6  # a gist quotes no line scoring below this share of its best line's
 GIST_WIDTH = 200  # characters of a line a gist quotes at most
 
-_GISTS: LRUCache[tuple[int, int, int, int], tuple[str, ...]] = LRUCache(maxsize=8_192)
-_SCORES: LRUCache[tuple[int, int], list[float]] = LRUCache(maxsize=2_048)
+_GISTS: Remembered[tuple[int, int, int, int], tuple[str, ...]] = Remembered(maxsize=8_192)
+_SCORES: Remembered[tuple[int, int], list[float]] = Remembered(maxsize=2_048)
 _LOCK = threading.Lock()
 
 

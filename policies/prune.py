@@ -45,7 +45,6 @@ from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Any
 
 import orjson
-from cachetools import LRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
@@ -55,6 +54,7 @@ from policies.conversation import (
     Goal,
     Meter,
     ToolResult,
+    Unit,
     archive_key,
     copies,
     facts,
@@ -75,6 +75,7 @@ from policies.information import (
     scores_of,
 )
 from policies.nesting import SAFE_DEPTH, nests_deeper_than
+from policies.remembered import Remembered
 
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
 _MARKER_TOKENS = 20  # what one "[… N lines … omitted by brim …]" line costs, about
@@ -402,7 +403,7 @@ def _matched_terms(text: str, terms: frozenset[str]) -> frozenset[str]:
     return present & keys_in("\n".join(lines))  # a throwaway text: not remembered
 
 
-_MATCHED: LRUCache[tuple[int, int, frozenset[str]], frozenset[str]] = LRUCache(maxsize=8_192)
+_MATCHED: Remembered[tuple[int, int, frozenset[str]], frozenset[str]] = Remembered(maxsize=8_192)
 _MATCHED_LOCK = threading.Lock()
 
 Key = tuple[int, str]  # (message index, call key)
@@ -415,7 +416,7 @@ class PruneToolResults:
     def __init__(self, settings: PruneSettings | None = None) -> None:
         self.settings = settings or PruneSettings()
         # A result is pruned the same way every turn; remember it instead of re-tokenizing.
-        self._pruned: LRUCache[tuple[str, int, int, Hashable], str] = LRUCache(maxsize=20_000)
+        self._pruned: Remembered[tuple[str, int, int, Hashable], str] = Remembered(maxsize=20_000)
         self._lock = threading.Lock()
         # A noise field's name matches one of `drop_fields` (as `fnmatch.fnmatchcase` does).
         fields = self.settings.drop_fields
@@ -696,13 +697,14 @@ class PruneToolResults:
                         yield size - smaller
 
             step = goal.step(settings.cut_at_least)
-            cuts = self._lossy_edits(known, texts, meter)
+            terms = _task_terms(known)
+            cuts = self._lossy_edits(known, texts, meter, terms)
             snapped_count(shrink(cuts, cut, prunable), needed, step)
             left = needed - sum(pruned.sizes[i] - size for i, (_, size) in edited.items())
             if left > 0 and settings.digest_share < 1:
                 sizes = [edited[i][1] if i in edited else pruned.sizes[i] for i in prunable]
                 start = self._digests_from(sizes, left)
-                digests = self._lossy_edits(known, texts, meter, digest=True)
+                digests = self._lossy_edits(known, texts, meter, terms, digest=True)
                 snapped_count(shrink(digests, digested, prunable[start:]), left, step)
 
         records: list[FidelityRecord] = []
@@ -795,16 +797,19 @@ class PruneToolResults:
         return start - start % _DIGEST_GRID  # moved in steps, so the prefix stays put
 
     def _lossy_edits(
-        self, known: Facts, texts: dict[Key, str], meter: Meter, digest: bool = False
+        self,
+        known: Facts,
+        texts: dict[Key, str],
+        meter: Meter,
+        terms_at: Callable[[int], frozenset[str]],
+        digest: bool = False,
     ) -> _Edits:
         """A function giving a message's results cut to their relevant part (call → new text) —
         or with `digest`, to their digests — judged by the request each was fetched for and the
-        calls that fetched it (the facts of the conversation before steps 1 and 2, which touch
-        neither). `texts`: each result's text as it stands, where not its own."""
+        calls that fetched it (`terms_at`, from the facts of the conversation before steps 1 and
+        2, which touch neither). `texts`: each result's text as it stands, where not its own."""
         settings = self.settings
         results = known.editable
-        request = known.requests
-        unit_of = {i: unit for unit in known.units if unit.kind == "tools" for i in unit.indices}
 
         def edits(index: int, size: int, skip: set[str]) -> dict[str, str]:
             found: dict[str, str] = {}
@@ -818,8 +823,7 @@ class PruneToolResults:
                     and text.lstrip()[:1] not in ("{", "[")
                 ):
                     continue  # a short text: nothing to cut
-                unit = unit_of.get(index)
-                terms = request[index] | (known.call_terms(unit) if unit else frozenset())
+                terms = terms_at(index)
                 named = archive_key(result.text)
                 if digest:
                     shrunk = self.digest_text(text, meter, terms, named=named)
@@ -858,6 +862,29 @@ class PruneToolResults:
                 for result in found:
                     texts.pop((index, result.call_id), None)
         return changes
+
+
+def _task_terms(known: Facts) -> Callable[[int], frozenset[str]]:
+    """The task terms of the results of message `index`: those of the request they were
+    fetched for and of the calls of their unit — worked out once a message, and the same set
+    for every result of it and both lossy steps (its hash, part of the caches' keys, is then
+    computed once)."""
+    unit_of: dict[int, Unit] = {}
+    found: dict[int, frozenset[str]] = {}
+
+    def terms(index: int) -> frozenset[str]:
+        known_terms = found.get(index)
+        if known_terms is None:
+            if not unit_of:
+                unit_of.update(
+                    (i, unit) for unit in known.units if unit.kind == "tools" for i in unit.indices
+                )
+            unit = unit_of.get(index)
+            call_terms = known.call_terms(unit) if unit else frozenset()
+            known_terms = found[index] = known.requests[index] | call_terms
+        return known_terms
+
+    return terms
 
 
 def _bracketed(text: str) -> str | None:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -32,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import tiktoken
 from cachetools import LRUCache
+
+from policies.remembered import Remembered
 
 if TYPE_CHECKING:
     from policies.wires.base import Wire
@@ -120,32 +121,6 @@ TextCache = LRUCache[tuple[str, int, int], int]  # (tokenizer, length, hash) →
 MessageKey = tuple[str, int, int]  # (wire:tokenizer:model, length, hash of the message's JSON)
 
 
-class CountCache:
-    """A bounded least-recently-used map of message keys to counts: two C calls a look-up
-    (cachetools' `LRUCache` takes four Python ones, which on a 600-message request were most of
-    a warm count). Not thread-safe by itself: `TokenCounter` holds its lock around it."""
-
-    def __init__(self, maxsize: int) -> None:
-        self.maxsize = maxsize
-        self._data: OrderedDict[MessageKey, int] = OrderedDict()
-
-    def get(self, key: MessageKey) -> int | None:
-        value = self._data.get(key)
-        if value is not None:
-            self._data.move_to_end(key)
-        return value
-
-    def __setitem__(self, key: MessageKey, value: int) -> None:
-        data = self._data
-        data[key] = value
-        data.move_to_end(key)
-        if len(data) > self.maxsize:
-            data.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-
 class TokenCounter:
     """Counts with tiktoken. Thread-safe, so large counts can run off the event loop."""
 
@@ -159,7 +134,7 @@ class TokenCounter:
         if claude_factor < 1:
             raise ValueError(f"claude_factor must be at least 1, not {claude_factor}")
         self.claude_factor = claude_factor
-        self._cache = CountCache(cache_size)  # messages
+        self._cache: Remembered[MessageKey, int] = Remembered(cache_size)  # messages
         # Texts and tool definitions (system prompts, tools: few, long, counted every request),
         # apart from the messages so that a long session cannot evict them.
         self._fixed: LRUCache[tuple[str, int, int], int] = LRUCache(maxsize=fixed_cache_size)
@@ -382,6 +357,13 @@ class CounterMeter:
 
     def message(self, message: Any) -> int:
         return self.counter._message(message, self._kind, self.tokenizer, self.model, self.wire)
+
+    def messages(self, messages: Sequence[Any]) -> tuple[int, ...]:
+        """`message` of each, the cached counts looked up together (`TokenCounter.messages`):
+        a long session is counted whole at every compression, mostly from the cache."""
+        if any(type(message) is not dict for message in messages):
+            return tuple(map(self.message, messages))
+        return self.counter.messages(messages, self.tokenizer, self.model, self.wire)
 
     def tokens(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)

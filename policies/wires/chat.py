@@ -97,23 +97,28 @@ class ChatDialect:
 
     def call_arguments(self, message: Any) -> list[tuple[str, Any]]:
         """(id, `function.arguments` parsed from their JSON text) for each call `calls` lists."""
+        if role_of(message) != "assistant":  # most messages: no calls to read
+            return []
         found: list[tuple[str, Any]] = []
-        for call in message.get("tool_calls") or () if self.role(message) == "assistant" else ():
+        for call in message.get("tool_calls") or ():
             if (call_id := _call_id(call)) is None:
                 continue
             function = call.get("function")
-            arguments = function.get("arguments") if isinstance(function, Mapping) else None
+            is_mapping = type(function) is dict or isinstance(function, Mapping)
+            arguments = function.get("arguments") if is_mapping else None
             found.append((call_id, lenient_json(arguments)))
         return found
 
     def units(self, messages: Sequence[Any]) -> list[Unit]:
         units: list[Unit] = []
+        roles = list(map(role_of, messages))  # each message's role, read once
+        count = len(roles)
         index = 0
-        while index < len(messages):
-            role = self.role(messages[index])
+        while index < count:
+            role = roles[index]
             if role == "assistant" and self.calls(messages[index]):
                 end = index + 1
-                while end < len(messages) and self.role(messages[end]) == "tool":
+                while end < count and roles[end] == "tool":
                     end += 1
                 units.append(Unit("tools", index, end))
                 index = end

@@ -280,3 +280,79 @@ def test_every_process_compresses_a_request_to_the_same_bytes() -> None:
     ]
     assert len(outputs[0].splitlines()) == 4
     assert outputs[0] == outputs[1]
+
+
+class CountingDialect(ChatDialect):
+    """Chat, counting how often the pairing is checked."""
+
+    def __init__(self) -> None:
+        self.checks = 0
+
+    def violations(self, messages: Any) -> list[str]:
+        self.checks += 1
+        return super().violations(messages)
+
+
+class DropsAResult:
+    """A policy that drops the first tool result: the request no longer pairs."""
+
+    name = "drops_a_result"
+
+    def apply(self, conversation: Any, goal: Any, meter: Any) -> tuple[Any, list[Any]]:
+        first = next(i for i, m in enumerate(conversation.messages) if m["role"] == "tool")
+        return conversation.keep(lambda index: index != first, {}), []
+
+
+class RewritesResults:
+    """A policy that only rewrites the texts of tool results (as prune and clear do)."""
+
+    name = "rewrites_results"
+
+    def apply(self, conversation: Any, goal: Any, meter: Any) -> tuple[Any, list[Any]]:
+        dialect = conversation.dialect
+        changes = {}
+        for index, message in enumerate(conversation.messages):
+            if message["role"] == "tool":
+                short = dialect.with_tool_result(message, message["tool_call_id"], "short")
+                changes[index] = (short, meter.message(short))
+        return conversation.with_results(changes), []
+
+
+def long_tool_session(turns: int = 6) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a careful coding agent."},
+        {"role": "user", "content": "Find the rounding bug."},
+    ]
+    for turn in range(turns):
+        output = "\n".join(f"def f_{turn}_{n}(v): return v * {n}" for n in range(150))
+        messages += tool_turn(f"c{turn}", output)
+    messages.append({"role": "user", "content": "And now?"})
+    return messages
+
+
+def test_pairing_is_not_checked_again_where_only_result_texts_were_rewritten() -> None:
+    dialect = CountingDialect()
+    messages = long_tool_session()
+    for policies in ([RewritesResults()], POLICIES[:2]):  # a stub, and prune and clear
+        dialect.checks = 0
+        outcome = compress(dialect, messages, 3, METER, policies, limit=1_500, low_water=0.85)
+        assert outcome.tokens_out < outcome.tokens_in and not outcome.repairs
+        assert dialect.checks == 1  # the request as it came, not the one made from it
+        assert not pairing_errors(list(outcome.messages))
+
+
+def test_pairing_is_checked_again_and_repaired_after_a_policy_changes_the_structure() -> None:
+    dialect = CountingDialect()
+    messages = long_tool_session()
+    policies = [DropsAResult(), RewritesResults()]
+    outcome = compress(dialect, messages, 3, METER, policies, limit=1_500, low_water=0.01)
+    assert outcome.tried == ("drops_a_result", "rewrites_results")
+    assert dialect.checks == 2
+    assert outcome.repairs  # the call whose result went got one again
+    assert not pairing_errors(list(outcome.messages))
+    # Without repair up front nothing was checked: the end checks (and repairs) as before.
+    dialect.checks = 0
+    outcome = compress(
+        dialect, messages, 3, METER, [RewritesResults()], limit=1_500, low_water=0.85, repair=False
+    )
+    assert dialect.checks == 1

@@ -16,7 +16,7 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.tokens import CountCache, TokenCounter
+from policies.tokens import TokenCounter
 from policies.wires.chat import CHAT
 from proxy.resources import use_bundled_tiktoken_files
 
@@ -249,17 +249,6 @@ def test_a_request_counts_its_messages_as_one_by_one_and_repeats_hit_the_cache(
     counted = counter.request(CHAT, {"messages": messages}, "o200k_base").messages
     assert counted == tuple(TokenCounter().message(m, "o200k_base", "", CHAT) for m in messages[:3])
     assert (counter.cache_hits, counter.cache_misses) == (1, 2)  # the repeat: counted once
-
-
-def test_the_count_cache_forgets_the_least_recently_used() -> None:
-    cache = CountCache(2)
-    cache[("a", 1, 1)] = 1
-    cache[("b", 1, 1)] = 2
-    assert cache.get(("a", 1, 1)) == 1  # now the most recent
-    cache[("c", 1, 1)] = 3
-    assert len(cache) == 2
-    assert cache.get(("b", 1, 1)) is None
-    assert (cache.get(("a", 1, 1)), cache.get(("c", 1, 1))) == (1, 3)
 
 
 def test_the_cache_separates_tokenizers(counter: TokenCounter) -> None:
@@ -622,3 +611,33 @@ def test_texts_measured_for_one_request_are_not_tokenized_again_for_the_next() -
     assert counter.counted.calls == 1
     assert CounterMeter(counter, "o200k_base", "m", CHAT).text_tokens(text) == first
     assert counter.counted.calls == 1
+
+
+def test_a_meter_counts_many_messages_as_it_counts_each() -> None:
+    from policies.tokens import CounterMeter
+    from policies.wires import WIRES
+
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "count me " * 40},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path": "a.py"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "def f(): pass\n" * 30},
+    ]
+    counter = TokenCounter()
+    meter = CounterMeter(counter, "o200k_base", "gpt-4o", WIRES["openai.chat"])
+    each = tuple(
+        CounterMeter(TokenCounter(), "o200k_base", "gpt-4o", CHAT).message(m) for m in messages
+    )
+    assert meter.messages(messages) == each  # counted, then…
+    assert meter.messages(messages) == each  # …from the cache
+    assert counter.cache_hits == len(messages)
