@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -174,8 +175,22 @@ class Exchange:
     @property
     def long_context(self) -> bool:
         """Whether the client opted into Anthropic's 1M-token window (`anthropic-beta`)."""
-        return wants_long_context(self.headers.getall("anthropic-beta", ()))
+        betas = self.headers.getall("anthropic-beta", None)
+        return betas is not None and wants_long_context(betas)
 
     def with_body(self, body: dict[str, Any]) -> Exchange:
         """The same exchange carrying a changed request, serialized once, here."""
         return dataclasses.replace(self, body=body, raw=orjson.dumps(body))
+
+    def with_context(self, context: RequestContext) -> Exchange:
+        """The same exchange with `context`: `dataclasses.replace(self, context=context)`, at
+        half its cost (every request takes this step)."""
+        values = list(_EXCHANGE_VALUES(self))
+        values[_CONTEXT_AT] = context
+        return Exchange(*values)
+
+
+# Every field of an `Exchange` in order, read at once; where its context is among them.
+_EXCHANGE_FIELDS = tuple(f.name for f in dataclasses.fields(Exchange))
+_EXCHANGE_VALUES = operator.attrgetter(*_EXCHANGE_FIELDS)
+_CONTEXT_AT = _EXCHANGE_FIELDS.index("context")

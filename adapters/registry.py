@@ -38,6 +38,8 @@ def route_matches(model: str, pattern: str) -> bool:
     return fnmatch.fnmatchcase(model, pattern)
 
 
+ROUTES_REMEMBERED = 4_096  # (model, api) pairs whose upstream `Upstreams.route` keeps
+
 API_NAMES = {
     "openai.chat": "Chat Completions",
     "openai.responses": "Responses",
@@ -67,11 +69,24 @@ class Upstreams:
         self.adapters: dict[str, Adapter] = {
             name: build_adapter(name, config) for name, config in upstreams.items()
         }
+        # The upstream chosen per (model, api): routes are fixed, models are client input.
+        self._routed: dict[tuple[str, str], str] = {}
 
     def __getitem__(self, name: str) -> Adapter:
         return self.adapters[name]
 
     def route(self, model: str, api: str) -> str:
+        """The upstream that serves `model` on `api` (remembered); `NoRoute` if none does."""
+        key = (model, api)
+        name = self._routed.get(key)
+        if name is None:
+            name = self._route(model, api)
+            if len(self._routed) >= ROUTES_REMEMBERED:
+                del self._routed[next(iter(self._routed))]
+            self._routed[key] = name
+        return name
+
+    def _route(self, model: str, api: str) -> str:
         serving = SERVES.get(api, frozenset())
         if not self.routes:
             for name, config in self.configs.items():

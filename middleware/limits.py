@@ -38,7 +38,7 @@ from policies.budget import (
     undecided,
 )
 from policies.clients import ClientRule, match_client
-from policies.limits import LimitSource, LimitsRegistry
+from policies.limits import LimitSource, LimitsRegistry, ResolvedLimits
 from policies.tokens import TokenCounter
 from policies.wires.base import Wire
 
@@ -52,6 +52,7 @@ async def _thread(count: Callable[[], int]) -> int:
 INLINE_BYTES = 64 * 1024  # smaller bodies are counted on the spot: well under a millisecond
 
 
+BUDGETS_REMEMBERED = 4_096
 NATIVE_CACHE_SIZE = 4_096
 NATIVE_CACHE_TTL_S = 3_600.0
 MISSING_TTL_S = 3_600.0  # a counter that answered 404/405 for a model is not asked again for this
@@ -95,14 +96,22 @@ class NativeCounts:
         return estimate_band(tokenizer, config.api)
 
     async def settle(
-        self, exchange: Exchange, tokens: RequestTokens, budget: TokenBudget, tokenizer: str
+        self,
+        exchange: Exchange,
+        tokens: RequestTokens,
+        budget: TokenBudget,
+        tokenizer: str,
+        *,
+        band: float | None = None,
     ) -> RequestTokens:
         """`tokens` with the provider's count as `exact` (brim's kept as `estimate`) when the
-        estimate is undecided and the provider answers in time; else `tokens` as they were."""
+        estimate is undecided and the provider answers in time; else `tokens` as they were.
+        `band`: `self.band(exchange, tokenizer)`, where the caller has it already."""
         if tokens.exact is None:  # the free bound cleared the budget: it fits, whatever counts
             return tokens
-        band = self.band(exchange, tokenizer)
-        if not undecided(tokens.exact, budget.effective(), band):
+        if band is None:
+            band = self.band(exchange, tokenizer)
+        if band is None or not undecided(tokens.exact, budget.effective(), band):
             return tokens
         wire = exchange.wire
         if wire.dialect.violations(wire.conversation(exchange.body or {})):
@@ -195,21 +204,51 @@ class ResolveLimits:
         )  # bounded: ids are client input
         # The providers' own counters, for estimates too close to the budget to decide on.
         self.native = NativeCounts(upstreams) if upstreams is not None else None
+        # Budgets by (the registry's resolution, by identity; requested output; a client rule's
+        # CLI overhead): the registry hands out one resolution per model until it learns more.
+        self._budgets: dict[
+            tuple[int, int | None, int | None], tuple[ResolvedLimits, TokenBudget]
+        ] = {}
 
     async def measure(
         self, exchange: Exchange, budget: TokenBudget, tokenizer: str
     ) -> RequestTokens:
+        if len(exchange.raw) <= INLINE_BYTES:
+            return self._inline(exchange, tokenizer)
         body = exchange.body or {}
         wire = exchange.wire
         bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire)
         count = functools.partial(self._count, wire, body, tokenizer, exchange.model, bound)
-        if len(exchange.raw) <= INLINE_BYTES:
-            return RequestTokens(upper_bound=bound, exact=count())
         if budget.fits(bound):  # no decision hangs on it: count beside the upstream call
             return RequestTokens(upper_bound=bound, pending=asyncio.ensure_future(_thread(count)))
         if len(exchange.raw) > OFF_LOOP_BYTES:
             return RequestTokens(upper_bound=bound, exact=await _thread(count))
         return RequestTokens(upper_bound=bound, exact=count())
+
+    def _inline(self, exchange: Exchange, tokenizer: str) -> RequestTokens:
+        """`measure` of a small request: the bound and the exact count, on the spot."""
+        body = exchange.body or {}
+        wire = exchange.wire
+        bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire)
+        exact = self._count(wire, body, tokenizer, exchange.model, bound)
+        return RequestTokens(upper_bound=bound, exact=exact)
+
+    def _budget(
+        self, resolved: ResolvedLimits, requested: int | None, cli_overhead: int | None
+    ) -> TokenBudget:
+        """`budget_for` this request, remembered per resolution (checked by identity, so one
+        the registry replaced is never taken for it), requested output and CLI overhead."""
+        key = (id(resolved), requested, cli_overhead)
+        held = self._budgets.get(key)
+        if held is not None and held[0] is resolved:
+            return held[1]
+        budget = budget_for(
+            resolved, requested, safety_margin=self.safety_margin, cli_overhead=cli_overhead
+        )
+        if len(self._budgets) >= BUDGETS_REMEMBERED:
+            del self._budgets[next(iter(self._budgets))]
+        self._budgets[key] = (resolved, budget)
+        return budget
 
     def _count(
         self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str, bound: int
@@ -237,16 +276,27 @@ class ResolveLimits:
                 limits.max_output,
                 exchange.model,
             )
-        client = match_client(self.clients, exchange.user_agent, exchange.headers)
-        budget = budget_for(
+        client = (
+            match_client(self.clients, exchange.user_agent, exchange.headers)
+            if self.clients
+            else None
+        )
+        budget = self._budget(
             resolved,
             requested_output(exchange.body or {}),
-            safety_margin=self.safety_margin,
-            cli_overhead=client[1].overhead if client else None,
+            client[1].overhead if client else None,
         )
-        tokens = await self.measure(exchange, budget, resolved.limits.tokenizer)
-        if self.native is not None:
-            tokens = await self.native.settle(exchange, tokens, budget, resolved.limits.tokenizer)
+        tokenizer = resolved.limits.tokenizer
+        if len(exchange.raw) <= INLINE_BYTES:
+            tokens = self._inline(exchange, tokenizer)
+        else:
+            tokens = await self.measure(exchange, budget, tokenizer)
+        native = self.native
+        # Only a count brim made, for an upstream that counts too, can want settling.
+        if native is not None and tokens.exact is not None:
+            band = native.band(exchange, tokenizer)
+            if band is not None:
+                tokens = await native.settle(exchange, tokens, budget, tokenizer, band=band)
         return RequestContext(resolved, budget, tokens, client[0] if client else None)
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
@@ -260,4 +310,4 @@ class ResolveLimits:
                 context.budget.effective(),
                 exchange.model,
             )
-        return await call_next(dataclasses.replace(exchange, context=context))
+        return await call_next(exchange.with_context(context))

@@ -125,8 +125,15 @@ class RestoreRounds:
         self.max_rounds = max_rounds
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        exchange, response = await _sent(exchange, call_next)
-        if not exchange.report.restore_offered or exchange.body is None or response.status >= 300:
+        report = exchange.report
+        try:  # `_sent`, written out: every request takes this step, most offer no restore
+            response = await call_next(exchange)
+        finally:
+            sent, report.sent = report.sent, None
+        if not report.restore_offered or response.status >= 300:
+            return response
+        exchange = sent or exchange
+        if exchange.body is None:
             return response
         if response.chunks is not None:
             return await self._streamed(exchange, response, call_next)

@@ -87,11 +87,13 @@ class RetryOnOverflow:
         current = exchange
         retries = 0
         first_tokens: int | None = None
-        fallbacks = list(self.registry.fallbacks(exchange.model))
+        fallbacks: list[str] | None = None  # looked up on the first overflow
         while True:
             try:
                 response = await call_next(current)
             except ContextOverflow as overflow:
+                if fallbacks is None:
+                    fallbacks = list(self.registry.fallbacks(exchange.model))
                 self._learn(current.model, overflow)
                 exchange.report.overflow_messages.append(overflow.overflow.message)
                 sent = await self._tokens_sent(current)

@@ -10,6 +10,7 @@ capped at the model's max output, and only where the provider counts output agai
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ from policies.limits import ResolvedLimits
 DEFAULT_SAFETY_MARGIN = 0.05
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)  # no slots: `effective` is worked out once, kept in the instance
 class TokenBudget:
     context_window: int
     reserved_output: int = 0
@@ -43,6 +44,10 @@ class TokenBudget:
 
     def effective(self) -> int:
         """Input tokens still available; never negative."""
+        return self._effective  # asked for several times by every request: worked out once
+
+    @functools.cached_property
+    def _effective(self) -> int:
         spent = self.reserved_output + self.cli_overhead + self.margin_tokens + self.allocated
         return max(0, self.context_window - spent)
 

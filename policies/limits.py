@@ -23,12 +23,14 @@ the chain says (source `header`). The caller reads the header; `wants_long_conte
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Literal
+from types import MappingProxyType
+from typing import Literal, TypeVar
 
 from cachetools import TLRUCache
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,6 +44,9 @@ LONG_CONTEXT_BETA = "context-1m"  # Anthropic's beta token prefix: context-1m-20
 LONG_CONTEXT_WINDOW = 1_000_000
 LEARNED_TTL_S = 24 * 3600.0
 LEARNED_MAX = 4_096  # facts of each kind kept (the soonest to expire go first)
+MEMO_MAX = 4_096  # model ids (client input) whose normalisation and limits are remembered
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 
 class LimitSource(StrEnum):
@@ -195,6 +200,13 @@ def _until(key: str, value: tuple[int, float], now: float) -> float:
     return value[1]
 
 
+def _remember(memo: dict[_K, _V], key: _K, value: _V) -> None:
+    """`memo[key] = value`, the oldest entry forgotten when it holds `MEMO_MAX` already."""
+    if len(memo) >= MEMO_MAX and key not in memo:
+        del memo[next(iter(memo))]
+    memo[key] = value
+
+
 class LimitsRegistry:
     """Resolves a model id to its limits. Holds the config's facts, litellm's map and what was
     learned from provider errors; looking up does no I/O."""
@@ -226,6 +238,12 @@ class LimitsRegistry:
         }
         # Told of every fact learned here (not of those adopted from elsewhere).
         self.listeners: list[Callable[[Learned], None]] = []
+        # Resolutions remembered per (raw id, long_context): the config and the model map never
+        # change, so an entry holds until a fact is learned or adopted (`_generation` moves on)
+        # or a learned fact it rests on expires (its `until`). Ids are client input: bounded.
+        self._generation = 0
+        self._normalized: dict[str, ModelId] = {}
+        self._resolved: dict[tuple[str, bool], tuple[int, float, ResolvedLimits]] = {}
 
     @property
     def learned(self) -> dict[str, int]:
@@ -241,7 +259,11 @@ class LimitsRegistry:
         ]
 
     def normalize(self, raw: str) -> ModelId:
-        return normalize_model_id(raw, self.aliases)
+        model = self._normalized.get(raw)
+        if model is None:
+            model = normalize_model_id(raw, self.aliases)
+            _remember(self._normalized, raw, model)
+        return model
 
     def _learn(self, kind: LearnedKind, raw: str, value: int) -> bool:
         key = self.normalize(raw).candidates[0]
@@ -249,6 +271,7 @@ class LimitsRegistry:
         before = cache.get(key)
         fact = Learned(kind, key, value, self._timer() + self.learned_ttl_s)
         cache[key] = (value, fact.until)
+        self._generation += 1
         for listener in self.listeners:
             listener(fact)
         return before is None or before[0] != value
@@ -273,6 +296,7 @@ class LimitsRegistry:
         if fact.until <= self._timer() or (held is not None and held[1] >= fact.until):
             return False
         cache[fact.model] = (fact.value, fact.until)
+        self._generation += 1
         return held is None or held[0] != fact.value
 
     def fallbacks(self, raw: str) -> tuple[str, ...]:
@@ -283,9 +307,32 @@ class LimitsRegistry:
 
     def resolve(self, raw: str, *, long_context: bool = False) -> ResolvedLimits:
         """`long_context`: the request carries Anthropic's context-1m beta
-        (`wants_long_context`); an Anthropic model then gets a window of at least 1 000 000."""
+        (`wants_long_context`); an Anthropic model then gets a window of at least 1 000 000.
+        Remembered until something is learned or adopted, or a learned fact it used expires."""
+        key = (raw, long_context)
+        memo = self._resolved.get(key)
+        if (
+            memo is not None
+            and memo[0] == self._generation
+            and (memo[1] == math.inf or self._timer() < memo[1])
+        ):
+            return memo[2]
+        generation = self._generation
+        resolved, until = self._resolve(raw, long_context)
+        _remember(self._resolved, key, (generation, until, resolved))
+        return resolved
+
+    def _resolve(self, raw: str, long_context: bool) -> tuple[ResolvedLimits, float]:
+        """The limits, and until when they hold: the soonest expiry of the learned facts they
+        rest on (infinity: none)."""
         model = self.normalize(raw)
         sources: dict[str, LimitSource] = {}
+        until = math.inf
+        learned_windows = self._learned["window"]
+        for candidate in model.candidates:
+            if (fact := learned_windows.get(candidate)) is not None:
+                until = fact[1]
+                break
         window = self._first(model, "context_window", sources)
         max_output = self._first(model, "max_output", sources)
         entry = next(
@@ -305,9 +352,13 @@ class LimitsRegistry:
             fnmatch.fnmatchcase(model.name, pattern) for pattern in model_table.INPUT_ONLY_LIMIT
         ):
             output_counts = False
-        if any(c in self._learned["output_counts"] for c in model.candidates):
+        counted = [
+            fact for c in model.candidates if (fact := self._learned["output_counts"].get(c))
+        ]
+        if counted:
             output_counts = True
             sources["output_counts"] = LimitSource.LEARNED
+            until = min(until, *(fact[1] for fact in counted))
         if long_context and provider == "anthropic" and window < LONG_CONTEXT_WINDOW:
             # Wins over a learned window too: learning is per model, and what Anthropic
             # reports when a request overflows without the beta is the standard window.
@@ -325,7 +376,11 @@ class LimitsRegistry:
             output_counts=output_counts,
             tokenizer=tokenizer,
         )
-        return ResolvedLimits(model=model, limits=limits, sources=sources, cli_overhead=overhead)
+        # Shared by every caller of a remembered resolution: read-only.
+        frozen = MappingProxyType(sources)
+        return ResolvedLimits(
+            model=model, limits=limits, sources=frozen, cli_overhead=overhead
+        ), until
 
     def _first(self, model: ModelId, figure: str, sources: dict[str, LimitSource]) -> int:
         if figure == "context_window":

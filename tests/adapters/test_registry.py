@@ -2,9 +2,10 @@ from __future__ import annotations
 
 import pytest
 
+from adapters import registry as registry_module
 from adapters.config import UpstreamConfig
 from adapters.errors import NoRoute
-from adapters.registry import Upstreams
+from adapters.registry import Upstreams, route_matches
 
 OPENAI = UpstreamConfig(api="openai", base_url="http://o.test/v1")
 ANTHROPIC = UpstreamConfig(api="anthropic", base_url="http://a.test")
@@ -38,3 +39,35 @@ def test_without_routes_the_first_upstream_of_the_wire_api_serves() -> None:
     assert upstreams.first_serving("openai.models") == "o"
     with pytest.raises(NoRoute):
         Upstreams({"a": ANTHROPIC}, {}).route("x", "openai.chat")
+
+
+def test_a_route_is_matched_once_per_model_and_api(monkeypatch: pytest.MonkeyPatch) -> None:
+    matched: list[tuple[str, str]] = []
+
+    def counting(model: str, pattern: str) -> bool:
+        matched.append((model, pattern))
+        return route_matches(model, pattern)
+
+    monkeypatch.setattr(registry_module, "route_matches", counting)
+    upstreams = Upstreams({"a": ANTHROPIC, "o": OPENAI}, {"claude-*": "a", "*": "o"})
+    for _ in range(3):
+        assert upstreams.route("claude-sonnet-4-5", "openai.chat") == "o"
+        assert upstreams.route("claude-sonnet-4-5", "anthropic.messages") == "a"
+    assert matched == [
+        ("claude-sonnet-4-5", "claude-*"),
+        ("claude-sonnet-4-5", "*"),
+        ("claude-sonnet-4-5", "claude-*"),
+    ]
+    # A model no route serves is refused every time (nothing is remembered for it).
+    only = Upstreams({"o": OPENAI}, {"gpt-*": "o"})
+    for _ in range(2):
+        with pytest.raises(NoRoute):
+            only.route("llama", "openai.chat")
+
+
+def test_remembered_routes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry_module, "ROUTES_REMEMBERED", 4)
+    upstreams = Upstreams({"o": OPENAI}, {"*": "o"})
+    for n in range(20):
+        assert upstreams.route(f"model-{n}", "openai.chat") == "o"
+    assert len(upstreams._routed) <= 4

@@ -13,9 +13,10 @@ import orjson
 import pytest
 
 from adapters.base import UpstreamResponse
-from adapters.exchange import Exchange
+from adapters.exchange import Exchange, RequestContext, RequestTokens
 from middleware.headers import brim_headers
 from middleware.limits import ResolveLimits
+from policies.budget import TokenBudget
 from policies.clients import ClientRule
 from policies.limits import LimitSource, LimitsRegistry, ModelFacts
 from policies.tokens import ChatCount, TokenCounter
@@ -280,3 +281,36 @@ async def test_the_count_never_exceeds_the_free_bound(stage: ResolveLimits) -> N
     assert tokens.exact is not None and tokens.exact == tokens.upper_bound
     uncapped = TokenCounter().request(CHAT, body, "o200k_base").total
     assert uncapped > tokens.upper_bound  # what the cap corrects
+
+
+async def test_a_budget_is_worked_out_once_and_again_when_a_window_is_learned(
+    stage: ResolveLimits,
+) -> None:
+    capture = Capture()
+    for _ in range(2):
+        await stage(exchange("local", {"max_tokens": 100}), capture)
+    first, second = (seen.context for seen in capture.seen)
+    assert first is not None and second is not None
+    assert second.budget is first.budget  # the same limits, output and client: remembered
+    stage.registry.learn("local", 4_096)  # a provider said the window is smaller
+    await stage(exchange("local", {"max_tokens": 100}), capture)
+    learned = capture.seen[-1].context
+    assert learned is not None and learned.budget.context_window == 4_096
+    assert learned.budget.effective() == 4_096 - 100 - 205
+    # Another output limit or client rule is another budget.
+    await stage(exchange("local", {"max_tokens": 200}), capture)
+    await stage(exchange("local", {"max_tokens": 100}, **{"x-agent": "custom-1"}), capture)
+    other_output, other_client = (seen.context for seen in capture.seen[-2:])
+    assert other_output is not None and other_output.budget.reserved_output == 200
+    assert other_client is not None and other_client.budget.cli_overhead == 12_345
+
+
+def test_with_context_is_replace_with_the_context() -> None:
+    plain = exchange("local", {"max_tokens": 100})
+    context = RequestContext(
+        LimitsRegistry().resolve("local"), TokenBudget(8_192), RequestTokens(upper_bound=10)
+    )
+    changed = plain.with_context(context)
+    assert changed == dataclasses.replace(plain, context=context)
+    assert changed.context is context and changed.report is plain.report
+    assert plain.context is None

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from policies import limits as limits_module
 from policies.limits import (
+    Learned,
     LimitSource,
     LimitsRegistry,
     ModelFacts,
@@ -232,3 +234,71 @@ def test_known_ids_lists_configured_builtin_and_map_ids(registry: LimitsRegistry
     assert ids[0] == "mine"
     assert "claude:sonnet" in ids and "gpt-4o" in ids
     assert len(ids) == len(set(ids))
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_resolution_is_remembered_until_a_fact_is_learned_adopted_or_expires() -> None:
+    clock = _Clock()
+    configured = {"gpt-4o": ModelFacts(context_window=50_000, max_output=4_000)}
+    registry = LimitsRegistry(configured, litellm_model_map(), timer=clock)
+    first = registry.resolve("gpt-4o")
+    assert registry.resolve("gpt-4o") is first  # remembered: nothing was learned since
+    assert registry.resolve("GPT-4o") is not first  # per id as sent (normalised the same)
+    assert registry.resolve("gpt-4o", long_context=True) is not first
+
+    registry.learn("GPT-4o", 40_000)  # learned under another spelling of the id
+    learned = registry.resolve("gpt-4o")
+    assert (learned.limits.context_window, learned.source) == (40_000, LimitSource.LEARNED)
+    assert registry.resolve("gpt-4o") is learned
+
+    # A fact adopted from elsewhere (another process, through Redis) is seen at once.
+    later = Learned("window", "gpt-4o", 30_000, clock.now + 24 * 3600 + 60)
+    assert registry.adopt(later) is True
+    assert registry.resolve("gpt-4o").limits.context_window == 30_000
+    # ... and one it refuses (older than what it holds) changes nothing.
+    assert registry.adopt(Learned("window", "gpt-4o", 20_000, clock.now + 5)) is False
+    assert registry.resolve("gpt-4o").limits.context_window == 30_000
+
+    # When the fact expires, the configured window is back, with no new learning to say so.
+    clock.now += 24 * 3600 + 59
+    assert registry.resolve("gpt-4o").limits.context_window == 30_000
+    clock.now += 1
+    expired = registry.resolve("gpt-4o")
+    assert (expired.limits.context_window, expired.source) == (50_000, LimitSource.CONFIG)
+
+
+def test_a_remembered_output_count_fact_expires_too() -> None:
+    clock = _Clock()
+    registry = LimitsRegistry(model_map=litellm_model_map(), timer=clock)
+    assert registry.resolve("claude-sonnet-4-5").limits.output_counts is False
+    registry.learn_output_counts("claude-sonnet-4-5")
+    counted = registry.resolve("claude-sonnet-4-5")
+    assert counted.limits.output_counts is True
+    clock.now += 24 * 3600 - 1
+    assert registry.resolve("claude-sonnet-4-5") is counted  # remembered while the fact holds
+    clock.now += 1
+    resolved = registry.resolve("claude-sonnet-4-5")
+    assert resolved.limits.output_counts is False and "output_counts" not in resolved.sources
+
+
+def test_a_remembered_resolution_cannot_be_changed_by_its_reader() -> None:
+    registry = LimitsRegistry(model_map=litellm_model_map())
+    with pytest.raises(TypeError):
+        registry.resolve("gpt-4o").sources["context_window"] = LimitSource.LEARNED  # type: ignore[index]
+    assert registry.resolve("gpt-4o").source is LimitSource.LITELLM
+
+
+def test_remembered_ids_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(limits_module, "MEMO_MAX", 8)
+    registry = LimitsRegistry(model_map=litellm_model_map())
+    for n in range(50):
+        registry.resolve(f"made-up-{n}")
+    assert len(registry._resolved) <= 8 and len(registry._normalized) <= 8
+    assert registry.resolve("made-up-49").source is LimitSource.DEFAULT
