@@ -12,6 +12,7 @@ from adapters.errors import NoRoute
 from adapters.raw import RawHttpAdapter
 from adapters.translated import LitellmAdapter
 from policies.limits import CLI_MARKER
+from policies.remembered import Remembered
 from policies.wires import WIRES
 
 # Which upstream `api` values can serve each endpoint, as each wire API declares it.
@@ -70,7 +71,7 @@ class Upstreams:
             name: build_adapter(name, config) for name, config in upstreams.items()
         }
         # The upstream chosen per (model, api): routes are fixed, models are client input.
-        self._routed: dict[tuple[str, str], str] = {}
+        self._routed: Remembered[tuple[str, str], str] = Remembered(ROUTES_REMEMBERED)
 
     def __getitem__(self, name: str) -> Adapter:
         return self.adapters[name]
@@ -81,8 +82,6 @@ class Upstreams:
         name = self._routed.get(key)
         if name is None:
             name = self._route(model, api)
-            if len(self._routed) >= ROUTES_REMEMBERED:
-                del self._routed[next(iter(self._routed))]
             self._routed[key] = name
         return name
 

@@ -39,6 +39,7 @@ from policies.budget import (
 )
 from policies.clients import ClientRule, match_client
 from policies.limits import LimitSource, LimitsRegistry, ResolvedLimits
+from policies.remembered import Remembered
 from policies.tokens import TokenCounter
 from policies.wires.base import Wire
 
@@ -206,9 +207,9 @@ class ResolveLimits:
         self.native = NativeCounts(upstreams) if upstreams is not None else None
         # Budgets by (the registry's resolution, by identity; requested output; a client rule's
         # CLI overhead): the registry hands out one resolution per model until it learns more.
-        self._budgets: dict[
+        self._budgets: Remembered[
             tuple[int, int | None, int | None], tuple[ResolvedLimits, TokenBudget]
-        ] = {}
+        ] = Remembered(BUDGETS_REMEMBERED)
 
     async def measure(
         self, exchange: Exchange, budget: TokenBudget, tokenizer: str
@@ -245,8 +246,6 @@ class ResolveLimits:
         budget = budget_for(
             resolved, requested, safety_margin=self.safety_margin, cli_overhead=cli_overhead
         )
-        if len(self._budgets) >= BUDGETS_REMEMBERED:
-            del self._budgets[next(iter(self._budgets))]
         self._budgets[key] = (resolved, budget)
         return budget
 

@@ -30,13 +30,14 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Literal, TypeVar
+from typing import Literal
 
 from cachetools import TLRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies import model_table
 from policies.model_map import MapEntry, ModelMap
+from policies.remembered import Remembered
 
 CLI_MARKER = "[cli]"
 _DATE_SUFFIX = re.compile(r"(-\d{4}-\d{2}-\d{2}|-\d{8}|@\d{8}|-v\d+:\d+)$")
@@ -45,8 +46,6 @@ LONG_CONTEXT_WINDOW = 1_000_000
 LEARNED_TTL_S = 24 * 3600.0
 LEARNED_MAX = 4_096  # facts of each kind kept (the soonest to expire go first)
 MEMO_MAX = 4_096  # model ids (client input) whose normalisation and limits are remembered
-_K = TypeVar("_K")
-_V = TypeVar("_V")
 
 
 class LimitSource(StrEnum):
@@ -200,13 +199,6 @@ def _until(key: str, value: tuple[int, float], now: float) -> float:
     return value[1]
 
 
-def _remember(memo: dict[_K, _V], key: _K, value: _V) -> None:
-    """`memo[key] = value`, the oldest entry forgotten when it holds `MEMO_MAX` already."""
-    if len(memo) >= MEMO_MAX and key not in memo:
-        del memo[next(iter(memo))]
-    memo[key] = value
-
-
 class LimitsRegistry:
     """Resolves a model id to its limits. Holds the config's facts, litellm's map and what was
     learned from provider errors; looking up does no I/O."""
@@ -242,8 +234,10 @@ class LimitsRegistry:
         # change, so an entry holds until a fact is learned or adopted (`_generation` moves on)
         # or a learned fact it rests on expires (its `until`). Ids are client input: bounded.
         self._generation = 0
-        self._normalized: dict[str, ModelId] = {}
-        self._resolved: dict[tuple[str, bool], tuple[int, float, ResolvedLimits]] = {}
+        self._normalized: Remembered[str, ModelId] = Remembered(MEMO_MAX)
+        self._resolved: Remembered[tuple[str, bool], tuple[int, float, ResolvedLimits]] = (
+            Remembered(MEMO_MAX)
+        )
 
     @property
     def learned(self) -> dict[str, int]:
@@ -262,7 +256,7 @@ class LimitsRegistry:
         model = self._normalized.get(raw)
         if model is None:
             model = normalize_model_id(raw, self.aliases)
-            _remember(self._normalized, raw, model)
+            self._normalized[raw] = model
         return model
 
     def _learn(self, kind: LearnedKind, raw: str, value: int) -> bool:
@@ -319,7 +313,7 @@ class LimitsRegistry:
             return memo[2]
         generation = self._generation
         resolved, until = self._resolve(raw, long_context)
-        _remember(self._resolved, key, (generation, until, resolved))
+        self._resolved[key] = (generation, until, resolved)
         return resolved
 
     def _resolve(self, raw: str, long_context: bool) -> tuple[ResolvedLimits, float]:
