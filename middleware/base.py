@@ -40,21 +40,25 @@ class Pipeline:
             call = _bind(stage, call, tracer if position else None)
         self._entry = call
 
-    async def __call__(self, exchange: Exchange) -> UpstreamResponse:
-        return await self._entry(exchange)
+    def __call__(self, exchange: Exchange) -> Awaitable[UpstreamResponse]:
+        """The first stage's answer (await it)."""
+        return self._entry(exchange)
 
 
 def _bind(stage: Stage, call_next: CallNext, tracer: Tracer | None) -> CallNext:
+    """`stage` with `call_next` bound. Without a tracer, a plain function that hands back the
+    stage's own coroutine: one call per stage, not a coroutine of its own around it."""
+    run = stage.__call__
     if tracer is None:
 
-        async def call(exchange: Exchange) -> UpstreamResponse:
-            return await stage(exchange, call_next)
+        def call(exchange: Exchange) -> Awaitable[UpstreamResponse]:
+            return run(exchange, call_next)
 
         return call
     name = f"brim {type(stage).__name__}"
 
     async def traced(exchange: Exchange) -> UpstreamResponse:
         with tracer.start_as_current_span(name):
-            return await stage(exchange, call_next)
+            return await run(exchange, call_next)
 
     return traced

@@ -24,6 +24,7 @@ from middleware.base import CallNext
 from middleware.shared import LocalLoops, LoopCounts
 
 KEY_SHOWN = 12  # hex digits of a request's hash that status shows (it is a hash: no content)
+CREDENTIALS = sorted(CREDENTIAL_HEADERS)  # the headers whose values are part of the hash
 
 
 class LoopBreaker:
@@ -40,30 +41,35 @@ class LoopBreaker:
         digest.update(exchange.raw)
         digest.update(exchange.endpoint.encode())
         digest.update(exchange.user_agent.encode())
-        for name in sorted(CREDENTIAL_HEADERS):
+        for name in CREDENTIALS:
             digest.update(exchange.headers.get(name, "").encode())
         return digest.digest()
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        key = self._key(exchange)
-        held = await self.counts.failures(key)
-        if held.count >= self.limit:
-            wait_s = max(1, math.ceil(held.lifts_in_s))
-            stopped = RepeatedFailure(
-                f"This exact request has failed {held.count} times in a row (each within "
-                f"{self.window_s:g} s of the last); brim stopped sending it to the provider to "
-                f"protect your quota. Change the request, or retry in {wait_s} s."
-            )
-            stopped.brim_headers["retry-after"] = str(wait_s)
-            raise stopped
+        counts = self.counts
+        # While no count is held, the request has failed nowhere we know of: no hash, no look-up
+        # (the key is made only if it fails, or if a count is held by the time it succeeds).
+        key = self._key(exchange) if counts.holding() else None
+        if key is not None:
+            held = await counts.failures(key)
+            if held.count >= self.limit:
+                wait_s = max(1, math.ceil(held.lifts_in_s))
+                stopped = RepeatedFailure(
+                    f"This exact request has failed {held.count} times in a row (each within "
+                    f"{self.window_s:g} s of the last); brim stopped sending it to the provider "
+                    f"to protect your quota. Change the request, or retry in {wait_s} s."
+                )
+                stopped.brim_headers["retry-after"] = str(wait_s)
+                raise stopped
         try:
             reply = await call_next(exchange)
         except RateLimitExceeded:  # brim's own limit refused it: nothing failed
             raise
         except BrimError:
-            await self.counts.failed(key)
+            await counts.failed(key if key is not None else self._key(exchange))
             raise
-        self.counts.succeeded(key)
+        if key is not None or counts.holding():
+            counts.succeeded(key if key is not None else self._key(exchange))
         return reply
 
 

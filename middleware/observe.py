@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator, Mapping
+from contextvars import Token
 from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
     GEN_AI_INPUT_MESSAGES,
     GEN_AI_OPERATION_NAME,
@@ -31,7 +32,7 @@ from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
     GEN_AI_USAGE_OUTPUT_TOKENS,
     GenAiProviderNameValues,
 )
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from adapters.base import UpstreamResponse
@@ -50,6 +51,7 @@ from middleware.headers import actions
 from middleware.store import PREFIX_DIGITS, normalize_key
 from middleware.telemetry import StatusBoard, Telemetry, client_product
 from policies.budget import requested_output
+from policies.compress import Outcome
 from policies.limits import LimitSource
 from policies.wires.base import Wire, sse_data
 
@@ -179,31 +181,11 @@ class Observe:
         self.tracing = not isinstance(telemetry.tracer, trace.NoOpTracer)
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
-        tracing = self.tracing
-        parent = PROPAGATOR.extract(carrier=dict(exchange.headers)) if tracing else None
-        body = exchange.body or {}
+        if self.tracing:
+            span, token = self._open_span(exchange)
+        else:  # no tracing exporter: the no-op span, as a no-op tracer would start
+            span, token = INVALID_SPAN, None
         wire = exchange.wire
-        attributes: dict[str, Any] = {
-            GEN_AI_OPERATION_NAME: wire.operation,
-            GEN_AI_REQUEST_MODEL: exchange.model,
-            "brim.request_id": exchange.request_id,
-            "brim.route": exchange.api,
-        }
-        output_limit = requested_output(body)
-        if output_limit is not None:
-            attributes[GEN_AI_REQUEST_MAX_TOKENS] = output_limit
-        if self.telemetry.capture_content and tracing:
-            messages = wire.genai_messages(wire.conversation(body))
-            attributes[GEN_AI_INPUT_MESSAGES] = bounded_json(messages, CONTENT_LIMIT)
-            if system := wire.system_instructions(body):
-                attributes[GEN_AI_SYSTEM_INSTRUCTIONS] = bounded_json(system, CONTENT_LIMIT)
-        span = self.telemetry.tracer.start_span(
-            f"{wire.operation} {exchange.model}",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes=attributes,
-        )
-        token = otel_context.attach(trace.set_span_in_context(span, parent)) if tracing else None
         report = exchange.report
         try:
             reply = await call_next(exchange)
@@ -241,6 +223,34 @@ class Observe:
         return dataclasses.replace(
             reply, chunks=self._watch(reply.chunks, span, exchange, report, outcome, answered)
         )
+
+    def _open_span(self, exchange: Exchange) -> tuple[Span, Token[Context]]:
+        """The request's span, as the current one (the token detaches it), under the client's
+        trace context where it sent one."""
+        parent = PROPAGATOR.extract(carrier=dict(exchange.headers))
+        body = exchange.body or {}
+        wire = exchange.wire
+        attributes: dict[str, Any] = {
+            GEN_AI_OPERATION_NAME: wire.operation,
+            GEN_AI_REQUEST_MODEL: exchange.model,
+            "brim.request_id": exchange.request_id,
+            "brim.route": exchange.api,
+        }
+        output_limit = requested_output(body)
+        if output_limit is not None:
+            attributes[GEN_AI_REQUEST_MAX_TOKENS] = output_limit
+        if self.telemetry.capture_content:
+            messages = wire.genai_messages(wire.conversation(body))
+            attributes[GEN_AI_INPUT_MESSAGES] = bounded_json(messages, CONTENT_LIMIT)
+            if system := wire.system_instructions(body):
+                attributes[GEN_AI_SYSTEM_INSTRUCTIONS] = bounded_json(system, CONTENT_LIMIT)
+        span = self.telemetry.tracer.start_span(
+            f"{wire.operation} {exchange.model}",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=attributes,
+        )
+        return span, otel_context.attach(trace.set_span_in_context(span, parent))
 
     async def _watch(
         self,
@@ -307,6 +317,112 @@ class Observe:
         context = report.context
         tokens_in = report.tokens_received()
         tokens_out = report.tokens_sent(tokens_in)
+        done = actions(report)
+        # per stage outcome: policy → (tokens before, tokens after, items)
+        compressed = [_by_policy(stage_outcome) for stage_outcome in report.outcomes]
+        removed: dict[str, int] = {}
+        for by_policy in compressed:
+            for policy, (before, after, _) in by_policy.items():
+                removed[policy] = removed.get(policy, 0) + max(0, before - after)
+        # the model's brim_restore calls brim answered (`middleware.restore`)
+        restores = [(restore_label(key), True) for key in report.restored]
+        restores += [(restore_label(key), False) for key in report.restore_missing]
+        if span.is_recording():  # a tracing exporter, and this request sampled
+            self._describe(span, exchange, report, outcome, error, done, compressed, restores)
+
+        # Model ids are client input: bounded labels, so a flood of names cannot grow metrics.
+        known = context is not None and context.limits.source is not LimitSource.DEFAULT
+        prevented = bool(
+            report.outcome is not None and report.outcome.records and context and not context.fits
+        )
+        survived = bool(report.retries) and error is None
+        overflows = [] if outcome == "ok" else _overflows(prevented, survived, outcome)
+        label = self.status.record(
+            exchange.model,
+            outcome,
+            tokens_in or 0,
+            tokens_out or 0,
+            known=known,
+            client=(context.client if context else None) or client_product(exchange.user_agent),
+            window=context.limits.limits.context_window if context else None,
+            overflows=overflows,
+            removed=removed,
+        )
+        telemetry.requests.add(1, {"route": exchange.api, "model": label, "outcome": outcome})
+        model = {"model": label}
+        if prevented:
+            telemetry.prevented.add(1, model)
+        if report.retries:
+            telemetry.retries.add(report.retries, model)
+            if survived:
+                telemetry.survived.add(1, model)
+        for policy, tokens in removed.items():
+            telemetry.tokens_removed.add(tokens, {"policy": policy, "model": label})
+        if report.restore_offered:
+            telemetry.restores_offered.add(1, model)
+        if restores:
+            for found in (True, False):
+                if count := sum(1 for _, was in restores if was is found):
+                    telemetry.restores.add(count, {"model": label, "found": str(found).lower()})
+        self.status.record_restores(
+            label,
+            offered=report.restore_offered,
+            found=len(report.restored),
+            missing=len(report.restore_missing),
+        )
+        total_ms = ((answered or time.perf_counter()) - report.started) * 1000
+        upstream_ms = report.upstream_seconds * 1000
+        added_ms = max(0.0, total_ms - upstream_ms)
+        telemetry.upstream_latency.record(upstream_ms, model)
+        telemetry.added_latency.record(added_ms, model)
+        changed = done != "none" or report.retries or report.restored
+        refused = outcome in ("refused", "blocked", "rate_limited")  # brim's own answers
+        level = logging.INFO if changed or refused else logging.DEBUG
+        if request_log.isEnabledFor(level):  # nothing below is done when the level is off
+            log_request(level, exchange, outcome, added_ms, done)
+
+        eventful = outcome in ("compressed", "repaired", "retried", "refused") or (
+            context is not None and not context.fits
+        )
+        if eventful:
+            trace_id = format(span.get_span_context().trace_id, "032x")
+            event = {
+                "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+                "request_id": exchange.request_id,
+                "trace_id": trace_id,
+                "client": exchange.user_agent,
+                "route": exchange.api,
+                "model": exchange.model,
+                "outcome": outcome,
+                "tokens_in": tokens_in,
+                "tokens_out": tokens_out,
+                "budget": context.budget.effective() if context else None,
+                "actions": done,
+                "retries": report.retries,
+                "fallbacks": report.fallbacks,
+                "archive_keys": report.archive_keys,
+                "restored": [key for key, found in restores if found],
+                "restore_missing": [key for key, found in restores if not found],
+            }
+            self.status.event(event)
+            if self.audit is not None:
+                self.audit.write(event)
+
+    def _describe(
+        self,
+        span: Span,
+        exchange: Exchange,
+        report: RequestReport,
+        outcome: str,
+        error: BaseException | None,
+        done: str,
+        compressed: list[dict[str, list[int]]],
+        restores: list[tuple[str, bool]],
+    ) -> None:
+        """The span's attributes and events (of a span that records: with a tracing exporter)."""
+        context = report.context
+        tokens_in = report.tokens_received()
+        tokens_out = report.tokens_sent(tokens_in)
         attributes: dict[str, Any] = {
             "brim.outcome": outcome,
             "brim.retries": report.retries,
@@ -324,20 +440,12 @@ class Observe:
             attributes["brim.tokens.in"] = tokens_in
         if tokens_out is not None:
             attributes["brim.tokens.out"] = tokens_out
-        outcomes = report.outcomes
-        attributes["brim.actions"] = actions(report)
+        attributes["brim.actions"] = done
         if report.outcome is not None and report.outcome.carried:
             # the previous turn's compressed request, then what is new (`policies.carry`)
             attributes["brim.carried_forward"] = True
         attributes["brim.restore_offered"] = report.restore_offered
-        removed: dict[str, int] = defaultdict(int)
-        for stage_outcome in outcomes:
-            by_policy: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-            for record in stage_outcome.records:
-                totals = by_policy[record.policy]
-                totals[0] += record.tokens_before
-                totals[1] += record.tokens_after
-                totals[2] += 1
+        for stage_outcome, by_policy in zip(report.outcomes, compressed, strict=True):
             for policy, (before, after, items) in by_policy.items():
                 span.add_event(
                     "brim.compressed",
@@ -348,7 +456,6 @@ class Observe:
                         "brim.items": items,
                     },
                 )
-                removed[policy] += max(0, before - after)
             for record in stage_outcome.records:
                 if record.policy == "summarize":
                     span.add_event(
@@ -369,9 +476,6 @@ class Observe:
             span.add_event("brim.overflow.upstream", {"brim.provider_message": message[:500]})
         for attempt in range(1, report.retries + 1):
             span.add_event("brim.retry", {"brim.attempt": attempt})
-        # the model's brim_restore calls brim answered (`middleware.restore`)
-        restores = [(restore_label(key), True) for key in report.restored]
-        restores += [(restore_label(key), False) for key in report.restore_missing]
         for key, found in restores:
             span.add_event("brim.restore", {"brim.restore.key": key, "brim.restore.found": found})
         if context is not None:
@@ -393,92 +497,32 @@ class Observe:
             if isinstance(error, BrimError):
                 span.set_attribute("error.type", error.code or type(error).__name__)
 
-        # Model ids are client input: bounded labels, so a flood of names cannot grow metrics.
-        known = context is not None and context.limits.source is not LimitSource.DEFAULT
-        prevented = bool(
-            report.outcome is not None and report.outcome.records and context and not context.fits
-        )
-        survived = bool(report.retries) and error is None
-        overflows = [
-            name
-            for name, happened in (
-                ("prevented", prevented),
-                ("survived", survived),
-                ("refused", outcome == "refused"),
-                ("blocked", outcome == "blocked"),
-            )
-            if happened
-        ]
-        label = self.status.record(
-            exchange.model,
-            outcome,
-            tokens_in or 0,
-            tokens_out or 0,
-            known=known,
-            client=(context.client if context else None) or client_product(exchange.user_agent),
-            window=context.limits.limits.context_window if context else None,
-            overflows=overflows,
-            removed=removed,
-        )
-        labels = {"route": exchange.api, "model": label, "outcome": outcome}
-        telemetry.requests.add(1, labels)
-        model = {"model": label}
-        if prevented:
-            telemetry.prevented.add(1, model)
-        if report.retries:
-            telemetry.retries.add(report.retries, model)
-            if survived:
-                telemetry.survived.add(1, model)
-        for policy, tokens in removed.items():
-            telemetry.tokens_removed.add(tokens, {"policy": policy, "model": label})
-        if report.restore_offered:
-            telemetry.restores_offered.add(1, model)
-        for found in (True, False):
-            if count := sum(1 for _, was in restores if was is found):
-                telemetry.restores.add(count, {"model": label, "found": str(found).lower()})
-        self.status.record_restores(
-            label,
-            offered=report.restore_offered,
-            found=len(report.restored),
-            missing=len(report.restore_missing),
-        )
-        total_ms = ((answered or time.perf_counter()) - report.started) * 1000
-        upstream_ms = report.upstream_seconds * 1000
-        added_ms = max(0.0, total_ms - upstream_ms)
-        telemetry.upstream_latency.record(upstream_ms, model)
-        telemetry.added_latency.record(added_ms, model)
-        changed = attributes["brim.actions"] != "none" or report.retries or report.restored
-        refused = outcome in ("refused", "blocked", "rate_limited")  # brim's own answers
-        level = logging.INFO if changed or refused else logging.DEBUG
-        if request_log.isEnabledFor(level):  # nothing below is done when the level is off
-            log_request(level, exchange, outcome, added_ms, attributes["brim.actions"])
 
-        eventful = outcome in ("compressed", "repaired", "retried", "refused") or (
-            context is not None and not context.fits
+def _overflows(prevented: bool, survived: bool, outcome: str) -> list[str]:
+    """What a request counts as (`middleware.telemetry.OVERFLOWS`)."""
+    return [
+        name
+        for name, happened in (
+            ("prevented", prevented),
+            ("survived", survived),
+            ("refused", outcome == "refused"),
+            ("blocked", outcome == "blocked"),
         )
-        if eventful:
-            trace_id = format(span.get_span_context().trace_id, "032x")
-            event = {
-                "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-                "request_id": exchange.request_id,
-                "trace_id": trace_id,
-                "client": exchange.user_agent,
-                "route": exchange.api,
-                "model": exchange.model,
-                "outcome": outcome,
-                "tokens_in": tokens_in,
-                "tokens_out": tokens_out,
-                "budget": context.budget.effective() if context else None,
-                "actions": attributes["brim.actions"],
-                "retries": report.retries,
-                "fallbacks": report.fallbacks,
-                "archive_keys": report.archive_keys,
-                "restored": [key for key, found in restores if found],
-                "restore_missing": [key for key, found in restores if not found],
-            }
-            self.status.event(event)
-            if self.audit is not None:
-                self.audit.write(event)
+        if happened
+    ]
+
+
+def _by_policy(stage_outcome: Outcome) -> dict[str, list[int]]:
+    """What each policy did in one stage outcome: tokens before, tokens after, items."""
+    by_policy: dict[str, list[int]] = {}
+    for record in stage_outcome.records:
+        totals = by_policy.get(record.policy)
+        if totals is None:
+            totals = by_policy[record.policy] = [0, 0, 0]
+        totals[0] += record.tokens_before
+        totals[1] += record.tokens_after
+        totals[2] += 1
+    return by_policy
 
 
 def log_request(level: int, exchange: Exchange, outcome: str, added_ms: float, done: str) -> None:

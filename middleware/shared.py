@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
@@ -232,6 +233,10 @@ class LoopCounts(Protocol):
     def succeeded(self, key: bytes) -> None:
         """`key` succeeded: its count starts again."""
 
+    def holding(self) -> bool:
+        """Whether any count may be held now. While none is, every request has no failures and
+        a success clears nothing: `LoopBreaker` then need not hash the request at all."""
+
     def blocked(self, limit: int, *, most: int = BLOCKED_SHOWN) -> list[tuple[bytes, Failures]]:
         """The requests with at least `limit` failures held now (those the loop guard refuses),
         the longest-held first, at most `most`."""
@@ -251,6 +256,7 @@ class LocalLoops:
         self._counts: TTLCache[bytes, tuple[int, float]] = TTLCache(
             maxsize=size, ttl=window_s, timer=timer
         )
+        self._held_until = -math.inf  # when the longest-held count is forgotten at the latest
 
     def peek(self, key: bytes) -> Failures | None:
         """The count held for `key`, or None if none is."""
@@ -263,7 +269,9 @@ class LocalLoops:
     def hold(self, key: bytes, count: int, lifts_in_s: float) -> Failures:
         """Hold `count` for `key` (as Redis has it), forgotten in `lifts_in_s`."""
         lifts_in_s = min(lifts_in_s, self.window_s)
-        self._counts[key] = (count, self._timer() + lifts_in_s)
+        until = self._timer() + lifts_in_s
+        self._counts[key] = (count, until)
+        self._held_until = max(self._held_until, until)
         return Failures(count, lifts_in_s)
 
     def forget(self, key: bytes) -> bool:
@@ -278,6 +286,11 @@ class LocalLoops:
 
     def succeeded(self, key: bytes) -> None:
         self.forget(key)
+
+    def holding(self) -> bool:
+        # One clock read while nothing has failed for a window; else the cache says (it drops
+        # what has lifted first).
+        return self._timer() < self._held_until and len(self._counts) > 0
 
     def blocked(self, limit: int, *, most: int = BLOCKED_SHOWN) -> list[tuple[bytes, Failures]]:
         held = [(key, self.peek(key)) for key in list(self._counts)]
@@ -371,6 +384,11 @@ class RedisLoops:
                     .execute()
                 )
             )
+
+    def holding(self) -> bool:
+        """Whether this instance holds a count: a request it holds none for never reaches Redis
+        (see above), so none does while it holds none."""
+        return self.local.holding()
 
     def blocked(self, limit: int, *, most: int = BLOCKED_SHOWN) -> list[tuple[bytes, Failures]]:
         """Those held here: blocked here, or anywhere as of the last `pull`."""

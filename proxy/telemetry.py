@@ -4,13 +4,25 @@ Prometheus registry (served at /metrics) and/or OTLP. Per app, never global, so 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import (
+    AggregationTemporality,
+    Histogram,
+    HistogramDataPoint,
+    Metric,
+    MetricReader,
+    MetricsData,
+    PeriodicExportingMetricReader,
+    ResourceMetrics,
+    ScopeMetrics,
+)
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -19,10 +31,13 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
 )
 from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry
 
 from middleware.settings import TelemetryConfig
-from middleware.telemetry import Telemetry
+from middleware.telemetry import Spread, Telemetry
+
+METER = "brim"  # the meter's name: the `otel_scope_name` of brim's metrics
 
 
 @dataclass
@@ -35,6 +50,63 @@ class Providers:
     def shutdown(self) -> None:
         self.tracer_provider.shutdown()
         self.meter_provider.shutdown()
+
+
+class PrometheusReader(PrometheusMetricReader):
+    """The Prometheus reader, with brim's own histograms (`Spread`s) added to what it collects,
+    as the meter's histograms of those names would be (one instrumentation scope, `METER`)."""
+
+    def __init__(self, resource: Resource, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.resource = resource
+        self.spreads: Sequence[Spread] = ()
+
+    def _receive_metrics(
+        self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any
+    ) -> None:
+        if self.spreads:
+            metrics_data = with_spreads(metrics_data, self.spreads, self.resource)
+        super()._receive_metrics(metrics_data, timeout_millis, **kwargs)
+
+
+def with_spreads(data: MetricsData, spreads: Sequence[Spread], resource: Resource) -> MetricsData:
+    """`data` with the histograms of `spreads` (those with points) in brim's scope."""
+    now = time.time_ns()
+    metrics = [metric for spread in spreads if (metric := spread_metric(spread, now))]
+    if not metrics:
+        return data
+    resources = list(data.resource_metrics) or [ResourceMetrics(resource, [], "")]
+    first = resources[0]
+    scopes = list(first.scope_metrics)
+    for i, scope in enumerate(scopes):
+        if scope.scope.name == METER:
+            scopes[i] = replace(scope, metrics=[*scope.metrics, *metrics])
+            break
+    else:
+        scopes.append(ScopeMetrics(InstrumentationScope(METER), metrics, ""))
+    resources[0] = replace(first, scope_metrics=scopes)
+    return MetricsData(resources)
+
+
+def spread_metric(spread: Spread, now_ns: int) -> Metric | None:
+    points = [
+        HistogramDataPoint(
+            attributes=point.attributes,
+            start_time_unix_nano=point.started_ns,
+            time_unix_nano=now_ns,
+            count=point.count,
+            sum=point.sum,
+            bucket_counts=point.buckets,
+            explicit_bounds=spread.bounds,
+            min=point.min,
+            max=point.max,
+        )
+        for point in spread.points()
+    ]
+    if not points:
+        return None
+    data = Histogram(points, AggregationTemporality.CUMULATIVE)
+    return Metric(spread.name, spread.description, spread.unit, data)
 
 
 def build_providers(
@@ -56,9 +128,11 @@ def build_providers(
 
     readers: list[MetricReader] = []
     registry = None
+    prometheus = None
     if config.prometheus:
         registry = CollectorRegistry()
-        readers.append(PrometheusMetricReader(registry=registry))
+        prometheus = PrometheusReader(resource, registry=registry)
+        readers.append(prometheus)
     if config.otlp_metrics:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
@@ -75,7 +149,11 @@ def build_providers(
     telemetry = Telemetry(
         # With nowhere to send spans, a no-op tracer makes them free instead of merely unsent.
         tracer=tracer_provider.get_tracer("brim") if exporting else trace.NoOpTracer(),
-        meter=meter_provider.get_meter("brim"),
+        meter=meter_provider.get_meter(METER),
         capture_content=config.capture_content,
+        # Kept here and read by the Prometheus reader, unless OTLP needs the meter's own.
+        local_histograms=not config.otlp_metrics,
     )
+    if prometheus is not None:
+        prometheus.spreads = telemetry.spreads()
     return Providers(telemetry, tracer_provider, meter_provider, registry)

@@ -73,6 +73,22 @@ async def test_local_counts_add_up_and_lift_a_window_after_the_last_failure() ->
     assert (await loops.failures(KEY)).count == 0
 
 
+async def test_local_counts_say_whether_any_is_held() -> None:
+    """What lets the loop breaker leave a request unhashed: no count held, none to look up."""
+    clock = Clock()
+    loops = LocalLoops(60, timer=clock)
+    assert not loops.holding()
+    await loops.failed(KEY)
+    assert loops.holding()
+    loops.succeeded(KEY)
+    assert not loops.holding()
+    await loops.failed(KEY)
+    clock.now += 59
+    assert loops.holding()
+    clock.now += 2  # a window after the last failure: forgotten
+    assert not loops.holding()
+
+
 async def test_without_redis_the_status_is_the_boards_own_as_before() -> None:
     board = StatusBoard()
     board.record("gpt-4o", "ok", 10, 10)
@@ -230,8 +246,10 @@ async def test_loop_counts_add_up_over_instances(redis_server: RedisServer) -> N
     before = sent
     assert (await c.loops.failures(KEY)).count == 0  # c never saw it fail: Redis not asked
     assert sent == before
+    assert not c.loops.holding()  # so its loop breaker need not even hash a request
     await a.link.settle()  # the block, written off the request path
     await c.sync()
+    assert c.loops.holding()  # it holds the block read from Redis
     blocked = await c.loops.failures(KEY)
     assert blocked.count == 3 and 0 < blocked.lifts_in_s <= 60
     a.loops.succeeded(KEY)  # a success clears it everywhere

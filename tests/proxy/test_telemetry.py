@@ -1,0 +1,58 @@
+"""brim's own counters and histograms (`Tally`, `Spread`) export what the OpenTelemetry SDK's
+synchronous instruments of the same names would."""
+
+from __future__ import annotations
+
+import random
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from middleware.settings import TelemetryConfig
+from middleware.telemetry import Spread, Tally
+from proxy.telemetry import build_providers
+
+# across every bucket, on the boundaries and just beside them, and past the last one
+LATENCIES = [0.0, 0.3, 4.99, 5.0, 5.000001, 10.0, 74.0, 9_999.0, 10_000.0, 10_000.5, 123_456.0]
+LATENCIES += [random.Random(7).random() * 3_000 for _ in range(200)]
+Samples = dict[str, list[tuple[str, tuple[tuple[str, str], ...], float]]]
+
+
+def exposition(local: bool) -> Samples:
+    """/metrics after the same counts and latencies, through brim's instruments or the SDK's."""
+    providers = build_providers(TelemetryConfig())
+    telemetry = providers.telemetry
+    meter = telemetry.meter
+    described = {"unit": "{request}", "description": "Requests by route, model and outcome"}
+    if local:
+        assert isinstance(telemetry.added_latency, Spread)  # what the Prometheus reader adds
+        latency = telemetry.added_latency
+        counter = Tally(meter, "brim.counted", **described)
+    else:
+        latency = meter.create_histogram(
+            "brim.latency.added", unit="ms", description=telemetry.added_latency.description
+        )
+        counter = meter.create_counter("brim.counted", **described)
+    for i, value in enumerate(LATENCIES):
+        latency.record(value, {"model": f"m{i % 3}"})
+        labels = {"route": "openai", "model": f"m{i % 2}", "outcome": "ok"}
+        counter.add(i % 4, labels if i % 3 else dict(reversed(labels.items())))
+    latency.record(-1.0, {"model": "m0"})  # refused, by both
+    latency.record(float("nan"), {"model": "m0"})
+    counter.add(-1, labels)
+    assert providers.registry is not None
+    text = generate_latest(providers.registry).decode()
+    return {
+        family.name: sorted(
+            (s.name, tuple(sorted(s.labels.items())), s.value) for s in family.samples
+        )
+        for family in text_string_to_metric_families(text)
+        if family.name != "target_info"
+    }
+
+
+def test_local_counters_and_histograms_read_as_the_sdks_would() -> None:
+    local = exposition(local=True)
+    assert set(local) == {"brim_counted", "brim_latency_added_milliseconds"}
+    assert len(local["brim_latency_added_milliseconds"]) == 3 * (16 + 2)  # buckets, count, sum
+    assert local == exposition(local=False)
