@@ -33,18 +33,33 @@ KEY_HEADER = {
 }
 
 
-def _connection_tokens(headers: Mapping[str, str]) -> set[str]:
-    tokens: set[str] = set()
+# Everything dropped on each way, lowercased once here rather than per request.
+_UPSTREAM_DROP = HOP_BY_HOP | _NOT_FORWARDED_UPSTREAM | {BRIM_KEY_HEADER}
+_UPSTREAM_DROP_KEYED = _UPSTREAM_DROP | CREDENTIAL_HEADERS
+_DOWNSTREAM_DROP = HOP_BY_HOP | _NOT_RELAYED_DOWNSTREAM
+
+
+def _kept(headers: Mapping[str, str], dropped: frozenset[str]) -> CIMultiDict[str]:
+    """`headers` without the lowercase names in `dropped` (which holds `HOP_BY_HOP`) nor those
+    a `Connection` header names; one pass over them, a second only when `Connection` names any."""
+    kept: list[tuple[str, str]] = []
+    named: set[str] | None = None
     for key, value in headers.items():
-        if key.lower() == "connection":
-            tokens.update(t.strip().lower() for t in value.split(",") if t.strip())
-    return tokens
+        lower = key.lower()
+        if lower in dropped:
+            if lower == "connection":
+                tokens = {t.strip().lower() for t in value.split(",")}
+                named = tokens if named is None else named | tokens
+            continue
+        kept.append((key, value))
+    if named:
+        kept = [(key, value) for key, value in kept if key.lower() not in named]
+    return CIMultiDict(kept)
 
 
 def end_to_end(headers: Mapping[str, str], drop: Iterable[str] = ()) -> CIMultiDict[str]:
     """The headers that may be forwarded: no hop-by-hop ones, nor those named in `Connection`."""
-    dropped = HOP_BY_HOP | _connection_tokens(headers) | {name.lower() for name in drop}
-    return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in dropped)
+    return _kept(headers, HOP_BY_HOP.union(name.lower() for name in drop))
 
 
 def upstream_request_headers(
@@ -54,16 +69,14 @@ def upstream_request_headers(
 
     With no configured key, the client's own credentials pass through unchanged.
     """
-    drop = set(_NOT_FORWARDED_UPSTREAM) | {BRIM_KEY_HEADER}
-    if api_key is not None:
-        drop |= CREDENTIAL_HEADERS
-    headers = end_to_end(client_headers, drop)
-    if api_key is not None:
-        name, template = KEY_HEADER.get(api, KEY_HEADER["openai"])
-        headers[name] = template.format(api_key)
+    if api_key is None:
+        return _kept(client_headers, _UPSTREAM_DROP)
+    headers = _kept(client_headers, _UPSTREAM_DROP_KEYED)
+    name, template = KEY_HEADER.get(api, KEY_HEADER["openai"])
+    headers[name] = template.format(api_key)
     return headers
 
 
 def client_response_headers(upstream_headers: Mapping[str, str]) -> CIMultiDict[str]:
     """Headers for the client. The body is relayed decoded, so its length and encoding go."""
-    return end_to_end(upstream_headers, _NOT_RELAYED_DOWNSTREAM)
+    return _kept(upstream_headers, _DOWNSTREAM_DROP)

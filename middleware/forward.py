@@ -23,11 +23,12 @@ class Forward:
     def __init__(self, upstreams: Upstreams, tracer: trace.Tracer | None = None) -> None:
         self.upstreams = upstreams
         self.tracer = tracer or trace.NoOpTracer()
+        self._tracing = not isinstance(self.tracer, trace.NoOpTracer)
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         adapter = self.upstreams[exchange.upstream]
-        if isinstance(self.tracer, trace.NoOpTracer):  # not tracing: a client traceparent
-            return await self._timed(adapter, exchange)  # passes through as it came
+        if not self._tracing:  # a client traceparent passes through as it came
+            return await self._timed(adapter, exchange)
         with self.tracer.start_as_current_span(
             f"upstream {exchange.upstream}",
             kind=SpanKind.CLIENT,

@@ -11,8 +11,11 @@ from policies.compress import SHORT
 
 def actions(report: RequestReport) -> str:
     """`prune:3,clear:12,evict:4,fallback:1` — what was done to the request, in order; `none`."""
+    outcomes = report.outcomes
+    if not outcomes and not report.fallbacks:  # the common case: nothing was done
+        return "none"
     done: Counter[str] = Counter()
-    for outcome in report.outcomes:
+    for outcome in outcomes:
         for record in outcome.records:
             if record.action != "notice":
                 done[SHORT.get(record.policy, record.policy)] += 1

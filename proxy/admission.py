@@ -8,7 +8,7 @@
 - `max_connections`: open client connections; one more is answered a bare `503` and closed at
   once, before anything is read from it.
 - `max_in_flight`: requests being handled (streams until they end); one more is answered 503 in
-  the client's wire format with `retry-after`, at once (`admission`).
+  the client's wire format with `retry-after`, at once (`admit`).
 - `max_body_buffer_mb`: request bodies held in memory at once, across all requests, from when a
   body is read until its request is done. A body that does not fit waits up to
   `BODY_QUEUE_S` for room (meanwhile it stays in the kernel's socket buffer), then gets a 503.
@@ -31,7 +31,6 @@ from collections import deque
 from typing import Any
 
 from aiohttp import web
-from aiohttp.typedefs import Handler
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
@@ -210,12 +209,9 @@ class BrimRunner(web.AppRunner):
         return GuardedServer(plain, self.app[ADMISSION])
 
 
-@web.middleware
-async def admission(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """`max_in_flight`, and giving back the body bytes a request held (`read_body`)."""
-    if request.path in UNGUARDED:
-        return await handler(request)
-    gate = request.app[ADMISSION]
+def admit(gate: Admission) -> None:
+    """Count one more request being handled, or refuse it past `max_in_flight` (503, in the
+    client's wire format, by the caller: `proxy.app`'s `front_door`); `release` when done."""
     if gate.in_flight >= gate.max_in_flight:
         gate.shed("max_in_flight")
         busy = Overloaded(
@@ -225,12 +221,14 @@ async def admission(request: web.Request, handler: Handler) -> web.StreamRespons
         busy.brim_headers["retry-after"] = "1"
         raise busy
     gate.in_flight += 1
-    try:
-        return await handler(request)
-    finally:
-        gate.in_flight -= 1
-        if held := request.get(BODY_BYTES):
-            gate.bodies.release(held)
+
+
+def release(request: web.Request, gate: Admission) -> None:
+    """A request admitted by `admit` is done: give back its place and the body bytes it held
+    (`read_body`)."""
+    gate.in_flight -= 1
+    if held := request.get(BODY_BYTES):
+        gate.bodies.release(held)
 
 
 async def _hold(request: web.Request, gate: Admission, size: int) -> None:
@@ -256,6 +254,8 @@ async def read_body(request: web.Request, limit: int) -> bytes:
     declared = request.content_length
     if declared is not None:
         await _hold(request, gate, declared)
+        if request.content.is_eof():  # all of it is in already: nothing to time
+            return await request.read()
     try:
         async with asyncio.timeout(gate.body_timeout_s):
             if declared is not None:

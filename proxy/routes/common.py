@@ -30,7 +30,10 @@ def parse_object(raw: bytes, *, max_depth: int) -> dict[str, Any]:
         raise InvalidRequest(f"We could not parse the JSON body of your request: {exc}") from None
     if not isinstance(value, dict):
         raise InvalidRequest(f"The request body must be a JSON object, not {type(value).__name__}.")
-    if nests_deeper_than(value, max_depth):
+    # A value nests no deeper than it has brackets (counted in C, strings' own included); only
+    # a body with more than `max_depth` of them needs the walk.
+    brackets = raw.count(b"{") + raw.count(b"[")
+    if brackets > max_depth and nests_deeper_than(value, max_depth):
         raise InvalidRequest(
             f"The request body nests objects and arrays more than {max_depth} levels deep "
             "(brim's depth limit, server.max_json_depth)."
@@ -61,10 +64,15 @@ def checked(check: Callable[[dict[str, Any]], RequestFacts], body: dict[str, Any
 
 
 def forwardable_headers(request: web.Request) -> CIMultiDictProxy[str]:
-    headers = CIMultiDict(request.headers)
+    """The client's headers, without the one that carried its brim key (`check_brim_key` names
+    it). Without keys configured, the request's own (read-only) headers, not a copy."""
+    if not request.app[CONFIG].server.api_keys:
+        return request.headers
     brim_key_header = request.get(BRIM_KEY_HEADER)
-    if brim_key_header:
-        headers.popall(brim_key_header, None)
+    if not brim_key_header:
+        return request.headers
+    headers = CIMultiDict(request.headers)
+    headers.popall(brim_key_header, None)
     return CIMultiDictProxy(headers)
 
 
@@ -138,8 +146,6 @@ async def proxied(
     except BrimError as error:
         error.brim_headers.update(await brim_headers(exchange.report, warn_at=warn_at))
         raise
-    headers = {
-        **await brim_headers(exchange.report, warn_at=warn_at),
-        **request_id_header(exchange),
-    }
+    headers = await brim_headers(exchange.report, warn_at=warn_at)  # a dict of its own
+    headers["x-brim-request-id"] = exchange.request_id  # as `request_id_header`
     return await relay(request, reply, headers, wire=exchange.wire)
