@@ -80,6 +80,7 @@ from policies.remembered import Remembered
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
 _MARKER_TOKENS = 20  # what one "[… N lines … omitted by brim …]" line costs, about
 _DIGEST_MARKER_TOKENS = 12  # …and one "[… N lines omitted by brim …]", a digest's
+_FEW_ANOMALIES = 3  # a digest keeps this many anomaly lines wherever they fit
 _PLACEHOLDER_TOKENS = 40  # what a cleared result's placeholder costs at least
 _DIGEST_NEWEST = 4  # results digested where even placeholders for all would not suffice
 _DIGEST_GRID = 8  # where digests start moves by this many results at a time
@@ -316,9 +317,23 @@ def digest_lines(
     picker.ends(keep_tokens)
     # Anomalies, then task lines, each class up to half of what is left (where they are many,
     # best first: the same warning a hundred times is worth one), then the most informative
-    # lines, then what is left of both classes while anything fits.
+    # lines, then what is left of both classes while anything fits. The best few anomalies
+    # (different lines) are kept while they fit at all: half of what is left may be less than
+    # two short lines and the markers around them.
+    within = picker.used + (keep_tokens - picker.used) // 2
+    few: set[str] = set()
+    for index in best_first:
+        if (
+            rank[index] == 2
+            and not picker.kept[index]
+            and len(few) < _FEW_ANOMALIES
+            and lines[index] not in few
+            and picker.add(index, keep_tokens)
+        ):
+            few.add(lines[index])
     for wanted in (2, 1):
-        within = picker.used + (keep_tokens - picker.used) // 2
+        if wanted == 1:
+            within = picker.used + (keep_tokens - picker.used) // 2
         for index in best_first:
             if rank[index] == wanted and not picker.kept[index]:
                 picker.add(index, within)
