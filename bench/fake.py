@@ -1,7 +1,9 @@
 """A fast fake OpenAI-compatible provider for the benchmarks: `python -m bench.fake --port P`.
 
 Answers every chat request at once with a fixed reply (or a five-chunk stream), so what the
-bench measures is the proxies, not the provider.
+bench measures is the proxies, not the provider. The one exception is for the hostile-load bench
+(`bench.hostile`): a request for the model `"held"` is held open until `POST /fake/release` (at
+most `HOLD_S`), then answered as usual; `GET /fake/held` says how many are being held.
 """
 
 from __future__ import annotations
@@ -42,10 +44,35 @@ CHUNKS = [
     + b"\n\n"
     for part in ("Hel", "lo", " wor", "ld", "!")
 ] + [b"data: [DONE]\n\n"]
+HELD_MODEL = b'"model":"held"'
+HOLD_S = 60.0  # the longest a held request waits for /fake/release
+
+
+class Holding:
+    """The requests for the model "held" waiting for a release."""
+
+    def __init__(self) -> None:
+        self.waiting = 0
+        self.release = asyncio.Event()
+
+    async def hold(self) -> None:
+        self.waiting += 1
+        try:
+            async with asyncio.timeout(HOLD_S):
+                await self.release.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self.waiting -= 1
+
+
+HOLDING = web.AppKey("holding", Holding)
 
 
 async def chat(request: web.Request) -> web.StreamResponse:
     body = await request.read()
+    if HELD_MODEL in body[:200]:
+        await request.app[HOLDING].hold()
     if b'"stream":true' not in body.replace(b" ", b""):
         return web.Response(body=REPLY, content_type="application/json")
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -57,6 +84,18 @@ async def chat(request: web.Request) -> web.StreamResponse:
 
 async def models(request: web.Request) -> web.Response:
     return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+
+async def held(request: web.Request) -> web.Response:
+    return web.json_response({"held": request.app[HOLDING].waiting})
+
+
+async def release(request: web.Request) -> web.Response:
+    """Let every held request go on; the ones that come later are held again."""
+    holding = request.app[HOLDING]
+    released, holding.release = holding.release, asyncio.Event()
+    released.set()
+    return web.json_response({"released": holding.waiting})
 
 
 def new_app() -> web.Application:
@@ -82,8 +121,11 @@ def main() -> None:
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args()
     app = new_app()
+    app[HOLDING] = Holding()
     app.router.add_post("/v1/chat/completions", chat)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/fake/held", held)
+    app.router.add_post("/fake/release", release)
     run_quietly(app, args.port)
 
 

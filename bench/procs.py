@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,6 +63,17 @@ class Process:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) / 1024
         return 0.0
+
+    def rss_peak_mb(self) -> float:
+        """The process's peak resident memory so far (VmHWM), in MB."""
+        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        return 0.0
+
+    def fds(self) -> int:
+        """How many file descriptors the process has open."""
+        return len(os.listdir(f"/proc/{self.popen.pid}/fd"))
 
     def cpu_s(self) -> float:
         """CPU time of the process and its children (brim's workers), in seconds."""
@@ -167,16 +179,21 @@ def start_brim(
     litellm_upstream: bool = False,
     workers: int = 1,
     root: Path = ROOT,
+    server: Mapping[str, float] | None = None,
+    extra: str = "",
 ) -> Process:
     """brim (`python -m proxy serve`) running the code in `root` (this checkout unless told),
-    with `workers` processes."""
+    with `workers` processes, `server` as its `[server]` settings and `extra` appended to its
+    configuration (TOML)."""
     port = free_port()
     config = folder / f"brim-{port}.toml"
-    text = f'[upstreams.fake]\napi = "openai"\nbase_url = "{fake_url}"\n[routes]\n"*" = "fake"\n'
+    text = "".join(f"{key} = {value}\n" for key, value in (server or {}).items())
+    text = f"[server]\n{text}" if text else ""
+    text += f'[upstreams.fake]\napi = "openai"\nbase_url = "{fake_url}"\n[routes]\n"*" = "fake"\n'
     text += '[models."fake-model"]\ncontext_window = 128000\nmax_output = 4096\n'
     if litellm_upstream:
         text += '[upstreams.other]\napi = "litellm"\nmodel_prefix = "openai/"\n'
-    config.write_text(text)
+    config.write_text(text + extra)
     base = f"http://127.0.0.1:{port}"
     argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
     argv += ["--log-level", "warning", "--workers", str(workers)]

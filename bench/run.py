@@ -6,6 +6,8 @@ python -m bench --quick         # tiny sizes: a smoke run (what the test suite r
 python -m bench --no-litellm    # skip the LiteLLM comparison
 python -m bench --base DIR      # also a brim running another checkout's code (e.g. `git archive`
                                 # of main), interleaved: before and after in one run
+python -m bench.hostile         # only the hostile-client scenarios (saturation, slow loris,
+                                # large bodies), which this runs too, last
 
 Every latency scenario runs, interleaved: direct calls, a bare aiohttp pass-through proxy
 (`bench.bare`, the floor of the stack), brim, and LiteLLM's proxy. brim's own cost is brim's
@@ -28,7 +30,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from bench import inprocess, load, procs
+from bench import hostile, inprocess, load, procs
 
 T = TypeVar("T")
 
@@ -305,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     report["compression"] = inprocess.compression(
         40 if quick else 1_000, 100 if quick else 990, 4_000 if quick else 128_000
     )
+    report["hostile"] = hostile.run(quick)
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -382,6 +385,7 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"start-up ({label}): ready in {figures['ready_s']} s, idle RSS {figures['idle_rss_mb']} MB"
         )
+    lines += ["", *hostile.render(report["hostile"])]
     return "\n".join(lines)
 
 

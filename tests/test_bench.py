@@ -59,6 +59,12 @@ def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
     )
     assert report["startup"]["plain"]["ready_s"] < 30
     assert "throughput through brim" in result.stdout
+    hostile = report["hostile"]  # behaviour only; its timings are figures, not checked here
+    assert hostile["problems"] == []
+    assert hostile["saturation"]["bursts"]["50"]["statuses"] == {"503": 50}
+    assert hostile["slow_loris"]["got_408"] == hostile["slow_loris"]["connections"] == 300
+    assert hostile["large_bodies"]["served_200"] >= 1
+    assert "slow loris: 300 half-open connections" in result.stdout
 
 
 def test_the_agent_session_builder_makes_valid_tool_pairs() -> None:
