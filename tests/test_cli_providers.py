@@ -236,7 +236,7 @@ def test_fake_cli_answers_streamed_and_whole(
     args = [p.read_text() for p in brim.pids.iterdir()]
     assert all("'--model', 'sonnet'" in a and "'--tools', ''" in a for a in args), args
     assert wait_for(lambda: not any(alive(pid) for pid in brim.processes()))
-    assert scratch_folders(tmp_path) == []
+    assert wait_for(lambda: scratch_folders(tmp_path) == [])  # removed off the loop, after
 
 
 def test_an_overflow_the_cli_reports_is_a_context_overflow(
