@@ -182,14 +182,8 @@ class RawHttpAdapter:
 
     async def _body(self, response: aiohttp.ClientResponse) -> bytes:
         """A reply's whole body; the connection goes back to the pool."""
-        try:  # as `_reading`, spelt out: this is every non-streamed reply's path
+        with self._reading(response):
             body = await response.read()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            response.close()
-            raise self._failure(exc, answered=True) from exc
-        except BaseException:
-            response.close()
-            raise
         response.release()
         return body
 

@@ -22,7 +22,42 @@ log = logging.getLogger("brim.telemetry")
 Attributes = tuple[tuple[str, AttributeValue], ...]
 
 
-class Tally:
+class _Series:
+    """Values kept per attribute set in this process, for the metric readers to collect: a cell
+    (a list of numbers) per series, found by the attributes in the order given, the same
+    attributes in another order being the same series. Written on the event loop; readers may
+    collect from another thread (they read `_series`, which is replaced, never changed)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._cells: dict[Attributes, list[float]] = {}
+        self._distinct: dict[frozenset[tuple[str, AttributeValue]], list[float]] = {}
+        self._series: list[tuple[dict[str, AttributeValue], list[float]]] = []
+
+    def _cell_for(
+        self, amount: float, attributes: Mapping[str, AttributeValue] | None
+    ) -> list[float] | None:
+        """The cell of `attributes`; None (with a warning) for an amount OpenTelemetry refuses:
+        a negative or non-finite one."""
+        if not 0 <= amount < math.inf:
+            log.warning("%s: %r is not a non-negative finite amount, ignored", self.name, amount)
+            return None
+        key = tuple(attributes.items()) if attributes else ()
+        cell = self._cells.get(key)
+        if cell is None:
+            distinct = frozenset(key)
+            cell = self._distinct.get(distinct)
+            if cell is None:
+                cell = self._distinct[distinct] = self._empty()
+                self._series = [*self._series, (dict(key), cell)]
+            self._cells[key] = cell
+        return cell
+
+    def _empty(self) -> list[float]:
+        raise NotImplementedError
+
+
+class Tally(_Series):
     """A counter kept in this process and read by the metric readers when they collect (an
     OpenTelemetry observable counter of `name`): it exports what a synchronous `Counter` of that
     name would, but `add` is a dict look-up and an addition, where a synchronous counter's cleans,
@@ -30,10 +65,7 @@ class Tally:
     the readers may collect from another thread (they read a snapshot)."""
 
     def __init__(self, meter: Meter, name: str, *, unit: str = "", description: str = "") -> None:
-        self.name = name
-        self._cells: dict[Attributes, list[float]] = {}  # attributes, in the order given → [sum]
-        self._distinct: dict[frozenset[tuple[str, AttributeValue]], list[float]] = {}
-        self._series: list[tuple[dict[str, AttributeValue], list[float]]] = []
+        super().__init__(name)  # each cell: [sum]
         meter.create_observable_counter(
             name, callbacks=[self._observe], unit=unit, description=description
         )
@@ -41,24 +73,12 @@ class Tally:
     def add(self, amount: float, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         """Count `amount` under `attributes` (as `Counter.add`: a negative or non-finite amount
         is refused with a warning)."""
-        if not 0 <= amount < math.inf:
-            log.warning("%s: %r is not a non-negative finite amount, ignored", self.name, amount)
-            return
-        key = tuple(attributes.items()) if attributes else ()
-        cell = self._cells.get(key)
-        if cell is None:
-            cell = self._cell(key)
-        cell[0] += amount
+        cell = self._cell_for(amount, attributes)
+        if cell is not None:
+            cell[0] += amount
 
-    def _cell(self, key: Attributes) -> list[float]:
-        # The same attributes in another order are the same series.
-        distinct = frozenset(key)
-        cell = self._distinct.get(distinct)
-        if cell is None:
-            cell = self._distinct[distinct] = [0]
-            self._series = [*self._series, (dict(key), cell)]  # replaced, never changed in place
-        self._cells[key] = cell
-        return cell
+    def _empty(self) -> list[float]:
+        return [0]
 
     def _observe(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(cell[0], attributes) for attributes, cell in self._series]
@@ -82,7 +102,7 @@ class SpreadPoint:
     max: float
 
 
-class Spread:
+class Spread(_Series):
     """A histogram kept in this process: explicit buckets (`bounds`), sum, min and max per
     attribute set, exactly as OpenTelemetry's default histogram aggregation keeps them, for a
     fraction of the cost of a synchronous histogram's `record`. It reaches no reader by itself:
@@ -97,26 +117,18 @@ class Spread:
         description: str = "",
         bounds: Sequence[float] = DEFAULT_BOUNDS,
     ) -> None:
-        self.name = name
+        super().__init__(name)  # each cell: [count, sum, min, max, started_ns, *buckets]
         self.unit = unit
         self.description = description
         self.bounds = tuple(float(bound) for bound in bounds)
-        # attributes, in the order given → [count, sum, min, max, started_ns, *buckets]
-        self._cells: dict[Attributes, list[float]] = {}
-        self._distinct: dict[frozenset[tuple[str, AttributeValue]], list[float]] = {}
-        self._series: list[tuple[dict[str, AttributeValue], list[float]]] = []
         self._lock = threading.Lock()  # readers may collect from another thread
 
     def record(self, amount: float, attributes: Mapping[str, AttributeValue] | None = None) -> None:
         """Record `amount` under `attributes` (as `Histogram.record`: a negative or non-finite
         amount is refused with a warning)."""
-        if not 0 <= amount < math.inf:
-            log.warning("%s: %r is not a non-negative finite amount, ignored", self.name, amount)
-            return
-        key = tuple(attributes.items()) if attributes else ()
-        cell = self._cells.get(key)
+        cell = self._cell_for(amount, attributes)
         if cell is None:
-            cell = self._cell(key)
+            return
         bucket = _FIRST_BUCKET + bisect_left(self.bounds, amount)
         with self._lock:
             cell[0] += 1
@@ -127,15 +139,8 @@ class Spread:
                 cell[3] = amount
             cell[bucket] += 1
 
-    def _cell(self, key: Attributes) -> list[float]:
-        distinct = frozenset(key)
-        cell = self._distinct.get(distinct)
-        if cell is None:
-            empty = [0, 0, math.inf, -math.inf, time.time_ns(), *[0] * (len(self.bounds) + 1)]
-            cell = self._distinct[distinct] = empty
-            self._series = [*self._series, (dict(key), cell)]  # replaced, never changed in place
-        self._cells[key] = cell
-        return cell
+    def _empty(self) -> list[float]:
+        return [0, 0, math.inf, -math.inf, time.time_ns(), *[0] * (len(self.bounds) + 1)]
 
     def points(self) -> list[SpreadPoint]:
         """Every series recorded so far, as it stands (since the start: cumulative)."""
