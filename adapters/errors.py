@@ -56,6 +56,9 @@ class BrimError(Exception):
     status: int = 500
     error_type: str = "server_error"
     code: str | None = None
+    # brim's own refusal by policy, made before the provider was asked: the request did not
+    # fail, so the loop guard does not count it as a failure.
+    brims_own_refusal: bool = False
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -125,6 +128,7 @@ class RateLimitExceeded(BrimError):
     status = 429
     error_type = "requests"
     code = "rate_limit_exceeded"
+    brims_own_refusal = True
 
 
 class HeadersTooLarge(BrimError):

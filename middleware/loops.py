@@ -17,7 +17,7 @@ import math
 from typing import Any
 
 from adapters.base import UpstreamResponse
-from adapters.errors import BrimError, RateLimitExceeded, RepeatedFailure
+from adapters.errors import BrimError, RepeatedFailure
 from adapters.exchange import Exchange
 from adapters.headers import CREDENTIAL_HEADERS
 from middleware.base import CallNext
@@ -63,10 +63,9 @@ class LoopBreaker:
                 raise stopped
         try:
             reply = await call_next(exchange)
-        except RateLimitExceeded:  # brim's own limit refused it: nothing failed
-            raise
-        except BrimError:
-            await counts.failed(key if key is not None else self._key(exchange))
+        except BrimError as error:
+            if not error.brims_own_refusal:
+                await counts.failed(key if key is not None else self._key(exchange))
             raise
         if key is not None or counts.holding():
             counts.succeeded(key if key is not None else self._key(exchange))
