@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,25 @@ async def provider_holds(provider: FakeProvider, count: int) -> None:
             return
         await asyncio.sleep(0.02)
     raise AssertionError(f"the provider holds {provider.in_flight} requests, not {count}")
+
+
+async def while_one_is_held(
+    base: str, provider: FakeProvider, ask: Callable[[httpx.AsyncClient], Awaitable[httpx.Response]]
+) -> httpx.Response:
+    """`ask`'s answer while a stream the provider holds fills `max_in_flight = 1`; the held
+    stream must then complete."""
+    async with httpx.AsyncClient(base_url=base, timeout=20) as client:
+        held = asyncio.ensure_future(
+            client.post(
+                "/v1/chat/completions",
+                json={"model": "gated-stream", "messages": HELLO, "stream": True},
+            )
+        )
+        await provider_holds(provider, 1)
+        reply = await ask(client)
+        provider.gate.set()
+        assert (await held).status_code == 200
+        return reply
 
 
 def port_of(base: str) -> int:
@@ -296,21 +315,7 @@ def test_the_503_comes_in_each_wire_apis_shape(
 ) -> None:
     base = brim(server={"max_in_flight": 1}, **every_api(provider))
 
-    async def scenario() -> httpx.Response:
-        async with httpx.AsyncClient(base_url=base, timeout=20) as client:
-            held = asyncio.ensure_future(
-                client.post(
-                    "/v1/chat/completions",
-                    json={"model": "gated-stream", "messages": HELLO, "stream": True},
-                )
-            )
-            await provider_holds(provider, 1)
-            reply = await client.post(path, json=body)
-            provider.gate.set()
-            assert (await held).status_code == 200
-            return reply
-
-    reply = asyncio.run(scenario())
+    reply = asyncio.run(while_one_is_held(base, provider, lambda c: c.post(path, json=body)))
     assert reply.status_code == 503
     assert reply.headers["retry-after"] == "1"
     error = reply.json()
@@ -329,21 +334,8 @@ def test_the_503_comes_in_each_wire_apis_shape(
 def test_health_is_answered_when_saturated(brim: BrimFactory, provider: FakeProvider) -> None:
     base = brim(server={"max_in_flight": 1})
 
-    async def scenario() -> int:
-        async with httpx.AsyncClient(base_url=base, timeout=20) as client:
-            held = asyncio.ensure_future(
-                client.post(
-                    "/v1/chat/completions",
-                    json={"model": "gated-stream", "messages": HELLO, "stream": True},
-                )
-            )
-            await provider_holds(provider, 1)
-            status = (await client.get("/healthz")).status_code
-            provider.gate.set()
-            await held
-            return status
-
-    assert asyncio.run(scenario()) == 200
+    reply = asyncio.run(while_one_is_held(base, provider, lambda c: c.get("/healthz")))
+    assert reply.status_code == 200
 
 
 # --- max_body_buffer_mb ---------------------------------------------------------------------------
