@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -329,6 +331,50 @@ def test_the_503_comes_in_each_wire_apis_shape(
     else:
         assert error["error"]["code"] == 503
         assert error["error"]["status"] == "UNAVAILABLE"
+
+
+def test_the_sdks_retry_the_503_by_themselves_and_get_through(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    """The official SDKs, at their default retries, take the 503's `retry-after` and succeed
+    once room is back."""
+    base = brim(server={"max_in_flight": 1}, **every_api(provider))
+
+    async def after_a_503(ask: Callable[[], Awaitable[str]]) -> str:
+        provider.gate.clear()
+        async with httpx.AsyncClient(base_url=base, timeout=20) as client:
+            held = asyncio.ensure_future(
+                client.post(
+                    "/v1/chat/completions",
+                    json={"model": "gated-stream", "messages": HELLO, "stream": True},
+                )
+            )
+            await provider_holds(provider, 1)
+            shed = metric(base, "brim_requests_shed_total", reason="max_in_flight")
+            answer = asyncio.ensure_future(ask())
+            for _ in range(250):  # until the SDK's first try has been refused
+                if metric(base, "brim_requests_shed_total", reason="max_in_flight") > shed:
+                    break
+                await asyncio.sleep(0.02)
+            else:
+                raise AssertionError("the SDK's request was not refused")
+            provider.gate.set()
+            assert (await held).status_code == 200
+            return await answer
+
+    oa = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="sk-client")
+    ant = anthropic.AsyncAnthropic(base_url=base, api_key="sk-ant")
+
+    async def chat() -> str:
+        reply = await oa.chat.completions.create(model="fake-model", messages=HELLO)
+        return reply.choices[0].message.content or ""
+
+    async def messages() -> str:
+        reply = await ant.messages.create(model="claude-x", max_tokens=10, messages=HELLO)
+        return reply.content[0].text  # type: ignore[union-attr]
+
+    assert asyncio.run(after_a_503(chat))
+    assert asyncio.run(after_a_503(messages))
 
 
 def test_health_is_answered_when_saturated(brim: BrimFactory, provider: FakeProvider) -> None:
