@@ -15,19 +15,24 @@ from multidict import CIMultiDictProxy
 from policies.budget import TokenBudget
 from policies.compress import Outcome
 from policies.limits import ResolvedLimits, wants_long_context
-from policies.wires import wire_for
+from policies.records import record
+from policies.wires import BY_ENDPOINT
 from policies.wires.base import Usage, Wire
+from policies.wires.chat import CHAT
 
 # The endpoint the client called, by wire API: "openai.chat", "anthropic.count_tokens", … (each
 # wire's `serving` lists its own). Named by API, not provider: Azure and vLLM speak "openai.chat".
 ClientApi = str
 
+NO_USAGE = Usage()  # a reply's usage until it reports some (immutable: one serves every request)
 
-@dataclass(frozen=True, slots=True)
+
+@record
 class RequestTokens:
     """How many input tokens a request has: a free upper bound, and the exact count — known
-    already, or (for a large request the bound already cleared) being counted in a worker
-    thread beside the upstream call.
+    already, or (for a request the bound already cleared: no decision hangs on the count)
+    `pending`, being counted beside the upstream call: a large request in a worker thread, a
+    small one on the event loop as soon as the request first waits.
 
     Where brim can only estimate (Claude, Gemini) and its estimate was too close to the budget
     to decide, `exact` is the provider's own count and `estimate` keeps brim's."""
@@ -70,7 +75,7 @@ class RequestTokens:
         return self.upper_bound
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestContext:
     """What brim worked out about a request: its model's limits, its budget, its size."""
 
@@ -82,8 +87,9 @@ class RequestContext:
 
     @property
     def fits(self) -> bool:
-        measured = self.tokens.exact if self.tokens.exact is not None else self.tokens.upper_bound
-        return self.budget.fits(measured)
+        tokens = self.tokens
+        exact = tokens.exact
+        return (exact if exact is not None else tokens.upper_bound) <= self.budget.effective()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,7 +118,7 @@ class RequestReport:
     retry_outcomes: list[Outcome] = field(default_factory=list)
     fallbacks: list[str] = field(default_factory=list)
     archive_keys: list[str] = field(default_factory=list)
-    usage: Usage = field(default_factory=Usage)  # what the provider's reply reported
+    usage: Usage = NO_USAGE  # what the provider's reply reported
     restore_offered: bool = False  # brim added `brim_restore` to the request's tools
     restored: list[str] = field(default_factory=list)  # keys the model fetched back
     restore_missing: list[str] = field(default_factory=list)  # asked for, unknown or expired
@@ -143,7 +149,7 @@ class RequestReport:
         return None if self.context is None else self.context.tokens.known()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Exchange:
     """One client request as brim sees it.
 
@@ -170,7 +176,7 @@ class Exchange:
 
     @property
     def wire(self) -> Wire:
-        return wire_for(self.api)
+        return _WIRE_OF(self.api, CHAT)  # `wire_for`, without a call of its own (read often)
 
     @property
     def long_context(self) -> bool:
@@ -189,6 +195,8 @@ class Exchange:
         values[_CONTEXT_AT] = context
         return Exchange(*values)
 
+
+_WIRE_OF = BY_ENDPOINT.get
 
 # Every field of an `Exchange` in order, read at once; where its context is among them.
 _EXCHANGE_FIELDS = tuple(f.name for f in dataclasses.fields(Exchange))

@@ -209,20 +209,21 @@ class Guard:
         self.store = store  # None: brim_restore is not offered
         self.clients = dict(clients or {})
 
-    def _decide(self, exchange: Exchange, body: Mapping[str, Any]) -> tuple[Outcome, bytes | None]:
+    def _decide(
+        self, exchange: Exchange, body: Mapping[str, Any], received: int | None
+    ) -> tuple[Outcome, bytes | None]:
         """What the guard does to this exchange: the session's previous compressed turn plus
         the new items, while that fits; else the policies, leaving room for the next turns.
-        `body`: the exchange's, or with brim's own tool added. Also the digest of the client's
-        items (None without a session memory)."""
+        `body`: the exchange's, or with brim's own tool added; `received`: the client's request
+        as brim counted it (without brim's own tool, which `body` may have), what
+        `x-brim-tokens-in` and a refusal report. Also the digest of the client's items (None
+        without a session memory)."""
         assert exchange.context is not None
         context = exchange.context
         tokenizer = context.limits.limits.tokenizer
         budget = context.budget.effective()
         room = 0
         digest = None
-        # The client's request as brim counted it (without brim's own tool, which `body` may
-        # have): what `x-brim-tokens-in` and a refusal report.
-        received = context.tokens.brims
         if self.sessions is not None:
             wire = exchange.wire
             client = wire.conversation(body)
@@ -448,10 +449,14 @@ class Guard:
         # below the limit that the low-water mark leaves: the policies do not run twice).
         offered = restore_offer(self.store, exchange, self.clients)
         body = exchange.body if offered is None else offered
+        tokens = exchange.context.tokens
+        received = tokens.brims
+        if received is None and tokens.pending is not None:  # counted beside the upstream call
+            received = await tokens.pending
         if len(exchange.raw) > OFF_LOOP_BYTES:
-            outcome, digest = await asyncio.to_thread(self._decide, exchange, body)
+            outcome, digest = await asyncio.to_thread(self._decide, exchange, body, received)
         else:
-            outcome, digest = self._decide(exchange, body)
+            outcome, digest = self._decide(exchange, body, received)
         offer = offered is not None and restorable(outcome)
         if not offer:
             body = exchange.body

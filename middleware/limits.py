@@ -2,8 +2,11 @@
 all three to the exchange.
 
 Measuring is cheap when there is room: a free byte bound settles it without tokenizing. Only a
-request whose bound exceeds its budget is counted exactly (per-message counts are cached, and
-large requests are tokenized beside the event loop, not on it).
+request whose bound exceeds its budget is counted exactly before it goes on (per-message counts
+are cached, and large requests are tokenized beside the event loop, not on it). A request the
+bound clears is still counted exactly, for `x-brim-tokens-in`, metrics and status, but while the
+upstream works: a large one in a worker thread, a small one on the event loop, at the first
+moment the request waits (`RequestTokens.pending`).
 
 Where brim's count is only an estimate (Claude, Gemini) and it lies within its error band around
 the budget (`policies.budget.undecided`), the upstream's own counter settles whether the request
@@ -50,7 +53,21 @@ async def _thread(count: Callable[[], int]) -> int:
     return await asyncio.to_thread(count)
 
 
-INLINE_BYTES = 64 * 1024  # smaller bodies are counted on the spot: well under a millisecond
+def _soon(count: Callable[..., int], *args: Any) -> asyncio.Future[int]:
+    """`count(*args)`, made on the event loop once the running task first waits (a request that
+    fits waits for its upstream next): a future that has the count then."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[int] = loop.create_future()
+    loop.call_soon(_counted, future, count, args)
+    return future
+
+
+def _counted(future: asyncio.Future[int], count: Callable[..., int], args: tuple[Any, ...]) -> None:
+    if not future.done():  # cancelled, with the request that waited for it: nobody reads it
+        future.set_result(count(*args))
+
+
+INLINE_BYTES = 64 * 1024  # smaller bodies are counted on the loop: well under a millisecond
 
 
 BUDGETS_REMEMBERED = 4_096
@@ -214,8 +231,10 @@ class ResolveLimits:
     async def measure(
         self, exchange: Exchange, budget: TokenBudget, tokenizer: str
     ) -> RequestTokens:
+        """The request's size: its free bound, and its exact count — made at once where a
+        decision hangs on it (the bound exceeds the budget), else beside the upstream call."""
         if len(exchange.raw) <= INLINE_BYTES:
-            return self._inline(exchange, tokenizer)
+            return self._inline(exchange, budget, tokenizer)
         body = exchange.body or {}
         wire = exchange.wire
         bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire)
@@ -226,13 +245,18 @@ class ResolveLimits:
             return RequestTokens(upper_bound=bound, exact=await _thread(count))
         return RequestTokens(upper_bound=bound, exact=count())
 
-    def _inline(self, exchange: Exchange, tokenizer: str) -> RequestTokens:
-        """`measure` of a small request: the bound and the exact count, on the spot."""
+    def _inline(self, exchange: Exchange, budget: TokenBudget, tokenizer: str) -> RequestTokens:
+        """`measure` of a small request, on the event loop: the bound, and the exact count —
+        on the spot where the bound exceeds the budget, else once the upstream is asked."""
         body = exchange.body or {}
         wire = exchange.wire
         bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire)
-        exact = self._count(wire, body, tokenizer, exchange.model, bound)
-        return RequestTokens(upper_bound=bound, exact=exact)
+        if bound <= budget.effective():  # no decision hangs on the count
+            count = _soon(self._count, wire, body, tokenizer, exchange.model, bound)
+            return RequestTokens(upper_bound=bound, pending=count)
+        return RequestTokens(
+            upper_bound=bound, exact=self._count(wire, body, tokenizer, exchange.model, bound)
+        )
 
     def _budget(
         self, resolved: ResolvedLimits, requested: int | None, cli_overhead: int | None
@@ -287,7 +311,7 @@ class ResolveLimits:
         )
         tokenizer = resolved.limits.tokenizer
         if len(exchange.raw) <= INLINE_BYTES:
-            tokens = self._inline(exchange, tokenizer)
+            tokens = self._inline(exchange, budget, tokenizer)
         else:
             tokens = await self.measure(exchange, budget, tokenizer)
         native = self.native

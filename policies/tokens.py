@@ -25,13 +25,13 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import tiktoken
 from cachetools import LRUCache
 
+from policies.records import record
 from policies.remembered import Remembered
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ PER_ENUM_ITEM = 3
 _RENDERED_WITHOUT_TOKENS = frozenset({"type", "properties", "required", "additionalProperties"})
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ChatCount:
     """A request's tokens by where they are. `tools` is the whole fixed cost `Wire.fixed_tokens`
     counts: tool definitions, and the system prompt of the APIs that keep it outside the
@@ -239,10 +239,13 @@ class TokenCounter:
             if type(item) is dict or isinstance(item, Mapping):
                 serialized = orjson.dumps(item)
                 keyed.append((item, (kind, len(serialized), hash(serialized))))
-        cache = self._cache
+        get = self._cache.get
         with self._lock:
-            found = [cache.get(key) for _, key in keyed]
-            self.cache_hits += len(found) - found.count(None)
+            found = [get(key) for _, key in keyed]
+            missing = found.count(None)
+            self.cache_hits += len(found) - missing
+        if not missing:  # a session's turns are counted again every turn: the common case
+            return tuple(found)  # type: ignore[arg-type]  # no None among them
         return tuple(
             self._keyed(item, key, tokenizer, model, wire) if count is None else count
             for (item, key), count in zip(keyed, found, strict=True)
@@ -312,9 +315,10 @@ class TokenCounter:
         byte of the text, and all text is inside the body's bytes. What costs more than its
         bytes: reply priming and each item's overhead (its role and separators), here; what else
         (tool calls, images, documents, tool definitions) the wire adds."""
-        items = sum(
-            type(item) is dict or isinstance(item, Mapping) for item in wire.conversation(body)
-        )
+        items = 0
+        for item in wire.conversation(body):
+            if type(item) is dict or isinstance(item, Mapping):
+                items += 1
         overhead = REPLY_PRIMING + (PER_MESSAGE + PER_NAME) * items + wire.bound_overhead(body)
         return self.scale(len(raw) + overhead, tokenizer)
 

@@ -18,12 +18,12 @@ from policies.wires.responses import RESPONSES
 WIRES: dict[str, Wire] = {wire.name: wire for wire in (CHAT, MESSAGES, RESPONSES, GEMINI)}
 
 # Every endpoint's API name → its wire (e.g. "anthropic.count_tokens" → Messages).
-_BY_ENDPOINT: dict[str, Wire] = {api: w for w in WIRES.values() for api in w.serving}
+BY_ENDPOINT: Mapping[str, Wire] = {api: w for w in WIRES.values() for api in w.serving}
 
 
 def wire_for(api: str) -> Wire:
     """The wire of any endpoint brim serves (for its errors); Chat Completions if unknown."""
-    return _BY_ENDPOINT.get(api, CHAT)
+    return BY_ENDPOINT.get(api, CHAT)
 
 
 def conversation_wire(api: str) -> Wire | None:

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from policies.conversation import NO_RESULT as NO_RESULT  # what answers a lost call
 from policies.conversation import Dialect, UnitKind
+from policies.records import record
 from policies.tokens import as_text  # one copy, there: `policies.tokens` imports no wire
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class BodyError(ValueError):
         self.param = param
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RequestFacts:
     """What a body check learned: the model (None where the URL names it) and streaming."""
 
@@ -73,7 +74,7 @@ class ErrorInfo:
     refusal: Refusal | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Usage:
     """Token usage a provider reported; None where it did not say. `input` includes cached
     input, as the GenAI conventions define `gen_ai.usage.input_tokens`."""
@@ -460,9 +461,10 @@ def whole_number(value: Any) -> int | None:
 
 
 class OpenModel(BaseModel):
-    """A body check that names the fields it checks and lets every other field through."""
+    """A body check that names the fields it checks and lets every other field through: they
+    stay in the body as the client sent it; the check reads and keeps none of them."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
 
 
 def sse_data(chunk: bytes) -> list[bytes]:

@@ -301,27 +301,26 @@ def openai_body_error(exc: ValidationError) -> BodyError:
 
 def _definitions(body: Mapping[str, Any]) -> list[Any]:
     """Tool definitions: `tools`, and the deprecated `functions`."""
-    return list(body.get("tools") or []) + list(body.get("functions") or [])
+    tools, functions = body.get("tools"), body.get("functions")
+    if not functions:  # the common case: one list or none
+        return list(tools) if tools else []
+    return list(tools or []) + list(functions)
 
 
 def openai_usage(usage: Any) -> Usage | None:
     """`usage` of Chat Completions (prompt/completion tokens) or Responses (input/output)."""
     if not isinstance(usage, Mapping):
         return None
-
-    def number(*path: str) -> int | None:
-        value: Any = usage
-        for key in path:
-            value = value.get(key) if isinstance(value, Mapping) else None
-        return whole_number(value)
-
-    details = "prompt_tokens_details" if "prompt_tokens" in usage else "input_tokens_details"
+    # Read on every reply (a stream's: every usage chunk), so with as few calls as can be.
+    prompt = "prompt_tokens" in usage
+    given = usage.get("prompt_tokens" if prompt else "input_tokens")
+    taken = usage.get("completion_tokens" if "completion_tokens" in usage else "output_tokens")
+    details = usage.get("prompt_tokens_details" if prompt else "input_tokens_details")
+    cached = details.get("cached_tokens") if isinstance(details, Mapping) else None
     return Usage(
-        input=number("prompt_tokens") if "prompt_tokens" in usage else number("input_tokens"),
-        output=(
-            number("completion_tokens") if "completion_tokens" in usage else number("output_tokens")
-        ),
-        cached_input=number(details, "cached_tokens"),
+        given if type(given) is int else whole_number(given),
+        taken if type(taken) is int else whole_number(taken),
+        cached if type(cached) is int else whole_number(cached),
     )
 
 
@@ -644,7 +643,8 @@ class ChatWire(FieldConversation):
     def fixed_tokens(
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
     ) -> int:
-        return counter.tools(_definitions(body), tokenizer)
+        definitions = _definitions(body)
+        return counter.tools(definitions, tokenizer) if definitions else 0
 
     def response_schema(self, body: Mapping[str, Any]) -> Any:
         response_format = body.get("response_format")
@@ -663,7 +663,8 @@ class ChatWire(FieldConversation):
             for part in content if isinstance(content, list) else ():
                 if isinstance(part, Mapping) and part.get("type") == "image_url":
                     tokens += MAX_IMAGE_TOKENS
-        return tokens + tool_definitions_bound(_definitions(body))
+        definitions = _definitions(body)
+        return tokens + tool_definitions_bound(definitions) if definitions else tokens
 
     def error_body(self, error: ErrorInfo) -> bytes:
         return openai_error_body(error)

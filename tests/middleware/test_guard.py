@@ -13,6 +13,8 @@ import pytest
 
 from middleware.guard import summary_batches
 from policies.conversation import FidelityRecord
+from policies.tokens import TokenCounter
+from policies.wires.chat import CHAT
 from tests.conftest import BrimFactory
 from tests.fakes import STRICT_WINDOW, FakeProvider, pairing_errors
 
@@ -192,6 +194,25 @@ def test_broken_pairings_are_repaired_and_reported(
     assert pairing_errors(sent) == []
     assert [m.get("tool_call_id") for m in sent if m["role"] == "tool"] == ["a", "b"]
     assert "no result was recorded" in sent[3]["content"]
+
+
+def test_a_repaired_request_reports_the_clients_own_count_as_tokens_in(
+    strict_brim: str, provider: FakeProvider
+) -> None:
+    """A small request that fits is counted beside the upstream call; when the guard repairs
+    it, it waits for that count: `x-brim-tokens-in` is the client's request as brim counted it,
+    not the guard's measure of it (which carries `brim_restore`, in case something is cut)."""
+    messages = [
+        {"role": "user", "content": "go"},
+        {"role": "tool", "tool_call_id": "zzz", "content": "orphan"},
+        {"role": "user", "content": "and?"},
+    ]
+    body = {"model": "strict-8k", "messages": messages}
+    reply = httpx.post(f"{strict_brim}/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-brim-actions"] == "repair:1"
+    counted = TokenCounter().request(CHAT, body, "o200k_base", "strict-8k").total
+    assert reply.headers["x-brim-tokens-in"] == str(counted)
 
 
 def test_nothing_fits_is_a_400_context_length_exceeded(

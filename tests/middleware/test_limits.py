@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import threading
@@ -226,16 +227,72 @@ def chatty(words: int) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": "lorem ipsum " * words}]}
 
 
-async def test_small_requests_are_counted_exactly_on_the_spot(stage: ResolveLimits) -> None:
-    capture = Capture()
+class Upstream(Capture):
+    """Answers as an upstream would: after a wait (the provider working), remembering how many
+    exact counts the stage had made when it was asked."""
+
+    def __init__(self, counter: RecordingCounter) -> None:
+        super().__init__()
+        self.counter = counter
+        self.counts_when_asked: list[int] = []
+
+    async def __call__(self, exchange: Exchange) -> UpstreamResponse:
+        self.counts_when_asked.append(len(self.counter.threads))
+        await asyncio.sleep(0)  # the provider's turn: the loop runs what waits for it
+        return await super().__call__(exchange)
+
+
+async def test_small_requests_with_room_are_counted_on_the_loop_while_the_upstream_works(
+    stage: ResolveLimits,
+) -> None:
+    """The bound clears the budget: nothing waits for the exact count, which is made on the
+    event loop once the upstream is asked — and is exact by the time the reply's headers are."""
+    counter = stage.counter
+    assert isinstance(counter, RecordingCounter)
+    upstream = Upstream(counter)
     body = chatty(100)
-    await stage(exchange("local", body), capture)
-    tokens = capture.seen[0].context.tokens  # type: ignore[union-attr]
-    assert tokens.exact == TokenCounter().request(CHAT, body, "o200k_base").total
-    assert tokens.upper_bound >= tokens.exact
-    assert stage.counter.threads == [threading.main_thread()]  # type: ignore[attr-defined]
-    headers = await brim_headers(capture.seen[0].report, warn_at=1.0)
-    assert headers["x-brim-tokens-in"] == str(tokens.exact)
+    await stage(exchange("local", body), upstream)
+    assert upstream.counts_when_asked == [0]  # not counted before the upstream was called
+    tokens = upstream.seen[0].context.tokens  # type: ignore[union-attr]
+    assert tokens.exact is None and tokens.pending is not None and tokens.pending.done()
+    expected = TokenCounter().request(CHAT, body, "o200k_base").total
+    assert tokens.upper_bound > expected
+    assert tokens.known() == expected  # what metrics and status read, without waiting
+    assert counter.threads == [threading.main_thread()]  # on the loop, no thread hop
+    headers = await brim_headers(upstream.seen[0].report, warn_at=1.0)
+    assert headers["x-brim-tokens-in"] == str(expected)
+
+
+async def test_small_requests_over_the_bound_are_counted_before_forwarding(
+    stage: ResolveLimits,
+) -> None:
+    """A decision hangs on the count where the bound exceeds the budget: made at once."""
+    counter = stage.counter
+    assert isinstance(counter, RecordingCounter)
+    upstream = Upstream(counter)
+    body = chatty(700)  # ~8.4 KB: the bound exceeds the 7.7k budget, the count (~1.4k) fits
+    await stage(exchange("local", body), upstream)
+    assert upstream.counts_when_asked == [1]  # counted before the upstream was called
+    context = upstream.seen[0].context
+    assert context is not None and context.tokens.pending is None
+    assert context.tokens.upper_bound > context.budget.effective()
+    assert context.tokens.exact == TokenCounter().request(CHAT, body, "o200k_base").total
+    assert context.fits
+    assert counter.threads == [threading.main_thread()]
+
+
+async def test_a_pending_count_cancelled_with_its_request_is_not_made(
+    stage: ResolveLimits,
+) -> None:
+    counter = stage.counter
+    assert isinstance(counter, RecordingCounter)
+    context = await stage.context_for(exchange("local", chatty(100)))
+    pending = context.tokens.pending
+    assert pending is not None and not pending.done()
+    pending.cancel()  # the request that waited for it went away
+    await asyncio.sleep(0)
+    assert counter.threads == []
+    assert context.tokens.known() == context.tokens.upper_bound
 
 
 async def test_large_requests_with_room_are_counted_beside_the_upstream_call(
