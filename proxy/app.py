@@ -552,14 +552,24 @@ async def run_until_stopped(runner: web.AppRunner, *, lifeline: int | None = Non
         await runner.cleanup()
 
 
+YOUNG_COLLECTION_AT = 10_000
+
+
 def settle_startup_objects() -> None:
     """Collect what start-up left behind, then exempt the rest (imports, the config, the model
     map: tens of thousands of objects that live as long as the process) from the cyclic
     collector's passes, which would otherwise traverse all of them again and again while
     serving (about 40 µs a request at 64 concurrent requests). Only for a process that is now
-    a server: a test's or a library's process keeps its collector as it was."""
+    a server: a test's or a library's process keeps its collector as it was.
+
+    The young generation is also collected less often (`YOUNG_COLLECTION_AT` new objects, not
+    700): with 64 requests in flight some 6-9k of their objects are alive, and each collection
+    at 700 traverses them again (callgrind at 64 concurrent: 1220k → 1152k instructions a
+    request at 10 000; 5 000 and 50 000 measure the same)."""
     gc.collect()
     gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_COLLECTION_AT, older, oldest)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
