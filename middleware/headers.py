@@ -11,11 +11,10 @@ from policies.compress import SHORT
 
 def actions(report: RequestReport) -> str:
     """`prune:3,clear:12,evict:4,fallback:1` — what was done to the request, in order; `none`."""
-    outcomes = report.outcomes
-    if not outcomes and not report.fallbacks:  # the common case: nothing was done
-        return "none"
+    if report.outcome is None and not report.retry_outcomes and not report.fallbacks:
+        return "none"  # the common case: nothing was done
     done: Counter[str] = Counter()
-    for outcome in outcomes:
+    for outcome in report.outcomes:
         for record in outcome.records:
             if record.action != "notice":
                 done[SHORT.get(record.policy, record.policy)] += 1
@@ -36,10 +35,13 @@ async def brim_headers(
     context = report.context
     if context is None:  # answered before limits were resolved (e.g. the loop breaker)
         return {}
+    tokens = context.tokens
     if report.outcome is not None:
         received = report.outcome.tokens_in
-    else:
-        received = await context.tokens.resolve() if wait else context.tokens.known()
+    elif wait and tokens.pending is not None:
+        received = await tokens.resolve()
+    else:  # with nothing pending, what `resolve` would answer
+        received = tokens.known()
     sent = report.tokens_sent(received)
     headers = {
         "x-brim-tokens-in": str(received),

@@ -8,10 +8,12 @@ ever: it is made of counts, names and the request id.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+import re
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import Token
 from datetime import UTC, datetime
 from typing import Any
@@ -49,7 +51,7 @@ from middleware.audit import AuditLog
 from middleware.base import CallNext
 from middleware.headers import actions
 from middleware.store import PREFIX_DIGITS, normalize_key
-from middleware.telemetry import StatusBoard, Telemetry, client_product
+from middleware.telemetry import StatusBoard, Telemetry, bind, client_product
 from policies.budget import requested_output
 from policies.compress import Outcome
 from policies.limits import LimitSource
@@ -65,6 +67,9 @@ REQUEST_LINE = (
 PLAIN_OUTCOMES = frozenset({"ok", "compressed", "repaired", "retried"})
 PROPAGATOR = TraceContextTextMapPropagator()
 CONTENT_LIMIT = 64 * 1024  # characters of captured content per attribute
+# A request's count, upstream latency and added latency, each bound to its series.
+BoundSeries = tuple[Callable[[float], None], Callable[[float], None], Callable[[float], None]]
+BOUND_SERIES = 4096  # metric series an `Observe` keeps bound (labels are bounded: a backstop)
 
 
 # The provider, as the GenAI conventions name it (`gen_ai.provider.name`), by the provider name
@@ -138,10 +143,13 @@ class EventData:
     def __init__(self) -> None:
         self._pending = b""
 
-    def feed(self, chunk: bytes) -> list[bytes]:
-        data = self._pending + chunk
+    def feed(self, chunk: bytes, marker: bytes = b"") -> list[bytes]:
+        """The complete events' payloads so far; with `marker`, none unless it is among the
+        bytes read (an unfinished line is kept until its end is read, so a marker split
+        across reads is found once its line is complete)."""
+        data = self._pending + chunk if self._pending else chunk
         self._pending = data[data.rfind(b"\n") + 1 :][-MAX_PENDING:]  # the unfinished line
-        return sse_data(data)
+        return sse_data(data) if marker in data else []
 
 
 MAX_PENDING = 4 * 1024 * 1024  # a usage-bearing event is small; a longer line is not one
@@ -154,8 +162,14 @@ def restore_label(key: str) -> str:
     return "malformed" if digits is None else f"sha256:{digits[:PREFIX_DIGITS]}"
 
 
+# Where a reply or event can carry usage: a "usage" or "usageMetadata" key with an object (not
+# the `"usage":null` an OpenAI stream sends in every chunk once it is asked for usage).
+USAGE_MARK = b'"usage'
+USAGE_OBJECT = re.compile(rb'"usage(?:Metadata)?"\s*:\s*\{')
+
+
 def _usage_of(wire: Wire, data: bytes, report: RequestReport) -> None:
-    if not (b'"usage' in data or b'"response"' in data):  # "usage", "usageMetadata"
+    if USAGE_MARK not in data or USAGE_OBJECT.search(data) is None:
         return
     try:
         found = wire.usage(orjson.loads(data))
@@ -179,14 +193,14 @@ class Observe:
         self.audit = audit
         self.upstreams = dict(upstreams or {})
         self.tracing = not isinstance(telemetry.tracer, trace.NoOpTracer)
+        # the metric series of each (route, model label, outcome), found once (`_bind`)
+        self._bound: dict[tuple[str, str, str], BoundSeries] = {}
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         if self.tracing:
             span, token = self._open_span(exchange)
         else:  # no tracing exporter: the no-op span, as a no-op tracer would start
             span, token = INVALID_SPAN, None
-        wire = exchange.wire
-        report = exchange.report
         try:
             reply = await call_next(exchange)
             answered = time.perf_counter()  # a stream's reading time is the provider's, not brim's
@@ -200,28 +214,20 @@ class Observe:
                 if isinstance(error, RateLimitExceeded)
                 else "upstream_error"
             )
-            if isinstance(error, UpstreamError):
-                _usage_from_body(wire, error.body, report)
-            self._finish(span, exchange, report, outcome, error)
+            self._finish_soon(span, exchange, outcome, error, time.perf_counter())
             raise
         except BaseException as error:
-            self._finish(span, exchange, report, "error", error)
+            self._finish_soon(span, exchange, "error", error, time.perf_counter())
             raise
         finally:
             if token is not None:
                 otel_context.detach(token)
-        outcome = self._outcome(report)
+        outcome = self._outcome(exchange.report)
         if reply.chunks is None:
-            if reply.payload is not None:
-                found = wire.usage(reply.payload)
-                if found is not None:
-                    report.usage = report.usage.merged(found)
-            else:
-                _usage_from_body(wire, reply.body or b"", report)
-            self._finish(span, exchange, report, outcome, None, answered)
+            self._finish_soon(span, exchange, outcome, None, answered, reply)
             return reply
         return dataclasses.replace(
-            reply, chunks=self._watch(reply.chunks, span, exchange, report, outcome, answered)
+            reply, chunks=self._watch(reply.chunks, span, exchange, outcome, answered)
         )
 
     def _open_span(self, exchange: Exchange) -> tuple[Span, Token[Context]]:
@@ -257,24 +263,26 @@ class Observe:
         chunks: AsyncIterator[bytes],
         span: Span,
         exchange: Exchange,
-        report: RequestReport,
         outcome: str,
         answered: float,
     ) -> AsyncIterator[bytes]:
         error: BaseException | None = None
-        events = EventData()
+        # the provider's usage, for the span (nothing else reports it)
+        events = EventData() if span.is_recording() else None
         wire = exchange.wire
+        report = exchange.report
         try:
             async for chunk in chunks:
-                for data in events.feed(chunk):
-                    _usage_of(wire, data, report)
+                if events is not None:
+                    for data in events.feed(chunk, USAGE_MARK):
+                        _usage_of(wire, data, report)
                 yield chunk
         except BaseException as exc:
             error = exc
             raise
         finally:
             outcome = outcome if error is None else "error"
-            self._finish(span, exchange, report, outcome, error, answered)
+            self._finish_soon(span, exchange, outcome, error, answered)
 
     @staticmethod
     def _outcome(report: RequestReport) -> str:
@@ -286,18 +294,51 @@ class Observe:
             return "repaired"
         return "ok"
 
+    def _finish_soon(
+        self,
+        span: Span,
+        exchange: Exchange,
+        outcome: str,
+        error: BaseException | None,
+        answered: float,
+        reply: UpstreamResponse | None = None,
+    ) -> None:
+        """Publish the request once its reply (or error) is on its way: on the event loop's next
+        turn, so the client's reply is written first (the handler runs on to the write without
+        giving the loop a turn; the loop then runs this before anything it reads afterwards,
+        such as the client's next request). Where no loop runs (a stream closed by the garbage
+        collector), at once."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._finish(span, exchange, outcome, error, answered, reply)
+        else:
+            loop.call_soon(self._finish, span, exchange, outcome, error, answered, reply)
+
     def _finish(
         self,
         span: Span,
         exchange: Exchange,
-        report: RequestReport,
         outcome: str,
         error: BaseException | None,
-        answered: float | None = None,
+        answered: float,
+        reply: UpstreamResponse | None,
     ) -> None:
-        """`answered`: when the pipeline returned the reply (its headers, for a stream); an
-        error is finished as it happens."""
+        """Publish the request; for its span (where it records: nothing else reports it), the
+        provider's usage from a whole `reply` or the error's body first. `answered`: when the
+        pipeline returned the reply (its headers, for a stream) or the error."""
+        report = exchange.report
         try:
+            if span.is_recording():
+                if reply is not None:
+                    if reply.payload is not None:
+                        found = exchange.wire.usage(reply.payload)
+                        if found is not None:
+                            report.usage = report.usage.merged(found)
+                    else:
+                        _usage_from_body(exchange.wire, reply.body or b"", report)
+                elif isinstance(error, UpstreamError):
+                    _usage_from_body(exchange.wire, error.body, report)
             self._publish(span, exchange, report, outcome, error, answered)
         except Exception:  # telemetry must never break a request
             log.exception("could not publish telemetry for request %s", exchange.request_id)
@@ -311,30 +352,32 @@ class Observe:
         report: RequestReport,
         outcome: str,
         error: BaseException | None,
-        answered: float | None,
+        answered: float,
     ) -> None:
-        telemetry = self.telemetry
         context = report.context
         tokens_in = report.tokens_received()
         tokens_out = report.tokens_sent(tokens_in)
         done = actions(report)
         # per stage outcome: policy → (tokens before, tokens after, items)
-        compressed = [_by_policy(stage_outcome) for stage_outcome in report.outcomes]
+        compressed: list[dict[str, list[int]]] = []
         removed: dict[str, int] = {}
-        for by_policy in compressed:
-            for policy, (before, after, _) in by_policy.items():
-                removed[policy] = removed.get(policy, 0) + max(0, before - after)
+        if report.outcome is not None or report.retry_outcomes:  # cut or compressed
+            compressed = [_by_policy(stage_outcome) for stage_outcome in report.outcomes]
+            for by_policy in compressed:
+                for policy, (before, after, _) in by_policy.items():
+                    removed[policy] = removed.get(policy, 0) + max(0, before - after)
         # the model's brim_restore calls brim answered (`middleware.restore`)
-        restores = [(restore_label(key), True) for key in report.restored]
-        restores += [(restore_label(key), False) for key in report.restore_missing]
+        restores: list[tuple[str, bool]] = []
+        if report.restored or report.restore_missing:
+            restores += [(restore_label(key), True) for key in report.restored]
+            restores += [(restore_label(key), False) for key in report.restore_missing]
         if span.is_recording():  # a tracing exporter, and this request sampled
             self._describe(span, exchange, report, outcome, error, done, compressed, restores)
 
         # Model ids are client input: bounded labels, so a flood of names cannot grow metrics.
+        fits = context is None or context.fits
         known = context is not None and context.limits.source is not LimitSource.DEFAULT
-        prevented = bool(
-            report.outcome is not None and report.outcome.records and context and not context.fits
-        )
+        prevented = bool(report.outcome is not None and report.outcome.records and not fits)
         survived = bool(report.retries) and error is None
         overflows = [] if outcome == "ok" else _overflows(prevented, survived, outcome)
         label = self.status.record(
@@ -348,42 +391,26 @@ class Observe:
             overflows=overflows,
             removed=removed,
         )
-        telemetry.requests.add(1, {"route": exchange.api, "model": label, "outcome": outcome})
-        model = {"model": label}
-        if prevented:
-            telemetry.prevented.add(1, model)
-        if report.retries:
-            telemetry.retries.add(report.retries, model)
-            if survived:
-                telemetry.survived.add(1, model)
-        for policy, tokens in removed.items():
-            telemetry.tokens_removed.add(tokens, {"policy": policy, "model": label})
-        if report.restore_offered:
-            telemetry.restores_offered.add(1, model)
-        if restores:
-            for found in (True, False):
-                if count := sum(1 for _, was in restores if was is found):
-                    telemetry.restores.add(count, {"model": label, "found": str(found).lower()})
-        self.status.record_restores(
-            label,
-            offered=report.restore_offered,
-            found=len(report.restored),
-            missing=len(report.restore_missing),
-        )
-        total_ms = ((answered or time.perf_counter()) - report.started) * 1000
+        series = self._bound.get((exchange.api, label, outcome))
+        if series is None:
+            series = self._bind(exchange.api, label, outcome)
+        count_request, record_upstream, record_added = series
+        count_request(1)
+        total_ms = (answered - report.started) * 1000
         upstream_ms = report.upstream_seconds * 1000
         added_ms = max(0.0, total_ms - upstream_ms)
-        telemetry.upstream_latency.record(upstream_ms, model)
-        telemetry.added_latency.record(added_ms, model)
+        record_upstream(upstream_ms)
+        record_added(added_ms)
+        if prevented or report.retries or removed or report.restore_offered or restores:
+            self._count_changes(report, label, prevented, survived, removed, restores)
+
         changed = done != "none" or report.retries or report.restored
         refused = outcome in ("refused", "blocked", "rate_limited")  # brim's own answers
         level = logging.INFO if changed or refused else logging.DEBUG
         if request_log.isEnabledFor(level):  # nothing below is done when the level is off
             log_request(level, exchange, outcome, added_ms, done)
 
-        eventful = outcome in ("compressed", "repaired", "retried", "refused") or (
-            context is not None and not context.fits
-        )
+        eventful = not fits or outcome in ("compressed", "repaired", "retried", "refused")
         if eventful:
             trace_id = format(span.get_span_context().trace_id, "032x")
             event = {
@@ -407,6 +434,53 @@ class Observe:
             self.status.event(event)
             if self.audit is not None:
                 self.audit.write(event)
+
+    def _bind(self, route: str, label: str, outcome: str) -> BoundSeries:
+        """The metric series a request of `route`, model `label` and `outcome` counts in."""
+        telemetry = self.telemetry
+        if len(self._bound) >= BOUND_SERIES:
+            self._bound.clear()
+        model = {"model": label}
+        series = self._bound[(route, label, outcome)] = (
+            telemetry.requests.bind({"route": route, "model": label, "outcome": outcome}),
+            bind(telemetry.upstream_latency, model),
+            bind(telemetry.added_latency, model),
+        )
+        return series
+
+    def _count_changes(
+        self,
+        report: RequestReport,
+        label: str,
+        prevented: bool,
+        survived: bool,
+        removed: Mapping[str, int],
+        restores: list[tuple[str, bool]],
+    ) -> None:
+        """The counters of what brim did to a request it changed: overflows prevented and
+        survived, retries, tokens removed by policy, brim_restore offered and answered."""
+        telemetry = self.telemetry
+        model = {"model": label}
+        if prevented:
+            telemetry.prevented.add(1, model)
+        if report.retries:
+            telemetry.retries.add(report.retries, model)
+            if survived:
+                telemetry.survived.add(1, model)
+        for policy, tokens in removed.items():
+            telemetry.tokens_removed.add(tokens, {"policy": policy, "model": label})
+        if report.restore_offered:
+            telemetry.restores_offered.add(1, model)
+        if restores:
+            for found in (True, False):
+                if count := sum(1 for _, was in restores if was is found):
+                    telemetry.restores.add(count, {"model": label, "found": str(found).lower()})
+        self.status.record_restores(
+            label,
+            offered=report.restore_offered,
+            found=len(report.restored),
+            missing=len(report.restore_missing),
+        )
 
     def _describe(
         self,

@@ -56,6 +56,50 @@ class _Series:
     def _empty(self) -> list[float]:
         raise NotImplementedError
 
+    def _count(self, cell: list[float], amount: float) -> None:
+        raise NotImplementedError
+
+    def bind(self, attributes: Mapping[str, AttributeValue]) -> Bound:
+        """This instrument's series of `attributes`, to count into without finding it again."""
+        return Bound(self, attributes)
+
+
+class Bound:
+    """One series of a `Tally` or `Spread` (`_Series.bind`), called with an amount as the
+    instrument's `add` or `record` would be: the series is found once, on the first amount
+    counted (so it appears then, as with the instrument), and never again."""
+
+    __slots__ = ("_attributes", "_cell", "_series")
+
+    def __init__(self, series: _Series, attributes: Mapping[str, AttributeValue]) -> None:
+        self._series = series
+        self._attributes = dict(attributes)
+        self._cell: list[float] | None = None
+
+    def __call__(self, amount: float) -> None:
+        cell = self._cell
+        if cell is None or not 0 <= amount < math.inf:
+            cell = self._series._cell_for(amount, self._attributes)
+            if cell is None:  # refused, with a warning
+                return
+            self._cell = cell
+        self._series._count(cell, amount)
+
+
+def bind(
+    instrument: Histogram | _Series, attributes: Mapping[str, AttributeValue]
+) -> Callable[[float], None]:
+    """`instrument.add` or `.record` under `attributes`, as a function of the amount: a
+    `Bound` series of brim's own instruments, else the SDK instrument's call."""
+    if isinstance(instrument, _Series):
+        return instrument.bind(attributes)
+    fixed = dict(attributes)
+
+    def record(amount: float) -> None:
+        instrument.record(amount, fixed)
+
+    return record
+
 
 class Tally(_Series):
     """A counter kept in this process and read by the metric readers when they collect (an
@@ -76,6 +120,9 @@ class Tally(_Series):
         cell = self._cell_for(amount, attributes)
         if cell is not None:
             cell[0] += amount
+
+    def _count(self, cell: list[float], amount: float) -> None:
+        cell[0] += amount
 
     def _empty(self) -> list[float]:
         return [0]
@@ -127,8 +174,10 @@ class Spread(_Series):
         """Record `amount` under `attributes` (as `Histogram.record`: a negative or non-finite
         amount is refused with a warning)."""
         cell = self._cell_for(amount, attributes)
-        if cell is None:
-            return
+        if cell is not None:
+            self._count(cell, amount)
+
+    def _count(self, cell: list[float], amount: float) -> None:
         bucket = _FIRST_BUCKET + bisect_left(self.bounds, amount)
         with self._lock:
             cell[0] += 1
@@ -392,10 +441,11 @@ class Series:
         window) where known, and what it counts as (`OVERFLOWS`)."""
         key = (model, client)
         ring = self._series.get(key)
+        if ring is None and len(self._series) >= self.most - 1:
+            key = (OTHER_MODELS, OTHER_MODELS)  # the last one is for ("other", "other")
+            ring = self._series.get(key)
         if ring is None:
-            if len(self._series) >= self.most - 1:  # the last one is for ("other", "other")
-                key = (OTHER_MODELS, OTHER_MODELS)
-            ring = self._series.setdefault(key, deque(maxlen=self.points))
+            ring = self._series[key] = deque(maxlen=self.points)
         start = float(int(self._timer() // self.bucket_s) * self.bucket_s)
         if not ring or ring[-1][_T] != start:
             ring.append([start] + [0.0] * (len(SERIES_FIELDS) - 1))
@@ -525,8 +575,9 @@ class StatusBoard:
         `client` is its `[clients]` rule or User-Agent product (`client_product`), `window` its
         model's context window where resolved, `overflows` what it counts as (`OVERFLOWS`),
         `removed` the input tokens each policy took out of it."""
-        self.totals["requests"] += 1
-        self.totals[outcome] += 1
+        totals = self.totals
+        totals["requests"] += 1
+        totals[outcome] += 1
         label = self.labels(model, known=known)
         usage = self.models.get(label)
         if usage is None:
@@ -537,7 +588,7 @@ class StatusBoard:
         usage["tokens_out"] += tokens_out
         for overflow in overflows:
             if overflow != outcome:  # "refused" and "blocked" are outcomes too: counted once
-                self.totals[overflow] += 1
+                totals[overflow] += 1
                 usage[overflow] += 1
         if removed:
             self.removed.update(removed)

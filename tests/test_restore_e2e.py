@@ -31,7 +31,7 @@ from policies.conversation import archive_key
 from policies.wires.base import Usage
 from proxy.app import bound_port, start
 from proxy.config import BrimConfig
-from tests.fakes import LoopThread, start_app
+from tests.fakes import LoopThread, start_app, wait_for
 from tests.policies.wires import test_restore_shapes as shapes
 from tests.restoring import (
     KEY_SHOWN,
@@ -218,7 +218,11 @@ def serve(loop_thread: LoopThread, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 
 def root_span(spans: InMemorySpanExporter) -> ReadableSpan:
-    (root,) = [s for s in spans.get_finished_spans() if "brim.outcome" in (s.attributes or {})]
+    def ended() -> list[ReadableSpan]:
+        return [s for s in spans.get_finished_spans() if "brim.outcome" in (s.attributes or {})]
+
+    wait_for(ended)  # a request's span ends just after its reply is written
+    (root,) = ended()
     return root
 
 

@@ -31,7 +31,13 @@ from policies.wires.base import NOTICE_PREFIX, Wire
 from proxy.cli import main
 from tests.conftest import BrimFactory, every_api
 from tests.fake_anthropic import FakeAnthropic, anthropic_errors
-from tests.fakes import FakeProvider, gemini_errors, pairing_errors, responses_errors
+from tests.fakes import (
+    FakeProvider,
+    gemini_errors,
+    pairing_errors,
+    responses_errors,
+    wait_for,
+)
 
 ADMIN = "contract-admin-key-0123456789"
 SUMMARY = "[brim: a summary of earlier messages"
@@ -347,6 +353,8 @@ def test_a_growing_session_keeps_its_compressed_prefix_until_it_must_cut_again(
     assert second.headers["x-brim-actions"] == first.headers["x-brim-actions"]
     assert case.violations(again) == []
     name = f"{case.wire.operation} {model}"
+    # a request's span ends just after its reply is written
+    wait_for(lambda: len([s for s in spans.get_finished_spans() if s.name == name]) >= 2)
     requests = [s for s in spans.get_finished_spans() if s.name == name]
     assert [(s.attributes or {}).get("brim.carried_forward") for s in requests] == [None, True]
 
@@ -476,11 +484,14 @@ def test_what_was_cut_is_archived_and_fetched_back(case: Case, serve: Callable[.
         assert hashlib.sha256(original.content).hexdigest() == key
 
 
-def root_span(spans: InMemorySpanExporter, case: Case, model: str) -> dict[str, Any]:
+def root_span(spans: InMemorySpanExporter, case: Case, model: str, nth: int = 1) -> dict[str, Any]:
+    """The root span of the `nth` request to `model` (waited for: a request's span ends just
+    after its reply is written)."""
     name = f"{case.wire.operation} {model}"
+    wait_for(lambda: len([s for s in spans.get_finished_spans() if s.name == name]) >= nth)
     found = [s for s in spans.get_finished_spans() if s.name == name]
-    assert found, [s.name for s in spans.get_finished_spans()]
-    span: ReadableSpan = found[-1]
+    assert len(found) >= nth, [s.name for s in spans.get_finished_spans()]
+    span: ReadableSpan = found[nth - 1]
     return dict(span.attributes or {})
 
 
@@ -515,7 +526,7 @@ def test_captured_content_is_the_conversation_as_valid_json(
     assert any(p.get("type") == "tool_call_response" for m in captured for p in m["parts"])
     huge = [*items, *case.tool_turn("call_big", "y" * 200_000), case.user("and now?")]
     assert send(base, case, model, huge).status_code == 200
-    text = root_span(spans, case, model)["gen_ai.input.messages"]
+    text = root_span(spans, case, model, nth=2)["gen_ai.input.messages"]
     assert len(text) <= 64 * 1024
     assert isinstance(json.loads(text), list)  # cut to fit, and still JSON
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,11 @@ def test_the_audit_log_and_its_rotations_are_private(brim: BrimFactory, tmp_path
             f"{base}/v1/chat/completions", json={"model": "small", "messages": big_session()}
         )
         assert reply.status_code == 200 and "clear" in reply.headers["x-brim-actions"]
+    # The last line is written just after its reply went out (Observe publishes on the event
+    # loop's next turn), so this process may look a moment before it is there.
+    deadline = time.monotonic() + 5
+    while len(list(log.parent.glob("brim.jsonl.*"))) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
     rotated = sorted(log.parent.glob("brim.jsonl.*"))
     assert [path.name for path in rotated] == ["brim.jsonl.1", "brim.jsonl.2", "brim.jsonl.3"]
     lines = [line for path in [log, *rotated] for line in path.read_text().splitlines()]

@@ -11,6 +11,7 @@ import signal
 import stat
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections import Counter
@@ -620,9 +621,10 @@ async def test_a_flood_of_made_up_model_names_cannot_grow_metrics_status_or_memo
 USAGE_STREAMS: dict[str, tuple[list[bytes], tuple[int, int, int]]] = {
     "openai.chat": (
         [
-            b'data: {"choices":[{"delta":{"content":"Hi"}}]}\n\n',
-            b'data: {"choices":[],"usage":{"prompt_tokens":17,"completion_tokens":5,'
+            b'data: {"choices":[{"delta":{"content":"Hi"}}],"usage":null}\n\n',
+            b'data: {"choices":[],"usage" : {"prompt_tokens":17,"completion_tokens":5,'
             b'"prompt_tokens_details":{"cached_tokens":3}}}\n\n',
+            b'data: {"choices":[{"delta":{"content":"\\"usage\\":{}"}}],"usage":null}\n\n',
             b"data: [DONE]\n\n",
         ],
         (17, 5, 3),
@@ -668,8 +670,9 @@ USAGE_STREAMS: dict[str, tuple[list[bytes], tuple[int, int, int]]] = {
     cuts=st.lists(st.integers(1, 400), max_size=12),
 )
 def test_stream_usage_is_read_however_the_events_are_split(api: str, cuts: list[int]) -> None:
+    """Usage is read for the span (it reports nothing else), so with a span that records."""
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.trace import NoOpTracer
+    from opentelemetry.sdk.trace import TracerProvider
 
     from adapters.base import UpstreamResponse
     from adapters.exchange import Exchange
@@ -689,7 +692,10 @@ def test_stream_usage_is_read_however_the_events_are_split(api: str, cuts: list[
         return UpstreamResponse(status=200, headers={}, chunks=chunks())
 
     exchange = builders.exchange(api, stream=True)
-    telemetry = Telemetry(NoOpTracer(), MeterProvider().get_meter("t"))
+    spans = InMemorySpanExporter()
+    tracing = TracerProvider()
+    tracing.add_span_processor(SimpleSpanProcessor(spans))
+    telemetry = Telemetry(tracing.get_tracer("t"), MeterProvider().get_meter("t"))
     observe = Observe(telemetry, StatusBoard())
 
     async def run() -> bytes:
@@ -700,6 +706,13 @@ def test_stream_usage_is_read_however_the_events_are_split(api: str, cuts: list[
     assert asyncio.run(run()) == stream  # relayed byte for byte
     usage = exchange.report.usage
     assert (usage.input, usage.output, usage.cached_input) == expected
+    (root,) = spans.get_finished_spans()
+    attributes = dict(root.attributes or {})
+    assert (
+        attributes["gen_ai.usage.input_tokens"],
+        attributes["gen_ai.usage.output_tokens"],
+        attributes["gen_ai.usage.cache_read.input_tokens"],
+    ) == expected
 
 
 def test_restores_found_and_missing_are_named_by_their_keys_only() -> None:
@@ -766,3 +779,55 @@ def test_restores_found_and_missing_are_named_by_their_keys_only() -> None:
     assert (totals["restore_offered"], totals["restored"], totals["restore_missing"]) == (1, 2, 2)
     assert status.snapshot()["models"]["m-restore"]["restore_missing"] == 2
     assert CANARY not in str([e.attributes for e in root.events])
+
+
+@pytest.mark.parametrize(
+    ("model", "stream", "status", "outcome"),
+    [
+        ("fake-model", False, 200, "ok"),
+        ("fake-model", True, 200, "ok"),
+        ("error-429", False, 429, "upstream_error"),
+        ("strict-tiny", False, 400, "refused"),  # brim's own answer: it cannot fit
+    ],
+    ids=["whole", "stream", "upstream-error", "refused"],
+)
+def test_a_request_is_published_after_its_reply_is_written_and_exactly_once(
+    brim: BrimFactory,
+    monkeypatch: pytest.MonkeyPatch,
+    model: str,
+    stream: bool,
+    status: int,
+    outcome: str,
+) -> None:
+    """The client has its whole reply (or error) before brim does its bookkeeping: publishing
+    waits here until the client has the reply, and would wait in vain (and say so) if it ran
+    before the reply was written. It still happens, once, with the time brim added measured
+    up to the reply (not the second publishing takes here)."""
+    base = brim(models={"strict-tiny": {"context_window": 300, "max_output": 50}})
+    replied = threading.Event()
+    published: list[bool] = []  # for each publish: whether the client had its reply by then
+    record = StatusBoard.record
+
+    def recording(board: StatusBoard, *args: Any, **kwargs: Any) -> str:
+        published.append(replied.wait(10))
+        time.sleep(1)
+        return record(board, *args, **kwargs)
+
+    monkeypatch.setattr(StatusBoard, "record", recording)
+    messages = HELLO
+    if model == "strict-tiny":  # a system prompt alone too large for the window: refused
+        messages = [{"role": "system", "content": "standing instructions " * 400}, *HELLO]
+    body: dict[str, Any] = {"model": model, "messages": messages, "stream": stream}
+    reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=30)
+    replied.set()
+    assert reply.status_code == status, reply.text
+    assert wait_for(lambda: published) and published == [True]
+    families = scrape(base)
+    counted = {
+        (s.labels["model"], s.labels["outcome"]): s.value
+        for s in families["brim_requests"]
+        if s.name.endswith("_total")
+    }
+    assert counted == {(model, outcome): 1}
+    added = [s for s in families["brim_latency_added_milliseconds"] if s.name.endswith("_sum")]
+    assert len(added) == 1 and added[0].value < 1_000

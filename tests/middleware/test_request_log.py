@@ -73,6 +73,12 @@ def post(
     return httpx.post(f"{base}{case.path(model, False)}", json=body, headers=headers, timeout=60)
 
 
+def published(base: str) -> None:
+    """Return once brim has published the requests it has answered: it does so just after
+    writing each reply, before it reads anything that comes in later (here, a health check)."""
+    assert httpx.get(f"{base}/healthz").status_code == 200
+
+
 def request_lines(caplog: pytest.LogCaptureFixture, level: int = logging.INFO) -> list[Any]:
     return [r for r in caplog.records if r.name == "brim.request" and r.levelno >= level]
 
@@ -131,6 +137,7 @@ def test_an_untouched_request_logs_nothing_at_info_and_one_line_at_debug(
     with caplog.at_level(logging.INFO, logger="brim.request"):
         reply = post(base, case, model, session(case, 1))
         assert reply.status_code == 200 and reply.headers["x-brim-actions"] == "none"
+        published(base)  # while the level is INFO
     assert request_lines(caplog, logging.DEBUG) == []
     with caplog.at_level(logging.DEBUG, logger="brim.request"):
         reply = post(base, case, model, session(case, 1), **{"user-agent": "curl/8.5.0 extra"})

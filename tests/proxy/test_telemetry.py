@@ -1,5 +1,5 @@
-"""brim's own counters and histograms (`Tally`, `Spread`) export what the OpenTelemetry SDK's
-synchronous instruments of the same names would."""
+"""brim's own counters and histograms (`Tally`, `Spread`), and their series bound once
+(`bind`), export what the OpenTelemetry SDK's synchronous instruments of the same names would."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from middleware.settings import TelemetryConfig
-from middleware.telemetry import Spread, Tally
+from middleware.telemetry import Spread, Tally, bind
 from proxy.telemetry import build_providers
 
 # across every bucket, on the boundaries and just beside them, and past the last one
@@ -18,8 +18,9 @@ LATENCIES += [random.Random(7).random() * 3_000 for _ in range(200)]
 Samples = dict[str, list[tuple[str, tuple[tuple[str, str], ...], float]]]
 
 
-def exposition(local: bool) -> Samples:
-    """/metrics after the same counts and latencies, through brim's instruments or the SDK's."""
+def exposition(local: bool, bound: bool = False) -> Samples:
+    """/metrics after the same counts and latencies, through brim's instruments (`bound`: their
+    series bound once, by `bind`) or the SDK's."""
     providers = build_providers(TelemetryConfig())
     telemetry = providers.telemetry
     meter = telemetry.meter
@@ -34,12 +35,27 @@ def exposition(local: bool) -> Samples:
         )
         counter = meter.create_counter("brim.counted", **described)
     for i, value in enumerate(LATENCIES):
-        latency.record(value, {"model": f"m{i % 3}"})
         labels = {"route": "openai", "model": f"m{i % 2}", "outcome": "ok"}
-        counter.add(i % 4, labels if i % 3 else dict(reversed(labels.items())))
-    latency.record(-1.0, {"model": "m0"})  # refused, by both
-    latency.record(float("nan"), {"model": "m0"})
-    counter.add(-1, labels)
+        labels = labels if i % 3 else dict(reversed(labels.items()))
+        if bound:
+            bind(latency, {"model": f"m{i % 3}"})(value)
+        else:
+            latency.record(value, {"model": f"m{i % 3}"})
+        if bound and isinstance(counter, Tally):
+            counter.bind(labels)(i % 4)
+        else:
+            counter.add(i % 4, labels)
+    for amount in (-1.0, float("nan"), float("inf")):  # refused, by all
+        if bound:
+            bind(latency, {"model": "m0"})(amount)
+            bind(latency, {"model": "never"})(amount)  # and no series made for it
+        else:
+            latency.record(amount, {"model": "m0"})
+            latency.record(amount, {"model": "never"})
+        if bound and isinstance(counter, Tally):
+            counter.bind(labels)(amount)
+        else:
+            counter.add(amount, labels)
     assert providers.registry is not None
     text = generate_latest(providers.registry).decode()
     return {
@@ -56,3 +72,5 @@ def test_local_counters_and_histograms_read_as_the_sdks_would() -> None:
     assert set(local) == {"brim_counted", "brim_latency_added_milliseconds"}
     assert len(local["brim_latency_added_milliseconds"]) == 3 * (16 + 2)  # buckets, count, sum
     assert local == exposition(local=False)
+    assert exposition(local=True, bound=True) == local
+    assert exposition(local=False, bound=True) == local
