@@ -69,9 +69,11 @@ from proxy.keys import (
     READINESS,
     REQUEST_ID,
     SERVICES,
+    SERVING,
     UPSTREAMS,
     WORKER_METRICS,
     Readiness,
+    Serving,
 )
 from proxy.listen import BACKLOG
 from proxy.multiproc import PUBLISH_INTERVAL_S, MetricsShare, WorkerMetrics
@@ -291,6 +293,7 @@ def create_app(
     app[PIPELINE] = Pipeline(default_pipeline(config, services), providers.telemetry.tracer)
     app[READINESS] = Readiness()
     app[ADMISSION] = gate
+    app[SERVING] = Serving(config, services.upstreams, app[PIPELINE], gate)
     if metrics_share is not None and providers.registry is not None:
         app[WORKER_METRICS] = WorkerMetrics(
             metrics_share.directory, metrics_share.token, providers.registry
