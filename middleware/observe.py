@@ -423,11 +423,11 @@ class Observe:
                 "outcome": outcome,
                 "tokens_in": tokens_in,
                 "tokens_out": tokens_out,
-                "budget": context.budget.effective() if context else None,
+                "budget": context.budget.effective if context else None,
                 "actions": done,
                 "retries": report.retries,
-                "fallbacks": report.fallbacks,
-                "archive_keys": report.archive_keys,
+                "fallbacks": list(report.fallbacks),
+                "archive_keys": list(report.archive_keys),
                 "restored": [key for key, found in restores if found],
                 "restore_missing": [key for key, found in restores if not found],
             }
@@ -503,12 +503,12 @@ class Observe:
             "brim.upstream_calls": report.upstream_calls,
         }
         if context is not None:
-            attributes["brim.budget"] = context.budget.effective()
+            attributes["brim.budget"] = context.budget.effective
             attributes["brim.context_window"] = context.limits.limits.context_window
             if not context.fits:
                 span.add_event(
                     "brim.overflow.predicted",
-                    {"brim.tokens": tokens_in or 0, "brim.budget": context.budget.effective()},
+                    {"brim.tokens": tokens_in or 0, "brim.budget": context.budget.effective},
                 )
         if tokens_in is not None:
             attributes["brim.tokens.in"] = tokens_in
@@ -608,7 +608,7 @@ def log_request(level: int, exchange: Exchange, outcome: str, added_ms: float, d
     context = report.context
     tokens_in = report.tokens_received()
     tokens_out = report.tokens_sent(tokens_in)
-    budget = context.budget.effective() if context is not None else None
+    budget = context.budget.effective if context is not None else None
     client = context.client if context is not None and context.client else None
     fields: dict[str, Any] = {
         "model": log_word(exchange.model),
