@@ -209,7 +209,7 @@ class BrimRunner(web.AppRunner):
         return GuardedServer(plain, self.app[ADMISSION])
 
 
-def admit(gate: Admission) -> None:
+def admit(request: web.Request, gate: Admission) -> None:
     """Count one more request being handled, or refuse it past `max_in_flight` (503, in the
     client's wire format, by the caller: `proxy.app`'s `front_door`); `release` when done."""
     if gate.in_flight >= gate.max_in_flight:
@@ -221,13 +221,14 @@ def admit(gate: Admission) -> None:
         busy.brim_headers["retry-after"] = "1"
         raise busy
     gate.in_flight += 1
+    request[BODY_BYTES] = 0  # none held yet (`read_body`); set here, read without a default
 
 
 def release(request: web.Request, gate: Admission) -> None:
     """A request admitted by `admit` is done: give back its place and the body bytes it held
     (`read_body`)."""
     gate.in_flight -= 1
-    if held := request.get(BODY_BYTES):
+    if held := request[BODY_BYTES]:
         gate.bodies.release(held)
 
 
@@ -242,7 +243,7 @@ async def _hold(request: web.Request, gate: Admission, size: int) -> None:
         )
         busy.brim_headers["retry-after"] = "1"
         raise busy from None
-    request[BODY_BYTES] = request.get(BODY_BYTES, 0) + taken
+    request[BODY_BYTES] += taken  # set by `admit`
 
 
 async def read_body(request: web.Request, limit: int, gate: Admission) -> bytes:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from adapters.registry import Upstreams
 from middleware.base import Pipeline
@@ -30,6 +32,10 @@ class Serving:
     pipeline: Pipeline
     admission: Admission
 
+
+# `proxy.app.front_door`: a handler as brim serves it (request id, admission, limits, keys, every
+# error in the client's wire format). Each routes module's `add_routes` wraps its handlers in it.
+FrontDoor = Callable[[Handler], Handler]
 
 CONFIG = web.AppKey("config", BrimConfig)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from adapters.errors import UpstreamError
 from policies.wires.messages import MESSAGES, check_count_tokens
-from proxy.keys import SERVICES, SERVING
+from proxy.keys import SERVICES, SERVING, FrontDoor
 from proxy.routes.common import (
     checked,
     make_exchange,
@@ -72,7 +72,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     )
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, door: FrontDoor) -> None:
     for prefix in ("/v1", ""):
-        app.router.add_post(f"{prefix}/messages", messages)
-        app.router.add_post(f"{prefix}/messages/count_tokens", count_tokens)
+        app.router.add_post(f"{prefix}/messages", door(messages))
+        app.router.add_post(f"{prefix}/messages/count_tokens", door(count_tokens))

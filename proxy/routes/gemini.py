@@ -9,7 +9,7 @@ from aiohttp import web
 from adapters.errors import UnknownEndpoint
 from adapters.exchange import ClientApi
 from policies.wires.gemini import GEMINI
-from proxy.keys import SERVING
+from proxy.keys import SERVING, FrontDoor
 from proxy.routes.common import checked, proxied, read_json
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
@@ -36,6 +36,6 @@ async def models(request: web.Request) -> web.StreamResponse:
     )
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/v1beta/models/{target}", models)
-    app.router.add_post("/v1/models/{target}", models)
+def add_routes(app: web.Application, door: FrontDoor) -> None:
+    app.router.add_post("/v1beta/models/{target}", door(models))
+    app.router.add_post("/v1/models/{target}", door(models))

@@ -7,7 +7,7 @@ from aiohttp import web
 from adapters.errors import UpstreamError, UpstreamFailure
 from policies.wires.chat import CHAT
 from policies.wires.responses import RESPONSES
-from proxy.keys import CONFIG, SERVING
+from proxy.keys import CONFIG, SERVING, FrontDoor
 from proxy.routes.common import checked, make_exchange, proxied, read_json, send_direct
 
 
@@ -98,9 +98,9 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         raise
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, door: FrontDoor) -> None:
     for prefix in ("/v1", ""):
-        app.router.add_post(f"{prefix}/chat/completions", chat_completions)
-        app.router.add_get(f"{prefix}/models", list_models)
-        app.router.add_post(f"{prefix}/responses", responses)
-        app.router.add_post(f"{prefix}/responses/input_tokens", input_tokens)
+        app.router.add_post(f"{prefix}/chat/completions", door(chat_completions))
+        app.router.add_get(f"{prefix}/models", door(list_models))
+        app.router.add_post(f"{prefix}/responses", door(responses))
+        app.router.add_post(f"{prefix}/responses/input_tokens", door(input_tokens))
