@@ -268,7 +268,7 @@ class Observe:
     ) -> AsyncIterator[bytes]:
         error: BaseException | None = None
         # the provider's usage, for the span (nothing else reports it)
-        events = EventData() if span.is_recording() else None
+        events = EventData() if span is not INVALID_SPAN and span.is_recording() else None
         wire = exchange.wire
         report = exchange.report
         try:
@@ -328,8 +328,10 @@ class Observe:
         provider's usage from a whole `reply` or the error's body first. `answered`: when the
         pipeline returned the reply (its headers, for a stream) or the error."""
         report = exchange.report
+        # Without tracing every span is `INVALID_SPAN`: nothing to ask it, nothing to end.
+        recording = span is not INVALID_SPAN and span.is_recording()
         try:
-            if span.is_recording():
+            if recording:
                 if reply is not None:
                     if reply.payload is not None:
                         found = exchange.wire.usage(reply.payload)
@@ -339,15 +341,17 @@ class Observe:
                         _usage_from_body(exchange.wire, reply.body or b"", report)
                 elif isinstance(error, UpstreamError):
                     _usage_from_body(exchange.wire, error.body, report)
-            self._publish(span, exchange, report, outcome, error, answered)
+            self._publish(span, recording, exchange, report, outcome, error, answered)
         except Exception:  # telemetry must never break a request
             log.exception("could not publish telemetry for request %s", exchange.request_id)
         finally:
-            span.end()
+            if span is not INVALID_SPAN:
+                span.end()
 
     def _publish(
         self,
         span: Span,
+        recording: bool,
         exchange: Exchange,
         report: RequestReport,
         outcome: str,
@@ -371,7 +375,7 @@ class Observe:
         if report.restored or report.restore_missing:
             restores += [(restore_label(key), True) for key in report.restored]
             restores += [(restore_label(key), False) for key in report.restore_missing]
-        if span.is_recording():  # a tracing exporter, and this request sampled
+        if recording:  # a tracing exporter, and this request sampled
             self._describe(span, exchange, report, outcome, error, done, compressed, restores)
 
         # Model ids are client input: bounded labels, so a flood of names cannot grow metrics.

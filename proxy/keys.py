@@ -22,15 +22,36 @@ class Readiness:
     ready: bool = False
 
 
-@dataclass(slots=True, frozen=True)
 class Serving:
     """What a proxied request uses, found with one look-up (`request.app[SERVING]`) instead of
-    one per resource: each `request.app[...]` is three Python calls."""
+    one per resource (each `request.app[...]` is three Python calls), with the settings every
+    request reads worked out once."""
 
-    config: BrimConfig
-    upstreams: Upstreams
-    pipeline: Pipeline
-    admission: Admission
+    __slots__ = (
+        "admission",
+        "config",
+        "keyed",
+        "max_body_bytes",
+        "max_json_depth",
+        "pipeline",
+        "rate_limited",
+        "upstreams",
+        "warn_at",
+    )
+
+    def __init__(
+        self, config: BrimConfig, upstreams: Upstreams, pipeline: Pipeline, admission: Admission
+    ) -> None:
+        self.config = config
+        self.upstreams = upstreams
+        self.pipeline = pipeline
+        self.admission = admission
+        server = config.server
+        self.max_body_bytes = server.max_body_bytes
+        self.max_json_depth = server.max_json_depth
+        self.keyed = bool(server.api_keys)
+        self.rate_limited = server.rate_limited
+        self.warn_at = config.guard.warn_at
 
 
 # `proxy.app.front_door`: a handler as brim serves it (request id, admission, limits, keys, every

@@ -17,7 +17,6 @@ from middleware.headers import brim_headers
 from policies.nesting import nests_deeper_than
 from policies.wires.base import BodyError, RequestFacts
 from proxy.admission import quota_for, read_body
-from proxy.config import ServerConfig
 from proxy.keys import BRIM_KEY_HEADER, REQUEST_ID, Serving
 from proxy.relay import relay
 
@@ -44,8 +43,7 @@ def parse_object(raw: bytes, *, max_depth: int) -> dict[str, Any]:
 
 async def read_json(request: web.Request, serving: Serving) -> tuple[bytes, dict[str, Any]]:
     """The request body as sent and parsed, within `server.max_body_mb` and `max_json_depth`."""
-    server = serving.config.server
-    limit = server.max_body_bytes
+    limit = serving.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
             f"The request body is {request.content_length} bytes; this brim accepts at most "
@@ -53,7 +51,7 @@ async def read_json(request: web.Request, serving: Serving) -> tuple[bytes, dict
         )
     # within body_timeout_s and max_body_buffer_mb
     raw = await read_body(request, limit, serving.admission)
-    return raw, parse_object(raw, max_depth=server.max_json_depth)
+    return raw, parse_object(raw, max_depth=serving.max_json_depth)
 
 
 def checked(check: Callable[[dict[str, Any]], RequestFacts], body: dict[str, Any]) -> RequestFacts:
@@ -65,10 +63,10 @@ def checked(check: Callable[[dict[str, Any]], RequestFacts], body: dict[str, Any
         raise InvalidRequest(exc.message, param=exc.param) from None
 
 
-def forwardable_headers(request: web.Request, server: ServerConfig) -> CIMultiDictProxy[str]:
+def forwardable_headers(request: web.Request, keyed: bool) -> CIMultiDictProxy[str]:
     """The client's headers, without the one that carried its brim key (`check_brim_key` names
-    it). Without keys configured, the request's own (read-only) headers, not a copy."""
-    if not server.api_keys:
+    it). Without keys configured (`keyed`), the request's own (read-only) headers, not a copy."""
+    if not keyed:
         return request.headers
     brim_key_header = request.get(BRIM_KEY_HEADER)
     if not brim_key_header:
@@ -90,7 +88,6 @@ def make_exchange(
     stream: bool,
     upstream: str,
 ) -> Exchange:
-    server = serving.config.server
     return Exchange(
         api=api,
         method=request.method,
@@ -99,12 +96,14 @@ def make_exchange(
         model=model,
         body=body,
         raw=raw,
-        headers=forwardable_headers(request, server),
+        headers=forwardable_headers(request, serving.keyed),
         stream=stream,
         upstream=upstream,
         request_id=request[REQUEST_ID],
         user_agent=request.headers.get("User-Agent", ""),
-        quota=quota_for(request, server, serving.admission),
+        quota=quota_for(request, serving.config.server, serving.admission)
+        if serving.rate_limited
+        else None,
     )
 
 
@@ -147,7 +146,7 @@ async def proxied(
     )
     if not through_pipeline:
         return await send_direct(request, serving, exchange)
-    warn_at = serving.config.guard.warn_at
+    warn_at = serving.warn_at
     try:
         reply: UpstreamResponse = await serving.pipeline(exchange)
     except BrimError as error:
