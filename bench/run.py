@@ -119,6 +119,9 @@ def throughputs(
             "min_rps": round(ordered[0][0]),
             "max_rps": round(ordered[-1][0]),
             "cpu_share": round(cpu, 2),
+            # the process's CPU time per request served (user and system, its median round):
+            # steadier from run to run than the rates, which move with what else the machine does
+            "cpu_us_per_request": round(cpu / rps * 1e6, 1),
         }
     if "bare" in out:
         for name in processes:
@@ -397,7 +400,7 @@ def render(report: dict[str, Any]) -> str:
         share = figures.get("share_of_bare")
         lines.append(
             f"  throughput through {name}: {figures['rps']} req/s ({figures['min_rps']}–{figures['max_rps']}), "
-            f"CPU {figures['cpu_share']:.0%} of a core"
+            f"CPU {figures['cpu_share']:.0%} of a core, {figures['cpu_us_per_request']} µs a request"
             + (
                 f", {share:.0%} of bare (target ≥ {BARE_TARGETS['throughput_share']:.0%})"
                 if share

@@ -45,6 +45,7 @@ def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
         assert set(figures["over_bare"]["brim"]) == {"p50_ms", "p99_ms", "p50_ratio", "p99_ratio"}
     assert report["throughput"]["brim"]["rps"] > 0 and report["throughput"]["bare"]["rps"] > 0
     assert report["throughput"]["brim"]["share_of_bare"] > 0
+    assert report["throughput"]["brim"]["cpu_us_per_request"] > 0
     relayed = report["relay"]  # CPU per streamed event relayed: bare, brim and their ratio
     assert relayed["bare"]["us_per_event"] > 0 and relayed["brim"]["over_bare"] > 0
     assert "stream relay, CPU per event" in result.stdout
