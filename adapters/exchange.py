@@ -89,7 +89,7 @@ class RequestContext:
     def fits(self) -> bool:
         tokens = self.tokens
         exact = tokens.exact
-        return (exact if exact is not None else tokens.upper_bound) <= self.budget.effective()
+        return (exact if exact is not None else tokens.upper_bound) <= self.budget.effective
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,14 +114,16 @@ class RequestReport:
     context: RequestContext | None = None
     outcome: Outcome | None = None  # the guard's
     retries: int = 0
-    overflow_messages: list[str] = field(default_factory=list)
-    retry_outcomes: list[Outcome] = field(default_factory=list)
-    fallbacks: list[str] = field(default_factory=list)
-    archive_keys: list[str] = field(default_factory=list)
+    # Tuples, not lists: most requests record none of these, and an empty tuple is one shared
+    # object where a list is made per request (writers add with `+= (item,)`).
+    overflow_messages: tuple[str, ...] = ()
+    retry_outcomes: tuple[Outcome, ...] = ()
+    fallbacks: tuple[str, ...] = ()
+    archive_keys: tuple[str, ...] = ()
     usage: Usage = NO_USAGE  # what the provider's reply reported
     restore_offered: bool = False  # brim added `brim_restore` to the request's tools
-    restored: list[str] = field(default_factory=list)  # keys the model fetched back
-    restore_missing: list[str] = field(default_factory=list)  # asked for, unknown or expired
+    restored: tuple[str, ...] = ()  # keys the model fetched back
+    restore_missing: tuple[str, ...] = ()  # asked for, unknown or expired
     # The request as the retry last sent it, where that is not the one it was given (cut, or
     # another model) and brim_restore was offered: restore rounds go on from it, and take it.
     sent: Exchange | None = None
@@ -139,8 +141,9 @@ class RequestReport:
 
     def tokens_sent(self, received: int | None) -> int | None:
         """What went to the provider last: the last cut's size, else `received`."""
-        outcomes = self.outcomes
-        return outcomes[-1].tokens_out if outcomes else received
+        if self.retry_outcomes:
+            return self.retry_outcomes[-1].tokens_out
+        return received if self.outcome is None else self.outcome.tokens_out
 
     def tokens_received(self) -> int | None:
         """The request's size as the client sent it, without waiting for a pending count."""

@@ -43,13 +43,19 @@ COUNTED = range(200, 300)
 PREAMBLE = (b'"response.created"', b'"response.in_progress"', b'"response.queued"')
 
 
+def _opens_stream(head: bytes) -> bool:
+    # Every preamble event names a `"response.…"` type: most streams' first event need not be
+    # searched for each of them.
+    return b'"response.' in head and any(marker in head for marker in PREAMBLE)
+
+
 def first_event_data(stream: bytes) -> bytes | None:
     """The data of the first complete server-sent event that has any (past a preamble)."""
     text = stream.replace(b"\r\n", b"\n")
     while b"\n\n" in text:
         event, _, text = text.partition(b"\n\n")
         data = [line[5:].lstrip() for line in event.split(b"\n") if line.startswith(b"data:")]
-        if data and not any(marker in data[0][:80] for marker in PREAMBLE):
+        if data and not _opens_stream(data[0][:80]):
             return b"\n".join(data)
     return None
 
@@ -167,23 +173,36 @@ class RawHttpAdapter:
                 )
         return response
 
+    def _broken(self, response: aiohttp.ClientResponse, exc: BaseException) -> BaseException:
+        """What an error while a reply is read becomes (the reply closed): a transport error
+        the documented failure of a reply broken off (its headers had arrived), any other
+        itself."""
+        response.close()
+        if isinstance(exc, TimeoutError | aiohttp.ClientError | OSError):
+            return self._failure(exc, answered=True)
+        return exc
+
     @contextlib.contextmanager
     def _reading(self, response: aiohttp.ClientResponse) -> Iterator[None]:
-        """While a reply is read: a transport error is the documented failure of a reply broken
-        off (its headers had arrived), and any error closes the reply."""
+        """While a reply is read: any error closes it, and is `_broken`'s."""
         try:
             yield
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
-            response.close()
-            raise self._failure(exc, answered=True) from exc
-        except BaseException:
-            response.close()
-            raise
+        except BaseException as exc:
+            failure = self._broken(response, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
 
     async def _body(self, response: aiohttp.ClientResponse) -> bytes:
-        """A reply's whole body; the connection goes back to the pool."""
-        with self._reading(response):
+        """A reply's whole body; the connection goes back to the pool. (`_reading` written
+        out: its context manager costs three calls a reply.)"""
+        try:
             body = await response.read()
+        except BaseException as exc:
+            failure = self._broken(response, exc)
+            if failure is exc:
+                raise
+            raise failure from exc
         response.release()
         return body
 

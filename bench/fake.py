@@ -1,9 +1,12 @@
 """A fast fake OpenAI-compatible provider for the benchmarks: `python -m bench.fake --port P`.
 
 Answers every chat request at once with a fixed reply (or a five-chunk stream), so what the
-bench measures is the proxies, not the provider. The one exception is for the hostile-load bench
-(`bench.hostile`): a request for the model `"held"` is held open until `POST /fake/release` (at
-most `HOLD_S`), then answered as usual; `GET /fake/held` says how many are being held.
+bench measures is the proxies, not the provider. A stream whose body asks for `"fake_events": N`
+gets N content events instead, `EVENT_GAP_S` apart, so that each reaches the proxy as a read of
+its own (the relay scenario: a proxy's cost per event relayed). The one exception is for the
+hostile-load bench (`bench.hostile`): a request for the model `"held"` is held open until
+`POST /fake/release` (at most `HOLD_S`), then answered as usual; `GET /fake/held` says how many
+are being held.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ CHUNKS = [
     + b"\n\n"
     for part in ("Hel", "lo", " wor", "ld", "!")
 ] + [b"data: [DONE]\n\n"]
+EVENTS_ASKED = b'"fake_events":'
+EVENT_GAP_S = 0.001
 HELD_MODEL = b'"model":"held"'
 HOLD_S = 60.0  # the longest a held request waits for /fake/release
 
@@ -77,6 +82,12 @@ async def chat(request: web.Request) -> web.StreamResponse:
         return web.Response(body=REPLY, content_type="application/json")
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
+    if EVENTS_ASKED in body:
+        for index in range(int(orjson.loads(body)["fake_events"])):
+            await response.write(CHUNKS[index % (len(CHUNKS) - 1)])
+            await asyncio.sleep(EVENT_GAP_S)
+        await response.write(CHUNKS[-1])
+        return response
     for chunk in CHUNKS:
         await response.write(chunk)
     return response

@@ -244,7 +244,7 @@ class Brim:
 
         async def guarded(exchange: Exchange) -> UpstreamResponse:
             assert exchange.context is not None
-            seen["budget"] = exchange.context.budget.effective()
+            seen["budget"] = exchange.context.budget.effective
             return await self.guard(exchange, upstream)
 
         calls = self.stub.calls if self.stub else 0
@@ -281,7 +281,7 @@ def window_budget(api: str, body: Mapping[str, Any], window: int) -> int:
     registry = LimitsRegistry({model: ModelFacts(context_window=window, max_output=MAX_OUTPUT)})
     return budget_for(
         registry.resolve(model), requested_output(body), safety_margin=DEFAULT_SAFETY_MARGIN
-    ).effective()
+    ).effective
 
 
 # ---------------------------------------------------------------- the baselines (Chat only)

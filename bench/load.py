@@ -97,6 +97,24 @@ async def _drain(
         into.append(await one(session, url, stream))
 
 
+async def long_streams(url: str, streams: int, events: int) -> None:
+    """`streams` streams one after another, each of `events` content events (`bench.fake`)."""
+    body = orjson.dumps(
+        {
+            "model": "fake-model",
+            "stream": True,
+            "fake_events": events,
+            "messages": [{"role": "user", "content": "ping"}],
+        }
+    )
+    async with _session(1) as session:
+        for _ in range(streams):
+            async with session.post(f"{url}/chat/completions", data=body, headers=HEADERS) as reply:
+                relayed = await reply.read()
+                if reply.status != 200 or relayed.count(b"data: ") != events + 1:
+                    raise RuntimeError(f"{url}: HTTP {reply.status}, {len(relayed)} bytes")
+
+
 async def throughput(url: str, requests: int, concurrency: int) -> tuple[float, float]:
     """Requests per second at `concurrency`, and the wall time taken."""
     async with _session(concurrency) as session:

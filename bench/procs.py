@@ -13,6 +13,7 @@ import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 ROOT = Path(__file__).resolve().parents[1]  # this checkout: what every process here runs
@@ -43,6 +44,12 @@ def cpu_s(pid: int) -> float:
     """The CPU time `pid` has used so far (user and system), in seconds."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+
+def cpu_ns(pid: int) -> int:
+    """The CPU time `pid` has run so far, in nanoseconds (`/proc/PID/schedstat`: the
+    scheduler's own figure, where `/proc/PID/stat` counts in clock ticks of 10 ms)."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0])
 
 
 def free_port() -> int:
@@ -108,6 +115,15 @@ def _path_with(root: Path) -> str:
     return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
 
 
+def running_in(root: Path | None, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """`subprocess` arguments for a process that runs the code in `root` (None: wherever it
+    is started): `root` as its working directory and first on its import path. Both: `python
+    -m` puts the working directory ahead of `PYTHONPATH`, so a process started from another
+    checkout would run that checkout's code."""
+    paths = {} if root is None else {"PYTHONPATH": _path_with(root)}
+    return {"env": {**os.environ, **paths, **(env or {})}, "cwd": root}
+
+
 def start(
     name: str,
     argv: list[str],
@@ -120,15 +136,14 @@ def start(
 ) -> Process:
     """Start `argv` and wait until `ready_url` answers (and, with `ready_line`, until the
     process has printed a line that starts so: brim's workers are all serving then). `root`
-    (this checkout unless told; None: nothing) goes first on its import path, so that the code
-    measured is that tree's, not the copy of brim the venv installed."""
+    (this checkout unless told; None: nothing) is the code it runs (`running_in`): that tree's,
+    not the copy of brim the venv installed nor the tree the bench was started from."""
     started = time.perf_counter()
-    paths = {} if root is None else {"PYTHONPATH": _path_with(root)}
     popen = subprocess.Popen(
         argv,
         stdout=subprocess.PIPE if ready_line else subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, **paths, **(env or {})},
+        **running_in(root, env),
     )
     if ready_line is not None:
         wait_line(ready_line, popen, timeout)

@@ -119,11 +119,45 @@ def throughputs(
             "min_rps": round(ordered[0][0]),
             "max_rps": round(ordered[-1][0]),
             "cpu_share": round(cpu, 2),
+            # the process's CPU time per request served (user and system, its median round):
+            # steadier from run to run than the rates, which move with what else the machine does
+            "cpu_us_per_request": round(cpu / rps * 1e6, 1),
         }
     if "bare" in out:
         for name in processes:
             if name.startswith("brim"):
                 out[name]["share_of_bare"] = round(out[name]["rps"] / out["bare"]["rps"], 3)
+    return out
+
+
+def relay(
+    processes: dict[str, procs.Process], streams: int, events: tuple[int, int], rounds: int
+) -> dict[str, Any]:
+    """CPU per streamed event relayed, by process: `streams` streams of `events[0]` content
+    events and as many of `events[1]`, each event reaching the proxy as a read of its own; the
+    difference in the process's CPU time over the difference in events (so what every stream
+    costs whatever its length cancels out). Median of `rounds` alternating rounds."""
+    short, long = events
+    per_event: dict[str, list[float]] = {name: [] for name in processes}
+    for index in range(rounds):
+        order = list(processes)
+        order = order[index % len(order) :] + order[: index % len(order)]
+        for name in order:
+            process = processes[name]
+            spent = []
+            for count in (short, long):
+                before = procs.cpu_ns(process.popen.pid)
+                asyncio.run(load.long_streams(process.url, streams, count))
+                spent.append(procs.cpu_ns(process.popen.pid) - before)
+            per_event[name].append((spent[1] - spent[0]) / (streams * (long - short)) / 1000)
+    out: dict[str, Any] = {"streams": streams, "events": list(events), "rounds": rounds}
+    for name, figures in per_event.items():
+        out[name] = {"us_per_event": round(statistics.median(figures), 2)}
+    if "bare" in out:
+        for name in processes:
+            if name.startswith("brim"):
+                ratio = out[name]["us_per_event"] / out["bare"]["us_per_event"]
+                out[name]["over_bare"] = round(ratio, 2)
     return out
 
 
@@ -247,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
         "sequential": 30 if quick else 2_000,
         "concurrent": 96 if quick else 3_000,
         "throughput": 300 if quick else 20_000,
+        "relay_streams": 2 if quick else 30,
     }
     scaled = {
         "requests": 300 if quick else 4_000,
@@ -292,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
 
         measured = {"bare": bare, "brim": brim, **({"brim@base": base} if base else {})}
         report["throughput"] = throughputs(measured, size["throughput"], 256, rounds=3)
+        report["relay"] = relay(measured, size["relay_streams"], (10, 110), rounds=3)
         if litellm is not None:  # idle from here on: out of the way
             litellm.stop()
             litellm = None
@@ -364,13 +400,24 @@ def render(report: dict[str, Any]) -> str:
         share = figures.get("share_of_bare")
         lines.append(
             f"  throughput through {name}: {figures['rps']} req/s ({figures['min_rps']}–{figures['max_rps']}), "
-            f"CPU {figures['cpu_share']:.0%} of a core"
+            f"CPU {figures['cpu_share']:.0%} of a core, {figures['cpu_us_per_request']} µs a request"
             + (
                 f", {share:.0%} of bare (target ≥ {BARE_TARGETS['throughput_share']:.0%})"
                 if share
                 else ""
             )
         )
+    relayed = report["relay"]
+    lines.append(
+        f"stream relay, CPU per event ({relayed['streams']} streams of {relayed['events'][0]} "
+        f"and of {relayed['events'][1]} events, median of {relayed['rounds']} rounds): "
+        + ", ".join(
+            f"{name} {figures['us_per_event']} µs"
+            + (f" ({figures['over_bare']} × bare)" if "over_bare" in figures else "")
+            for name, figures in relayed.items()
+            if isinstance(figures, dict)
+        )
+    )
     lines += [
         "",
         f"scale-out at c=256: --workers 1 {rates['1']} req/s, --workers 2 {rates['2']} req/s: × {scaled['throughput_ratio']}",

@@ -221,7 +221,7 @@ class Guard:
         assert exchange.context is not None
         context = exchange.context
         tokenizer = context.limits.limits.tokenizer
-        budget = context.budget.effective()
+        budget = context.budget.effective
         room = 0
         digest = None
         if self.sessions is not None:
@@ -502,7 +502,7 @@ async def keep_originals(
     """Keep what the policies removed, under the keys their records name, before it goes: in
     the archive (for people) and the content store (for `brim_restore`)."""
     items = [(r.archive_key, r.original) for r in outcome.records if r.archive_key and r.original]
-    exchange.report.archive_keys += [key for key, _ in items]
+    exchange.report.archive_keys += tuple(key for key, _ in items)
     if archive is not None and items:
         await asyncio.to_thread(archive.put_many, items)
     if store is not None and items:

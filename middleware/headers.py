@@ -46,7 +46,7 @@ async def brim_headers(
     headers = {
         "x-brim-tokens-in": str(received),
         "x-brim-tokens-out": str(sent),
-        "x-brim-budget": str(context.budget.effective()),
+        "x-brim-budget": str(context.budget.effective),
         "x-brim-actions": actions(report),
         "x-brim-retries": str(report.retries),
     }

@@ -129,7 +129,7 @@ class NativeCounts:
             return tokens
         if band is None:
             band = self.band(exchange, tokenizer)
-        if band is None or not undecided(tokens.exact, budget.effective(), band):
+        if band is None or not undecided(tokens.exact, budget.effective, band):
             return tokens
         wire = exchange.wire
         if wire.dialect.violations(wire.conversation(exchange.body or {})):
@@ -251,7 +251,7 @@ class ResolveLimits:
         body = exchange.body or {}
         wire = exchange.wire
         bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire)
-        if bound <= budget.effective():  # no decision hangs on the count
+        if bound <= budget.effective:  # no decision hangs on the count
             count = _soon(self._count, wire, body, tokenizer, exchange.model, bound)
             return RequestTokens(upper_bound=bound, pending=count)
         return RequestTokens(
@@ -330,7 +330,7 @@ class ResolveLimits:
                 "request %s: %s tokens exceed the %d-token budget of %r",
                 exchange.request_id,
                 context.tokens.exact,
-                context.budget.effective(),
+                context.budget.effective,
                 exchange.model,
             )
         return await call_next(exchange.with_context(context))

@@ -268,7 +268,7 @@ class Observe:
     ) -> AsyncIterator[bytes]:
         error: BaseException | None = None
         # the provider's usage, for the span (nothing else reports it)
-        events = EventData() if span.is_recording() else None
+        events = EventData() if span is not INVALID_SPAN and span.is_recording() else None
         wire = exchange.wire
         report = exchange.report
         try:
@@ -328,8 +328,10 @@ class Observe:
         provider's usage from a whole `reply` or the error's body first. `answered`: when the
         pipeline returned the reply (its headers, for a stream) or the error."""
         report = exchange.report
+        # Without tracing every span is `INVALID_SPAN`: nothing to ask it, nothing to end.
+        recording = span is not INVALID_SPAN and span.is_recording()
         try:
-            if span.is_recording():
+            if recording:
                 if reply is not None:
                     if reply.payload is not None:
                         found = exchange.wire.usage(reply.payload)
@@ -339,15 +341,17 @@ class Observe:
                         _usage_from_body(exchange.wire, reply.body or b"", report)
                 elif isinstance(error, UpstreamError):
                     _usage_from_body(exchange.wire, error.body, report)
-            self._publish(span, exchange, report, outcome, error, answered)
+            self._publish(span, recording, exchange, report, outcome, error, answered)
         except Exception:  # telemetry must never break a request
             log.exception("could not publish telemetry for request %s", exchange.request_id)
         finally:
-            span.end()
+            if span is not INVALID_SPAN:
+                span.end()
 
     def _publish(
         self,
         span: Span,
+        recording: bool,
         exchange: Exchange,
         report: RequestReport,
         outcome: str,
@@ -371,7 +375,7 @@ class Observe:
         if report.restored or report.restore_missing:
             restores += [(restore_label(key), True) for key in report.restored]
             restores += [(restore_label(key), False) for key in report.restore_missing]
-        if span.is_recording():  # a tracing exporter, and this request sampled
+        if recording:  # a tracing exporter, and this request sampled
             self._describe(span, exchange, report, outcome, error, done, compressed, restores)
 
         # Model ids are client input: bounded labels, so a flood of names cannot grow metrics.
@@ -423,11 +427,11 @@ class Observe:
                 "outcome": outcome,
                 "tokens_in": tokens_in,
                 "tokens_out": tokens_out,
-                "budget": context.budget.effective() if context else None,
+                "budget": context.budget.effective if context else None,
                 "actions": done,
                 "retries": report.retries,
-                "fallbacks": report.fallbacks,
-                "archive_keys": report.archive_keys,
+                "fallbacks": list(report.fallbacks),
+                "archive_keys": list(report.archive_keys),
                 "restored": [key for key, found in restores if found],
                 "restore_missing": [key for key, found in restores if not found],
             }
@@ -503,12 +507,12 @@ class Observe:
             "brim.upstream_calls": report.upstream_calls,
         }
         if context is not None:
-            attributes["brim.budget"] = context.budget.effective()
+            attributes["brim.budget"] = context.budget.effective
             attributes["brim.context_window"] = context.limits.limits.context_window
             if not context.fits:
                 span.add_event(
                     "brim.overflow.predicted",
-                    {"brim.tokens": tokens_in or 0, "brim.budget": context.budget.effective()},
+                    {"brim.tokens": tokens_in or 0, "brim.budget": context.budget.effective},
                 )
         if tokens_in is not None:
             attributes["brim.tokens.in"] = tokens_in
@@ -608,7 +612,7 @@ def log_request(level: int, exchange: Exchange, outcome: str, added_ms: float, d
     context = report.context
     tokens_in = report.tokens_received()
     tokens_out = report.tokens_sent(tokens_in)
-    budget = context.budget.effective() if context is not None else None
+    budget = context.budget.effective if context is not None else None
     client = context.client if context is not None and context.client else None
     fields: dict[str, Any] = {
         "model": log_word(exchange.model),

@@ -243,9 +243,9 @@ class RestoreRounds:
         original = await self.store.get(key)
         if original is None:
             log.info("request %s: restore of %r: not available", exchange.request_id, key[:80])
-            exchange.report.restore_missing.append(key)
+            exchange.report.restore_missing += (key,)
             return GONE.format(key=key[:80] or "the key"), False
-        exchange.report.restored.append(key)
+        exchange.report.restored += (key,)
         return original, True
 
     async def _streamed(

@@ -95,7 +95,7 @@ class RetryOnOverflow:
                 if fallbacks is None:
                     fallbacks = list(self.registry.fallbacks(exchange.model))
                 self._learn(current.model, overflow)
-                exchange.report.overflow_messages.append(overflow.overflow.message)
+                exchange.report.overflow_messages += (overflow.overflow.message,)
                 sent = await self._tokens_sent(current)
                 first_tokens = first_tokens or sent
                 if retries >= self.max_attempts:
@@ -104,7 +104,7 @@ class RetryOnOverflow:
                 exchange.report.retries += 1  # over every restore round of the request
                 switched = self._fallback(current, fallbacks)
                 if switched is not None:
-                    exchange.report.fallbacks.append(switched.model)
+                    exchange.report.fallbacks += (switched.model,)
                     current = switched
                     continue
                 cut = await self._cut_again(
@@ -147,7 +147,7 @@ class RetryOnOverflow:
             cut.tokens_out,
             cut.actions,
         )
-        exchange.report.retry_outcomes.append(cut)
+        exchange.report.retry_outcomes += (cut,)
         await keep_originals(self.archive, self.store, cut, exchange)
         if offered:
             exchange.report.restore_offered = True
@@ -211,7 +211,7 @@ class RetryOnOverflow:
         budget = budget_for(
             resolved, requested_output(exchange.body), safety_margin=self.safety_margin
         )
-        target = budget.effective()
+        target = budget.effective
         theirs = overflow.overflow.requested
         if theirs and theirs > sent:  # brim counted low: scale down by the provider's own count
             target = int(target * sent / theirs)

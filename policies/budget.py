@@ -10,24 +10,27 @@ capped at the model's max output, and only where the provider counts output agai
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import field
 from typing import Any
 
 from policies.limits import ResolvedLimits
+from policies.records import record
 
 DEFAULT_SAFETY_MARGIN = 0.05
 
 
-@dataclass(frozen=True)  # no slots: `effective` is worked out once, kept in the instance
+@record
 class TokenBudget:
     context_window: int
     reserved_output: int = 0
     cli_overhead: int = 0
     safety_margin: float = DEFAULT_SAFETY_MARGIN
     allocated: int = 0
+    # Input tokens still available, never negative: worked out when the budget is made (every
+    # request asks for it several times).
+    effective: int = field(init=False)
 
     def __post_init__(self) -> None:
         if self.context_window <= 0:
@@ -36,23 +39,16 @@ class TokenBudget:
             raise ValueError(f"safety_margin must be in [0, 1), not {self.safety_margin}")
         if min(self.reserved_output, self.cli_overhead, self.allocated) < 0:
             raise ValueError("reserved output, CLI overhead and allocations cannot be negative")
+        spent = self.reserved_output + self.cli_overhead + self.margin_tokens + self.allocated
+        self.effective = max(0, self.context_window - spent)  # type: ignore[misc]  # made here
 
     @property
     def margin_tokens(self) -> int:
         # Rounded first, so float noise (0.07 × 100 = 7.000000000000001) costs no extra token.
         return math.ceil(round(self.safety_margin * self.context_window, 6))
 
-    def effective(self) -> int:
-        """Input tokens still available; never negative."""
-        return self._effective  # asked for several times by every request: worked out once
-
-    @functools.cached_property
-    def _effective(self) -> int:
-        spent = self.reserved_output + self.cli_overhead + self.margin_tokens + self.allocated
-        return max(0, self.context_window - spent)
-
     def fits(self, tokens: int) -> bool:
-        return tokens <= self.effective()
+        return tokens <= self.effective
 
     def allocate(self, tokens: int) -> TokenBudget:
         """A budget with `tokens` more set aside (e.g. for a fixed system prompt)."""
@@ -86,8 +82,8 @@ OUTPUT_LIMIT_FIELDS = ("max_completion_tokens", "max_tokens", "max_output_tokens
 
 def requested_output(body: Mapping[str, Any]) -> int | None:
     """The output limit a request sets for itself, in whichever wire API's spelling."""
-    for field in OUTPUT_LIMIT_FIELDS:
-        value = body.get(field)
+    for name in OUTPUT_LIMIT_FIELDS:
+        value = body.get(name)
         if isinstance(value, int) and not isinstance(value, bool) and value > 0:
             return value
     return None

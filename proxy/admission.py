@@ -209,7 +209,7 @@ class BrimRunner(web.AppRunner):
         return GuardedServer(plain, self.app[ADMISSION])
 
 
-def admit(gate: Admission) -> None:
+def admit(request: web.Request, gate: Admission) -> None:
     """Count one more request being handled, or refuse it past `max_in_flight` (503, in the
     client's wire format, by the caller: `proxy.app`'s `front_door`); `release` when done."""
     if gate.in_flight >= gate.max_in_flight:
@@ -221,13 +221,14 @@ def admit(gate: Admission) -> None:
         busy.brim_headers["retry-after"] = "1"
         raise busy
     gate.in_flight += 1
+    request[BODY_BYTES] = 0  # none held yet (`read_body`); set here, read without a default
 
 
 def release(request: web.Request, gate: Admission) -> None:
     """A request admitted by `admit` is done: give back its place and the body bytes it held
     (`read_body`)."""
     gate.in_flight -= 1
-    if held := request.get(BODY_BYTES):
+    if held := request[BODY_BYTES]:
         gate.bodies.release(held)
 
 
@@ -242,15 +243,12 @@ async def _hold(request: web.Request, gate: Admission, size: int) -> None:
         )
         busy.brim_headers["retry-after"] = "1"
         raise busy from None
-    request[BODY_BYTES] = request.get(BODY_BYTES, 0) + taken
+    request[BODY_BYTES] += taken  # set by `admit`
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int, gate: Admission) -> bytes:
     """The whole body, within `body_timeout_s` and room under `max_body_buffer_mb`
     (the caller has refused a declared length over `limit`; aiohttp enforces it on the rest)."""
-    gate = request.app.get(ADMISSION)
-    if gate is None:  # an app not made by `create_app`
-        return await request.read()
     declared = request.content_length
     if declared is not None:
         await _hold(request, gate, declared)
@@ -288,13 +286,12 @@ def holder(kind: str, value: str) -> str:
 QUOTA_HOLDER = web.RequestKey("quota_holder", str)  # set where the brim key was checked
 
 
-def quota_for(request: web.Request, server: ServerConfig) -> Quota | None:
+def quota_for(request: web.Request, server: ServerConfig, gate: Admission) -> Quota | None:
     """Whom this request counts against, and their limits; None without rate limits."""
     if not server.rate_limited:
         return None
     who = request.get(QUOTA_HOLDER) or holder("address", request.remote or "")
-    gate = request.app.get(ADMISSION)
-    override = gate.overrides.get(who) if gate is not None else None
+    override = gate.overrides.get(who)
     if override is None:
         return Quota(who, server.requests_per_minute, server.tokens_per_minute)
     return Quota(

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
 from aiohttp.http_exceptions import HttpProcessingError
-from aiohttp.typedefs import Handler, Middleware
+from aiohttp.typedefs import Handler
 from opentelemetry.sdk.trace import SpanProcessor
 
 from adapters.errors import (
@@ -69,9 +69,12 @@ from proxy.keys import (
     READINESS,
     REQUEST_ID,
     SERVICES,
+    SERVING,
     UPSTREAMS,
     WORKER_METRICS,
+    FrontDoor,
     Readiness,
+    Serving,
 )
 from proxy.listen import BACKLOG
 from proxy.multiproc import PUBLISH_INTERVAL_S, MetricsShare, WorkerMetrics
@@ -90,7 +93,10 @@ def _aiohttp_error(exc: web.HTTPException, request: web.Request) -> BrimError:
         limit = request.app[CONFIG].server.max_body_bytes
         return PayloadTooLarge(f"The request body exceeds this brim's limit of {limit} bytes.")
     if exc.status == 405:
-        return MethodNotAllowed(f"{request.method} is not allowed on {request.path}.")
+        refused = MethodNotAllowed(f"{request.method} is not allowed on {request.path}.")
+        if allow := exc.headers.get("Allow"):  # the methods the URL is served for (RFC 9110)
+            refused.brim_headers["allow"] = allow
+        return refused
     if exc.status == 404:
         return UnknownEndpoint(f"Unknown request URL: {request.method} {request.path}.")
     error = BrimError(exc.reason or f"HTTP {exc.status}")
@@ -196,50 +202,67 @@ def check_brim_key(request: web.Request, server: ServerConfig) -> None:
         request[QUOTA_HOLDER] = holder("key", value)
 
 
-def front_door(server: ServerConfig, gate: Admission) -> Middleware:
-    """brim's one aiohttp middleware, around every handler. In order: a request id; every error
-    answered in the client's wire format, nothing escaping as a traceback; `max_in_flight`
-    (`admit`; `/`, `/healthz`, `/readyz` and `/metrics` are answered even when saturated);
-    the header limits (`check_header_limits`); the brim key, when keys are configured
-    (`check_brim_key`). One coroutine layer for all of them, and no key check at all without
-    keys, decided here, once."""
+def front_door(server: ServerConfig, gate: Admission) -> FrontDoor:
+    """What brim does around every handler, wrapped around each as its route is added (a
+    closure, not an aiohttp middleware: no middleware chain to find and call per request). In
+    order: a request id; every error answered in the client's wire format, nothing escaping as
+    a traceback; `max_in_flight` (`admit`; `/`, `/healthz`, `/readyz` and `/metrics` are
+    answered even when saturated); the header limits (`check_header_limits`); the brim key,
+    when keys are configured (`check_brim_key`), decided here, once. A URL no route serves
+    comes through it too (`unmatched`, the last route)."""
     keyed = bool(server.api_keys)
 
-    @web.middleware
-    async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
-        request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
-        request[REQUEST_ID] = request_id
-        try:
-            if request.path in UNGUARDED:
-                check_header_limits(request, server)
-                if keyed:
-                    check_brim_key(request, server)
-                return await handler(request)
-            admit(gate)
+    def door(handler: Handler) -> Handler:
+        async def front(request: web.Request) -> web.StreamResponse:
+            request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
+            request[REQUEST_ID] = request_id
             try:
-                check_header_limits(request, server)
-                if keyed:
-                    check_brim_key(request, server)
-                return await handler(request)
-            finally:
-                release(request, gate)
-        except RequestTimeout as exc:  # the body was not read to its end: answer, then close
-            response = error_response(
-                exc, {"x-brim-request-id": request_id}, wire_for_path(request.path)
-            )
-            response.force_close()
-            await response.prepare(request)
-            await response.write_eof()
-            if request.protocol is not None:
-                request.protocol.force_close()
-            return response
-        except Exception as exc:  # not CancelledError: that goes on up
-            reply = _error_reply(exc, request, request_id)
-            if reply is None:
-                raise
-            return reply
+                if request.path in UNGUARDED:
+                    check_header_limits(request, server)
+                    if keyed:
+                        check_brim_key(request, server)
+                    return await handler(request)
+                admit(request, gate)
+                try:
+                    check_header_limits(request, server)
+                    if keyed:
+                        check_brim_key(request, server)
+                    return await handler(request)
+                finally:
+                    release(request, gate)
+            except RequestTimeout as exc:  # the body was not read to its end: answer, then close
+                response = error_response(
+                    exc, {"x-brim-request-id": request_id}, wire_for_path(request.path)
+                )
+                response.force_close()
+                await response.prepare(request)
+                await response.write_eof()
+                if request.protocol is not None:
+                    request.protocol.force_close()
+                return response
+            except Exception as exc:  # not CancelledError: that goes on up
+                reply = _error_reply(exc, request, request_id)
+                if reply is None:
+                    raise
+                return reply
 
-    return front
+        return front
+
+    return door
+
+
+async def unmatched(request: web.Request) -> web.StreamResponse:
+    """The last route, for every URL and method no other route serves: 405 where another route
+    serves the URL for other methods (as aiohttp's router would say), else 404; `front_door`
+    answers both in the client's wire format."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        match, methods = await resource.resolve(request)
+        if match is None:
+            allowed |= methods
+    if allowed:
+        raise web.HTTPMethodNotAllowed(request.method, allowed)
+    raise web.HTTPNotFound()
 
 
 class AccessLogger(AbstractAccessLogger):
@@ -283,7 +306,6 @@ def create_app(
     providers = build_providers(config.telemetry, span_processors)
     services = build_services(config, providers)
     gate = Admission(config.server, providers.telemetry)
-    app.middlewares.append(front_door(config.server, gate))
     app[CONFIG] = config
     app[SERVICES] = services
     app[PROVIDERS] = providers
@@ -291,17 +313,16 @@ def create_app(
     app[PIPELINE] = Pipeline(default_pipeline(config, services), providers.telemetry.tracer)
     app[READINESS] = Readiness()
     app[ADMISSION] = gate
+    app[SERVING] = Serving(config, services.upstreams, app[PIPELINE], gate)
     if metrics_share is not None and providers.registry is not None:
         app[WORKER_METRICS] = WorkerMetrics(
             metrics_share.directory, metrics_share.token, providers.registry
         )
     app.cleanup_ctx.append(_lifecycle)
-    health.add_routes(app)
-    openai.add_routes(app)
-    anthropic.add_routes(app)
-    gemini.add_routes(app)
-    admin.add_routes(app)
-    dashboard.add_routes(app)
+    door = front_door(config.server, gate)
+    for routes in (health, openai, anthropic, gemini, admin, dashboard):
+        routes.add_routes(app, door)
+    app.router.add_route("*", "/{path:.*}", door(unmatched))  # last: what no route serves
     return app
 
 

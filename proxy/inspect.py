@@ -104,7 +104,7 @@ def inspect_request(
             **asdict(budget),
             "margin_tokens": budget.margin_tokens,
             "requested_output": requested_output(body),
-            "effective": budget.effective(),
+            "effective": budget.effective,
         },
         "tokens": {
             "messages": [
@@ -125,7 +125,7 @@ def inspect_request(
         },
         "api": wire.name,
         "fits": budget.fits(count.total),
-        "guard": guard_report(config, counter, body, resolved, budget.effective(), wire),
+        "guard": guard_report(config, counter, body, resolved, budget.effective, wire),
     }
 
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from adapters.registry import Upstreams
 from middleware.base import Pipeline
 from middleware.pipeline import Services
+from proxy.admission import Admission
 from proxy.config import BrimConfig
 from proxy.multiproc import WorkerMetrics
 from proxy.telemetry import Providers
@@ -19,12 +22,49 @@ class Readiness:
     ready: bool = False
 
 
+class Serving:
+    """What a proxied request uses, found with one look-up (`request.app[SERVING]`) instead of
+    one per resource (each `request.app[...]` is three Python calls), with the settings every
+    request reads worked out once."""
+
+    __slots__ = (
+        "admission",
+        "config",
+        "keyed",
+        "max_body_bytes",
+        "max_json_depth",
+        "pipeline",
+        "rate_limited",
+        "upstreams",
+        "warn_at",
+    )
+
+    def __init__(
+        self, config: BrimConfig, upstreams: Upstreams, pipeline: Pipeline, admission: Admission
+    ) -> None:
+        self.config = config
+        self.upstreams = upstreams
+        self.pipeline = pipeline
+        self.admission = admission
+        server = config.server
+        self.max_body_bytes = server.max_body_bytes
+        self.max_json_depth = server.max_json_depth
+        self.keyed = bool(server.api_keys)
+        self.rate_limited = server.rate_limited
+        self.warn_at = config.guard.warn_at
+
+
+# `proxy.app.front_door`: a handler as brim serves it (request id, admission, limits, keys, every
+# error in the client's wire format). Each routes module's `add_routes` wraps its handlers in it.
+FrontDoor = Callable[[Handler], Handler]
+
 CONFIG = web.AppKey("config", BrimConfig)
 UPSTREAMS = web.AppKey("upstreams", Upstreams)
 SERVICES = web.AppKey("services", Services)
 PROVIDERS = web.AppKey("providers", Providers)
 PIPELINE = web.AppKey("pipeline", Pipeline)
 READINESS = web.AppKey("readiness", Readiness)
+SERVING = web.AppKey("serving", Serving)
 # Set in a worker of `brim serve --workers N` only: its share of the group's metrics.
 WORKER_METRICS = web.AppKey("worker_metrics", WorkerMetrics)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import inprocess
+from bench import inprocess, procs
 
 
 def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
@@ -45,6 +45,10 @@ def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
         assert set(figures["over_bare"]["brim"]) == {"p50_ms", "p99_ms", "p50_ratio", "p99_ratio"}
     assert report["throughput"]["brim"]["rps"] > 0 and report["throughput"]["bare"]["rps"] > 0
     assert report["throughput"]["brim"]["share_of_bare"] > 0
+    assert report["throughput"]["brim"]["cpu_us_per_request"] > 0
+    relayed = report["relay"]  # CPU per streamed event relayed: bare, brim and their ratio
+    assert relayed["bare"]["us_per_event"] > 0 and relayed["brim"]["over_bare"] > 0
+    assert "stream relay, CPU per event" in result.stdout
     scaled = report["scale_out"]  # --workers 1 against --workers 2, in the same run
     one, two = scaled["throughput_rps"]["1"], scaled["throughput_rps"]["2"]
     assert one > 0 and two > 0
@@ -65,6 +69,25 @@ def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
     assert hostile["slow_loris"]["got_408"] == hostile["slow_loris"]["connections"] == 300
     assert hostile["large_bodies"]["served_200"] >= 1
     assert "slow loris: 300 half-open connections" in result.stdout
+
+
+def test_a_process_under_test_runs_the_code_of_its_own_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `--base DIR` runs a brim from another checkout: started from this one, `python -m` would
+    # import this checkout's code first (its working directory) unless told otherwise.
+    for tree in ("measured", "started_from"):
+        (tmp_path / tree).mkdir()
+        (tmp_path / tree / "probe_module.py").write_text(f"print({tree!r})\n")
+    monkeypatch.chdir(tmp_path / "started_from")
+    result = subprocess.run(
+        [sys.executable, "-m", "probe_module"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        **procs.running_in(tmp_path / "measured"),
+    )
+    assert result.stdout.strip() == "measured", result.stderr
 
 
 def test_the_agent_session_builder_makes_valid_tool_pairs() -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import orjson
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from policies.conversation import NO_RESULT as NO_RESULT  # what answers a lost call
 from policies.conversation import Dialect, UnitKind
@@ -460,11 +460,12 @@ def whole_number(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-class OpenModel(BaseModel):
-    """A body check that names the fields it checks and lets every other field through: they
-    stay in the body as the client sent it; the check reads and keeps none of them."""
-
-    model_config = ConfigDict(extra="ignore")
+def body_check(shape: type) -> Callable[[Any], Any]:
+    """The validator of a body check: `shape` is a TypedDict naming the fields it checks. Every
+    other field is let through, untouched in the body as the client sent it; the validator
+    returns a new dict of the named fields. A TypedDict validates in about a third of the time
+    of a model (no instances built), and the bare core validator skips a wrapper call."""
+    return TypeAdapter(shape).validator.validate_python
 
 
 def sse_data(chunk: bytes) -> list[bytes]:

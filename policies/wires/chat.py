@@ -14,16 +14,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
 
 import orjson
 from pydantic import (
+    AfterValidator,
     Field,
     StrictBool,
     StrictStr,
     ValidationError,
-    field_validator,
 )
+from typing_extensions import TypedDict
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import MAX_IMAGE_TOKENS, image_tokens
@@ -42,7 +43,6 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
-    OpenModel,
     RequestFacts,
     Splice,
     ToolCall,
@@ -50,6 +50,7 @@ from policies.wires.base import (
     TurnReader,
     Usage,
     answered_in_order,
+    body_check,
     first_error,
     first_of,
     first_of_each,
@@ -240,40 +241,42 @@ class ChatDialect:
 # Body checks -------------------------------------------------------------------------------
 
 
-class _FunctionCall(OpenModel):
+def _content_shape(value: Any) -> Any:
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(part, dict) for part in value):
+        return value
+    raise ValueError("content must be a string, an array of content parts, or null")
+
+
+class _FunctionCall(TypedDict):
     name: StrictStr
     arguments: StrictStr
 
 
-class _ToolCall(OpenModel):
+class _ToolCall(TypedDict):
     id: StrictStr
-    type: StrictStr = "function"
-    function: _FunctionCall | None = None
+    type: NotRequired[StrictStr]
+    function: NotRequired[_FunctionCall | None]
 
 
-class _ChatMessage(OpenModel):
+class _ChatMessage(TypedDict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Any = None
-    name: StrictStr | None = None
-    tool_calls: list[_ToolCall] | None = None
-    tool_call_id: StrictStr | None = None
-
-    @field_validator("content")
-    @classmethod
-    def _content_shape(cls, value: Any) -> Any:
-        if value is None or isinstance(value, str):
-            return value
-        if isinstance(value, list) and all(isinstance(part, dict) for part in value):
-            return value
-        raise ValueError("content must be a string, an array of content parts, or null")
+    content: NotRequired[Annotated[Any, AfterValidator(_content_shape)]]
+    name: NotRequired[StrictStr | None]
+    tool_calls: NotRequired[list[_ToolCall] | None]
+    tool_call_id: NotRequired[StrictStr | None]
 
 
-class _ChatRequest(OpenModel):
-    model: StrictStr = Field(min_length=1)
-    messages: list[_ChatMessage] = Field(min_length=1)
-    stream: StrictBool | None = False
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+class _ChatRequest(TypedDict):
+    model: Annotated[StrictStr, Field(min_length=1)]
+    messages: Annotated[list[_ChatMessage], Field(min_length=1)]
+    stream: NotRequired[StrictBool | None]
+    max_tokens: NotRequired[Annotated[int, Field(ge=1)] | None]
+    max_completion_tokens: NotRequired[Annotated[int, Field(ge=1)] | None]
+
+
+_check_chat = body_check(_ChatRequest)
 
 
 # Errors ------------------------------------------------------------------------------------
@@ -610,17 +613,17 @@ class ChatWire(FieldConversation):
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:
-            request = _ChatRequest.model_validate(body)
+            request: _ChatRequest = _check_chat(body)
         except ValidationError as exc:
             raise openai_body_error(exc) from None
-        for index, message in enumerate(request.messages):
-            if message.role == "tool" and not message.tool_call_id:
+        for index, message in enumerate(request["messages"]):
+            if message["role"] == "tool" and not message.get("tool_call_id"):
                 param = f"messages[{index}].tool_call_id"
                 raise BodyError(
                     f"Missing required parameter '{param}': a tool message answers a tool call id.",
                     param,
                 )
-        return RequestFacts(model=request.model, stream=bool(request.stream))
+        return RequestFacts(model=request["model"], stream=bool(request.get("stream")))
 
     def message_tokens(self, message: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
         count = token_count(enc)

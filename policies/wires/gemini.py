@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
 
 import orjson
 from pydantic import Field, ValidationError
+from typing_extensions import TypedDict
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import GEMINI_IMAGE_TOKENS
@@ -24,7 +25,6 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
-    OpenModel,
     RequestFacts,
     Splice,
     ToolCall,
@@ -32,6 +32,7 @@ from policies.wires.base import (
     TurnReader,
     Usage,
     answered_in_order,
+    body_check,
     first_error,
     first_of,
     json_object,
@@ -259,13 +260,16 @@ def _no_response(call: str, text: str = NO_RESULT) -> dict[str, Any]:
     return {"functionResponse": {"name": call, "response": {"output": text}}}
 
 
-class _Content(OpenModel):
-    role: Literal["user", "model"] | None = None
-    parts: list[dict[str, Any]] = Field(min_length=1)
+class _Content(TypedDict):
+    role: NotRequired[Literal["user", "model"] | None]
+    parts: Annotated[list[dict[str, Any]], Field(min_length=1)]
 
 
-class _GenerateRequest(OpenModel):
-    contents: list[_Content] = Field(min_length=1)
+class _GenerateRequest(TypedDict):
+    contents: Annotated[list[_Content], Field(min_length=1)]
+
+
+_check_generate = body_check(_GenerateRequest)
 
 
 # Google's error statuses by HTTP status.
@@ -503,7 +507,7 @@ class GeminiWire(FieldConversation):
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:
-            _GenerateRequest.model_validate(body)
+            _check_generate(body)
         except ValidationError as exc:
             location, _, message = first_error(exc)
             param = ".".join(str(part) for part in location)

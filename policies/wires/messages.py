@@ -12,10 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
 
 import orjson
 from pydantic import Field, StrictBool, StrictStr, ValidationError
+from typing_extensions import TypedDict
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import ANTHROPIC_MAX_IMAGE_TOKENS, anthropic_image_tokens, pdf_tokens
@@ -26,7 +27,6 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
-    OpenModel,
     RequestFacts,
     Splice,
     ToolCall,
@@ -34,6 +34,7 @@ from policies.wires.base import (
     TurnReader,
     Usage,
     answered_in_order,
+    body_check,
     first_error,
     first_of_each,
     json_object,
@@ -441,42 +442,52 @@ def _result_block(call_id: str, text: str = NO_RESULT) -> dict[str, Any]:
 # Body checks -------------------------------------------------------------------------------
 
 
-class _Block(OpenModel):
+class _Block(TypedDict):
     type: StrictStr
 
 
-class _Message(OpenModel):
+class _Message(TypedDict):
     role: Literal["user", "assistant", "system"]  # system: a mid-conversation system message
     content: StrictStr | list[_Block]
 
 
-class _MessagesRequest(OpenModel):
-    model: StrictStr = Field(min_length=1)
-    messages: list[_Message] = Field(min_length=1)
-    max_tokens: int = Field(ge=1)
-    system: StrictStr | list[_Block] | None = None
-    stream: StrictBool | None = False
+class _MessagesRequest(TypedDict):
+    model: Annotated[StrictStr, Field(min_length=1)]
+    messages: Annotated[list[_Message], Field(min_length=1)]
+    max_tokens: Annotated[int, Field(ge=1)]
+    system: NotRequired[StrictStr | list[_Block] | None]
+    stream: NotRequired[StrictBool | None]
 
 
-class _CountTokensRequest(_MessagesRequest):
-    max_tokens: int | None = Field(None, ge=1)  # type: ignore[assignment]
+class _CountTokensRequest(TypedDict):
+    """A `count_tokens` body: a Messages body that need not say `max_tokens`."""
+
+    model: Annotated[StrictStr, Field(min_length=1)]
+    messages: Annotated[list[_Message], Field(min_length=1)]
+    max_tokens: NotRequired[Annotated[int, Field(ge=1)] | None]
+    system: NotRequired[StrictStr | list[_Block] | None]
+    stream: NotRequired[StrictBool | None]
+
+
+_check_messages = body_check(_MessagesRequest)
+_check_count_tokens = body_check(_CountTokensRequest)
 
 
 def check_count_tokens(body: dict[str, Any]) -> RequestFacts:
     """A `count_tokens` body: a Messages body that need not say `max_tokens`."""
-    return _checked(_CountTokensRequest, body)
+    return _checked(_check_count_tokens, body)
 
 
-def _checked(model: type[_MessagesRequest], body: dict[str, Any]) -> RequestFacts:
+def _checked(check: Callable[[Any], Any], body: dict[str, Any]) -> RequestFacts:
     try:
-        request = model.model_validate(body)
+        request = check(body)
     except ValidationError as exc:
         location, kind, message = first_error(exc, deepest=True)
         param = ".".join(str(part) for part in location)  # Anthropic's: messages.0.content.1.type
         if kind == "missing":
             raise BodyError(f"{param}: Field required", param) from None
         raise BodyError(f"{param}: {message}", param) from None
-    return RequestFacts(model=request.model, stream=bool(request.stream))
+    return RequestFacts(model=request["model"], stream=bool(request.get("stream")))
 
 
 # Errors and usage --------------------------------------------------------------------------
@@ -780,7 +791,7 @@ class MessagesWire(FieldConversation):
         return under(path, "/v1/messages", "/messages")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
-        return _checked(_MessagesRequest, body)
+        return _checked(_check_messages, body)
 
     def message_tokens(self, message: Mapping[str, Any], enc: tiktoken.Encoding, model: str) -> int:
         count = token_count(enc)

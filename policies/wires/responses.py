@@ -11,10 +11,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired
 
 import orjson
 from pydantic import Field, StrictBool, StrictStr, ValidationError
+from typing_extensions import TypedDict
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import MAX_IMAGE_TOKENS, image_tokens
@@ -25,7 +26,6 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
-    OpenModel,
     RequestFacts,
     Splice,
     ToolCall,
@@ -33,6 +33,7 @@ from policies.wires.base import (
     TurnReader,
     Usage,
     answered_in_order,
+    body_check,
     image_part,
     json_object,
     largest_part_text,
@@ -244,11 +245,14 @@ class ResponsesDialect:
         return out, done
 
 
-class _ResponsesRequest(OpenModel):
-    model: StrictStr = Field(min_length=1)
-    input: StrictStr | list[dict[str, Any]] | None = None
-    stream: StrictBool | None = False
-    max_output_tokens: int | None = Field(None, ge=1)
+class _ResponsesRequest(TypedDict):
+    model: Annotated[StrictStr, Field(min_length=1)]
+    input: NotRequired[StrictStr | list[dict[str, Any]] | None]
+    stream: NotRequired[StrictBool | None]
+    max_output_tokens: NotRequired[Annotated[int, Field(ge=1)] | None]
+
+
+_check_responses = body_check(_ResponsesRequest)
 
 
 SEQUENCE = re.compile(rb'"sequence_number"\s*:\s*(\d+)')
@@ -538,10 +542,10 @@ class ResponsesWire(FieldConversation):
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:
-            request = _ResponsesRequest.model_validate(body)
+            request: _ResponsesRequest = _check_responses(body)
         except ValidationError as exc:
             raise openai_body_error(exc) from None
-        return RequestFacts(model=request.model, stream=bool(request.stream))
+        return RequestFacts(model=request["model"], stream=bool(request.get("stream")))
 
     def conversation(self, body: Mapping[str, Any]) -> list[Any]:
         value = body.get("input")

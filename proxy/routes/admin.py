@@ -15,7 +15,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from adapters.errors import AdminDisabled, InvalidRequest, Unauthorized, UnknownEndpoint
 from middleware.loops import loop_status
-from proxy.keys import CONFIG, PROVIDERS, SERVICES, WORKER_METRICS
+from proxy.keys import CONFIG, PROVIDERS, SERVICES, WORKER_METRICS, FrontDoor
 
 ADMIN_KEY_HEADER = "x-brim-admin-key"
 
@@ -92,7 +92,7 @@ async def archived(request: web.Request) -> web.Response:
     return web.Response(text=content, content_type="text/plain")
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/admin/status", status)
-    app.router.add_get("/admin/archive/{key}", archived)
+def add_routes(app: web.Application, door: FrontDoor) -> None:
+    app.router.add_get("/metrics", door(metrics))
+    app.router.add_get("/admin/status", door(status))
+    app.router.add_get("/admin/archive/{key}", door(archived))

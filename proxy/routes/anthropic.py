@@ -11,7 +11,7 @@ from aiohttp import web
 
 from adapters.errors import UpstreamError
 from policies.wires.messages import MESSAGES, check_count_tokens
-from proxy.keys import SERVICES, UPSTREAMS
+from proxy.keys import SERVICES, SERVING, FrontDoor
 from proxy.routes.common import (
     checked,
     make_exchange,
@@ -23,10 +23,12 @@ from proxy.routes.common import (
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
-    raw, body = await read_json(request)
+    serving = request.app[SERVING]
+    raw, body = await read_json(request, serving)
     facts = checked(MESSAGES.check, body)
     return await proxied(
         request,
+        serving,
         api=MESSAGES.name,
         endpoint="/v1/messages",
         model=facts.model or "",
@@ -38,12 +40,14 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     """The upstream's own count; brim's count where the upstream has no such endpoint."""
-    raw, body = await read_json(request)
+    serving = request.app[SERVING]
+    raw, body = await read_json(request, serving)
     model = checked(check_count_tokens, body).model or ""
-    upstreams = request.app[UPSTREAMS]
+    upstreams = serving.upstreams
     name = upstreams.route(model, "anthropic.count_tokens")
     exchange = make_exchange(
         request,
+        serving,
         api="anthropic.count_tokens",
         endpoint="/v1/messages/count_tokens",
         model=model,
@@ -54,7 +58,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     )
     if upstreams.configs[name].api == "anthropic":
         try:
-            return await send_direct(request, exchange)
+            return await send_direct(request, serving, exchange)
         except UpstreamError as error:
             if error.status not in (404, 405):
                 raise
@@ -68,7 +72,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     )
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, door: FrontDoor) -> None:
     for prefix in ("/v1", ""):
-        app.router.add_post(f"{prefix}/messages", messages)
-        app.router.add_post(f"{prefix}/messages/count_tokens", count_tokens)
+        app.router.add_post(f"{prefix}/messages", door(messages))
+        app.router.add_post(f"{prefix}/messages/count_tokens", door(count_tokens))

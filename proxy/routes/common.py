@@ -17,7 +17,7 @@ from middleware.headers import brim_headers
 from policies.nesting import nests_deeper_than
 from policies.wires.base import BodyError, RequestFacts
 from proxy.admission import quota_for, read_body
-from proxy.keys import BRIM_KEY_HEADER, CONFIG, PIPELINE, REQUEST_ID, UPSTREAMS
+from proxy.keys import BRIM_KEY_HEADER, REQUEST_ID, Serving
 from proxy.relay import relay
 
 
@@ -41,17 +41,17 @@ def parse_object(raw: bytes, *, max_depth: int) -> dict[str, Any]:
     return value
 
 
-async def read_json(request: web.Request) -> tuple[bytes, dict[str, Any]]:
+async def read_json(request: web.Request, serving: Serving) -> tuple[bytes, dict[str, Any]]:
     """The request body as sent and parsed, within `server.max_body_mb` and `max_json_depth`."""
-    server = request.app[CONFIG].server
-    limit = server.max_body_bytes
+    limit = serving.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
             f"The request body is {request.content_length} bytes; this brim accepts at most "
             f"{limit} bytes (server.max_body_mb)."
         )
-    raw = await read_body(request, limit)  # within body_timeout_s and max_body_buffer_mb
-    return raw, parse_object(raw, max_depth=server.max_json_depth)
+    # within body_timeout_s and max_body_buffer_mb
+    raw = await read_body(request, limit, serving.admission)
+    return raw, parse_object(raw, max_depth=serving.max_json_depth)
 
 
 def checked(check: Callable[[dict[str, Any]], RequestFacts], body: dict[str, Any]) -> RequestFacts:
@@ -63,10 +63,10 @@ def checked(check: Callable[[dict[str, Any]], RequestFacts], body: dict[str, Any
         raise InvalidRequest(exc.message, param=exc.param) from None
 
 
-def forwardable_headers(request: web.Request) -> CIMultiDictProxy[str]:
+def forwardable_headers(request: web.Request, keyed: bool) -> CIMultiDictProxy[str]:
     """The client's headers, without the one that carried its brim key (`check_brim_key` names
-    it). Without keys configured, the request's own (read-only) headers, not a copy."""
-    if not request.app[CONFIG].server.api_keys:
+    it). Without keys configured (`keyed`), the request's own (read-only) headers, not a copy."""
+    if not keyed:
         return request.headers
     brim_key_header = request.get(BRIM_KEY_HEADER)
     if not brim_key_header:
@@ -78,6 +78,7 @@ def forwardable_headers(request: web.Request) -> CIMultiDictProxy[str]:
 
 def make_exchange(
     request: web.Request,
+    serving: Serving,
     *,
     api: ClientApi,
     endpoint: str,
@@ -95,18 +96,22 @@ def make_exchange(
         model=model,
         body=body,
         raw=raw,
-        headers=forwardable_headers(request),
+        headers=forwardable_headers(request, serving.keyed),
         stream=stream,
         upstream=upstream,
         request_id=request[REQUEST_ID],
         user_agent=request.headers.get("User-Agent", ""),
-        quota=quota_for(request, request.app[CONFIG].server),
+        quota=quota_for(request, serving.config.server, serving.admission)
+        if serving.rate_limited
+        else None,
     )
 
 
-async def send_direct(request: web.Request, exchange: Exchange) -> web.StreamResponse:
+async def send_direct(
+    request: web.Request, serving: Serving, exchange: Exchange
+) -> web.StreamResponse:
     """Straight to the upstream, past the pipeline (model lists, token counts)."""
-    reply = await request.app[UPSTREAMS][exchange.upstream].send(exchange)
+    reply = await serving.upstreams[exchange.upstream].send(exchange)
     return await relay(request, reply, request_id_header(exchange), wire=exchange.wire)
 
 
@@ -116,6 +121,7 @@ def request_id_header(exchange: Exchange) -> dict[str, str]:
 
 async def proxied(
     request: web.Request,
+    serving: Serving,
     *,
     api: ClientApi,
     endpoint: str,
@@ -127,22 +133,22 @@ async def proxied(
 ) -> web.StreamResponse:
     """Route the request, run it through the pipeline (or straight to the upstream, for
     endpoints that only count), and relay the reply with brim's headers."""
-    upstreams = request.app[UPSTREAMS]
     exchange = make_exchange(
         request,
+        serving,
         api=api,
         endpoint=endpoint,
         model=model,
         body=body,
         raw=raw,
         stream=stream,
-        upstream=upstreams.route(model, api),
+        upstream=serving.upstreams.route(model, api),
     )
     if not through_pipeline:
-        return await send_direct(request, exchange)
-    warn_at = request.app[CONFIG].guard.warn_at
+        return await send_direct(request, serving, exchange)
+    warn_at = serving.warn_at
     try:
-        reply: UpstreamResponse = await request.app[PIPELINE](exchange)
+        reply: UpstreamResponse = await serving.pipeline(exchange)
     except BrimError as error:
         error.brim_headers.update(await brim_headers(exchange.report, warn_at=warn_at))
         raise

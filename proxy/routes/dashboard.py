@@ -12,6 +12,7 @@ from importlib import resources
 
 from aiohttp import web
 
+from proxy.keys import FrontDoor
 from proxy.routes.admin import require_admin_keys
 
 # name under /ui → (file in proxy/ui, content type)
@@ -40,7 +41,7 @@ def _load() -> dict[str, tuple[bytes, str]]:
     }
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, door: FrontDoor) -> None:
     files = _load()  # a few kilobytes, read once
 
     async def serve(request: web.Request) -> web.Response:
@@ -50,5 +51,5 @@ def add_routes(app: web.Application) -> None:
             body=body, content_type=content_type, charset="utf-8", headers=SECURITY_HEADERS
         )
 
-    app.router.add_get("/ui", serve)
-    app.router.add_get("/ui/{name:(app\\.js|app\\.css)?}", serve)
+    app.router.add_get("/ui", door(serve))
+    app.router.add_get("/ui/{name:(app\\.js|app\\.css)?}", door(serve))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.keys import READINESS
+from proxy.keys import READINESS, FrontDoor
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -21,7 +21,7 @@ async def root(request: web.Request) -> web.Response:
     return web.Response(text="brim\n")  # Claude Code probes HEAD / and GET / before it starts
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/", root)  # aiohttp answers HEAD for every GET route
+def add_routes(app: web.Application, door: FrontDoor) -> None:
+    app.router.add_get("/healthz", door(healthz))
+    app.router.add_get("/readyz", door(readyz))
+    app.router.add_get("/", door(root))  # aiohttp answers HEAD for every GET route

@@ -7,15 +7,17 @@ from aiohttp import web
 from adapters.errors import UpstreamError, UpstreamFailure
 from policies.wires.chat import CHAT
 from policies.wires.responses import RESPONSES
-from proxy.keys import CONFIG, UPSTREAMS
+from proxy.keys import CONFIG, SERVING, FrontDoor
 from proxy.routes.common import checked, make_exchange, proxied, read_json, send_direct
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    raw, body = await read_json(request)
+    serving = request.app[SERVING]
+    raw, body = await read_json(request, serving)
     facts = checked(CHAT.check, body)
     return await proxied(
         request,
+        serving,
         api=CHAT.name,
         endpoint="/chat/completions",
         model=facts.model or "",
@@ -28,10 +30,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def responses(request: web.Request) -> web.StreamResponse:
     """OpenAI Responses (Codex CLI). With `previous_response_id` the provider holds the earlier
     turns: brim counts and guards only what the request itself carries."""
-    raw, body = await read_json(request)
+    serving = request.app[SERVING]
+    raw, body = await read_json(request, serving)
     facts = checked(RESPONSES.check, body)
     return await proxied(
         request,
+        serving,
         api=RESPONSES.name,
         endpoint="/responses",
         model=facts.model or "",
@@ -43,10 +47,12 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     """Forwarded: the provider's own count of a Responses request."""
-    raw, body = await read_json(request)
+    serving = request.app[SERVING]
+    raw, body = await read_json(request, serving)
     facts = checked(RESPONSES.check, body)
     return await proxied(
         request,
+        serving,
         api="openai.input_tokens",
         endpoint="/responses/input_tokens",
         model=facts.model or "",
@@ -66,12 +72,14 @@ def _configured_models(request: web.Request) -> web.Response:
 
 async def list_models(request: web.Request) -> web.StreamResponse:
     """The upstream's own list; the `[models]` table when no upstream can give one."""
-    upstreams = request.app[UPSTREAMS]
+    serving = request.app[SERVING]
+    upstreams = serving.upstreams
     name = upstreams.first_serving("openai.models")
     if name is None:
         return _configured_models(request)
     exchange = make_exchange(
         request,
+        serving,
         api="openai.models",
         endpoint="/models",
         model="",
@@ -81,7 +89,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         upstream=name,
     )
     try:
-        return await send_direct(request, exchange)
+        return await send_direct(request, serving, exchange)
     except UpstreamError:
         raise
     except UpstreamFailure:
@@ -90,9 +98,9 @@ async def list_models(request: web.Request) -> web.StreamResponse:
         raise
 
 
-def add_routes(app: web.Application) -> None:
+def add_routes(app: web.Application, door: FrontDoor) -> None:
     for prefix in ("/v1", ""):
-        app.router.add_post(f"{prefix}/chat/completions", chat_completions)
-        app.router.add_get(f"{prefix}/models", list_models)
-        app.router.add_post(f"{prefix}/responses", responses)
-        app.router.add_post(f"{prefix}/responses/input_tokens", input_tokens)
+        app.router.add_post(f"{prefix}/chat/completions", door(chat_completions))
+        app.router.add_get(f"{prefix}/models", door(list_models))
+        app.router.add_post(f"{prefix}/responses", door(responses))
+        app.router.add_post(f"{prefix}/responses/input_tokens", door(input_tokens))

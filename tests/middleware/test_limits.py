@@ -85,7 +85,7 @@ async def test_budget_counts_reserved_output_and_margin(stage: ResolveLimits) ->
     assert seen.context is not None
     assert seen.context.limits.limits.context_window == 8_192
     assert seen.context.budget.reserved_output == 1_024  # capped at the model's max output
-    assert seen.context.budget.effective() == 8_192 - 1_024 - 410
+    assert seen.context.budget.effective == 8_192 - 1_024 - 410
     headers = await brim_headers(seen.report, warn_at=1.0)
     assert headers["x-brim-budget"] == str(8_192 - 1_024 - 410)
 
@@ -95,7 +95,7 @@ async def test_cli_model_ids_carry_their_overhead(stage: ResolveLimits) -> None:
     await stage(exchange("claude:sonnet"), capture)
     budget = capture.seen[0].context.budget  # type: ignore[union-attr]
     assert budget.cli_overhead == 60_000
-    assert budget.effective() == 200_000 - 60_000 - 10_000
+    assert budget.effective == 200_000 - 60_000 - 10_000
 
 
 async def test_client_rules_match_on_user_agent_or_header(stage: ResolveLimits) -> None:
@@ -133,9 +133,9 @@ async def test_the_context_1m_beta_gives_an_anthropic_model_a_million_token_wind
     assert long is not None and plain is not None and other is not None
     assert long.limits.limits.context_window == 1_000_000
     assert long.limits.source is LimitSource.HEADER
-    assert long.budget.effective() == 1_000_000 - 50_000  # Claude's output has its own room
+    assert long.budget.effective == 1_000_000 - 50_000  # Claude's output has its own room
     assert plain.limits.limits.context_window == 200_000
-    assert plain.budget.effective() == 200_000 - 10_000
+    assert plain.budget.effective == 200_000 - 10_000
     assert other.limits.limits.context_window == 128_000  # not an Anthropic model: no change
 
 
@@ -275,7 +275,7 @@ async def test_small_requests_over_the_bound_are_counted_before_forwarding(
     assert upstream.counts_when_asked == [1]  # counted before the upstream was called
     context = upstream.seen[0].context
     assert context is not None and context.tokens.pending is None
-    assert context.tokens.upper_bound > context.budget.effective()
+    assert context.tokens.upper_bound > context.budget.effective
     assert context.tokens.exact == TokenCounter().request(CHAT, body, "o200k_base").total
     assert context.fits
     assert counter.threads == [threading.main_thread()]
@@ -353,7 +353,7 @@ async def test_a_budget_is_worked_out_once_and_again_when_a_window_is_learned(
     await stage(exchange("local", {"max_tokens": 100}), capture)
     learned = capture.seen[-1].context
     assert learned is not None and learned.budget.context_window == 4_096
-    assert learned.budget.effective() == 4_096 - 100 - 205
+    assert learned.budget.effective == 4_096 - 100 - 205
     # Another output limit or client rule is another budget.
     await stage(exchange("local", {"max_tokens": 200}), capture)
     await stage(exchange("local", {"max_tokens": 100}, **{"x-agent": "custom-1"}), capture)

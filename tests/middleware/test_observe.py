@@ -742,8 +742,8 @@ def test_restores_found_and_missing_are_named_by_their_keys_only() -> None:
     async def restoring(exchange: Exchange) -> UpstreamResponse:
         report = exchange.report
         report.restore_offered = True
-        report.restored += [" SHA256:0123456789ABCDEF0123 ", "fedcba9876543210"]
-        report.restore_missing += ["sha256:" + "0" * 16, junk]
+        report.restored += (" SHA256:0123456789ABCDEF0123 ", "fedcba9876543210")
+        report.restore_missing += ("sha256:" + "0" * 16, junk)
         return UpstreamResponse(status=200, headers={}, body=b"{}")
 
     asyncio.run(observe(builders.exchange(model="m-restore"), restoring))

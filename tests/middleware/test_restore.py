@@ -119,7 +119,7 @@ async def run(
         ex.report.restore_offered = True
         assert ex.body is not None and ex.context is not None
         meter = CounterMeter(COUNTER, ex.context.limits.limits.tokenizer, ex.model, ex.wire)
-        limit = ex.context.budget.effective()
+        limit = ex.context.budget.effective
         cut = compress_request(ex.body, meter, [], limit=limit, low_water=1.0)
         context = dataclasses.replace(ex.context, outcome=cut)
         return await stage(dataclasses.replace(ex, context=context), upstream)
@@ -160,7 +160,7 @@ def test_a_restore_call_is_answered_from_the_store_and_hidden_from_the_client(
     usage = wire.usage(final)
     assert usage is not None
     assert (usage.input, usage.output) == (2400, 50)
-    assert ex.report.restored == [f"sha256:{KEY[:16]}"]
+    assert ex.report.restored == (f"sha256:{KEY[:16]}",)
 
 
 @each_shape
@@ -173,7 +173,7 @@ def test_an_unknown_key_is_answered_as_no_longer_available(shape: Shape) -> None
     second = shape.wire.conversation(seen[1])
     assert "no longer available" in orjson.dumps(second[-1]).decode()
     assert shape.errors(second) == []
-    assert ex.report.restored == []
+    assert ex.report.restored == ()
     assert shape.wire.reply_calls(final) == []
 
 

@@ -51,18 +51,18 @@ def test_effective_subtracts_reserved_overhead_and_margin() -> None:
         context_window=200_000, reserved_output=4_096, cli_overhead=60_000, safety_margin=0.05
     )
     assert budget.margin_tokens == 10_000
-    assert budget.effective() == 200_000 - 4_096 - 60_000 - 10_000 == 125_904
+    assert budget.effective == 200_000 - 4_096 - 60_000 - 10_000 == 125_904
 
 
 def test_default_margin_is_five_percent() -> None:
     assert DEFAULT_SAFETY_MARGIN == 0.05
-    assert TokenBudget(context_window=100_000).effective() == 95_000
+    assert TokenBudget(context_window=100_000).effective == 95_000
 
 
 def test_margin_is_rounded_up() -> None:
     budget = TokenBudget(context_window=1_001, safety_margin=0.1)  # 100.1 → 101
     assert budget.margin_tokens == 101
-    assert budget.effective() == 900
+    assert budget.effective == 900
 
 
 def test_float_noise_in_the_margin_costs_no_extra_token() -> None:
@@ -72,7 +72,7 @@ def test_float_noise_in_the_margin_costs_no_extra_token() -> None:
 
 def test_fits_at_the_boundary() -> None:
     budget = TokenBudget(context_window=10_000, reserved_output=1_000, safety_margin=0)
-    assert budget.effective() == 9_000
+    assert budget.effective == 9_000
     assert budget.fits(9_000)
     assert not budget.fits(9_001)
     assert budget.fits(0)
@@ -83,11 +83,11 @@ def test_allocate_returns_a_new_budget_and_leaves_the_original_alone() -> None:
     smaller = budget.allocate(1_500)
     assert smaller is not budget
     assert budget.allocated == 0
-    assert budget.effective() == 8_000
+    assert budget.effective == 8_000
     assert smaller.allocated == 1_500
-    assert smaller.effective() == 6_500
-    assert smaller.allocate(500).effective() == 6_000
-    assert smaller.allocate(0).effective() == 6_500
+    assert smaller.effective == 6_500
+    assert smaller.allocate(500).effective == 6_000
+    assert smaller.allocate(0).effective == 6_500
     assert not smaller.fits(8_000)
 
 
@@ -118,17 +118,20 @@ def test_invalid_budget_raises(kwargs: dict[str, Any]) -> None:
 
 def test_effective_never_goes_below_zero() -> None:
     budget = TokenBudget(context_window=1_000, reserved_output=800, cli_overhead=800)
-    assert budget.effective() == 0
+    assert budget.effective == 0
     assert budget.fits(0)
     assert not budget.fits(1)
-    assert budget.allocate(10_000).effective() == 0
+    assert budget.allocate(10_000).effective == 0
 
 
-def test_budget_is_frozen() -> None:
-    budget = TokenBudget(context_window=1_000)
-    with pytest.raises(AttributeError):
-        budget.allocated = 5  # type: ignore[misc]
-    assert budget.allocated == 0
+def test_allocate_makes_a_new_budget_and_leaves_the_old_one_as_it_was() -> None:
+    # A `record`: frozen to the type checker (assigning a field is a mypy error), a plain slots
+    # dataclass at run time; copies are how a budget changes, and `effective` follows them.
+    budget = TokenBudget(context_window=1_000, safety_margin=0.0)
+    bigger = budget.allocate(5)
+    assert (budget.allocated, budget.effective) == (0, 1_000)
+    assert (bigger.allocated, bigger.effective) == (5, 995)
+    assert bigger == TokenBudget(context_window=1_000, safety_margin=0.0, allocated=5)
 
 
 # ---- budget_for ----------------------------------------------------------------------------
@@ -138,50 +141,50 @@ def test_spec_example_cli_overhead_without_margin_or_output() -> None:
     budget = budget_for(resolved(window=200_000, cli_overhead=60_000), None, safety_margin=0)
     assert budget.cli_overhead == 60_000
     assert budget.reserved_output == 0
-    assert budget.effective() == 140_000
+    assert budget.effective == 140_000
 
 
 def test_requested_output_is_reserved() -> None:
     budget = budget_for(resolved(max_output=64_000), 4_096, safety_margin=0)
     assert budget.reserved_output == 4_096
-    assert budget.effective() == 200_000 - 4_096
+    assert budget.effective == 200_000 - 4_096
 
 
 def test_requested_output_is_capped_at_the_model_max_output() -> None:
     budget = budget_for(resolved(max_output=64_000), 1_000_000, safety_margin=0)
     assert budget.reserved_output == 64_000
-    assert budget.effective() == 136_000
+    assert budget.effective == 136_000
 
 
 def test_nothing_reserved_when_output_does_not_count_against_the_window() -> None:
     budget = budget_for(resolved(output_counts=False), 32_000, safety_margin=0)
     assert budget.reserved_output == 0
-    assert budget.effective() == 200_000
+    assert budget.effective == 200_000
 
 
 @pytest.mark.parametrize("requested", [None, 0])
 def test_nothing_reserved_when_nothing_is_requested(requested: int | None) -> None:
     budget = budget_for(resolved(), requested, safety_margin=0)
     assert budget.reserved_output == 0
-    assert budget.effective() == 200_000
+    assert budget.effective == 200_000
 
 
 def test_cli_overhead_keyword_overrides_the_resolved_one() -> None:
     limits = resolved(cli_overhead=60_000)
-    assert budget_for(limits, None, safety_margin=0, cli_overhead=10_000).effective() == 190_000
-    assert budget_for(limits, None, safety_margin=0, cli_overhead=0).effective() == 200_000
-    assert budget_for(limits, None, safety_margin=0).effective() == 140_000
+    assert budget_for(limits, None, safety_margin=0, cli_overhead=10_000).effective == 190_000
+    assert budget_for(limits, None, safety_margin=0, cli_overhead=0).effective == 200_000
+    assert budget_for(limits, None, safety_margin=0).effective == 140_000
 
 
 def test_budget_for_uses_the_default_margin() -> None:
     budget = budget_for(resolved(window=200_000), None)
     assert budget.safety_margin == DEFAULT_SAFETY_MARGIN
-    assert budget.effective() == 190_000
+    assert budget.effective == 190_000
 
 
 def test_budget_for_passes_the_margin_through() -> None:
     budget = budget_for(resolved(window=200_000, cli_overhead=60_000), 4_096, safety_margin=0.05)
-    assert budget.effective() == 125_904
+    assert budget.effective == 125_904
 
 
 # ---- requested_output ----------------------------------------------------------------------
@@ -237,8 +240,8 @@ def test_effective_is_bounded_and_shrinks_as_the_margin_grows(
         for margin in (low, high)
     ]
     for budget in budgets:
-        assert 0 <= budget.effective() <= window
-        assert budget.effective() == max(
+        assert 0 <= budget.effective <= window
+        assert budget.effective == max(
             0,
             window
             - reserved
@@ -246,4 +249,4 @@ def test_effective_is_bounded_and_shrinks_as_the_margin_grows(
             - math.ceil(round(budget.safety_margin * window, 6))
             - allocated,
         )
-    assert budgets[1].effective() <= budgets[0].effective()
+    assert budgets[1].effective <= budgets[0].effective

@@ -144,6 +144,43 @@ def test_unknown_path_and_method_are_wire_shaped(brim: BrimFactory) -> None:
     assert error_of(wrong_method)["code"] == "method_not_allowed"
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status", "api"),
+    [
+        ("POST", "/v1/embeddingz", 404, "openai"),
+        ("GET", "/v1/chat/completions", 405, "openai"),
+        ("DELETE", "/healthz", 405, "openai"),
+        ("POST", "/nothing/here", 404, "openai"),
+        ("GET", "/v1/messages", 405, "anthropic"),
+        ("POST", "/v1/messages/nope", 404, "anthropic"),
+        ("GET", "/v1beta/models/gemini-2.5-pro:generateContent", 405, "gemini"),
+        ("POST", "/v1beta/nope/x", 404, "gemini"),
+    ],
+)
+def test_unserved_urls_get_404_or_405_in_the_wire_format_of_their_api(
+    brim: BrimFactory, provider: FakeProvider, method: str, path: str, status: int, api: str
+) -> None:
+    reply = httpx.request(method, f"{brim()}{path}", json={}, timeout=10)
+    assert reply.status_code == status
+    assert reply.headers["x-brim-request-id"]
+    body = reply.json()
+    if api == "openai":
+        assert error_of(reply)["code"] == ("unknown_url" if status == 404 else "method_not_allowed")
+    elif api == "anthropic":
+        kind = "not_found_error" if status == 404 else "invalid_request_error"
+        assert (body["type"], body["error"]["type"]) == ("error", kind)
+        assert path in body["error"]["message"]
+    else:
+        assert (body["error"]["code"], body["error"]["status"]) == (
+            status,
+            "NOT_FOUND" if status == 404 else "INVALID_ARGUMENT",
+        )
+    if status == 405:  # the methods the URL is served for, as RFC 9110 asks
+        served = {m.strip() for m in reply.headers["allow"].split(",")}
+        assert served & {"GET", "POST"} and method not in served
+    assert provider.requests == []
+
+
 @pytest.mark.parametrize("status", [400, 401, 403, 404, 422, 429, 500, 503])
 def test_upstream_error_replies_are_relayed_unchanged(
     brim: BrimFactory, provider: FakeProvider, status: int
