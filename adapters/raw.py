@@ -173,36 +173,23 @@ class RawHttpAdapter:
                 )
         return response
 
-    def _broken(self, response: aiohttp.ClientResponse, exc: BaseException) -> BaseException:
-        """What an error while a reply is read becomes (the reply closed): a transport error
-        the documented failure of a reply broken off (its headers had arrived), any other
-        itself."""
-        response.close()
-        if isinstance(exc, TimeoutError | aiohttp.ClientError | OSError):
-            return self._failure(exc, answered=True)
-        return exc
-
     @contextlib.contextmanager
     def _reading(self, response: aiohttp.ClientResponse) -> Iterator[None]:
-        """While a reply is read: any error closes it, and is `_broken`'s."""
+        """While a reply is read: a transport error is the documented failure of a reply broken
+        off (its headers had arrived), and any error closes the reply."""
         try:
             yield
-        except BaseException as exc:
-            failure = self._broken(response, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            response.close()
+            raise self._failure(exc, answered=True) from exc
+        except BaseException:
+            response.close()
+            raise
 
     async def _body(self, response: aiohttp.ClientResponse) -> bytes:
-        """A reply's whole body; the connection goes back to the pool. (`_reading` written
-        out: its context manager costs three calls a reply.)"""
-        try:
+        """A reply's whole body; the connection goes back to the pool."""
+        with self._reading(response):
             body = await response.read()
-        except BaseException as exc:
-            failure = self._broken(response, exc)
-            if failure is exc:
-                raise
-            raise failure from exc
         response.release()
         return body
 

@@ -12,16 +12,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from dataclasses import field
+from dataclasses import dataclass, field
 from typing import Any
 
 from policies.limits import ResolvedLimits
-from policies.records import record
 
 DEFAULT_SAFETY_MARGIN = 0.05
 
 
-@record
+@dataclass(frozen=True, slots=True)  # made once per resolution and request shape (remembered)
 class TokenBudget:
     context_window: int
     reserved_output: int = 0
@@ -40,7 +39,7 @@ class TokenBudget:
         if min(self.reserved_output, self.cli_overhead, self.allocated) < 0:
             raise ValueError("reserved output, CLI overhead and allocations cannot be negative")
         spent = self.reserved_output + self.cli_overhead + self.margin_tokens + self.allocated
-        self.effective = max(0, self.context_window - spent)  # type: ignore[misc]  # made here
+        object.__setattr__(self, "effective", max(0, self.context_window - spent))
 
     @property
     def margin_tokens(self) -> int:

@@ -104,6 +104,7 @@ class Admission:
         self.bodies = BytesGate(server.max_body_buffer_bytes)
         self.telemetry = telemetry
         self.overrides = key_overrides(server)  # [server.key_limits] by holder
+        self.rate_limited = server.rate_limited  # read by every request (`quota_for`)
         self.connections = 0
         self.in_flight = 0
         telemetry.watch_load(lambda: self.connections, lambda: self.in_flight)
@@ -288,7 +289,7 @@ QUOTA_HOLDER = web.RequestKey("quota_holder", str)  # set where the brim key was
 
 def quota_for(request: web.Request, server: ServerConfig, gate: Admission) -> Quota | None:
     """Whom this request counts against, and their limits; None without rate limits."""
-    if not server.rate_limited:
+    if not gate.rate_limited:
         return None
     who = request.get(QUOTA_HOLDER) or holder("address", request.remote or "")
     override = gate.overrides.get(who)

@@ -64,13 +64,11 @@ from proxy.errors import error_response
 from proxy.keys import (
     BRIM_KEY_HEADER,
     CONFIG,
-    PIPELINE,
     PROVIDERS,
     READINESS,
     REQUEST_ID,
     SERVICES,
     SERVING,
-    UPSTREAMS,
     WORKER_METRICS,
     FrontDoor,
     Readiness,
@@ -202,7 +200,7 @@ def check_brim_key(request: web.Request, server: ServerConfig) -> None:
         request[QUOTA_HOLDER] = holder("key", value)
 
 
-def front_door(server: ServerConfig, gate: Admission) -> FrontDoor:
+def front_door(serving: Serving) -> FrontDoor:
     """What brim does around every handler, wrapped around each as its route is added (a
     closure, not an aiohttp middleware: no middleware chain to find and call per request). In
     order: a request id; every error answered in the client's wire format, nothing escaping as
@@ -210,26 +208,24 @@ def front_door(server: ServerConfig, gate: Admission) -> FrontDoor:
     answered even when saturated); the header limits (`check_header_limits`); the brim key,
     when keys are configured (`check_brim_key`), decided here, once. A URL no route serves
     comes through it too (`unmatched`, the last route)."""
-    keyed = bool(server.api_keys)
+    server, gate, keyed = serving.config.server, serving.admission, serving.keyed
 
     def door(handler: Handler) -> Handler:
         async def front(request: web.Request) -> web.StreamResponse:
             request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
             request[REQUEST_ID] = request_id
+            admitted = request.path not in UNGUARDED
             try:
-                if request.path in UNGUARDED:
-                    check_header_limits(request, server)
-                    if keyed:
-                        check_brim_key(request, server)
-                    return await handler(request)
-                admit(request, gate)
+                if admitted:
+                    admit(request, gate)
                 try:
                     check_header_limits(request, server)
                     if keyed:
                         check_brim_key(request, server)
                     return await handler(request)
                 finally:
-                    release(request, gate)
+                    if admitted:
+                        release(request, gate)
             except RequestTimeout as exc:  # the body was not read to its end: answer, then close
                 response = error_response(
                     exc, {"x-brim-request-id": request_id}, wire_for_path(request.path)
@@ -309,17 +305,16 @@ def create_app(
     app[CONFIG] = config
     app[SERVICES] = services
     app[PROVIDERS] = providers
-    app[UPSTREAMS] = services.upstreams
-    app[PIPELINE] = Pipeline(default_pipeline(config, services), providers.telemetry.tracer)
+    pipeline = Pipeline(default_pipeline(config, services), providers.telemetry.tracer)
     app[READINESS] = Readiness()
     app[ADMISSION] = gate
-    app[SERVING] = Serving(config, services.upstreams, app[PIPELINE], gate)
+    app[SERVING] = serving = Serving(config, services.upstreams, pipeline, gate)
     if metrics_share is not None and providers.registry is not None:
         app[WORKER_METRICS] = WorkerMetrics(
             metrics_share.directory, metrics_share.token, providers.registry
         )
     app.cleanup_ctx.append(_lifecycle)
-    door = front_door(config.server, gate)
+    door = front_door(serving)
     for routes in (health, openai, anthropic, gemini, admin, dashboard):
         routes.add_routes(app, door)
     app.router.add_route("*", "/{path:.*}", door(unmatched))  # last: what no route serves
@@ -494,7 +489,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await warming
     if metrics is not None:  # what the requests that finished while draining counted, too
         await asyncio.to_thread(metrics.close)
-    await app[UPSTREAMS].aclose()
+    await services.upstreams.aclose()
     if services.audit is not None:
         services.audit.close()
     if services.store is not None:

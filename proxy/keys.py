@@ -34,7 +34,6 @@ class Serving:
         "max_body_bytes",
         "max_json_depth",
         "pipeline",
-        "rate_limited",
         "upstreams",
         "warn_at",
     )
@@ -50,7 +49,6 @@ class Serving:
         self.max_body_bytes = server.max_body_bytes
         self.max_json_depth = server.max_json_depth
         self.keyed = bool(server.api_keys)
-        self.rate_limited = server.rate_limited
         self.warn_at = config.guard.warn_at
 
 
@@ -59,10 +57,8 @@ class Serving:
 FrontDoor = Callable[[Handler], Handler]
 
 CONFIG = web.AppKey("config", BrimConfig)
-UPSTREAMS = web.AppKey("upstreams", Upstreams)
 SERVICES = web.AppKey("services", Services)
 PROVIDERS = web.AppKey("providers", Providers)
-PIPELINE = web.AppKey("pipeline", Pipeline)
 READINESS = web.AppKey("readiness", Readiness)
 SERVING = web.AppKey("serving", Serving)
 # Set in a worker of `brim serve --workers N` only: its share of the group's metrics.

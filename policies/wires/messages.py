@@ -451,22 +451,19 @@ class _Message(TypedDict):
     content: StrictStr | list[_Block]
 
 
-class _MessagesRequest(TypedDict):
+class _MessagesBody(TypedDict):
     model: Annotated[StrictStr, Field(min_length=1)]
     messages: Annotated[list[_Message], Field(min_length=1)]
+    system: NotRequired[StrictStr | list[_Block] | None]
+    stream: NotRequired[StrictBool | None]
+
+
+class _MessagesRequest(_MessagesBody):
     max_tokens: Annotated[int, Field(ge=1)]
-    system: NotRequired[StrictStr | list[_Block] | None]
-    stream: NotRequired[StrictBool | None]
 
 
-class _CountTokensRequest(TypedDict):
-    """A `count_tokens` body: a Messages body that need not say `max_tokens`."""
-
-    model: Annotated[StrictStr, Field(min_length=1)]
-    messages: Annotated[list[_Message], Field(min_length=1)]
+class _CountTokensRequest(_MessagesBody):
     max_tokens: NotRequired[Annotated[int, Field(ge=1)] | None]
-    system: NotRequired[StrictStr | list[_Block] | None]
-    stream: NotRequired[StrictBool | None]
 
 
 _check_messages = body_check(_MessagesRequest)

@@ -101,9 +101,7 @@ def make_exchange(
         upstream=upstream,
         request_id=request[REQUEST_ID],
         user_agent=request.headers.get("User-Agent", ""),
-        quota=quota_for(request, serving.config.server, serving.admission)
-        if serving.rate_limited
-        else None,
+        quota=quota_for(request, serving.config.server, serving.admission),
     )
 
 

@@ -124,9 +124,16 @@ def test_effective_never_goes_below_zero() -> None:
     assert budget.allocate(10_000).effective == 0
 
 
+def test_budget_is_frozen() -> None:
+    budget = TokenBudget(context_window=1_000)
+    with pytest.raises(AttributeError):
+        budget.allocated = 5  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        budget.effective = 5  # type: ignore[misc]
+    assert (budget.allocated, budget.effective) == (0, 950)
+
+
 def test_allocate_makes_a_new_budget_and_leaves_the_old_one_as_it_was() -> None:
-    # A `record`: frozen to the type checker (assigning a field is a mypy error), a plain slots
-    # dataclass at run time; copies are how a budget changes, and `effective` follows them.
     budget = TokenBudget(context_window=1_000, safety_margin=0.0)
     bigger = budget.allocate(5)
     assert (budget.allocated, budget.effective) == (0, 1_000)
