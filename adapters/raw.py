@@ -103,6 +103,9 @@ class RawHttpAdapter:
                 ),
                 auto_decompress=True,
                 trust_env=self.config.proxy_from_env,
+                # Every client's requests share this session: a cookie a provider (its CDN) sets
+                # goes back to the client it answered, never out with another client's request.
+                cookie_jar=aiohttp.DummyCookieJar(),
             )
         return self._session
 

@@ -1,7 +1,9 @@
 """A fast fake OpenAI-compatible provider for the benchmarks: `python -m bench.fake --port P`.
 
 Answers every chat request at once with a fixed reply (or a five-chunk stream), so what the
-bench measures is the proxies, not the provider. A stream whose body asks for `"fake_events": N`
+bench measures is the proxies, not the provider. A fixed reply carries the times the request
+arrived and the reply left (`RECEIVED`, `ANSWERED`), for the bench to split a proxy's added
+latency into the way in and the way back. A stream whose body asks for `"fake_events": N`
 gets N content events instead, `EVENT_GAP_S` apart, so that each reaches the proxy as a read of
 its own (the relay scenario: a proxy's cost per event relayed). The one exception is for the
 hostile-load bench (`bench.hostile`): a request for the model `"held"` is held open until
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import time
 
 import orjson
 from aiohttp import web
@@ -51,6 +54,7 @@ EVENTS_ASKED = b'"fake_events":'
 EVENT_GAP_S = 0.001
 HELD_MODEL = b'"model":"held"'
 HOLD_S = 60.0  # the longest a held request waits for /fake/release
+RECEIVED, ANSWERED = "x-fake-received-ms", "x-fake-answered-ms"  # `now_ms` of a plain reply
 
 
 class Holding:
@@ -74,12 +78,22 @@ class Holding:
 HOLDING = web.AppKey("holding", Holding)
 
 
+def now_ms() -> float:
+    """CLOCK_MONOTONIC in ms: one clock for every process on the machine, so a time this fake
+    stamps and one the load client reads can be subtracted (`load.one`'s legs)."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC) * 1000
+
+
 async def chat(request: web.Request) -> web.StreamResponse:
+    received = now_ms()
     body = await request.read()
     if HELD_MODEL in body[:200]:
         await request.app[HOLDING].hold()
     if b'"stream":true' not in body.replace(b" ", b""):
-        return web.Response(body=REPLY, content_type="application/json")
+        # when the request reached the provider and when its answer left: the proxies relay
+        # these headers as they relay any, and the bench splits a proxy's added latency by them
+        stamps = {RECEIVED: repr(received), ANSWERED: repr(now_ms())}
+        return web.Response(body=REPLY, content_type="application/json", headers=stamps)
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
     await response.prepare(request)
     if EVENTS_ASKED in body:

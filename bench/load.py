@@ -11,6 +11,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from bench.fake import ANSWERED, RECEIVED, now_ms
+
 BODY = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "ping"}]})
 STREAM_BODY = orjson.dumps(
     {"model": "fake-model", "stream": True, "messages": [{"role": "user", "content": "ping"}]}
@@ -32,8 +34,16 @@ def summary(milliseconds: list[float]) -> dict[str, float]:
     }
 
 
-async def one(session: aiohttp.ClientSession, url: str, stream: bool) -> float:
-    started = time.perf_counter()
+async def one(
+    session: aiohttp.ClientSession,
+    url: str,
+    stream: bool,
+    legs: list[tuple[float, float]] | None = None,
+) -> float:
+    """One request's latency in ms (a stream's: to the first byte of its body). With `legs`, a
+    plain reply's way in (sent → the provider has it) and way back (the provider answered → the
+    reply is read) are appended, in ms, where the fake provider's stamps came back with it."""
+    started = now_ms()
     async with session.post(
         f"{url}/chat/completions", data=STREAM_BODY if stream else BODY, headers=HEADERS
     ) as reply:
@@ -41,11 +51,15 @@ async def one(session: aiohttp.ClientSession, url: str, stream: bool) -> float:
             raise RuntimeError(f"{url}: HTTP {reply.status}: {(await reply.read())[:200]!r}")
         if stream:
             await reply.content.readany()  # time to first byte of the body
-            elapsed = time.perf_counter() - started
+            elapsed = now_ms() - started
             await reply.read()
-            return elapsed * 1000
+            return elapsed
         await reply.read()
-    return (time.perf_counter() - started) * 1000
+    ended = now_ms()
+    received, answered = reply.headers.get(RECEIVED), reply.headers.get(ANSWERED)
+    if legs is not None and received and answered:
+        legs.append((float(received) - started, ended - float(answered)))
+    return ended - started
 
 
 def _session(connections: int) -> aiohttp.ClientSession:
@@ -55,10 +69,16 @@ def _session(connections: int) -> aiohttp.ClientSession:
 
 
 async def sequential(
-    targets: Mapping[str, str], requests: int, stream: bool
+    targets: Mapping[str, str],
+    requests: int,
+    stream: bool,
+    legs: dict[str, list[tuple[float, float]]] | None = None,
 ) -> dict[str, list[float]]:
-    """One request at a time, the targets interleaved so drift hits all of them alike."""
+    """One request at a time, the targets interleaved so drift hits all of them alike; each
+    plain request's way in and way back into `legs`, by target, where given (`one`)."""
     results: dict[str, list[float]] = {name: [] for name in targets}
+    if legs is not None:
+        legs.update({name: [] for name in targets})
     sessions = {name: _session(1) for name in targets}
     try:
         for name, url in targets.items():  # warm up connections and caches
@@ -67,7 +87,8 @@ async def sequential(
         names = list(targets)
         for index in range(requests):
             for name in names[index % len(names) :] + names[: index % len(names)]:
-                results[name].append(await one(sessions[name], targets[name], stream))
+                into = None if legs is None else legs[name]
+                results[name].append(await one(sessions[name], targets[name], stream, into))
     finally:
         for session in sessions.values():
             await session.close()

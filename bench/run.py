@@ -74,12 +74,35 @@ def over_bare(figures: dict[str, Any], name: str) -> dict[str, float | None]:
     }
 
 
+def ways(legs: dict[str, list[tuple[float, float]]]) -> dict[str, dict[str, float]]:
+    """Where each proxy's added p50 goes: on the way in (sent → the provider has it) and on
+    the way back (the provider answered → the client has read it), each less a direct call's
+    p50 of the same. For the proxies that relayed the fake provider's stamps (`load.one`)."""
+    if not legs.get("direct"):
+        return {}
+    direct_in, direct_back = (statistics.median(leg) for leg in zip(*legs["direct"], strict=True))
+    out = {}
+    for name, measured in legs.items():
+        if name != "direct" and measured:
+            way_in, way_back = (statistics.median(leg) for leg in zip(*measured, strict=True))
+            out[name] = {
+                "in_ms": round(way_in - direct_in, 3),
+                "back_ms": round(way_back - direct_back, 3),
+            }
+    return out
+
+
 def latency(targets: dict[str, str], size: dict[str, int]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     brims = [name for name in targets if name.startswith("brim")]
     for stream in (False, True):
         kind = "stream_ttfb" if stream else "plain"
-        runs = {"sequential": asyncio.run(load.sequential(targets, size["sequential"], stream))}
+        legs: dict[str, list[tuple[float, float]]] = {}
+        runs = {
+            "sequential": asyncio.run(
+                load.sequential(targets, size["sequential"], stream, None if stream else legs)
+            )
+        }
         for concurrency in (32, 256):
             runs[f"c{concurrency}"] = asyncio.run(
                 load.concurrent(targets, size["concurrent"], concurrency, stream)
@@ -91,6 +114,8 @@ def latency(targets: dict[str, str], size: dict[str, int]) -> dict[str, Any]:
             }
             if "bare" in figures:
                 figures["over_bare"] = {name: over_bare(figures, name) for name in brims}
+            if mode == "sequential" and legs:
+                figures["ways"] = ways(legs)
             out[f"{kind}/{mode}"] = figures
     return out
 
@@ -362,7 +387,7 @@ def render(report: dict[str, Any]) -> str:
     names = [
         name
         for name in next(iter(report["latency"].values()))
-        if name not in ("direct", "over_bare")
+        if name not in ("direct", "over_bare", "ways")
     ]
     lines.append(f"{'':<24} {'direct':>15}" + "".join(f" {name:>15}" for name in names))
     for scenario, figures in report["latency"].items():
@@ -387,6 +412,15 @@ def render(report: dict[str, Any]) -> str:
                     f"{scenario:<24} {name:<10} p50 {own['p50_ms']:>+7.3f} ({ratios[0]})"
                     f"   p99 {own['p99_ms']:>+7.3f} ({ratios[1]})"
                 )
+    for scenario, figures in report["latency"].items():
+        if figures.get("ways"):
+            lines.append(
+                f"where the added p50 goes ({scenario}, ms), on the way in / on the way back: "
+                + ", ".join(
+                    f"{name} {way['in_ms']:+.3f} / {way['back_ms']:+.3f}"
+                    for name, way in figures["ways"].items()
+                )
+            )
     throughput = report["throughput"]
     scaled = report["scale_out"]
     rates, used, streamed = scaled["throughput_rps"], scaled["cpu_cores_used"], scaled["streamed"]

@@ -172,6 +172,7 @@ class FakeProvider:
     gate_timed_out: bool | None = None
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
     error_bodies: dict[int, bytes] = field(default_factory=dict)
+    set_cookie: str | None = None  # sent with every reply, as a provider's CDN does
     in_flight: int = 0
     url: str = ""
 
@@ -182,6 +183,7 @@ class FakeProvider:
         self.gate_timed_out = None
         self.stream_closed_by_peer.clear()
         self.error_bodies.clear()
+        self.set_cookie = None
         self.strict_counts.clear()
         self.strict_rejections.clear()
         self.tight_seen.clear()
@@ -202,7 +204,12 @@ class FakeProvider:
             finally:  # also when brim drops the connection: handler_cancellation is on
                 self.in_flight -= 1
 
+        async def cookie(request: web.Request, response: web.StreamResponse) -> None:
+            if self.set_cookie is not None:
+                response.headers["Set-Cookie"] = self.set_cookie
+
         app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[count_in_flight])
+        app.on_response_prepare.append(cookie)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/messages", self.messages)
         app.router.add_post("/v1/responses", self.responses)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import inprocess, procs
+from bench.run import ways
 
 
 def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
@@ -46,6 +47,12 @@ def test_the_quick_bench_runs_every_scenario(tmp_path: Path) -> None:
     assert report["throughput"]["brim"]["rps"] > 0 and report["throughput"]["bare"]["rps"] > 0
     assert report["throughput"]["brim"]["share_of_bare"] > 0
     assert report["throughput"]["brim"]["cpu_us_per_request"] > 0
+    ways = report["latency"]["plain/sequential"]["ways"]  # split by the fake provider's stamps
+    assert set(ways) >= {"bare", "brim"} and set(ways["brim"]) == {"in_ms", "back_ms"}
+    assert all(
+        "ways" not in report["latency"][s] for s in report["latency"] if s.startswith("stream")
+    )
+    assert "where the added p50 goes (plain/sequential, ms)" in result.stdout
     relayed = report["relay"]  # CPU per streamed event relayed: bare, brim and their ratio
     assert relayed["bare"]["us_per_event"] > 0 and relayed["brim"]["over_bare"] > 0
     assert "stream relay, CPU per event" in result.stdout
@@ -111,3 +118,17 @@ def test_the_soak_runs_short_and_clean() -> None:
     assert report["brim"]["errors"] == 0 and report["brim"]["requests"] > 100
     assert report["rss_mb"]["max"] < 400 and report["rss_flat"] is True
     assert report["p99_ratio"] > 0
+
+
+def test_the_added_latency_is_split_into_the_way_in_and_the_way_back() -> None:
+    legs = {
+        "direct": [(0.2, 0.1), (0.3, 0.1), (0.25, 0.2)],
+        "bare": [(0.45, 0.3), (0.5, 0.3), (0.4, 0.35)],
+        "brim": [(0.6, 0.35), (0.55, 0.4), (0.65, 0.4)],
+        "litellm": [],  # its reply did not carry the fake provider's stamps
+    }
+    assert ways(legs) == {
+        "bare": {"in_ms": 0.2, "back_ms": 0.2},
+        "brim": {"in_ms": 0.35, "back_ms": 0.3},
+    }
+    assert ways({"bare": [(0.4, 0.3)]}) == {}  # nothing to subtract without direct calls

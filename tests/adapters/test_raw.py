@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import httpx
 import orjson
 import pytest
 from aiohttp import web
@@ -29,8 +30,11 @@ from adapters.errors import (
 )
 from adapters.exchange import Exchange
 from adapters.raw import RawHttpAdapter
+from tests.conftest import BrimFactory, every_api
+from tests.fakes import FakeProvider
 
 URL = "https://provider.test/v1/chat/completions"
+HELLO = [{"role": "user", "content": "ping"}]
 
 
 def exchange(headers: dict[str, str] | None = None, query: str = "") -> Exchange:
@@ -435,3 +439,43 @@ def test_the_first_event_of_a_stream_says_whether_it_reports_an_overflow() -> No
     assert data == OVERFLOW_EVENT.removeprefix(b"data: ").rstrip(b"\n")
     assert overflow is not None and overflow.limit == 4096
     assert first_event(b'data: {"choices": []}\n\n') == (b'{"choices": []}', None)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/chat/completions", {"model": "fake-model", "messages": HELLO}),
+        ("/v1/responses", {"model": "fake-model", "input": "ping"}),
+        ("/v1/messages", {"model": "claude-x", "max_tokens": 10, "messages": HELLO}),
+        (
+            "/v1beta/models/gem-x:generateContent",
+            {"contents": [{"role": "user", "parts": [{"text": "ping"}]}]},
+        ),
+    ],
+)
+def test_a_cookie_one_client_was_sent_never_reaches_the_provider_with_another_clients_request(
+    brim: BrimFactory, provider: FakeProvider, path: str, body: dict[str, Any]
+) -> None:
+    """Providers' CDNs set cookies (Cloudflare's `__cf_bm` on api.openai.com). The upstream
+    connection pool is shared by every client: a cookie kept there would go out with the next
+    client's requests. The client it was meant for gets it, as sent; the provider sees only
+    the cookies a client itself sends."""
+    provider.set_cookie = "__cf_bm=one-clients; Path=/; HttpOnly"
+    sections = every_api(provider)
+    for upstream in sections["upstreams"].values():  # by name: no jar keeps an IP's cookies
+        upstream["base_url"] = upstream["base_url"].replace("127.0.0.1", "localhost")
+    base = brim(**sections)
+
+    first = httpx.post(f"{base}{path}", json=body, headers={"x-goog-api-key": "k"}, timeout=10)
+    second = httpx.post(f"{base}{path}", json=body, headers={"x-goog-api-key": "k"}, timeout=10)
+    own = httpx.post(
+        f"{base}{path}", json=body, headers={"Cookie": "mine=1", "x-goog-api-key": "k"}, timeout=10
+    )
+
+    assert [r.status_code for r in (first, second, own)] == [200, 200, 200]
+    assert first.headers["set-cookie"] == provider.set_cookie  # relayed to its client
+    seen = [request for request in provider.requests if request.path != "/v1/models"]
+    assert len(seen) == 3
+    assert "cookie" not in seen[0].headers
+    assert "cookie" not in seen[1].headers  # not the first client's
+    assert seen[2].headers["cookie"] == "mine=1"  # a client's own, and nothing added
