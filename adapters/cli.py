@@ -980,7 +980,9 @@ class Run:
         finally:
             self.adapter._running.discard(process.pid)
             self.adapter._slots.release()
-            await asyncio.to_thread(shutil.rmtree, self.scratch, True)
+            # Shielded: the caller is often a handler being cancelled (its client went away); a
+            # removal cancelled before its thread took it up would leave the folder for good.
+            await asyncio.shield(asyncio.to_thread(shutil.rmtree, self.scratch, True))
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:

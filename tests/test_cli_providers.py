@@ -15,8 +15,10 @@ import json
 import os
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,8 +26,11 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from multidict import CIMultiDict, CIMultiDictProxy
 
-from adapters.cli import cli_model, render_prompt
+from adapters.cli import CliAdapter, cli_model, render_prompt
+from adapters.config import UpstreamConfig
+from adapters.exchange import Exchange
 from policies.budget import DEFAULT_SAFETY_MARGIN
 from policies.model_table import CLI_OVERHEAD
 from proxy.app import bound_port, start
@@ -179,16 +184,22 @@ def alive(pid: int) -> bool:
         return False
 
 
+def fake_cli(folder: Path) -> tuple[Path, Path]:
+    """`FAKE_CLI` as an executable in `folder`, and the folder its runs write their pids to."""
+    script = folder / "fake-claude"
+    script.write_text(FAKE_CLI.format(python=sys.executable))
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    pids = folder / "pids"
+    pids.mkdir(exist_ok=True)
+    return script, pids
+
+
 @pytest.fixture
 def fake_brim(loop_thread: LoopThread, tmp_path: Path) -> Iterator[Callable[..., Brim]]:
     runners: list[Any] = []
 
     def make(**upstream: Any) -> Brim:
-        script = tmp_path / "fake-claude"
-        script.write_text(FAKE_CLI.format(python=sys.executable))
-        script.chmod(script.stat().st_mode | stat.S_IXUSR)
-        pids = tmp_path / "pids"
-        pids.mkdir(exist_ok=True)
+        script, pids = fake_cli(tmp_path)
         settings = {
             "api": "cli",
             "command": str(script),
@@ -292,6 +303,64 @@ def test_a_client_disconnect_kills_the_process_group(
     # The client went away mid-stream.
     assert wait_for(lambda: not any(alive(pid) for pid in pids), timeout=10), pids
     assert wait_for(lambda: scratch_folders(tmp_path) == [])
+
+
+async def test_a_run_whose_closer_is_cancelled_still_removes_its_folder_and_frees_its_slot(
+    tmp_path: Path,
+) -> None:
+    """A stream's closer runs in a handler that is often being cancelled (its client went
+    away): cancelled at every step of closing, the run still ends its process, removes its
+    scratch folder and gives its pool slot back."""
+    script, pids = fake_cli(tmp_path)
+    config = UpstreamConfig(
+        api="cli",
+        command=str(script),
+        cli="claude",
+        env={"FAKE_CLI_PIDS": str(pids)},
+        workdir=str(tmp_path),
+        max_concurrency=1,
+    )
+    adapter = CliAdapter("cli", config)
+    body = {"model": "claude:sonnet", "messages": [{"role": "user", "content": "SLOW"}]}
+    exchange = Exchange(
+        api="openai.chat",
+        method="POST",
+        endpoint="/chat/completions",
+        query="",
+        model="claude:sonnet",
+        body=body,
+        raw=json.dumps(body).encode(),
+        headers=CIMultiDictProxy(CIMultiDict()),
+        stream=True,
+        upstream="cli",
+        request_id="r1",
+    )
+    reply = await adapter.send(exchange)  # the CLI has answered once and now sleeps
+    assert len(scratch_folders(tmp_path)) == 1
+    # The event loop's worker threads are busy meanwhile, so work handed to one waits its turn
+    # (and a cancel reaches it before it starts): one thread, held until the closing is over.
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=1))
+    held = threading.Event()
+    busy = loop.run_in_executor(None, held.wait)
+
+    closing = asyncio.ensure_future(reply.aclose())
+    cancels = 0
+    while not closing.done():
+        await asyncio.sleep(0)
+        cancels += closing.cancel()
+    assert cancels >= 2  # in the middle of closing, and again while it cleans up
+    held.set()
+    await busy
+
+    ran = [int(path.name) for path in pids.iterdir()]
+    for _ in range(250):  # killed at once; the folder goes on a worker thread
+        if not scratch_folders(tmp_path) and not any(alive(pid) for pid in ran):
+            break
+        await asyncio.sleep(0.02)
+    assert scratch_folders(tmp_path) == []
+    assert not any(alive(pid) for pid in ran)
+    assert not adapter._slots.locked()  # its one slot is free again
 
 
 def test_the_pool_limit_answers_429_with_retry_after(
