@@ -97,11 +97,9 @@ def latency(targets: dict[str, str], size: dict[str, int]) -> dict[str, Any]:
     brims = [name for name in targets if name.startswith("brim")]
     for stream in (False, True):
         kind = "stream_ttfb" if stream else "plain"
-        legs: dict[str, list[tuple[float, float]]] = {}
+        legs: dict[str, list[tuple[float, float]]] = {}  # none from streams: they carry no stamps
         runs = {
-            "sequential": asyncio.run(
-                load.sequential(targets, size["sequential"], stream, None if stream else legs)
-            )
+            "sequential": asyncio.run(load.sequential(targets, size["sequential"], stream, legs))
         }
         for concurrency in (32, 256):
             runs[f"c{concurrency}"] = asyncio.run(
@@ -114,8 +112,8 @@ def latency(targets: dict[str, str], size: dict[str, int]) -> dict[str, Any]:
             }
             if "bare" in figures:
                 figures["over_bare"] = {name: over_bare(figures, name) for name in brims}
-            if mode == "sequential" and legs:
-                figures["ways"] = ways(legs)
+            if mode == "sequential" and (split := ways(legs)):
+                figures["ways"] = split
             out[f"{kind}/{mode}"] = figures
     return out
 

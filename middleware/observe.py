@@ -162,6 +162,12 @@ def restore_label(key: str) -> str:
     return "malformed" if digits is None else f"sha256:{digits[:PREFIX_DIGITS]}"
 
 
+def _recording(span: Span) -> bool:
+    """Whether `span` records (a tracing exporter, and this request sampled). Without tracing
+    every span is `INVALID_SPAN`: nothing to ask it (nor, in `_finish`, to end)."""
+    return span is not INVALID_SPAN and span.is_recording()
+
+
 # Where a reply or event can carry usage: a "usage" or "usageMetadata" key with an object (not
 # the `"usage":null` an OpenAI stream sends in every chunk once it is asked for usage).
 USAGE_MARK = b'"usage'
@@ -268,7 +274,7 @@ class Observe:
     ) -> AsyncIterator[bytes]:
         error: BaseException | None = None
         # the provider's usage, for the span (nothing else reports it)
-        events = EventData() if span is not INVALID_SPAN and span.is_recording() else None
+        events = EventData() if _recording(span) else None
         wire = exchange.wire
         report = exchange.report
         try:
@@ -328,8 +334,7 @@ class Observe:
         provider's usage from a whole `reply` or the error's body first. `answered`: when the
         pipeline returned the reply (its headers, for a stream) or the error."""
         report = exchange.report
-        # Without tracing every span is `INVALID_SPAN`: nothing to ask it, nothing to end.
-        recording = span is not INVALID_SPAN and span.is_recording()
+        recording = _recording(span)
         try:
             if recording:
                 if reply is not None:

@@ -10,7 +10,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import anthropic
 import httpx
+import openai
 import orjson
 import pytest
 from aiohttp import web
@@ -441,20 +443,37 @@ def test_the_first_event_of_a_stream_says_whether_it_reports_an_overflow() -> No
     assert first_event(b'data: {"choices": []}\n\n') == (b'{"choices": []}', None)
 
 
-@pytest.mark.parametrize(
-    ("path", "body"),
-    [
-        ("/v1/chat/completions", {"model": "fake-model", "messages": HELLO}),
-        ("/v1/responses", {"model": "fake-model", "input": "ping"}),
-        ("/v1/messages", {"model": "claude-x", "max_tokens": 10, "messages": HELLO}),
-        (
-            "/v1beta/models/gem-x:generateContent",
-            {"contents": [{"role": "user", "parts": [{"text": "ping"}]}]},
-        ),
-    ],
-)
+def one_client(base: str, api: str, cookie: str | None) -> httpx.Headers:
+    """The headers of the reply to one request from a client of its own (a new SDK client, no
+    cookies kept from before), sending `cookie` if given: the official SDK for Chat, Responses
+    and Messages, a plain HTTP client for Gemini (whose SDK is not among the test tools)."""
+    sent = {"Cookie": cookie} if cookie else {}
+    if api == "chat":
+        oa = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-c", default_headers=sent)
+        return oa.chat.completions.with_raw_response.create(
+            model="fake-model", messages=HELLO
+        ).headers
+    if api == "responses":
+        oa = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-c", default_headers=sent)
+        return oa.responses.with_raw_response.create(model="fake-model", input="ping").headers
+    if api == "messages":
+        ant = anthropic.Anthropic(base_url=base, api_key="sk-ant", default_headers=sent)
+        reply = ant.messages.with_raw_response.create(
+            model="claude-x",
+            max_tokens=10,
+            messages=HELLO,
+        )
+        return reply.headers
+    body = {"contents": [{"role": "user", "parts": [{"text": "ping"}]}]}
+    url = f"{base}/v1beta/models/gem-x:generateContent"
+    reply = httpx.post(url, json=body, headers={"x-goog-api-key": "k", **sent}, timeout=10)
+    assert reply.status_code == 200, reply.text
+    return reply.headers
+
+
+@pytest.mark.parametrize("api", ["chat", "responses", "messages", "gemini"])
 def test_a_cookie_one_client_was_sent_never_reaches_the_provider_with_another_clients_request(
-    brim: BrimFactory, provider: FakeProvider, path: str, body: dict[str, Any]
+    brim: BrimFactory, provider: FakeProvider, api: str
 ) -> None:
     """Providers' CDNs set cookies (Cloudflare's `__cf_bm` on api.openai.com). The upstream
     connection pool is shared by every client: a cookie kept there would go out with the next
@@ -466,14 +485,11 @@ def test_a_cookie_one_client_was_sent_never_reaches_the_provider_with_another_cl
         upstream["base_url"] = upstream["base_url"].replace("127.0.0.1", "localhost")
     base = brim(**sections)
 
-    first = httpx.post(f"{base}{path}", json=body, headers={"x-goog-api-key": "k"}, timeout=10)
-    second = httpx.post(f"{base}{path}", json=body, headers={"x-goog-api-key": "k"}, timeout=10)
-    own = httpx.post(
-        f"{base}{path}", json=body, headers={"Cookie": "mine=1", "x-goog-api-key": "k"}, timeout=10
-    )
+    first = one_client(base, api, None)
+    one_client(base, api, None)  # another client
+    one_client(base, api, "mine=1")  # a client with a cookie of its own
 
-    assert [r.status_code for r in (first, second, own)] == [200, 200, 200]
-    assert first.headers["set-cookie"] == provider.set_cookie  # relayed to its client
+    assert first["set-cookie"] == provider.set_cookie  # relayed to its client
     seen = [request for request in provider.requests if request.path != "/v1/models"]
     assert len(seen) == 3
     assert "cookie" not in seen[0].headers
