@@ -1,1 +1,1 @@
-"""brim's benchmarks: `python -m bench` (see the README). Not a test suite; not run in CI."""
+"""brim's benchmarks: `python -m bench` (see docs/benchmarks.md). Not a test suite; not run in CI."""

@@ -1,4 +1,4 @@
-"""The import rules between the four packages (README, Development), checked on the source."""
+"""The import rules between the four packages (docs/architecture.md), checked on the source."""
 
 from __future__ import annotations
 
