@@ -423,7 +423,8 @@ def describe_config(config: BrimConfig) -> dict[str, Any]:
     data = config.model_dump(mode="json")
     data["server"]["api_keys"] = [mask_secret(key) for key in config.server.api_keys]
     data["server"]["admin_keys"] = [mask_secret(key) for key in config.server.admin_keys]
-    data["server"]["owner_secret"] = mask_secret(config.server.owner_secret) or "(one per run)"
+    # No part of it shown: it keys the owners' hashes.
+    data["server"]["owner_secret"] = "(set)" if config.server.owner_secret else "(one per run)"
     for name, upstream in config.upstreams.items():
         data["upstreams"][name]["api_key"] = (
             mask_secret(upstream.api_key)

@@ -21,6 +21,7 @@ from tests.conftest import RedisServer
 from tests.fakes import free_port
 
 OWNER = "cred-" + "0123456789abcdef" * 2  # whose the stored texts are
+OTHER = "key-" + "fedcba9876543210" * 2  # another client's
 
 
 def item(text: str) -> tuple[str, str]:
@@ -90,6 +91,19 @@ def test_a_full_key_that_differs_after_the_prefix_is_not_a_match() -> None:
     assert run(store.get(OWNER, other)) is None
     assert run(store.get(OWNER, key[:17])) == text
     assert run(store.get(OWNER, other[:17])) is None
+
+
+def test_a_text_is_found_only_by_its_owner() -> None:
+    key, text = item("what client A's request left")
+    store = MemoryStore(1_000_000, 3600)
+    run(store.put_many(OWNER, [(key, text)]))
+    assert run(store.get(OTHER, key)) is None and run(store.get(OTHER, key[:16])) is None
+    run(store.put_many(OTHER, [(key, text)]))  # the same text from B's request: B's own copy
+    assert run(store.get(OWNER, key)) == run(store.get(OTHER, key)) == text
+    assert len(store) == 2
+    for owner in ("", "Cred-Upper", "a:b", "../x", None):  # not an owner: nothing kept
+        assert not store.put(owner, key, text)  # type: ignore[arg-type]
+        assert run(store.get(owner, key)) is None  # type: ignore[arg-type]
 
 
 def test_an_absent_key_is_none_and_malformed_puts_are_skipped() -> None:
@@ -209,6 +223,46 @@ def test_two_instances_on_one_redis_share_what_either_stored(redis_server: Redis
     assert absent is None and wrong is None
 
 
+def test_redis_serves_a_text_only_to_its_owner_and_only_if_it_hashes_to_its_key(
+    redis_server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    import redis.asyncio as redis
+
+    rejected: list[str] = []
+
+    async def scenario() -> tuple[Any, ...]:
+        first = redis_store(redis_server.url)
+        second = RedisStore(
+            RedisLink(redis_server.url),
+            3600,
+            MemoryStore(1_000_000, 3600),
+            on_rejected=rejected.append,
+        )
+        key, text = item("kept in Redis for its owner")
+        await first.put_many(OWNER, [(key, text)])
+        others = await second.get(OTHER, key)
+        client: Any = redis.from_url(redis_server.url)
+        name = f"brim:store:{OWNER}:{key[:16]}"
+        await client.set(name, key.encode() + b"not the text the key names")
+        forged = await second.get(OWNER, key)
+        await client.set(name, b"\x00" * 10)
+        short = await second.get(OWNER, key)
+        await client.delete(name)
+        await client.rpush(name, b"a list, not a record")
+        listed = await second.get(OWNER, key)
+        await client.aclose()
+        await close(first, second)
+        return others, forged, short, listed
+
+    with caplog.at_level(logging.WARNING, logger="brim.store"):
+        others, forged, short, listed = run(scenario())
+    assert (others, forged, short, listed) == (None, None, None, None)
+    assert rejected == ["mismatch", "malformed", "malformed"]
+    warned = [r.getMessage() for r in caplog.records if r.name == "brim.store"]
+    assert len(warned) == 1 and "mismatch" in warned[0]  # logged once, without content
+    assert "not the text" not in caplog.text
+
+
 def test_redis_keys_carry_the_prefix_and_a_ttl(redis_server: RedisServer) -> None:
     import redis.asyncio as redis
 
@@ -217,7 +271,7 @@ def test_redis_keys_carry_the_prefix_and_a_ttl(redis_server: RedisServer) -> Non
         key, text = item("with an expiry")
         await store.put_many(OWNER, [(key, text)])
         client: Any = redis.from_url(redis_server.url)
-        ttl = await client.ttl(f"brim:store:{OWNER}:{key[:16]}")
+        ttl = await client.ttl(f"brim:store:{OWNER}:{key[:16]}")  # the owner's, by the key
         keys = await client.keys("brim:store:*")
         await client.aclose()
         await close(store)
