@@ -13,8 +13,8 @@ The hex is a keyed BLAKE2b hash (a MAC; one C call per request) under the owner 
 `[server] owner_secret_env` where it is set (the same on every instance that shares
 `[cache] url`, so that a client's entries are its own on all of them), else a random secret made
 once per brim run (its workers, forked after it, share it), so that entries a client left before
-a restart are not its own after it. Neither a key nor its hash in any other form is kept; an
-owner never appears in logs, headers, metrics or traces.
+a restart are not its own after it. Neither a key nor its hash in any other form is kept. An
+owner names Redis keys and archive folders; it never appears in logs, headers, metrics or traces.
 """
 
 from __future__ import annotations

@@ -210,6 +210,43 @@ def test_two_brim_instances_share_summaries_through_redis(redis_url: str) -> Non
     assert calls == 1 and second.cache_hit and second.text == first.text
 
 
+def test_a_summary_in_redis_is_its_owners_and_a_malformed_one_is_never_used(
+    redis_url: str,
+) -> None:
+    import redis.asyncio as redis
+
+    rejected: list[str] = []
+
+    async def run() -> tuple[Any, Any, int, list[bytes]]:
+        model = FakeModel()
+        first_link, second_link = RedisLink(redis_url), RedisLink(redis_url)
+        first = RedisCache(first_link, 1)
+        second = RedisCache(second_link, 1, on_rejected=rejected.append)
+        await summarizer(model, cache=first).summarize(LONG, 2_000, "task", owner=OWNER)
+        await first_link.settle()  # written off the request path
+        others = await summarizer(model, cache=second).summarize(LONG, 2_000, "task", owner=OTHER)
+        await second_link.settle()
+        client: Any = redis.from_url(redis_url)
+        names = sorted(await client.keys("brim:summary:*"))
+        for name in names:
+            await client.set(name, b"\xff\xfe not a summary")
+        fresh = RedisCache(second_link, 1, on_rejected=rejected.append)  # nothing of its own
+        again = await summarizer(model, cache=fresh).summarize(LONG, 2_000, "task", owner=OWNER)
+        await client.aclose()
+        await first_link.aclose()
+        await second_link.aclose()
+        return others, again, len(model.calls), names
+
+    others, again, calls, names = asyncio.run(run())
+    assert not others.cache_hit  # another owner's request: a summary of its own
+    assert [name.split(b"|")[0] for name in names] == [
+        f"brim:summary:{OWNER}".encode(),
+        f"brim:summary:{OTHER}".encode(),
+    ]
+    assert not again.cache_hit and calls == 3  # the malformed record was not used ...
+    assert rejected == ["malformed"]  # ... and was counted
+
+
 def test_a_fact_from_an_evicted_turn_survives_in_the_summary(
     brim: BrimFactory, provider: FakeProvider
 ) -> None:
