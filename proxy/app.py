@@ -211,12 +211,8 @@ def front_door(serving: Serving) -> FrontDoor:
     answered even when saturated); the header limits (`check_header_limits`); the brim key,
     when keys are configured (`check_brim_key`), decided here, once. A URL no route serves
     comes through it too (`unmatched`, the last route)."""
-    server, gate, keyed, owners = (
-        serving.config.server,
-        serving.admission,
-        serving.keyed,
-        serving.owners,
-    )
+    server, gate, keyed = serving.config.server, serving.admission, serving.keyed
+    owners = serving.owners
 
     def door(handler: Handler) -> Handler:
         async def front(request: web.Request) -> web.StreamResponse:
