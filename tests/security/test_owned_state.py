@@ -86,14 +86,18 @@ class Reply:
     headers: httpx.Headers
 
 
-def _chat(base: str, texts: list[str], client: Client) -> Reply:
-    sdk = openai.OpenAI(
+def _openai(base: str, client: Client) -> openai.OpenAI:
+    """The client's own OpenAI SDK (Chat Completions and Responses)."""
+    return openai.OpenAI(
         base_url=f"{base}/v1",
         api_key=client.credential,
         default_headers=client.headers(),
         max_retries=0,
     )
-    raw = sdk.chat.completions.with_raw_response.create(**chat_body(texts))
+
+
+def _chat(base: str, texts: list[str], client: Client) -> Reply:
+    raw = _openai(base, client).chat.completions.with_raw_response.create(**chat_body(texts))
     return Reply(raw.parse().choices[0].message.content or "", raw.headers)
 
 
@@ -107,13 +111,7 @@ def _messages(base: str, texts: list[str], client: Client) -> Reply:
 
 
 def _responses(base: str, texts: list[str], client: Client) -> Reply:
-    sdk = openai.OpenAI(
-        base_url=f"{base}/v1",
-        api_key=client.credential,
-        default_headers=client.headers(),
-        max_retries=0,
-    )
-    raw = sdk.responses.with_raw_response.create(**responses_body(texts))
+    raw = _openai(base, client).responses.with_raw_response.create(**responses_body(texts))
     return Reply(raw.parse().output_text, raw.headers)
 
 
