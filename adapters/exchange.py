@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import operator
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, overload
@@ -25,6 +26,14 @@ from policies.wires.chat import CHAT
 ClientApi = str
 
 NO_USAGE = Usage()  # a reply's usage until it reports some (immutable: one serves every request)
+
+# Whose a request is (`Exchange.owner`): what brim keeps from it — restore originals, archive
+# entries, session memory, summaries — is that owner's alone. brim's edge (`proxy.owners`) names
+# it: a keyed hash of the client's brim key (`key-<hex>`) or of its provider credentials
+# (`cred-<hex>`), never the key itself; a request with neither is `ANONYMOUS`'s (a loopback brim
+# without keys is one user's). Owners are short and safe as file and Redis key names.
+ANONYMOUS = "anonymous"
+OWNER_PATTERN = re.compile(r"[a-z][a-z0-9-]{0,79}")
 
 
 @record
@@ -173,6 +182,7 @@ class Exchange:
     upstream: str
     request_id: str
     user_agent: str = ""
+    owner: str = ANONYMOUS  # whose it is, named once at brim's edge (see `ANONYMOUS`)
     context: RequestContext | None = None
     quota: Quota | None = None  # None: no rate limits are configured
     report: RequestReport = field(default_factory=RequestReport, compare=False)

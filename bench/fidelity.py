@@ -60,7 +60,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 
 from adapters.base import UpstreamResponse
 from adapters.errors import ContextTooLarge, NothingLeftToSend
-from adapters.exchange import Exchange
+from adapters.exchange import ANONYMOUS, Exchange
 from bench import sessions
 from bench.sessions import API_LABELS, MODELS, RENDER, STATEMENT_PATTERN, Session
 from middleware.guard import Guard
@@ -473,12 +473,13 @@ def named_keys(text: str) -> list[str]:
 async def stored_originals(
     store: ContentStore, keys: Sequence[str], rounds: int
 ) -> list[list[str]]:
-    """The originals `store` holds under `keys` (as `brim_restore` looks them up), then those
-    under the keys they name in turn, and so on: what each of `rounds` restore rounds can fetch."""
+    """The originals `store` holds under `keys` (as `brim_restore` looks them up, for the owner
+    of the bench's exchanges, `ANONYMOUS`), then those under the keys they name in turn, and so
+    on: what each of `rounds` restore rounds can fetch."""
     found: list[list[str]] = []
     seen = set(keys)
     for _ in range(rounds):
-        texts = [text for key in keys if (text := await store.get(key)) is not None]
+        texts = [text for key in keys if (text := await store.get(ANONYMOUS, key)) is not None]
         if not texts:
             break
         found.append(texts)

@@ -229,7 +229,7 @@ class Guard:
             client = wire.conversation(body)
             digests = prefix_digests(client)
             digest = digests[-1] if digests else None
-            carried = self.sessions.latest(exchange.api, tokenizer, digests)
+            carried = self.sessions.latest(exchange.owner, exchange.api, tokenizer, digests)
             if carried is not None:
                 meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
                 limit = counted_limit(budget, context.tokens.provider_ratio)
@@ -265,7 +265,7 @@ class Guard:
         carried = carried_from(outcome, exchange.wire.conversation(exchange.body))
         if carried is not None:
             tokenizer = exchange.context.limits.limits.tokenizer
-            self.sessions.remember(exchange.api, tokenizer, digest, carried)
+            self.sessions.remember(exchange.owner, exchange.api, tokenizer, digest, carried)
 
     def _needs_work(self, exchange: Exchange) -> bool:
         assert exchange.context is not None and exchange.body is not None
@@ -276,7 +276,8 @@ class Guard:
 
     def _summary_inputs(self, exchange: Exchange) -> tuple[Wire, CounterMeter, str, dict[str, str]]:
         """The wire, a meter, the conversation's task, and the client's credentials (for
-        summarizers behind pass-through upstreams): this request's own, passed along."""
+        summarizers behind pass-through upstreams): this request's own, passed along (with its
+        owner, `_summary`'s, from the exchange)."""
         assert exchange.body is not None and exchange.context is not None
         wire = exchange.wire
         meter = CounterMeter(
@@ -287,14 +288,14 @@ class Guard:
         return wire, meter, task, credentials
 
     async def _summary(
-        self, text: str, target: int, task: str, credentials: dict[str, str]
+        self, exchange: Exchange, text: str, target: int, task: str, credentials: dict[str, str]
     ) -> Summary | None:
-        """A summary within the deadline, or None (the caller keeps what it had)."""
+        """A summary for `exchange`'s owner within the deadline, or None (the caller keeps what
+        it had)."""
         assert self.summarizer is not None
+        summary = self.summarizer.summarize(text, target, task, credentials, owner=exchange.owner)
         try:
-            return await asyncio.wait_for(
-                self.summarizer.summarize(text, target, task, credentials), self.summary_deadline_s
-            )
+            return await asyncio.wait_for(summary, self.summary_deadline_s)
         except TimeoutError:
             log.warning("summarizer slower than %ss: going on without it", self.summary_deadline_s)
             return None
@@ -343,7 +344,7 @@ class Guard:
         keys = [archive_key(original) for original in originals]
         summaries = await asyncio.gather(
             *(
-                self._summary(content, target, task, credentials)
+                self._summary(exchange, content, target, task, credentials)
                 for content, target in zip(contents, targets, strict=True)
             )
         )
@@ -408,7 +409,8 @@ class Guard:
                 continue
             at = holders[0]
             before = counts[at]
-            summary = await self._summary(record.original, max(64, before - 64), task, credentials)
+            target = max(64, before - 64)
+            summary = await self._summary(exchange, record.original, target, task, credentials)
             if summary is None:
                 continue
             header = RESULT_HEADER.format(key=key[:16])
@@ -500,10 +502,11 @@ async def keep_originals(
     exchange: Exchange,
 ) -> None:
     """Keep what the policies removed, under the keys their records name, before it goes: in
-    the archive (for people) and the content store (for `brim_restore`)."""
+    the archive (for people) and the content store (for `brim_restore`), both the exchange's
+    owner's."""
     items = [(r.archive_key, r.original) for r in outcome.records if r.archive_key and r.original]
     exchange.report.archive_keys += tuple(key for key, _ in items)
     if archive is not None and items:
-        await asyncio.to_thread(archive.put_many, items)
+        await asyncio.to_thread(archive.put_many, exchange.owner, items)
     if store is not None and items:
-        await store.put_many(items)
+        await store.put_many(exchange.owner, items)

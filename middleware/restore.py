@@ -3,7 +3,8 @@
 When the guard or the retry cut a request, they offer the model one more tool, `brim_restore`
 (`RESTORE_TOOL`, added at the end of the request's tools in its own wire format), and every
 placeholder, notice and summary names the key of what it stands for. When the provider's reply
-calls it, this stage answers the call itself from the content store — the original, cut to the
+calls it, this stage answers the call itself from the content store — the original the request's
+own owner kept (another client's key is answered exactly as an unknown one), cut to the
 room the request has left — appends the call and its result, and asks the provider again, at
 most `max_rounds` times (the last round with tool calls turned off, so the model answers). The
 client gets only the final reply, its usage the sum over the rounds; client tool calls made in
@@ -240,7 +241,7 @@ class RestoreRounds:
     async def _original(self, exchange: Exchange, call: ToolCall) -> tuple[str, bool]:
         """The original a call asks for, and True; or a note that it is gone, and False."""
         key = str(call.arguments.get("key", ""))
-        original = await self.store.get(key)
+        original = await self.store.get(exchange.owner, key)  # another owner's: as unknown
         if original is None:
             log.info("request %s: restore of %r: not available", exchange.request_id, key[:80])
             exchange.report.restore_missing += (key,)

@@ -6,7 +6,8 @@ kept as indices into the next request, not stored). Least recently used entries 
 before them the entries a request has grown past: its successor is remembered in a moment, and
 they stay only for a request that branches off them (an edited last message, a side request on
 the same history) while there is room. Per process: a miss costs one deterministic
-re-compression, nothing else.
+re-compression, nothing else. Entries are the owner's of the request that made them
+(`Exchange.owner`): another client's request with the same items never builds on them.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Sequence
 
 from policies.carry import Carried
 
-Key = tuple[str, str, bytes]  # (wire API, tokenizer, digest of the client's items covered)
+# (owner, wire API, tokenizer, digest of the client's items covered)
+Key = tuple[str, str, str, bytes]
 
 
 class SessionMemory:
@@ -29,23 +31,27 @@ class SessionMemory:
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def latest(self, api: str, tokenizer: str, digests: Sequence[bytes]) -> Carried | None:
-        """The carried turn covering the longest prefix of a request's items (`digests`, as
-        `prefix_digests` gives them). One covering all of them (the same request again) is
+    def latest(
+        self, owner: str, api: str, tokenizer: str, digests: Sequence[bytes]
+    ) -> Carried | None:
+        """`owner`'s carried turn covering the longest prefix of a request's items (`digests`,
+        as `prefix_digests` gives them). One covering all of them (the same request again) is
         used afresh; one the request has grown past is the next to go when room is needed."""
         with self._lock:
             for at in range(len(digests) - 1, -1, -1):
-                key = (api, tokenizer, digests[at])
+                key = (owner, api, tokenizer, digests[at])
                 found = self._carried.get(key)
                 if found is not None:
                     self._carried.move_to_end(key, last=at == len(digests) - 1)
                     return found
         return None
 
-    def remember(self, api: str, tokenizer: str, digest: bytes, carried: Carried) -> None:
+    def remember(
+        self, owner: str, api: str, tokenizer: str, digest: bytes, carried: Carried
+    ) -> None:
         if carried.weight > self.max_bytes:
             return
-        key = (api, tokenizer, digest)
+        key = (owner, api, tokenizer, digest)
         with self._lock:
             replaced = self._carried.pop(key, None)
             if replaced is not None:

@@ -7,9 +7,10 @@ model's own window is summarized in chunks, then the chunk summaries together (m
 
 Providers are tried in order, each with retries; if every one fails the caller gets None and the
 request goes on with evict's notice — a summarizer failure never fails a request. Summaries are
-cached by content, conversation context, level, provider and prompt version — never by the room
-left, which moves every turn — so the next turn of the same session reuses the very same bytes
-(and the provider's prompt cache stays warm).
+cached by owner (the client whose request they were made for, `Exchange.owner`: a summary of one
+client's content is never served to another), content, conversation context, level, provider and
+prompt version — never by the room left, which moves every turn — so the next turn of the same
+session reuses the very same bytes (and the provider's prompt cache stays warm).
 """
 
 from __future__ import annotations
@@ -73,12 +74,21 @@ class MemoryCache:
 class RedisCache:
     """Shared by every brim instance that points at the same Redis, through `link` (its outage
     policy: `middleware.shared.RedisLink`); `local` answers first, and alone while Redis is
-    down. Keys: `brim:summary:` + the summary's key (digests, level, provider, prompt version)."""
+    down. Keys: `brim:summary:` + the summary's key (owner, digests, level, provider, prompt
+    version). A value that is not UTF-8 text is not used, and reported (`on_rejected`)."""
 
-    def __init__(self, link: RedisLink, ttl_hours: float, local: MemoryCache | None = None) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        ttl_hours: float,
+        local: MemoryCache | None = None,
+        *,
+        on_rejected: Callable[[str], None] = lambda reason: None,
+    ) -> None:
         self.link = link
         self.local = local if local is not None else MemoryCache(ttl_hours)
         self._ttl = max(1, int(ttl_hours * 3600))
+        self.on_rejected = on_rejected
 
     async def get(self, key: str) -> str | None:
         found = await self.local.get(key)
@@ -88,11 +98,11 @@ class RedisCache:
             value = await self.link.run(lambda client: client.get(f"brim:summary:{key}"))
         except Unavailable:
             return None
-        if not isinstance(value, bytes):
+        if value is None:
             return None
-        try:
-            text = value.decode("utf-8", "surrogatepass")
-        except UnicodeDecodeError:
+        text = _utf8(value)
+        if text is None:
+            self.on_rejected("malformed")
             return None
         await self.local.set(key, text)
         return text
@@ -102,6 +112,16 @@ class RedisCache:
         data = value.encode("utf-8", "surrogatepass")
         # Off the summarizing path, as the other shared writes (the local copy answers now).
         self.link.spawn(lambda client: client.set(f"brim:summary:{key}", data, ex=self._ttl))
+
+
+def _utf8(value: object) -> str | None:
+    """`value` as text, if it is UTF-8 bytes."""
+    if not isinstance(value, bytes):
+        return None
+    try:
+        return value.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,13 +137,15 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One request's summary: which model, its task and level, and the requesting client's own
-    credentials — passed down the calls, never stored on the shared summarizer."""
+    """One request's summary: which model, its task and level, the requesting client's own
+    credentials, and whose the summary is (`Exchange.owner`, its cache's scope) — passed down
+    the calls, never stored on the shared summarizer."""
 
     provider: str
     task: str
     level: str
     credentials: Mapping[str, str]
+    owner: str
 
 
 def _digest(text: str) -> str:
@@ -161,12 +183,19 @@ class Summarizer:
         self.truncate_fallback = truncate_fallback
 
     async def summarize(
-        self, text: str, target: int, task: str, headers: Mapping[str, str] | None = None
+        self,
+        text: str,
+        target: int,
+        task: str,
+        headers: Mapping[str, str] | None = None,
+        *,
+        owner: str,
     ) -> Summary | None:
         """`text` in at most `target` tokens — the text itself when it is that short already —
         or None if no provider could make one. `headers` are the requesting client's
         credentials: they travel down as arguments, never kept on this shared object, so
-        concurrent requests never lend each other their keys."""
+        concurrent requests never lend each other their keys. `owner` is whose request it is:
+        only that owner's requests reuse the summary from the cache."""
         credentials = dict(headers or {})
         size = self.meter.text_tokens(text)
         if size <= target:
@@ -174,7 +203,8 @@ class Summarizer:
         level = next((name for name, share in LEVELS.items() if size * share <= target), "headline")
         for provider in self.providers:
             try:
-                return await self._with(Job(provider, task, level, credentials), text, size, target)
+                job = Job(provider, task, level, credentials, owner)
+                return await self._with(job, text, size, target)
             except Exception as exc:
                 log.warning("summarizer %r failed: %s", provider, exc or type(exc).__name__)
         log.warning("every summarizer failed; keeping the eviction notice")
@@ -184,7 +214,14 @@ class Summarizer:
         # By content, not by target: the same text asks for the same summary every turn, so a
         # session's next request reuses it byte for byte (the target follows from its size).
         key = "|".join(
-            (_digest(text), _digest(job.task), job.level, job.provider, self.prompt_version)
+            (
+                job.owner,
+                _digest(text),
+                _digest(job.task),
+                job.level,
+                job.provider,
+                self.prompt_version,
+            )
         )
         cached = await self.cache.get(key) if self.cache is not None else None
         if cached is not None and (after := self.meter.text_tokens(cached)) <= target:

@@ -264,6 +264,12 @@ class Telemetry:
             unit="{request}",
             description="Requests offered brim_restore",
         )
+        self.shared_rejected = Tally(
+            meter,
+            "brim.shared.records.rejected",
+            unit="{record}",
+            description="Records read from Redis and not used, by record kind and reason",
+        )
         histogram = Spread if self.local_histograms else meter.create_histogram
         self.added_latency: Histogram | Spread = histogram(
             "brim.latency.added", unit="ms", description="Time spent in brim, not the provider"

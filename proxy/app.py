@@ -43,7 +43,7 @@ from middleware.summarize import (
     SummaryCache,
     upstream_caller,
 )
-from middleware.telemetry import ModelLabels, StatusBoard
+from middleware.telemetry import ModelLabels, StatusBoard, Tally
 from policies.limits import LimitsRegistry
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import wire_for_path
@@ -63,6 +63,7 @@ from proxy.config import BrimConfig, ServerConfig
 from proxy.errors import error_response
 from proxy.keys import (
     BRIM_KEY_HEADER,
+    BRIM_KEY_OWNER,
     CONFIG,
     PROVIDERS,
     READINESS,
@@ -76,6 +77,7 @@ from proxy.keys import (
 )
 from proxy.listen import BACKLOG
 from proxy.multiproc import PUBLISH_INTERVAL_S, MetricsShare, WorkerMetrics
+from proxy.owners import Owners
 from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
 from proxy.routes import admin, anthropic, dashboard, gemini, health, openai
 from proxy.routes.dashboard import UI_PATHS
@@ -176,9 +178,9 @@ def _presented_key(request: web.Request) -> tuple[str, str] | None:
     return None
 
 
-def check_brim_key(request: web.Request, server: ServerConfig) -> None:
+def check_brim_key(request: web.Request, server: ServerConfig, owners: Owners) -> None:
     """With `server.api_keys_env` set, every request but health, metrics, the admin endpoints and
-    the dashboard's files must present one of the keys.
+    the dashboard's files must present one of the keys. The key names the request's owner.
 
     The header that carried a brim key is not forwarded upstream.
     """
@@ -196,6 +198,7 @@ def check_brim_key(request: web.Request, server: ServerConfig) -> None:
     if not any(hmac.compare_digest(value.encode(), k.get_secret_value().encode()) for k in keys):
         raise Unauthorized("Incorrect brim API key provided.")
     request[BRIM_KEY_HEADER] = header
+    request[BRIM_KEY_OWNER] = owners.of_brim_key(value)
     if server.rate_limited:
         request[QUOTA_HOLDER] = holder("key", value)
 
@@ -209,6 +212,7 @@ def front_door(serving: Serving) -> FrontDoor:
     when keys are configured (`check_brim_key`), decided here, once. A URL no route serves
     comes through it too (`unmatched`, the last route)."""
     server, gate, keyed = serving.config.server, serving.admission, serving.keyed
+    owners = serving.owners
 
     def door(handler: Handler) -> Handler:
         async def front(request: web.Request) -> web.StreamResponse:
@@ -221,7 +225,7 @@ def front_door(serving: Serving) -> FrontDoor:
                 try:
                     check_header_limits(request, server)
                     if keyed:
-                        check_brim_key(request, server)
+                        check_brim_key(request, server, owners)
                     return await handler(request)
                 finally:
                     if admitted:
@@ -358,8 +362,10 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
         shared=build_shared(config, link, limits, status),
         audit=audit,
         archive=archive,
-        summarizer=build_summarizer(config, upstreams, counter, limits, link),
-        store=build_store(config, link),
+        summarizer=build_summarizer(
+            config, upstreams, counter, limits, link, providers.telemetry.shared_rejected
+        ),
+        store=build_store(config, link, providers.telemetry.shared_rejected),
         rates=rates,
     )
 
@@ -402,14 +408,20 @@ def build_summarizer(
     counter: TokenCounter,
     limits: LimitsRegistry,
     link: RedisLink | None = None,
+    rejected: Tally | None = None,
 ) -> Summarizer | None:
+    """The summarizer, with its cache: in process, and shared through `link` when there is one
+    (records it does not use counted in `rejected`)."""
     settings = config.summarize
     if not settings.enabled:
         return None
     cache: SummaryCache | None = None
     if settings.cache:
         local = MemoryCache(settings.cache_ttl_hours)
-        cache = local if link is None else RedisCache(link, settings.cache_ttl_hours, local)
+        cache = local
+        if link is not None:
+            counted = rejected_records(rejected, "summary")
+            cache = RedisCache(link, settings.cache_ttl_hours, local, on_rejected=counted)
     return Summarizer(
         upstream_caller(upstreams),
         settings.chain(),
@@ -424,17 +436,27 @@ def build_summarizer(
     )
 
 
-def build_store(config: BrimConfig, link: RedisLink | None = None) -> ContentStore | None:
+def build_store(
+    config: BrimConfig, link: RedisLink | None = None, rejected: Tally | None = None
+) -> ContentStore | None:
     """The restore store, one per app: in process, and shared through `link` (the app's Redis,
-    `[cache] url`) when there is one."""
+    `[cache] url`) when there is one (records it does not serve counted in `rejected`)."""
     settings = config.restore
     if not settings.enabled:
         return None
     ttl_s = settings.ttl_hours * 3600
     local = MemoryStore(int(settings.store_mb * 1024 * 1024), ttl_s)
     if link is not None:
-        return RedisStore(link, ttl_s, local)
+        return RedisStore(link, ttl_s, local, on_rejected=rejected_records(rejected, "restore"))
     return local
+
+
+def rejected_records(tally: Tally | None, record: str) -> Callable[[str], None]:
+    """Counts a shared record of kind `record` that was read and not used, by reason
+    (`brim_shared_records_rejected_total{record, reason}`)."""
+    if tally is None:
+        return lambda reason: None
+    return lambda reason: tally.add(1, {"record": record, "reason": reason})
 
 
 def _warm(counter: TokenCounter) -> None:

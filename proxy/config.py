@@ -133,6 +133,8 @@ class ServerConfig(FrozenModel):
     max_json_depth: int = Field(SAFE_DEPTH, ge=8, le=200)  # orjson writes at most 254 levels
     api_keys_env: str | None = None
     admin_keys_env: str | None = None  # keys for /admin/*; unset: the admin endpoints are off
+    # The secret owners are hashed with (`proxy.owners`); unset: a random one per brim run.
+    owner_secret_env: str | None = None
     allow_unauthenticated: bool = False  # serve beyond loopback without api_keys (say so here)
     shutdown_timeout_s: float = Field(10, ge=0)
     # Hostile and heavy clients (README "Saturation and rate limits"):
@@ -153,11 +155,13 @@ class ServerConfig(FrozenModel):
     worker_socket: Literal["auto", "reuse_port", "shared"] = "auto"
     api_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)
     admin_keys: tuple[SecretStr, ...] = Field(default=(), exclude=True)
+    owner_secret: SecretStr | None = Field(default=None, exclude=True)
 
     @model_validator(mode="before")
     @classmethod
     def _read_api_keys(cls, data: Any) -> Any:
         data = secret_from_env(data, "api_keys_env", "api_keys", _key_list)
+        data = secret_from_env(data, "owner_secret_env", "owner_secret", SecretStr)
         return secret_from_env(data, "admin_keys_env", "admin_keys", _key_list)
 
     @model_validator(mode="after")
@@ -419,6 +423,8 @@ def describe_config(config: BrimConfig) -> dict[str, Any]:
     data = config.model_dump(mode="json")
     data["server"]["api_keys"] = [mask_secret(key) for key in config.server.api_keys]
     data["server"]["admin_keys"] = [mask_secret(key) for key in config.server.admin_keys]
+    # No part of it shown: it keys the owners' hashes.
+    data["server"]["owner_secret"] = "(set)" if config.server.owner_secret else "(one per run)"
     for name, upstream in config.upstreams.items():
         data["upstreams"][name]["api_key"] = (
             mask_secret(upstream.api_key)

@@ -14,6 +14,7 @@ from middleware.pipeline import Services
 from proxy.admission import Admission
 from proxy.config import BrimConfig
 from proxy.multiproc import WorkerMetrics
+from proxy.owners import Owners
 from proxy.telemetry import Providers
 
 
@@ -33,6 +34,7 @@ class Serving:
         "keyed",
         "max_body_bytes",
         "max_json_depth",
+        "owners",
         "pipeline",
         "upstreams",
         "warn_at",
@@ -49,6 +51,7 @@ class Serving:
         self.max_body_bytes = server.max_body_bytes
         self.max_json_depth = server.max_json_depth
         self.keyed = bool(server.api_keys)
+        self.owners = Owners.for_server(server)
         self.warn_at = config.guard.warn_at
 
 
@@ -67,3 +70,5 @@ WORKER_METRICS = web.AppKey("worker_metrics", WorkerMetrics)
 # Per request: brim's request id, and which header (if any) carried the client's brim key.
 REQUEST_ID = web.RequestKey("request_id", str)
 BRIM_KEY_HEADER = web.RequestKey("brim_key_header", str)
+# Set where the brim key was checked: the owner of what brim keeps from the request.
+BRIM_KEY_OWNER = web.RequestKey("brim_key_owner", str)

@@ -12,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from adapters.exchange import ANONYMOUS
 from bench import fidelity, sessions
 from middleware.restore import RESTORE_TOOL
 from middleware.store import MemoryStore
@@ -281,9 +282,10 @@ def cleared(body: dict[str, Any], fact: str) -> tuple[dict[str, Any], list[tuple
 
 
 def store_of(items: list[tuple[str, str]]) -> MemoryStore:
+    """A store holding `items` for the bench's requests (theirs: `ANONYMOUS`)."""
     store = MemoryStore(2**20, 3600)
     for key, text in items:
-        assert store.put(key, text)
+        assert store.put(ANONYMOUS, key, text)
     return store
 
 
@@ -321,7 +323,7 @@ def test_a_cleared_fact_whose_key_the_request_names_is_recoverable_only_if_store
     evicted = MemoryStore(max(sizes), 3600)
     assert sum(sizes) > max(sizes)
     for key, text in originals + more:
-        assert evicted.put(key, text)
+        assert evicted.put(ANONYMOUS, key, text)
     gone = judge_with(session, offered, evicted)
     assert gone.keys_stored == 1
     assert gone.facts_older_recoverable == len(facts.older) - 1

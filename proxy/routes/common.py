@@ -17,7 +17,7 @@ from middleware.headers import brim_headers
 from policies.nesting import nests_deeper_than
 from policies.wires.base import BodyError, RequestFacts
 from proxy.admission import quota_for, read_body
-from proxy.keys import BRIM_KEY_HEADER, REQUEST_ID, Serving
+from proxy.keys import BRIM_KEY_HEADER, BRIM_KEY_OWNER, REQUEST_ID, Serving
 from proxy.relay import relay
 
 
@@ -101,6 +101,7 @@ def make_exchange(
         upstream=upstream,
         request_id=request[REQUEST_ID],
         user_agent=request.headers.get("User-Agent", ""),
+        owner=request.get(BRIM_KEY_OWNER) or serving.owners.of_credentials(request),
         quota=quota_for(request, serving.config.server, serving.admission),
     )
 

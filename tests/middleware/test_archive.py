@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from adapters.exchange import ANONYMOUS
 from middleware.archive import ContentArchive
 from policies.clear import placeholder
 from policies.conversation import archive_key
@@ -97,8 +98,8 @@ def test_the_key_a_placeholder_shows_fetches_the_original_over_http(
 def test_an_ambiguous_prefix_is_refused_over_http(archived: str, tmp_path: Path) -> None:
     first, second = two_originals_sharing_8_digits()
     store = ContentArchive(tmp_path / "archive", ttl_hours=1)
-    store.put(archive_key(first), first)
-    store.put(archive_key(second), second)
+    store.put("cred-one", archive_key(first), first)  # two clients': the operator reads both
+    store.put("cred-two", archive_key(second), second)
     admin = {"x-brim-admin-key": ADMIN}
     ambiguous = httpx.get(f"{archived}/admin/archive/{archive_key(first)[:8]}", headers=admin)
     assert ambiguous.status_code == 400
@@ -112,7 +113,7 @@ def test_brim_archive_get_takes_the_key_a_placeholder_shows(tmp_path: Path) -> N
     first, second = two_originals_sharing_8_digits()
     store = ContentArchive(tmp_path / "arch", ttl_hours=1)
     for text in (first, second, "the original"):
-        store.put(archive_key(text), text)
+        store.put(ANONYMOUS, archive_key(text), text)
     (tmp_path / "proxy.toml").write_text(
         f'[archive]\nenabled = true\ndir = "{tmp_path / "arch"}"\n'
     )

@@ -15,7 +15,7 @@ import orjson
 import pytest
 
 from adapters.base import UpstreamResponse
-from adapters.exchange import Exchange
+from adapters.exchange import ANONYMOUS, Exchange
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
 from middleware.store import MemoryStore
@@ -164,7 +164,7 @@ def test_the_notice_names_a_key_the_store_answers_with_every_message_it_removed(
     (notice,) = [text for text in contents(wire, sent) if text.startswith(NOTICE_PREFIX)]
     shown = NOTICE_KEY.search(notice)
     assert shown is not None, notice
-    original = asyncio.run(store.get(shown[1]))
+    original = asyncio.run(store.get(ANONYMOUS, shown[1]))
     assert original is not None
     # What a model gets back: the removed messages, as the client sent them, in order.
     assert orjson.loads(original) == [m for m in messages if m not in sent]
@@ -180,7 +180,7 @@ def test_the_marker_names_a_key_the_store_answers_with_the_whole_text(api: str) 
     sent, outcome = asyncio.run(send(stage, wire, messages))
     assert outcome.tokens_out <= outcome.limit
     (shown,) = MARKER_KEY.findall(result(wire, sent))
-    assert asyncio.run(store.get(shown)) == log
+    assert asyncio.run(store.get(ANONYMOUS, shown)) == log
 
 
 def test_each_summary_names_a_key_the_store_answers_with_the_batch_it_condenses(
@@ -198,7 +198,7 @@ def test_each_summary_names_a_key_the_store_answers_with_the_batch_it_condenses(
         shown = SUMMARY_KEY.match(summary)
         assert shown is not None, summary[:200]
         assert len(KEY.findall(summary.split("\n", 1)[0])) == 1
-        original = asyncio.run(store.get(shown[1]))
+        original = asyncio.run(store.get(ANONYMOUS, shown[1]))
         assert original is not None
         batch = orjson.loads(original)
         at = messages.index(batch[0])  # a run of the client's own messages
@@ -242,4 +242,4 @@ def test_a_tool_results_summary_names_the_key_of_the_whole_result(api: str) -> N
     assert outcome.tokens_out <= outcome.limit
     shown = RESULT_KEY.match(result(wire, sent))
     assert shown is not None, result(wire, sent)[:200]
-    assert asyncio.run(store.get(shown[1])) == log
+    assert asyncio.run(store.get(ANONYMOUS, shown[1])) == log

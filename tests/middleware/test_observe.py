@@ -30,6 +30,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
+from adapters.exchange import ANONYMOUS
 from middleware.telemetry import MODEL_LABELS, OTHER_MODELS, ModelLabels, StatusBoard
 from tests import builders
 from tests.builders import tool_session
@@ -160,7 +161,10 @@ def test_a_compressed_request_records_what_each_policy_did(
     key = audit["archive_keys"][0]
     folder = tmp_path / "archive"
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700
-    assert stat.S_IMODE((folder / key[:2] / key).stat().st_mode) == 0o600
+    owned = folder / ANONYMOUS  # a request without credentials: the anonymous owner's
+    assert stat.S_IMODE(owned.stat().st_mode) == 0o700
+    assert stat.S_IMODE((owned / key[:2]).stat().st_mode) == 0o700
+    assert stat.S_IMODE((owned / key[:2] / key).stat().st_mode) == 0o600
     original = httpx.get(f"{traced}/admin/archive/{key}", headers={"x-brim-admin-key": ADMIN})
     assert original.status_code == 200 and original.text in OUTPUTS
     assert httpx.get(f"{traced}/admin/archive/{key}").status_code == 401
@@ -272,12 +276,12 @@ def test_the_archive_expires_and_skips_corrupt_files(
     archive = ContentArchive(tmp_path / "a", ttl_hours=1)
     old, fresh, bad = "old content", "fresh content", "will be corrupted"
     for text in (old, fresh, bad):
-        archive.put(archive_key(text), text)
-    path = tmp_path / "a" / archive_key(old)[:2] / archive_key(old)
+        archive.put(ANONYMOUS, archive_key(text), text)
+    path = tmp_path / "a" / ANONYMOUS / archive_key(old)[:2] / archive_key(old)
     os.utime(path, (time.time() - 7200, time.time() - 7200))
     assert archive.cleanup() == 1
     assert archive.get(archive_key(old)) is None and archive.get(archive_key(fresh)) == fresh
-    corrupt = tmp_path / "a" / archive_key(bad)[:2] / archive_key(bad)
+    corrupt = tmp_path / "a" / ANONYMOUS / archive_key(bad)[:2] / archive_key(bad)
     corrupt.write_text("tampered")
     with caplog.at_level(logging.WARNING, logger="brim.archive"):
         assert archive.get(archive_key(bad)) is None
@@ -288,7 +292,8 @@ def test_brim_archive_get_prints_the_original(tmp_path: Path) -> None:
     from middleware.archive import ContentArchive
     from policies.conversation import archive_key
 
-    ContentArchive(tmp_path / "arch", ttl_hours=1).put(archive_key("the original"), "the original")
+    archive = ContentArchive(tmp_path / "arch", ttl_hours=1)
+    archive.put(ANONYMOUS, archive_key("the original"), "the original")
     (tmp_path / "proxy.toml").write_text(
         f'[archive]\nenabled = true\ndir = "{tmp_path / "arch"}"\n'
     )

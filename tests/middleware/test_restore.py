@@ -22,7 +22,7 @@ import pytest
 
 from adapters.base import UpstreamResponse
 from adapters.errors import UpstreamProtocolError
-from adapters.exchange import Exchange
+from adapters.exchange import ANONYMOUS, Exchange
 from middleware.limits import ResolveLimits
 from middleware.restore import RESTORE_TOOL, RestoreRounds
 from middleware.store import MemoryStore
@@ -102,7 +102,7 @@ async def run(
     """The stage over `turns`; what the client got, and every request the upstream saw (also
     in `seen`, when given, if the stage raises)."""
     store = MemoryStore(1 << 20, 3600)
-    await store.put_many([(KEY, ORIGINAL)])
+    await store.put_many(ANONYMOUS, [(KEY, ORIGINAL)])  # the exchange's owner
     model = "m-restore"
     limits = ResolveLimits(
         LimitsRegistry({model: ModelFacts(context_window=200_000, max_output=4_000)}),

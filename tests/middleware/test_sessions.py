@@ -19,6 +19,7 @@ from tests.builders import tool_session
 from tests.policies.test_carry import DIALECT, METER, POLICIES
 
 API, TOKENIZER = "openai.chat", "o200k_base"
+OWNER = "cred-" + "0" * 32
 
 
 def fresh(text: str | None) -> str | None:
@@ -86,7 +87,7 @@ def test_what_the_memory_holds_stays_within_its_bound(outputs: list[str], limit:
         for n in range(turns):
             carried = carried_from(anew(outcome, client), client)
             assert carried is not None
-            memory.remember(API, TOKENIZER, n.to_bytes(16, "little"), carried)
+            memory.remember(OWNER, API, TOKENIZER, n.to_bytes(16, "little"), carried)
         del carried
         gc.collect()
         held = tracemalloc.get_traced_memory()[0] - before
@@ -107,16 +108,16 @@ def test_least_recently_used_entries_go_first() -> None:
     memory = SessionMemory(3_000)
     sessions = [prefix_digests([{"role": "user", "content": f"task {n}"}]) for n in range(4)]
     for n in range(3):
-        memory.remember(API, TOKENIZER, sessions[n][-1], carried(1, 1_000))
-    assert memory.latest(API, TOKENIZER, sessions[0]) is not None  # the same request again
-    memory.remember(API, TOKENIZER, sessions[3][-1], carried(1, 1_000))
-    assert memory.latest(API, TOKENIZER, sessions[1]) is None  # the least recently used
-    assert all(memory.latest(API, TOKENIZER, sessions[n]) for n in (0, 2, 3))
+        memory.remember(OWNER, API, TOKENIZER, sessions[n][-1], carried(1, 1_000))
+    assert memory.latest(OWNER, API, TOKENIZER, sessions[0]) is not None  # the same request again
+    memory.remember(OWNER, API, TOKENIZER, sessions[3][-1], carried(1, 1_000))
+    assert memory.latest(OWNER, API, TOKENIZER, sessions[1]) is None  # the least recently used
+    assert all(memory.latest(OWNER, API, TOKENIZER, sessions[n]) for n in (0, 2, 3))
     assert len(memory) == 3 and memory.weight == 3_000
     # The same key again replaces its entry; one heavier than the whole bound is not kept.
-    memory.remember(API, TOKENIZER, sessions[3][-1], carried(1, 500))
+    memory.remember(OWNER, API, TOKENIZER, sessions[3][-1], carried(1, 500))
     assert len(memory) == 3 and memory.weight == 2_500
-    memory.remember(API, TOKENIZER, b"too big", carried(1, 3_001))
+    memory.remember(OWNER, API, TOKENIZER, b"too big", carried(1, 3_001))
     assert len(memory) == 3 and memory.weight == 2_500
 
 
@@ -129,15 +130,15 @@ def test_an_entry_a_session_has_grown_past_goes_before_any_other() -> None:
     first = [{"role": "user", "content": "task"}, {"role": "assistant", "content": "done"}]
     turn1 = prefix_digests(first)
     other = prefix_digests([{"role": "user", "content": "another task"}])
-    memory.remember(API, TOKENIZER, turn1[-1], carried(2, 1_000))
-    memory.remember(API, TOKENIZER, other[-1], carried(1, 1_000))
+    memory.remember(OWNER, API, TOKENIZER, turn1[-1], carried(2, 1_000))
+    memory.remember(OWNER, API, TOKENIZER, other[-1], carried(1, 1_000))
     turn2 = prefix_digests([*first, {"role": "user", "content": "and now?"}])
-    base = memory.latest(API, TOKENIZER, turn2)
+    base = memory.latest(OWNER, API, TOKENIZER, turn2)
     assert base is not None and base.covers == 2
-    memory.remember(API, TOKENIZER, turn2[-1], carried(3, 1_000))
+    memory.remember(OWNER, API, TOKENIZER, turn2[-1], carried(3, 1_000))
     edited = prefix_digests([*first, {"role": "user", "content": "and then?"}])
-    assert memory.latest(API, TOKENIZER, edited) is base  # still there while there is room
-    memory.remember(API, TOKENIZER, b"a third session", carried(1, 1_000))
-    assert memory.latest(API, TOKENIZER, edited) is None
-    assert memory.latest(API, TOKENIZER, other) is not None
-    assert memory.latest(API, TOKENIZER, turn2) is not None
+    assert memory.latest(OWNER, API, TOKENIZER, edited) is base  # still there while there is room
+    memory.remember(OWNER, API, TOKENIZER, b"a third session", carried(1, 1_000))
+    assert memory.latest(OWNER, API, TOKENIZER, edited) is None
+    assert memory.latest(OWNER, API, TOKENIZER, other) is not None
+    assert memory.latest(OWNER, API, TOKENIZER, turn2) is not None

@@ -28,6 +28,7 @@ from tests.fakes import FakeProvider
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
+OWNER, OTHER = "cred-" + "1" * 32, "cred-" + "2" * 32  # two clients' requests
 LONG = "\n".join(
     f"step {n}: the build ran the integration suite and wrote its report" for n in range(300)
 )
@@ -72,7 +73,7 @@ def test_the_level_steps_down_when_a_summary_is_still_too_long() -> None:
     model = FakeModel(verbose=True)
     size = METER.text_tokens(LONG)
     target = int(size * 0.6)  # condensed (~50 %) should fit, so that is where it starts
-    summary = asyncio.run(summarizer(model).summarize(LONG, target, "task"))
+    summary = asyncio.run(summarizer(model).summarize(LONG, target, "task", owner=OWNER))
     assert summary is not None
     assert summary.level == "key_points" and summary.tokens_after <= target
     assert len(model.calls) == 2  # condensed came back too long; key_points did not
@@ -91,20 +92,22 @@ def test_past_the_last_level_the_summary_is_cut() -> None:
             return messages[1]["content"]
 
     model = Stubborn()
-    summary = asyncio.run(summarizer(model).summarize(LONG, 500, "task"))
+    summary = asyncio.run(summarizer(model).summarize(LONG, 500, "task", owner=OWNER))
     assert summary is not None and summary.truncated and summary.tokens_after <= 500
     assert "cut from the middle by brim" in summary.text
     with pytest.raises(ValueError):
         asyncio.run(
             summarizer(Stubborn(), truncate_fallback=False)._with(
-                Job("cheap", "t", "headline", {}), LONG, 4000, 500
+                Job("cheap", "t", "headline", {}, OWNER), LONG, 4000, 500
             )
         )
 
 
 def test_inputs_larger_than_the_summarizers_window_are_map_reduced() -> None:
     model = FakeModel()
-    summary = asyncio.run(summarizer(model, window=1_000).summarize(LONG, 1_200, "task"))
+    summary = asyncio.run(
+        summarizer(model, window=1_000).summarize(LONG, 1_200, "task", owner=OWNER)
+    )
     assert summary is not None
     assert len(model.calls) >= 5  # several chunks, then the summary of their summaries
     assert summary.tokens_after <= 1_200
@@ -113,7 +116,9 @@ def test_inputs_larger_than_the_summarizers_window_are_map_reduced() -> None:
 def test_a_failing_provider_is_retried_then_the_next_one_serves() -> None:
     model = FakeModel(failing=("primary",))
     summary = asyncio.run(
-        summarizer(model, ("primary", "backup"), max_retries=2).summarize(LONG, 2_000, "task")
+        summarizer(model, ("primary", "backup"), max_retries=2).summarize(
+            LONG, 2_000, "task", owner=OWNER
+        )
     )
     assert summary is not None and summary.provider == "backup"
     assert [p for p, _ in model.calls] == ["primary", "primary", "primary", "backup"]
@@ -122,7 +127,9 @@ def test_a_failing_provider_is_retried_then_the_next_one_serves() -> None:
 def test_when_every_provider_fails_there_is_no_summary() -> None:
     model = FakeModel(failing=("a", "b"))
     assert (
-        asyncio.run(summarizer(model, ("a", "b"), max_retries=1).summarize(LONG, 2_000, "task"))
+        asyncio.run(
+            summarizer(model, ("a", "b"), max_retries=1).summarize(LONG, 2_000, "task", owner=OWNER)
+        )
         is None
     )
 
@@ -130,7 +137,7 @@ def test_when_every_provider_fails_there_is_no_summary() -> None:
 def test_a_text_already_within_its_target_is_its_own_summary() -> None:
     model = FakeModel()
     short = "step 1: the build ran the suite"
-    summary = asyncio.run(summarizer(model).summarize(short, 500, "task"))
+    summary = asyncio.run(summarizer(model).summarize(short, 500, "task", owner=OWNER))
     assert summary is not None and summary.text == short and summary.level == "verbatim"
     assert model.calls == []  # nothing to summarize: no model call, and not a failure
 
@@ -148,11 +155,11 @@ def test_a_cached_summary_longer_than_the_target_is_made_again() -> None:
             return " ".join(messages[1]["content"].split()[:max_tokens])
 
     model, cache = Wordy(), MemoryCache(ttl_hours=1)
-    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_200, "task"))
+    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_200, "task", owner=OWNER))
     assert first is not None and first.level == "headline" and first.tokens_after > 1_200
     calls = len(model.calls)
     # The same level is asked for (the key), with less room: the cached text no longer fits.
-    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 1_200, "task"))
+    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 1_200, "task", owner=OWNER))
     assert again is not None and not again.cache_hit and again.tokens_after <= 1_200
     assert len(model.calls) > calls
 
@@ -162,17 +169,26 @@ def test_the_cache_serves_the_same_bytes_and_misses_on_any_change(
 ) -> None:
     model = FakeModel()
     cache = MemoryCache(ttl_hours=1)
-    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task"))
-    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task"))
+    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task", owner=OWNER))
+    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task", owner=OWNER))
     assert first is not None and again is not None
     assert again.cache_hit and again.text == first.text and len(model.calls) == 1
-    asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "another task"))
+    asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "another task", owner=OWNER))
     assert len(model.calls) == 2
-    asyncio.run(summarizer(model, ("other",), cache=cache).summarize(LONG, 2_000, "task"))
+    asyncio.run(
+        summarizer(model, ("other",), cache=cache).summarize(LONG, 2_000, "task", owner=OWNER)
+    )
     assert len(model.calls) == 3
     monkeypatch.setitem(summarize_module.PROMPTS, "v2", summarize_module.PROMPT_V1 + " ")
-    asyncio.run(summarizer(model, cache=cache, prompt_version="v2").summarize(LONG, 2_000, "task"))
+    asyncio.run(
+        summarizer(model, cache=cache, prompt_version="v2").summarize(
+            LONG, 2_000, "task", owner=OWNER
+        )
+    )
     assert len(model.calls) == 4
+    # Another client's request, the same text: a summary of its own, never this owner's.
+    other = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task", owner=OTHER))
+    assert other is not None and not other.cache_hit and len(model.calls) == 5
 
 
 def test_two_brim_instances_share_summaries_through_redis(redis_url: str) -> None:
@@ -180,14 +196,55 @@ def test_two_brim_instances_share_summaries_through_redis(redis_url: str) -> Non
         model = FakeModel()
         first_link, second_link = RedisLink(redis_url), RedisLink(redis_url)
         first_cache, second_cache = RedisCache(first_link, 1), RedisCache(second_link, 1)
-        first = await summarizer(model, cache=first_cache).summarize(LONG, 2_000, "task")
-        second = await summarizer(model, cache=second_cache).summarize(LONG, 2_000, "task")
+        first = await summarizer(model, cache=first_cache).summarize(
+            LONG, 2_000, "task", owner=OWNER
+        )
+        second = await summarizer(model, cache=second_cache).summarize(
+            LONG, 2_000, "task", owner=OWNER
+        )
         await first_link.aclose()
         await second_link.aclose()
         return first, second, len(model.calls)
 
     first, second, calls = asyncio.run(run())
     assert calls == 1 and second.cache_hit and second.text == first.text
+
+
+def test_a_summary_in_redis_is_its_owners_and_a_malformed_one_is_never_used(
+    redis_url: str,
+) -> None:
+    import redis.asyncio as redis
+
+    rejected: list[str] = []
+
+    async def run() -> tuple[Any, Any, int, list[bytes]]:
+        model = FakeModel()
+        first_link, second_link = RedisLink(redis_url), RedisLink(redis_url)
+        first = RedisCache(first_link, 1)
+        second = RedisCache(second_link, 1, on_rejected=rejected.append)
+        await summarizer(model, cache=first).summarize(LONG, 2_000, "task", owner=OWNER)
+        await first_link.settle()  # written off the request path
+        others = await summarizer(model, cache=second).summarize(LONG, 2_000, "task", owner=OTHER)
+        await second_link.settle()
+        client: Any = redis.from_url(redis_url)
+        names = sorted(await client.keys("brim:summary:*"))
+        for name in names:
+            await client.set(name, b"\xff\xfe not a summary")
+        fresh = RedisCache(second_link, 1, on_rejected=rejected.append)  # nothing of its own
+        again = await summarizer(model, cache=fresh).summarize(LONG, 2_000, "task", owner=OWNER)
+        await client.aclose()
+        await first_link.aclose()
+        await second_link.aclose()
+        return others, again, len(model.calls), names
+
+    others, again, calls, names = asyncio.run(run())
+    assert not others.cache_hit  # another owner's request: a summary of its own
+    assert [name.split(b"|")[0] for name in names] == [
+        f"brim:summary:{OWNER}".encode(),
+        f"brim:summary:{OTHER}".encode(),
+    ]
+    assert not again.cache_hit and calls == 3  # the malformed record was not used ...
+    assert rejected == ["malformed"]  # ... and was counted
 
 
 def test_a_fact_from_an_evicted_turn_survives_in_the_summary(
@@ -239,9 +296,10 @@ def test_a_fact_from_an_evicted_turn_survives_in_the_summary(
     )
     assert "summarizer-down" in provider.summarizer_calls  # the failing primary was tried first
     calls_before = len([c for c in provider.summarizer_calls if c == "summarizer-good"])
-    httpx.post(
+    httpx.post(  # the same client (its key: summaries are each client's own)
         f"{base}/v1/chat/completions",
         json={"model": "strict-8k", "messages": messages, "max_tokens": 256},
+        headers={"Authorization": "Bearer k"},
     )
     assert orjson.loads(provider.requests[-1].body)["messages"] == sent  # same bytes again…
     assert (
@@ -332,7 +390,9 @@ def test_concurrent_summaries_each_carry_their_own_requests_key() -> None:
     async def run() -> list[Any]:
         return await asyncio.gather(
             *(
-                shared.summarize(text, 200, "task", {"Authorization": f"Bearer key-{owner}"})
+                shared.summarize(
+                    text, 200, "task", {"Authorization": f"Bearer key-{owner}"}, owner=OWNER
+                )
                 for owner, text in texts.items()
             )
         )
