@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 
 from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
+from adapters.credentials import Caller, caller_of
 from adapters.errors import ContextTooLarge, NothingLeftToSend
 from adapters.exchange import Exchange
-from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.restore import restorable, restore_offer
@@ -274,26 +274,24 @@ class Guard:
         wire = exchange.wire
         return self.repair_pairs and bool(wire.dialect.violations(wire.conversation(exchange.body)))
 
-    def _summary_inputs(self, exchange: Exchange) -> tuple[Wire, CounterMeter, str, dict[str, str]]:
-        """The wire, a meter, the conversation's task, and the client's credentials (for
-        summarizers behind pass-through upstreams): this request's own, passed along."""
+    def _summary_inputs(self, exchange: Exchange) -> tuple[Wire, CounterMeter, str, Caller]:
+        """The wire, a meter, the conversation's task, and the client (its API, the upstream it
+        addressed, its credentials: for a summarizer on that upstream, if it has no key of its
+        own): this request's own, passed along."""
         assert exchange.body is not None and exchange.context is not None
         wire = exchange.wire
         meter = CounterMeter(
             self.counter, exchange.context.limits.limits.tokenizer, exchange.model, wire
         )
-        credentials = {k: v for k, v in exchange.headers.items() if k.lower() in CREDENTIAL_HEADERS}
         task = _task_of(wire, wire.conversation(exchange.body))
-        return wire, meter, task, credentials
+        return wire, meter, task, caller_of(exchange)
 
-    async def _summary(
-        self, text: str, target: int, task: str, credentials: dict[str, str]
-    ) -> Summary | None:
+    async def _summary(self, text: str, target: int, task: str, caller: Caller) -> Summary | None:
         """A summary within the deadline, or None (the caller keeps what it had)."""
         assert self.summarizer is not None
         try:
             return await asyncio.wait_for(
-                self.summarizer.summarize(text, target, task, credentials), self.summary_deadline_s
+                self.summarizer.summarize(text, target, task, caller), self.summary_deadline_s
             )
         except TimeoutError:
             log.warning("summarizer slower than %ss: going on without it", self.summary_deadline_s)
@@ -314,7 +312,7 @@ class Guard:
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
         if at is None or not evicted:
             return outcome
-        wire, meter, task, credentials = self._summary_inputs(exchange)
+        wire, meter, task, caller = self._summary_inputs(exchange)
         rest = outcome.tokens_out - meter.message(outcome.messages[at])
         _, header, lines = wire.dialect.text(outcome.messages[at]).partition("\n" + GISTS_HEADER)
         quoted = header + lines
@@ -343,7 +341,7 @@ class Guard:
         keys = [archive_key(original) for original in originals]
         summaries = await asyncio.gather(
             *(
-                self._summary(content, target, task, credentials)
+                self._summary(content, target, task, caller)
                 for content, target in zip(contents, targets, strict=True)
             )
         )
@@ -387,7 +385,7 @@ class Guard:
 
     async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """A tool result `truncate` had to cut, summarized into the same room instead."""
-        wire, meter, task, credentials = self._summary_inputs(exchange)
+        wire, meter, task, caller = self._summary_inputs(exchange)
         dialect = wire.dialect
         messages = list(outcome.messages)
         counts = list(outcome.sizes)
@@ -408,7 +406,7 @@ class Guard:
                 continue
             at = holders[0]
             before = counts[at]
-            summary = await self._summary(record.original, max(64, before - 64), task, credentials)
+            summary = await self._summary(record.original, max(64, before - 64), task, caller)
             if summary is None:
                 continue
             header = RESULT_HEADER.format(key=key[:16])

@@ -289,9 +289,26 @@ def named_tools(body: Mapping[str, Any]) -> frozenset[str]:
     )
 
 
+def with_model_field(
+    body: Mapping[str, Any], endpoint: str, model: str
+) -> tuple[dict[str, Any], str]:
+    """`Wire.with_model` of an API that names the model in the body's `model` field."""
+    return {**body, "model": model}, endpoint
+
+
 def with_tool_last(body: Mapping[str, Any], tool: dict[str, Any]) -> dict[str, Any]:
     """`body` with `tool` at the end of its `tools` (where it stays turn after turn)."""
     return {**body, "tools": [*listed(body.get("tools")), tool]}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """A request brim makes of a model itself (a summary): the endpoint (the path after the
+    upstream's base URL, as `Exchange.endpoint`), the body, and headers the API requires."""
+
+    endpoint: str
+    body: dict[str, Any]
+    headers: Mapping[str, str]
 
 
 # A message in the OpenTelemetry GenAI input-messages shape:
@@ -409,6 +426,26 @@ class Wire(Protocol):
     def splice(self, earlier: Usage | None) -> Splice:
         """A fresh `Splice` for one streamed reply to the client; `earlier` is the usage of
         hidden rounds answered before any of it was sent (added to every usage figure)."""
+        ...
+
+    # Another model: a request sent to a fallback, and calls brim makes itself ----------------
+
+    def with_model(
+        self, body: Mapping[str, Any], endpoint: str, model: str
+    ) -> tuple[dict[str, Any], str]:
+        """The request's body and endpoint addressed to `model` instead (the model is in the
+        body, or in the endpoint's path: then the body is returned as the very same object);
+        everything else as it was."""
+        ...
+
+    def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
+        """One unstreamed turn of `model`, without tools: `system` as its instructions, `text`
+        as the user's message, at most `max_tokens` tokens of reply."""
+        ...
+
+    def reply_text(self, reply: Mapping[str, Any]) -> str:
+        """The answer's text in an unstreamed reply (not its thinking or reasoning); empty if
+        it has none."""
         ...
 
 

@@ -43,6 +43,7 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    ModelCall,
     RequestFacts,
     Splice,
     ToolCall,
@@ -66,6 +67,7 @@ from policies.wires.base import (
     text_part,
     under,
     whole_number,
+    with_model_field,
     with_part_text,
     with_tool_last,
 )
@@ -769,6 +771,19 @@ class ChatWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return ChatSplice(earlier)
+
+    def with_model(
+        self, body: Mapping[str, Any], endpoint: str, model: str
+    ) -> tuple[dict[str, Any], str]:
+        return with_model_field(body, endpoint, model)
+
+    def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+        return ModelCall("/chat/completions", body, {})
+
+    def reply_text(self, reply: Mapping[str, Any]) -> str:
+        return text_of(_reply_message(reply).get("content"))
 
 
 def _content_tokens(content: Any, enc: tiktoken.Encoding, model: str) -> int:

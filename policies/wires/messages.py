@@ -27,6 +27,7 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    ModelCall,
     RequestFacts,
     Splice,
     ToolCall,
@@ -46,6 +47,7 @@ from policies.wires.base import (
     text_part,
     under,
     whole_number,
+    with_model_field,
     with_tool_last,
 )
 
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from policies.tokens import TokenCounter
 
 EARLIER_REMOVED = "[earlier messages were removed]"  # a user turn repair adds where one must be
+ANTHROPIC_VERSION = "2023-06-01"  # the `anthropic-version` of the requests brim makes itself
 
 
 def _blocks(content: Any) -> list[Any]:
@@ -910,6 +913,24 @@ class MessagesWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return MessagesSplice(earlier)
+
+    def with_model(
+        self, body: Mapping[str, Any], endpoint: str, model: str
+    ) -> tuple[dict[str, Any], str]:
+        return with_model_field(body, endpoint, model)
+
+    def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
+        body = {
+            "model": model,
+            "system": system,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        return ModelCall("/v1/messages", body, {"anthropic-version": ANTHROPIC_VERSION})
+
+    def reply_text(self, reply: Mapping[str, Any]) -> str:
+        return text_of(reply.get("content"))  # text blocks; thinking blocks have no `text`
 
 
 def _write_event_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:

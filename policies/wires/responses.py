@@ -26,6 +26,7 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    ModelCall,
     RequestFacts,
     Splice,
     ToolCall,
@@ -43,6 +44,7 @@ from policies.wires.base import (
     text_of,
     text_part,
     under,
+    with_model_field,
     with_part_text,
     with_tool_last,
 )
@@ -67,6 +69,7 @@ OUTPUT_OF = {
     "local_shell_call": "local_shell_call_output",
 }
 OUTPUT_TYPES = set(OUTPUT_OF.values())
+MIN_OUTPUT_TOKENS = 16  # the least `max_output_tokens` the Responses API takes
 
 
 def _kind(item: Any) -> str:
@@ -687,6 +690,33 @@ class ResponsesWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return ResponsesSplice(earlier)
+
+    def with_model(
+        self, body: Mapping[str, Any], endpoint: str, model: str
+    ) -> tuple[dict[str, Any], str]:
+        return with_model_field(body, endpoint, model)
+
+    def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
+        # No `temperature`: the reasoning models refuse it. Not stored: nothing goes on from it.
+        body = {
+            "model": model,
+            "instructions": system,
+            "input": [{"type": "message", "role": "user", "content": text}],
+            "max_output_tokens": max(MIN_OUTPUT_TOKENS, max_tokens),
+            "store": False,
+        }
+        return ModelCall("/responses", body, {})
+
+    def reply_text(self, reply: Mapping[str, Any]) -> str:
+        return "".join(
+            str(part["text"])
+            for item in listed(reply.get("output"))
+            if _kind(item) == "message"
+            for part in listed(item.get("content"))
+            if isinstance(part, Mapping)
+            and part.get("type") == "output_text"
+            and isinstance(part.get("text"), str)
+        )
 
 
 def _write_event_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:

@@ -101,6 +101,7 @@ def make_exchange(
         upstream=upstream,
         request_id=request[REQUEST_ID],
         user_agent=request.headers.get("User-Agent", ""),
+        addressed=upstream,  # the one upstream the client's own credentials may go to
         quota=quota_for(request, serving.config.server, serving.admission),
     )
 

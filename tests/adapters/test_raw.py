@@ -52,6 +52,7 @@ def exchange(headers: dict[str, str] | None = None, query: str = "") -> Exchange
         stream=False,
         upstream="p",
         request_id="r1",
+        addressed="p",
     )
 
 

@@ -14,6 +14,7 @@ import openai
 import orjson
 import pytest
 
+from adapters.credentials import Caller
 from middleware import summarize as summarize_module
 from middleware.shared import RedisLink
 from middleware.summarize import Job, MemoryCache, RedisCache, Summarizer
@@ -47,7 +48,7 @@ class FakeModel:
         provider: str,
         messages: list[dict[str, str]],
         max_tokens: int,
-        headers: Mapping[str, str],
+        caller: Caller,
     ) -> str:
         self.calls.append((provider, max_tokens))
         if provider in self.failing:
@@ -293,6 +294,11 @@ def test_a_tool_result_too_large_to_keep_is_summarized_instead_of_cut(
     assert provider.strict_rejections == []
 
 
+def client(authorization: str) -> Caller:
+    """A Chat Completions client of upstream "u" with its own key."""
+    return Caller(api="openai.chat", upstream="u", headers={"Authorization": authorization})
+
+
 class SlowCache(MemoryCache):
     """A cache that makes every look-up wait, as a network round trip to Redis does."""
 
@@ -309,13 +315,13 @@ def test_concurrent_summaries_each_carry_their_own_requests_key() -> None:
     attempts: dict[str, int] = {}
 
     async def call(
-        provider: str, messages: list[dict[str, str]], max_tokens: int, headers: Mapping[str, str]
+        provider: str, messages: list[dict[str, str]], max_tokens: int, caller: Caller
     ) -> str:
         text = messages[1]["content"]
         owner = text.split(":", 1)[0].removeprefix("owner ")
         attempts[text] = attempts.get(text, 0) + 1
         await asyncio.sleep(0.005 * (hash(owner) % 5))
-        seen.append((owner, headers["Authorization"]))
+        seen.append((owner, caller.headers["Authorization"]))
         if attempts[text] == 1:
             raise RuntimeError("flaky summarizer: the retry must carry the same key")
         return f"owner {owner}: summary"
@@ -332,7 +338,7 @@ def test_concurrent_summaries_each_carry_their_own_requests_key() -> None:
     async def run() -> list[Any]:
         return await asyncio.gather(
             *(
-                shared.summarize(text, 200, "task", {"Authorization": f"Bearer key-{owner}"})
+                shared.summarize(text, 200, "task", client(f"Bearer key-{owner}"))
                 for owner, text in texts.items()
             )
         )
