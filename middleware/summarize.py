@@ -30,7 +30,6 @@ from cachetools import TTLCache
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from adapters.credentials import Caller, CredentialWithheld, brings_own_key, may_call, withhold
-from adapters.errors import NoRoute
 from adapters.exchange import Exchange
 from adapters.registry import Upstreams
 from middleware.shared import RedisLink, Unavailable
@@ -38,7 +37,6 @@ from policies.limits import LimitsRegistry
 from policies.prune import cut_middle
 from policies.tokens import CounterMeter
 from policies.wires import WIRES
-from policies.wires.base import Wire
 from policies.wires.chat import CHAT
 
 log = logging.getLogger("brim.summarize")
@@ -266,31 +264,18 @@ class Summarizer:
         raise last
 
 
-def summary_route(upstreams: Upstreams, model: str, api: str) -> tuple[str, Wire]:
-    """Where, and in which wire API, a summary by `model` is asked for a client of `api`: as
-    the client's own request for that model would be routed (its API first), else on the first
-    API of the registry (Chat, Messages, Responses, Gemini) that a route serves it on."""
-    apis = [api, *(name for name in WIRES if name != api)] if api in WIRES else list(WIRES)
-    refused: NoRoute | None = None
-    for name in apis:
-        try:
-            return upstreams.route(model, name), WIRES[name]
-        except NoRoute as exc:
-            refused = refused or exc
-    assert refused is not None
-    raise refused
-
-
 def upstream_caller(upstreams: Upstreams) -> CallModel:
     """Summaries made by any model behind one of brim's own upstreams, on whichever wire API
-    it is routed on (`summary_route`). The call carries that upstream's own key; the client's
-    credentials only where it is the upstream the client addressed and has no key of its own;
-    on any other upstream without a key the call is not made (`CredentialWithheld`)."""
+    it is routed on (`Upstreams.route_own_call`: the client's own API where the model's route
+    speaks it). The call carries that upstream's own key; the client's credentials only where
+    it is the upstream the client addressed and has no key of its own; on any other upstream
+    without a key the call is not made (`CredentialWithheld`)."""
 
     async def call(
         provider: str, messages: list[dict[str, str]], max_tokens: int, caller: Caller
     ) -> str:
-        name, wire = summary_route(upstreams, provider, caller.api)
+        name, api = upstreams.route_own_call(provider, caller.api)
+        wire = WIRES[api]
         config = upstreams.configs[name]
         if not may_call(name, config, caller.upstream):
             raise CredentialWithheld(name, caller.upstream)

@@ -15,6 +15,7 @@ import orjson
 import pytest
 
 from adapters.credentials import Caller
+from adapters.headers import CREDENTIAL_HEADERS
 from middleware import summarize as summarize_module
 from middleware.shared import RedisLink
 from middleware.summarize import Job, MemoryCache, RedisCache, Summarizer
@@ -24,8 +25,10 @@ from policies.tokens import CounterMeter, TokenCounter
 from policies.wires.chat import CHAT
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn
-from tests.conftest import BrimFactory
-from tests.fakes import FakeProvider
+from tests.conftest import BrimFactory, every_api
+from tests.fakes import FakeProvider, Seen
+from tests.middleware.test_fallback import CLIENTS
+from tests.test_wire_contract import FACT, session
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
@@ -398,3 +401,80 @@ def test_a_growing_session_reuses_its_earlier_summaries_byte_for_byte(
     assert max(Counter(texts).values()) <= 2  # a batch: its key points, then its headline
     grew = [(b, a) for b, a in pairs if a[0] != b[0]]
     assert len(grew) >= 3 and all(len(a[1]) > 1 for _, a in grew)
+
+
+SUMMARY_PATHS = {
+    "anthropic.messages": "/v1/messages",
+    "openai.responses": "/v1/responses",
+    "gemini.generate": "/v1beta/models/summarizer-good:generateContent",
+}
+
+
+def credentials(seen: Seen) -> dict[str, str]:
+    return {k: v for k, v in seen.headers.items() if k in CREDENTIAL_HEADERS}
+
+
+@pytest.mark.parametrize("api", sorted(SUMMARY_PATHS))
+def test_the_summarizer_asks_on_the_clients_own_wire_api(
+    brim: BrimFactory, provider: FakeProvider, api: str
+) -> None:
+    """A client with only its own key for one provider (Claude Code with an Anthropic key, say)
+    summarizes with a model of that provider: the summary is asked in the client's wire API, of
+    the upstream its request went to, with its own key; the fact survives in the summary."""
+    client = CLIENTS[api]
+    base = brim(
+        **{
+            **every_api(provider),
+            "routes": {
+                "summarizer-*": ["openai", "anthropic", "gemini"],
+                "claude-*": "anthropic",
+                "gem*": "gemini",
+                "*": "openai",
+            },
+        },
+        models={client.small: {"context_window": 6_000, "max_output": 1_000}},
+        guard={"policies": ["evict", "truncate"], "prefer_fallback": False},
+        summarize={"enabled": True, "provider": "summarizer-good", "max_retries": 0},
+    )
+    headers = client.send(base, client.small, session(client.case, 10, fact=True))
+    assert "summarize:" in headers["x-brim-actions"]
+    *asked, forwarded = provider.requests
+    assert asked and len(asked) == len(provider.summarizer_calls)
+    assert all(seen.path == SUMMARY_PATHS[api] for seen in asked)
+    assert credentials(forwarded)  # the client's own key…
+    assert all(credentials(seen) == credentials(forwarded) for seen in asked)  # …on each call
+    sent = client.case.wire.conversation(orjson.loads(provider.requests[-1].body))
+    texts = [client.case.wire.dialect.text(item) for item in sent]
+    assert any(text.startswith("[brim: a summary") and FACT in text for text in texts)
+
+
+def test_the_summarizer_on_another_wire_api_uses_that_upstreams_own_key(
+    brim: BrimFactory, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Chat Completions client; the summarizer is a model on an Anthropic upstream with a key
+    of its own: the summary is asked on Messages, with that key, never the client's."""
+    monkeypatch.setenv("SUMMARY_UPSTREAM_KEY", "sk-ant-summaries")
+    client = CLIENTS["openai.chat"]
+    base = brim(
+        upstreams={
+            "openai": {"api": "openai", "base_url": f"{provider.url}/v1"},
+            "summaries": {
+                "api": "anthropic",
+                "base_url": provider.url,
+                "api_key_env": "SUMMARY_UPSTREAM_KEY",
+            },
+        },
+        routes={"summarizer-*": "summaries", "*": "openai"},
+        models={client.small: {"context_window": 6_000, "max_output": 1_000}},
+        guard={"policies": ["evict", "truncate"]},
+        summarize={"enabled": True, "provider": "summarizer-good", "max_retries": 0},
+    )
+    headers = client.send(base, client.small, session(client.case, 10, fact=True))
+    assert "summarize:" in headers["x-brim-actions"]
+    asked = [seen for seen in provider.requests if seen.path == "/v1/messages"]
+    assert asked and len(asked) == len(provider.summarizer_calls)
+    for seen in asked:
+        assert seen.headers["x-api-key"] == "sk-ant-summaries"
+        assert "sk-client" not in " ".join(seen.headers.values())
+    sent = orjson.loads(provider.requests[-1].body)["messages"]
+    assert any(FACT in str(message["content"]) for message in sent)
