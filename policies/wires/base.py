@@ -289,13 +289,6 @@ def named_tools(body: Mapping[str, Any]) -> frozenset[str]:
     )
 
 
-def with_model_field(
-    body: Mapping[str, Any], endpoint: str, model: str
-) -> tuple[dict[str, Any], str]:
-    """`Wire.with_model` of an API that names the model in the body's `model` field."""
-    return {**body, "model": model}, endpoint
-
-
 def with_tool_last(body: Mapping[str, Any], tool: dict[str, Any]) -> dict[str, Any]:
     """`body` with `tool` at the end of its `tools` (where it stays turn after turn)."""
     return {**body, "tools": [*listed(body.get("tools")), tool]}
@@ -447,6 +440,15 @@ class Wire(Protocol):
         """The answer's text in an unstreamed reply (not its thinking or reasoning); empty if
         it has none."""
         ...
+
+
+class ModelInBody:
+    """`Wire.with_model` for wires whose request names its model in the body's `model`."""
+
+    def with_model(
+        self, body: Mapping[str, Any], endpoint: str, model: str
+    ) -> tuple[dict[str, Any], str]:
+        return {**body, "model": model}, endpoint
 
 
 class FieldConversation:

@@ -44,6 +44,7 @@ from policies.wires.base import (
     FieldConversation,
     GenAiMessage,
     ModelCall,
+    ModelInBody,
     RequestFacts,
     Splice,
     ToolCall,
@@ -67,7 +68,6 @@ from policies.wires.base import (
     text_part,
     under,
     whole_number,
-    with_model_field,
     with_part_text,
     with_tool_last,
 )
@@ -598,7 +598,7 @@ class ChatSplice(Splice):
         """Nothing numbers this API's chunks."""
 
 
-class ChatWire(FieldConversation):
+class ChatWire(FieldConversation, ModelInBody):
     name = "openai.chat"
     conversation_field = "messages"
     operation = "chat"
@@ -771,11 +771,6 @@ class ChatWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return ChatSplice(earlier)
-
-    def with_model(
-        self, body: Mapping[str, Any], endpoint: str, model: str
-    ) -> tuple[dict[str, Any], str]:
-        return with_model_field(body, endpoint, model)
 
     def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
         messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]

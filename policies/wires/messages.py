@@ -28,6 +28,7 @@ from policies.wires.base import (
     FieldConversation,
     GenAiMessage,
     ModelCall,
+    ModelInBody,
     RequestFacts,
     Splice,
     ToolCall,
@@ -47,7 +48,6 @@ from policies.wires.base import (
     text_part,
     under,
     whole_number,
-    with_model_field,
     with_tool_last,
 )
 
@@ -775,7 +775,7 @@ class MessagesSplice(Splice):
         self._at, self._dropped, self._usage = {}, set(), {}
 
 
-class MessagesWire(FieldConversation):
+class MessagesWire(FieldConversation, ModelInBody):
     name = "anthropic.messages"
     conversation_field = "messages"
     operation = "chat"
@@ -913,11 +913,6 @@ class MessagesWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return MessagesSplice(earlier)
-
-    def with_model(
-        self, body: Mapping[str, Any], endpoint: str, model: str
-    ) -> tuple[dict[str, Any], str]:
-        return with_model_field(body, endpoint, model)
 
     def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
         body = {

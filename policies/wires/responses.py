@@ -27,6 +27,7 @@ from policies.wires.base import (
     FieldConversation,
     GenAiMessage,
     ModelCall,
+    ModelInBody,
     RequestFacts,
     Splice,
     ToolCall,
@@ -44,7 +45,6 @@ from policies.wires.base import (
     text_of,
     text_part,
     under,
-    with_model_field,
     with_part_text,
     with_tool_last,
 )
@@ -528,7 +528,7 @@ class ResponsesSplice(Splice):
         self._at, self._dropped = {}, set()
 
 
-class ResponsesWire(FieldConversation):
+class ResponsesWire(FieldConversation, ModelInBody):
     name = "openai.responses"
     conversation_field = "input"
     operation = "chat"
@@ -690,11 +690,6 @@ class ResponsesWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return ResponsesSplice(earlier)
-
-    def with_model(
-        self, body: Mapping[str, Any], endpoint: str, model: str
-    ) -> tuple[dict[str, Any], str]:
-        return with_model_field(body, endpoint, model)
 
     def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
         # No `temperature`: the reasoning models refuse it. Not stored: nothing goes on from it.

@@ -21,7 +21,6 @@ import anthropic
 import httpx
 import openai
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
@@ -30,7 +29,7 @@ from policies.limits import LimitsRegistry, ModelFacts
 from policies.wires import WIRES
 from proxy.config import BrimConfig
 from tests.conftest import BrimFactory
-from tests.fakes import LoopThread, Seen, counted, start_app, wait_for
+from tests.fakes import LoopThread, Seen, counted, start_app
 from tests.restoring import (
     Restoring,
     chat_body,
@@ -40,6 +39,7 @@ from tests.restoring import (
     messages_body,
     responses_body,
 )
+from tests.test_restore_e2e import root_span
 
 OTHER_ENV = "OTHER_UPSTREAM_OWN_KEY"
 OTHER_KEY = "other-upstream-own-key-0123"
@@ -196,6 +196,13 @@ def run(
     return Run(home, other, headers, spans, body)
 
 
+def run_without_key(caplog: pytest.LogCaptureFixture, *args: Any, **options: Any) -> Run:
+    """`run` with the other upstreams keyless, its warnings captured afresh."""
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="brim.credentials"):
+        return run(*args, keyed=False, **options)
+
+
 def _sent(seen: Seen) -> str:
     return " ".join([*seen.headers.values(), seen.query])
 
@@ -207,15 +214,6 @@ def assert_only_its_own_key(run: Run, client: Client) -> None:
         assert client.secret not in _sent(seen), (seen.path, seen.headers, seen.query)
         header, value = next(v for p, v in OWN_KEY_HEADER.items() if seen.path.startswith(p))
         assert seen.headers.get(header) == value, (seen.path, seen.headers)
-
-
-def root_span(spans: InMemorySpanExporter) -> ReadableSpan:
-    def ended() -> list[ReadableSpan]:
-        return [s for s in spans.get_finished_spans() if "brim.outcome" in (s.attributes or {})]
-
-    wait_for(ended)  # a request's span ends just after its reply is written
-    (root,) = ended()
-    return root
 
 
 def assert_skipped(
@@ -255,9 +253,7 @@ def test_a_summary_on_another_upstream_never_carries_the_clients_key(
     assert_only_its_own_key(keyed, client)
     assert {call.model for call in keyed.other.calls} == {"summarizer-x"}
 
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="brim.credentials"):
-        bare = run(brim, fakes, client, "m-small", keyed=False, **sections)
+    bare = run_without_key(caplog, brim, fakes, client, "m-small", **sections)
     actions = bare.headers["x-brim-actions"]
     assert "evict" in actions and "summarize" not in actions  # evict's notice stands
     assert_skipped(bare, client, caplog, "summarize", client.other_upstream)
@@ -282,9 +278,7 @@ def test_a_fallback_on_another_upstream_never_carries_the_clients_key(
     whole = conversation(client.scripted, keyed.body)
     assert conversation(client.scripted, call.body) == whole  # nothing was cut
 
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="brim.credentials"):
-        bare = run(brim, fakes, client, "m-small", keyed=False, models=models)
+    bare = run_without_key(caplog, brim, fakes, client, "m-small", models=models)
     assert "fallback" not in bare.headers["x-brim-actions"]
     assert bare.headers["x-brim-actions"] != "none"  # compressed instead, on its own upstream
     assert_skipped(bare, client, caplog, "fallback", client.other_upstream)
@@ -320,9 +314,7 @@ def test_a_fallbacks_own_token_counter_never_gets_the_clients_key(
     assert len(counts) == 1  # it was counted there…
     assert_only_its_own_key(keyed, client)  # …with the other upstream's own key
 
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="brim.credentials"):
-        bare = run(brim, fakes, client, "m-small", keyed=False, models=models)
+    bare = run_without_key(caplog, brim, fakes, client, "m-small", models=models)
     assert_skipped(bare, client, caplog, "fallback", client.other_upstream)
 
 
@@ -356,9 +348,7 @@ def test_a_restore_round_on_another_upstream_never_carries_the_clients_key(
     ]
     assert_only_its_own_key(keyed, client)
 
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="brim.credentials"):
-        bare = run(brim, fakes, client, "m-tight-5000", keyed=False, **sections)
+    bare = run_without_key(caplog, brim, fakes, client, "m-tight-5000", **sections)
     assert "fallback" not in bare.headers["x-brim-actions"]
     assert_skipped(bare, client, caplog, "fallback", client.other_upstream)
     assert [c.model for c in bare.home.calls if c.reply == "final"] == ["m-tight-5000"]
