@@ -111,6 +111,17 @@ class Quota:
     tokens_per_minute: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Withheld:
+    """A step brim did not take for a request because it would have sent the client's
+    credential to another upstream than the one it addressed (`adapters.credentials`): which
+    step ("summarize", "fallback", "native_count"), for which model, on which upstream."""
+
+    step: str
+    model: str
+    upstream: str
+
+
 @dataclass(slots=True)
 class RequestReport:
     """What happened to one request: facts the stages record as they act, read at the end for
@@ -133,6 +144,7 @@ class RequestReport:
     restore_offered: bool = False  # brim added `brim_restore` to the request's tools
     restored: tuple[str, ...] = ()  # keys the model fetched back
     restore_missing: tuple[str, ...] = ()  # asked for, unknown or expired
+    withheld: tuple[Withheld, ...] = ()  # steps not taken: the client's key may not go there
     # The request as the retry last sent it, where that is not the one it was given (cut, or
     # another model) and brim_restore was offered: restore rounds go on from it, and take it.
     sent: Exchange | None = None
@@ -183,6 +195,11 @@ class Exchange:
     request_id: str
     user_agent: str = ""
     owner: str = ANONYMOUS  # whose it is, named once at brim's edge (see `ANONYMOUS`)
+    # The upstream the client's request was routed to: the only one its own credentials (in
+    # `headers`, and Gemini's `key=` in `query`) may go to. A stage that sends the request
+    # elsewhere (a fallback) changes `upstream`, never this; None: brim's own request, which
+    # carries no client credential to anyone.
+    addressed: str | None = None
     context: RequestContext | None = None
     quota: Quota | None = None  # None: no rate limits are configured
     report: RequestReport = field(default_factory=RequestReport, compare=False)
@@ -200,6 +217,24 @@ class Exchange:
     def with_body(self, body: dict[str, Any]) -> Exchange:
         """The same exchange carrying a changed request, serialized once, here."""
         return dataclasses.replace(self, body=body, raw=orjson.dumps(body))
+
+    def for_model(self, model: str, upstream: str, context: RequestContext) -> Exchange:
+        """The same request sent to `model` on `upstream` (a fallback), with `context` (that
+        model's limits and budget): the model named where its wire API names it (the body, or
+        Gemini's path); the body re-serialized only if that changed it. `addressed` stays: the
+        client's credentials go to the upstream it addressed, not to the new one."""
+        assert self.body is not None
+        body, endpoint = self.wire.with_model(self.body, self.endpoint, model)
+        raw = self.raw if body is self.body else orjson.dumps(body)
+        return dataclasses.replace(
+            self,
+            model=model,
+            upstream=upstream,
+            body=body,
+            raw=raw,
+            endpoint=endpoint,
+            context=context,
+        )
 
     def with_context(self, context: RequestContext) -> Exchange:
         """The same exchange with `context`: `dataclasses.replace(self, context=context)`, at

@@ -23,6 +23,9 @@ HOP_BY_HOP = frozenset(
 _NOT_FORWARDED_UPSTREAM = frozenset({"host", "content-length", "expect", "accept-encoding"})
 _NOT_RELAYED_DOWNSTREAM = frozenset({"content-length", "content-encoding", "server", "date"})
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
+# What of a client's never goes to an upstream it did not address (a fallback's, a summarizer's):
+# its credentials, and the cookies its provider set for it.
+CLIENT_ONLY_HEADERS = CREDENTIAL_HEADERS | {"cookie"}
 BRIM_KEY_HEADER = "x-brim-api-key"
 # How each kind of upstream (`[upstreams.NAME] api`) takes a configured key.
 KEY_HEADER = {
@@ -36,6 +39,7 @@ KEY_HEADER = {
 # Everything dropped on each way, lowercased once here rather than per request.
 _UPSTREAM_DROP = HOP_BY_HOP | _NOT_FORWARDED_UPSTREAM | {BRIM_KEY_HEADER}
 _UPSTREAM_DROP_KEYED = _UPSTREAM_DROP | CREDENTIAL_HEADERS
+_UPSTREAM_DROP_FOREIGN = _UPSTREAM_DROP | CLIENT_ONLY_HEADERS
 _DOWNSTREAM_DROP = HOP_BY_HOP | _NOT_RELAYED_DOWNSTREAM
 
 
@@ -63,17 +67,23 @@ def end_to_end(headers: Mapping[str, str], drop: Iterable[str] = ()) -> CIMultiD
 
 
 def upstream_request_headers(
-    client_headers: Mapping[str, str], *, api: str, api_key: str | None
+    client_headers: Mapping[str, str], *, api: str, api_key: str | None, addressed: bool = True
 ) -> CIMultiDict[str]:
     """Headers for the provider: the client's end-to-end ones, with the configured key if any.
 
-    With no configured key, the client's own credentials pass through unchanged.
+    With no configured key, the client's own credentials pass through unchanged — to the
+    upstream the client addressed only (`addressed`). To any other (a fallback's, a
+    summarizer's) neither its credentials nor its cookies go: only the upstream's own key.
     """
-    if api_key is None:
+    if not addressed:
+        headers = _kept(client_headers, _UPSTREAM_DROP_FOREIGN)
+    elif api_key is None:
         return _kept(client_headers, _UPSTREAM_DROP)
-    headers = _kept(client_headers, _UPSTREAM_DROP_KEYED)
-    name, template = KEY_HEADER.get(api, KEY_HEADER["openai"])
-    headers[name] = template.format(api_key)
+    else:
+        headers = _kept(client_headers, _UPSTREAM_DROP_KEYED)
+    if api_key is not None:
+        name, template = KEY_HEADER.get(api, KEY_HEADER["openai"])
+        headers[name] = template.format(api_key)
     return headers
 
 

@@ -17,6 +17,7 @@ from multidict import CIMultiDict
 
 from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
 from adapters.config import UpstreamConfig
+from adapters.credentials import without_key
 from adapters.errors import (
     ContextOverflow,
     UpstreamError,
@@ -202,13 +203,23 @@ class RawHttpAdapter:
         except orjson.JSONDecodeError:
             raise self._not_json(response, body) from None
 
-    async def send(self, exchange: Exchange) -> UpstreamResponse:
-        url = f"{self.base_url}{exchange.endpoint}"
-        if exchange.query:
-            url = f"{url}?{exchange.query}"
+    def _credentials(self, exchange: Exchange, query: str) -> tuple[CIMultiDict[str], str]:
+        """The headers and query string `exchange` goes out with: the client's credentials only
+        to the upstream it addressed, and there only where this upstream has no key of its own
+        (then the configured key instead, and no client `key=` in the query)."""
+        addressed = exchange.addressed == self.name
         headers = upstream_request_headers(
-            exchange.headers, api=self.config.api, api_key=self._api_key
+            exchange.headers, api=self.config.api, api_key=self._api_key, addressed=addressed
         )
+        if self._api_key is not None or not addressed:
+            query = without_key(query)
+        return headers, query
+
+    async def send(self, exchange: Exchange) -> UpstreamResponse:
+        headers, query = self._credentials(exchange, exchange.query)
+        url = f"{self.base_url}{exchange.endpoint}"
+        if query:
+            url = f"{url}?{query}"
         data = exchange.raw if exchange.method != "GET" else None
         response = await self._open(exchange.method, url, data, headers, RELAYED)
         if response.content_type == "text/event-stream":
@@ -230,19 +241,17 @@ class RawHttpAdapter:
 
     async def count_tokens(self, exchange: Exchange) -> int:
         """The provider's own count of the request's input tokens (`NativeCounter`), asked with
-        the client's own headers and credentials, as `send` would forward them. Only for a
-        request its counter counts (`adapters.native.native_count_for`, which the caller asks
-        first): any other is a ValueError."""
+        the client's own headers and credentials as `send` would forward them (`_credentials`).
+        Only for a request its counter counts (`adapters.native.native_count_for`, which the
+        caller asks first): any other is a ValueError."""
         native = native_count_for(self.config.api, exchange)
         if native is None:
             raise ValueError(f"upstream {self.name!r} has no token counter for {exchange.api}")
         url = f"{self.base_url}{native.path(exchange.endpoint)}"
         query = "&".join(p for p in exchange.query.split("&") if p and not p.startswith("alt="))
+        headers, query = self._credentials(exchange, query)
         if query:
             url = f"{url}?{query}"
-        headers = upstream_request_headers(
-            exchange.headers, api=self.config.api, api_key=self._api_key
-        )
         headers["Content-Type"] = "application/json"
         headers["Accept"] = "application/json"
         request = native.body(exchange)

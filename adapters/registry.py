@@ -111,6 +111,27 @@ class Upstreams:
             param="model",
         )
 
+    def route_own_call(self, model: str, api: str) -> tuple[str, str]:
+        """Where brim asks `model` itself for a client of wire API `api` (a summary), and in
+        which API: the first `[routes]` pattern that matches the model decides the upstreams —
+        the first of them that speaks `api`, else the first of them, in the first conversation
+        API (Chat, Messages, Responses, Gemini) it speaks. With no `[routes]`: the first
+        upstream that speaks `api`, else the first that speaks any. `NoRoute` if none can."""
+        candidates = list(self.configs)
+        if self.routes:
+            first = next((p for p, _ in self.routes if route_matches(model, p)), None)
+            if first is None:
+                raise NoRoute(f"no route in brim's [routes] serves the model {model!r}")
+            candidates = [name for pattern, name in self.routes if pattern == first]
+        for name in candidates:
+            if self.configs[name].api in SERVES.get(api, frozenset()):
+                return name, api
+        for name in candidates:
+            for other in WIRES:
+                if self.configs[name].api in SERVES[other]:
+                    return name, other
+        raise NoRoute(f"no upstream that serves the model {model!r} speaks a conversation API")
+
     def first_serving(self, api: str) -> str | None:
         """The upstream that answers model-independent requests (e.g. the model list)."""
         serving = SERVES.get(api, frozenset())

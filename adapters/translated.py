@@ -59,7 +59,10 @@ def import_litellm() -> Any:
     return litellm
 
 
-def _bearer(exchange: Exchange) -> str | None:
+def _bearer(exchange: Exchange, upstream: str) -> str | None:
+    """The client's own key, for the upstream its request addressed only."""
+    if exchange.addressed != upstream:
+        return None
     value = exchange.headers.get("Authorization", "")
     if value.lower().startswith("bearer "):
         return value[7:].strip() or None
@@ -73,6 +76,12 @@ class LitellmAdapter:
 
     async def aclose(self) -> None:
         return None
+
+    def _key(self, exchange: Exchange) -> str | None:
+        """The configured key, else the client's own (`_bearer`)."""
+        if self.config.api_key is not None:
+            return self.config.api_key.get_secret_value()
+        return _bearer(exchange, self.name)
 
     def _failure(self, exc: Exception, api: str = CHAT.name) -> UpstreamFailure:
         litellm = import_litellm()
@@ -119,7 +128,7 @@ class LitellmAdapter:
             )
         litellm = import_litellm()
         request = {key: value for key, value in exchange.body.items() if key != "model"}
-        key = self.config.api_key.get_secret_value() if self.config.api_key else _bearer(exchange)
+        key = self._key(exchange)
         deadline = self._deadline()
         try:
             async with asyncio.timeout_at(deadline):
@@ -216,7 +225,7 @@ class LitellmAdapter:
             for key, value in exchange.body.items()
             if key not in ("model", *ANTHROPIC_ONLY_FIELDS)
         }
-        key = self.config.api_key.get_secret_value() if self.config.api_key else _bearer(exchange)
+        key = self._key(exchange)
         deadline = self._deadline()
         try:
             async with asyncio.timeout_at(deadline):

@@ -59,6 +59,7 @@ import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from adapters.base import UpstreamResponse
+from adapters.credentials import Caller
 from adapters.errors import ContextTooLarge, NothingLeftToSend
 from adapters.exchange import ANONYMOUS, Exchange
 from bench import sessions
@@ -148,7 +149,7 @@ class StubSummarizerModel:
         provider: str,
         messages: list[dict[str, str]],
         max_tokens: int,
-        headers: Mapping[str, str],
+        caller: Caller,
     ) -> str:
         self.calls += 1
         text = messages[-1]["content"]

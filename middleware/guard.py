@@ -15,9 +15,9 @@ from typing import Any
 import orjson
 
 from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
+from adapters.credentials import Caller, caller_of
 from adapters.errors import ContextTooLarge, NothingLeftToSend
 from adapters.exchange import Exchange
-from adapters.headers import CREDENTIAL_HEADERS
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
 from middleware.restore import restorable, restore_offer
@@ -274,28 +274,26 @@ class Guard:
         wire = exchange.wire
         return self.repair_pairs and bool(wire.dialect.violations(wire.conversation(exchange.body)))
 
-    def _summary_inputs(self, exchange: Exchange) -> tuple[Wire, CounterMeter, str, dict[str, str]]:
-        """The wire, a meter, the conversation's task, and the client's credentials (for
-        summarizers behind pass-through upstreams): this request's own, passed along (with its
-        owner, `_summary`'s, from the exchange)."""
+    def _summary_inputs(self, exchange: Exchange) -> tuple[Wire, CounterMeter, str, Caller]:
+        """The wire, a meter, the conversation's task, and the client (its API, the upstream it
+        addressed, its credentials: for a summarizer on that upstream, if it has no key of its
+        own): this request's own, passed along."""
         assert exchange.body is not None and exchange.context is not None
         wire = exchange.wire
         meter = CounterMeter(
             self.counter, exchange.context.limits.limits.tokenizer, exchange.model, wire
         )
-        credentials = {k: v for k, v in exchange.headers.items() if k.lower() in CREDENTIAL_HEADERS}
         task = _task_of(wire, wire.conversation(exchange.body))
-        return wire, meter, task, credentials
+        return wire, meter, task, caller_of(exchange)
 
-    async def _summary(
-        self, exchange: Exchange, text: str, target: int, task: str, credentials: dict[str, str]
-    ) -> Summary | None:
-        """A summary for `exchange`'s owner within the deadline, or None (the caller keeps what
-        it had)."""
+    async def _summary(self, text: str, target: int, task: str, caller: Caller) -> Summary | None:
+        """A summary for `caller` (whose owner alone may reuse it) within the deadline, or None
+        (the caller keeps what it had)."""
         assert self.summarizer is not None
-        summary = self.summarizer.summarize(text, target, task, credentials, owner=exchange.owner)
         try:
-            return await asyncio.wait_for(summary, self.summary_deadline_s)
+            return await asyncio.wait_for(
+                self.summarizer.summarize(text, target, task, caller), self.summary_deadline_s
+            )
         except TimeoutError:
             log.warning("summarizer slower than %ss: going on without it", self.summary_deadline_s)
             return None
@@ -315,7 +313,7 @@ class Guard:
         evicted = [r for r in outcome.records if r.action == "evicted" and r.original]
         if at is None or not evicted:
             return outcome
-        wire, meter, task, credentials = self._summary_inputs(exchange)
+        wire, meter, task, caller = self._summary_inputs(exchange)
         rest = outcome.tokens_out - meter.message(outcome.messages[at])
         _, header, lines = wire.dialect.text(outcome.messages[at]).partition("\n" + GISTS_HEADER)
         quoted = header + lines
@@ -344,7 +342,7 @@ class Guard:
         keys = [archive_key(original) for original in originals]
         summaries = await asyncio.gather(
             *(
-                self._summary(exchange, content, target, task, credentials)
+                self._summary(content, target, task, caller)
                 for content, target in zip(contents, targets, strict=True)
             )
         )
@@ -388,7 +386,7 @@ class Guard:
 
     async def _summarized_results(self, exchange: Exchange, outcome: Outcome) -> Outcome:
         """A tool result `truncate` had to cut, summarized into the same room instead."""
-        wire, meter, task, credentials = self._summary_inputs(exchange)
+        wire, meter, task, caller = self._summary_inputs(exchange)
         dialect = wire.dialect
         messages = list(outcome.messages)
         counts = list(outcome.sizes)
@@ -409,8 +407,7 @@ class Guard:
                 continue
             at = holders[0]
             before = counts[at]
-            target = max(64, before - 64)
-            summary = await self._summary(exchange, record.original, target, task, credentials)
+            summary = await self._summary(record.original, max(64, before - 64), task, caller)
             if summary is None:
                 continue
             header = RESULT_HEADER.format(key=key[:16])

@@ -28,6 +28,7 @@ from cachetools import LRUCache, TTLCache
 
 from adapters.base import OFF_LOOP_BYTES, NativeCounter, UpstreamResponse
 from adapters.config import UpstreamConfig
+from adapters.credentials import caller_of, may_call, withhold
 from adapters.errors import UpstreamError, UpstreamFailure
 from adapters.exchange import Exchange, RequestContext, RequestTokens
 from adapters.native import native_count_for
@@ -88,8 +89,10 @@ def _digest(raw: bytes, betas: Sequence[str]) -> bytes:
 class NativeCounts:
     """The upstream's own count of a request, where brim can only estimate and its estimate is
     too close to the budget to decide (`settle`). Never fails a request: a timeout, an error
-    reply or a missing endpoint leaves brim's estimate standing (logged once per upstream).
-    Counts are cached by the request's bytes (and `anthropic-beta`), per upstream and model."""
+    reply or a missing endpoint leaves brim's estimate standing (logged once per upstream); so
+    does an upstream other than the one the client addressed that has no key of its own (a
+    fallback's: the client's credential may not go there). Counts are cached by the request's
+    bytes (and `anthropic-beta`), per upstream and model."""
 
     def __init__(self, upstreams: Upstreams) -> None:
         self.upstreams = upstreams
@@ -147,6 +150,9 @@ class NativeCounts:
         if not isinstance(adapter, NativeCounter):
             return None
         if (name, model) in self._missing or name in self._resting:
+            return None
+        if not may_call(name, config, exchange.addressed):  # the client's key may not go there
+            withhold(caller_of(exchange), "native_count", model, name)
             return None
         betas = exchange.headers.getall("anthropic-beta", ())
         if len(exchange.raw) > OFF_LOOP_BYTES:

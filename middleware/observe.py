@@ -419,7 +419,11 @@ class Observe:
         if request_log.isEnabledFor(level):  # nothing below is done when the level is off
             log_request(level, exchange, outcome, added_ms, done)
 
-        eventful = not fits or outcome in ("compressed", "repaired", "retried", "refused")
+        eventful = (
+            not fits
+            or bool(report.fallbacks)
+            or outcome in ("compressed", "repaired", "retried", "refused")
+        )
         if eventful:
             trace_id = format(span.get_span_context().trace_id, "032x")
             event = {
@@ -561,6 +565,21 @@ class Observe:
             span.add_event("brim.retry", {"brim.attempt": attempt})
         for key, found in restores:
             span.add_event("brim.restore", {"brim.restore.key": key, "brim.restore.found": found})
+        for model in report.fallbacks:
+            span.add_event("brim.fallback", {GEN_AI_REQUEST_MODEL: model})
+        if report.withheld:  # steps not taken: the client's credential may not go there
+            attributes["brim.credentials_withheld"] = [
+                f"{w.step}:{w.model}@{w.upstream}" for w in report.withheld
+            ]
+            for withheld in report.withheld:
+                span.add_event(
+                    "brim.credential.withheld",
+                    {
+                        "brim.step": withheld.step,
+                        GEN_AI_REQUEST_MODEL: withheld.model,
+                        "brim.upstream": withheld.upstream,
+                    },
+                )
         if context is not None:
             upstream = self.upstreams.get(exchange.upstream)
             attributes[GEN_AI_PROVIDER_NAME] = provider_name(

@@ -1,7 +1,7 @@
 """The default stage order: observe → loop breaker → resolve limits → rate limit (when `[server]`
-sets limits) → guard → restore rounds → retry on overflow → forward. Restore sits outside the
-retry, so every hidden round it asks is retried too, and goes on from the request as the retry
-last sent it."""
+sets limits) → prefer a fallback that holds the request → guard → restore rounds → retry on
+overflow → forward. Restore sits outside the retry, so every hidden round it asks is retried
+too, and goes on from the request as the retry last sent it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from adapters.registry import Upstreams
 from middleware.archive import ContentArchive
 from middleware.audit import AuditLog
 from middleware.base import Stage
+from middleware.fallback import PreferFallback
 from middleware.forward import Forward
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
@@ -74,6 +75,13 @@ class Services:
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
     guard = config.guard
     policies = build_policies(guard.policies, guard.policy_settings())
+    limits = ResolveLimits(
+        services.limits,
+        services.counter,
+        safety_margin=guard.safety_margin,
+        clients=config.clients,
+        upstreams=services.upstreams,  # their own token counters (`native_count`)
+    )
     stages: list[Stage] = [
         Observe(
             services.telemetry,
@@ -90,17 +98,13 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
             if guard.loop_limit
             else []
         ),
-        ResolveLimits(
-            services.limits,
-            services.counter,
-            safety_margin=guard.safety_margin,
-            clients=config.clients,
-            upstreams=services.upstreams,  # their own token counters (`native_count`)
-        ),
+        limits,
     ]
     if services.rates is not None:
         refused = services.telemetry.rate_limited
         stages.append(RateLimit(services.rates, lambda kind: refused.add(1, {"limit": kind})))
+    if guard.enabled and guard.prefer_fallback:
+        stages.append(PreferFallback(services.limits, limits, services.upstreams))
     if guard.enabled:
         stages.append(
             Guard(
@@ -129,7 +133,7 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 services.limits,
                 services.counter,
                 policies,
-                services.upstreams.route,
+                services.upstreams,
                 max_attempts=config.retry.max_attempts,
                 steps=config.retry.steps,
                 safety_margin=guard.safety_margin,

@@ -7,7 +7,9 @@ On a `ContextOverflow` this stage:
    next one is compressed up front) and logs it once; likewise that the request's `max_tokens`
    counts against the window, when the error says so (Anthropic's "input length and
    `max_tokens` exceed context limit"), so the cut and later budgets reserve it;
-2. tries the model's `fallbacks` (larger windows) first, if `[models."ID"]` lists any;
+2. tries the model's `fallbacks` (larger windows) first, if `[models."ID"]` lists any — one
+   on another upstream than the client addressed only if that upstream has its own key
+   (`middleware.fallback.fallback_upstream`);
 3. otherwise cuts the request — the same pair-safe policies as the guard, newest content and
    the system prompt kept — straight to the stated limit (minus the margin, scaled by how far
    brim's count was from the provider's), or by `steps` of the first attempt's tokens
@@ -29,14 +31,16 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
-from adapters.errors import ContextOverflow, NoRoute
+from adapters.errors import ContextOverflow
 from adapters.exchange import Exchange, RequestContext
+from adapters.registry import Upstreams
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
+from middleware.fallback import fallback_upstream
 from middleware.guard import keep_originals
 from middleware.restore import restorable, restore_offer
 from middleware.store import ContentStore
@@ -57,7 +61,7 @@ class RetryOnOverflow:
         registry: LimitsRegistry,
         counter: TokenCounter,
         policies: Sequence[Policy],
-        route: Callable[[str, str], str],
+        upstreams: Upstreams,
         *,
         max_attempts: int,
         steps: Sequence[float],
@@ -73,7 +77,7 @@ class RetryOnOverflow:
         self.registry = registry
         self.counter = counter
         self.policies = list(policies)
-        self.route = route
+        self.upstreams = upstreams  # where fallbacks are routed, and which have keys of their own
         self.max_attempts = max_attempts
         self.steps = tuple(steps)
         self.safety_margin = safety_margin
@@ -176,22 +180,21 @@ class RetryOnOverflow:
         return await exchange.context.tokens.resolve()
 
     def _fallback(self, exchange: Exchange, fallbacks: list[str]) -> Exchange | None:
+        """The request sent to the next of `fallbacks` that may be called
+        (`fallback_upstream`), with that model's limits and budget; None when none is left."""
         while fallbacks:
             model = fallbacks.pop(0)
-            try:
-                upstream = self.route(model, exchange.api)
-            except NoRoute:
-                log.warning("fallback model %r has no route; skipping it", model)
+            upstream = fallback_upstream(self.upstreams, exchange, model)
+            if upstream is None:
                 continue
             assert exchange.body is not None and exchange.context is not None
-            body = {**exchange.body, "model": model}
             resolved = self.registry.resolve(model, long_context=exchange.long_context)
-            budget = budget_for(resolved, requested_output(body), safety_margin=self.safety_margin)
+            budget = budget_for(
+                resolved, requested_output(exchange.body), safety_margin=self.safety_margin
+            )
             context = dataclasses.replace(exchange.context, limits=resolved, budget=budget)
             log.info("request %s: overflow; trying fallback model %r", exchange.request_id, model)
-            return dataclasses.replace(
-                exchange.with_body(body), model=model, upstream=upstream, context=context
-            )
+            return exchange.for_model(model, upstream, context)
         return None
 
     def _target(

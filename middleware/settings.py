@@ -31,6 +31,9 @@ class GuardConfig(BaseModel):
     loop_limit: int = Field(5, ge=0)  # identical failures before brim answers 429 itself (0: off)
     loop_window_s: float = Field(120, gt=0)
     repair_pairs: bool = True
+    # A request over its model's budget goes whole to the first of the model's fallbacks
+    # (`[models."ID"] fallbacks`) that holds it, before anything is cut (`middleware.fallback`).
+    prefer_fallback: bool = True
     claude_token_factor: float = Field(DEFAULT_CLAUDE_FACTOR, ge=1, le=3)
     policies: tuple[str, ...] = DEFAULT_ORDER
     prune_tool_results: PruneSettings = PruneSettings()

@@ -6,11 +6,14 @@ level, and past the last one it is cut (`truncate_fallback`). An input larger th
 model's own window is summarized in chunks, then the chunk summaries together (map-reduce).
 
 Providers are tried in order, each with retries; if every one fails the caller gets None and the
-request goes on with evict's notice — a summarizer failure never fails a request. Summaries are
-cached by owner (the client whose request they were made for, `Exchange.owner`: a summary of one
-client's content is never served to another), content, conversation context, level, provider and
-prompt version — never by the room left, which moves every turn — so the next turn of the same
-session reuses the very same bytes (and the provider's prompt cache stays warm).
+request goes on with evict's notice — a summarizer failure never fails a request. A provider is
+any routed model on any wire API (`upstream_caller`), called with its upstream's own key, or with
+the client's where it is the very upstream the client addressed; on another upstream without a
+key of its own it is skipped for that request (`adapters.credentials`). Summaries are cached by
+owner (the client whose request they were made for, `Caller.owner`: a summary of one client's
+content is never served to another), content, conversation context, level, provider and prompt
+version — never by the room left, which moves every turn — so the next turn of the same session
+reuses the very same bytes (and the provider's prompt cache stays warm).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import asyncio
 import dataclasses
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,12 +30,15 @@ import orjson
 from cachetools import TTLCache
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from adapters.credentials import Caller, CredentialWithheld, brings_own_key, may_call, withhold
 from adapters.exchange import Exchange
 from adapters.registry import Upstreams
 from middleware.shared import RedisLink, Unavailable
 from policies.limits import LimitsRegistry
 from policies.prune import cut_middle
 from policies.tokens import CounterMeter
+from policies.wires import WIRES
+from policies.wires.chat import CHAT
 
 log = logging.getLogger("brim.summarize")
 
@@ -50,8 +56,9 @@ PROMPT_V1 = (
 )
 PROMPTS = {"v1": PROMPT_V1}
 
-# (provider model id, messages, max_tokens, the client's credential headers) -> the summary text
-CallModel = Callable[[str, list[dict[str, str]], int, Mapping[str, str]], Awaitable[str]]
+# (provider model id, [system, user] messages, max_tokens, the requesting client) -> the summary
+# text; raises `CredentialWithheld` where the client's key may not go and the upstream has none.
+CallModel = Callable[[str, list[dict[str, str]], int, Caller], Awaitable[str]]
 
 
 class SummaryCache(Protocol):
@@ -137,15 +144,14 @@ class Summary:
 
 @dataclass(frozen=True, slots=True)
 class Job:
-    """One request's summary: which model, its task and level, the requesting client's own
-    credentials, and whose the summary is (`Exchange.owner`, its cache's scope) — passed down
-    the calls, never stored on the shared summarizer."""
+    """One request's summary: which model, its task and level, and the requesting client (its
+    API, the upstream it addressed, its own credentials, its owner: the cache's scope) — passed
+    down the calls, never stored on the shared summarizer."""
 
     provider: str
     task: str
     level: str
-    credentials: Mapping[str, str]
-    owner: str
+    caller: Caller
 
 
 def _digest(text: str) -> str:
@@ -183,28 +189,24 @@ class Summarizer:
         self.truncate_fallback = truncate_fallback
 
     async def summarize(
-        self,
-        text: str,
-        target: int,
-        task: str,
-        headers: Mapping[str, str] | None = None,
-        *,
-        owner: str,
+        self, text: str, target: int, task: str, caller: Caller | None = None
     ) -> Summary | None:
         """`text` in at most `target` tokens — the text itself when it is that short already —
-        or None if no provider could make one. `headers` are the requesting client's
+        or None if no provider could make one. `caller` is the requesting client, with its own
         credentials: they travel down as arguments, never kept on this shared object, so
-        concurrent requests never lend each other their keys. `owner` is whose request it is:
-        only that owner's requests reuse the summary from the cache."""
-        credentials = dict(headers or {})
+        concurrent requests never lend each other their keys. A provider the client's key may
+        not reach (and that has no key of its own) is skipped, and that is recorded on the
+        caller's report (`withhold`). Only the caller's owner reuses the summary from the cache."""
+        caller = caller if caller is not None else Caller(api=CHAT.name)
         size = self.meter.text_tokens(text)
         if size <= target:
             return Summary(text, "verbatim", "", size, size, cache_hit=False)
         level = next((name for name, share in LEVELS.items() if size * share <= target), "headline")
         for provider in self.providers:
             try:
-                job = Job(provider, task, level, credentials, owner)
-                return await self._with(job, text, size, target)
+                return await self._with(Job(provider, task, level, caller), text, size, target)
+            except CredentialWithheld as exc:
+                withhold(caller, "summarize", provider, exc.upstream)
             except Exception as exc:
                 log.warning("summarizer %r failed: %s", provider, exc or type(exc).__name__)
         log.warning("every summarizer failed; keeping the eviction notice")
@@ -215,7 +217,7 @@ class Summarizer:
         # session's next request reuses it byte for byte (the target follows from its size).
         key = "|".join(
             (
-                job.owner,
+                job.caller.owner,
                 _digest(text),
                 _digest(job.task),
                 job.level,
@@ -277,8 +279,10 @@ class Summarizer:
         last: Exception | None = None
         for attempt in range(self.max_retries + 1):
             try:
-                call = self.call(job.provider, messages, max(64, target), job.credentials)
+                call = self.call(job.provider, messages, max(64, target), job.caller)
                 return await asyncio.wait_for(call, self.timeout_s)
+            except CredentialWithheld:  # not a failure: this client may not call it at all
+                raise
             except Exception as exc:  # retried, then the caller moves to the next provider
                 last = exc
                 if attempt < self.max_retries:
@@ -288,30 +292,47 @@ class Summarizer:
 
 
 def upstream_caller(upstreams: Upstreams) -> CallModel:
-    """Summaries made by a model behind one of brim's own upstreams (litellm reaches any other)."""
+    """Summaries made by any model behind one of brim's own upstreams, on whichever wire API
+    it is routed on (`Upstreams.route_own_call`: the client's own API where the model's route
+    speaks it). The call carries that upstream's own key; the client's credentials only where
+    it is the upstream the client addressed and has no key of its own; on any other upstream
+    without a key the call is not made (`CredentialWithheld`)."""
 
     async def call(
-        provider: str, messages: list[dict[str, str]], max_tokens: int, headers: Mapping[str, str]
+        provider: str, messages: list[dict[str, str]], max_tokens: int, caller: Caller
     ) -> str:
-        name = upstreams.route(provider, "openai.chat")
-        body = {"model": provider, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
-        request_headers = CIMultiDict({"Content-Type": "application/json", **headers})
+        name, api = upstreams.route_own_call(provider, caller.api)
+        wire = WIRES[api]
+        config = upstreams.configs[name]
+        if not may_call(name, config, caller.upstream):
+            raise CredentialWithheld(name, caller.upstream)
+        own = brings_own_key(config)  # else the client's, to the upstream it addressed
+        request = wire.model_call(
+            provider, messages[0]["content"], messages[1]["content"], max_tokens
+        )
+        headers = CIMultiDict({"Content-Type": "application/json", **request.headers})
+        if not own:
+            headers.update(caller.headers)
         exchange = Exchange(
-            api="openai.chat",
+            api=wire.name,
             method="POST",
-            endpoint="/chat/completions",
-            query="",
+            endpoint=request.endpoint,
+            query="" if own else caller.query,
             model=provider,
-            body=body,
-            raw=orjson.dumps(body),
-            headers=CIMultiDictProxy(request_headers),
+            body=request.body,
+            raw=orjson.dumps(request.body),
+            headers=CIMultiDictProxy(headers),
             stream=False,
             upstream=name,
             request_id="brim-summary",
+            addressed=None if own else name,
         )
         reply = await upstreams[name].send(exchange)
-        content = orjson.loads(reply.body or b"{}")["choices"][0]["message"]["content"]
-        if not isinstance(content, str) or not content.strip():
+        if not 200 <= reply.status < 300:
+            raise ValueError(f"{provider} answered HTTP {reply.status}")
+        payload = reply.payload if reply.payload is not None else orjson.loads(reply.body or b"{}")
+        content = wire.reply_text(payload) if isinstance(payload, dict) else ""
+        if not content.strip():
             raise ValueError(f"{provider} returned no summary text")
         return content
 

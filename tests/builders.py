@@ -63,6 +63,7 @@ def exchange(
         upstream=upstream,
         request_id="r",
         user_agent=user_agent,
+        addressed=upstream,
     )
 
 

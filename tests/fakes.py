@@ -273,6 +273,23 @@ class FakeProvider:
         fault = await self._fault(model, "messages")
         if fault is not None:
             return fault
+        if model.startswith("summarizer-"):
+            text = body["messages"][0]["content"]
+            summary = self._summary(model, body["system"], text, body["max_tokens"])
+            if summary is None:
+                error = {"type": "api_error", "message": "down"}
+                return web.json_response({"type": "error", "error": error}, status=500)
+            reply = {
+                "id": "msg_summary",
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [{"type": "text", "text": summary}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 17, "output_tokens": 5},
+            }
+            return web.json_response(reply)
         if body.get("stream"):
             return await self._stream(request, model, body, "messages")
         return web.json_response(
@@ -345,6 +362,8 @@ class FakeProvider:
                     {"type": "response.output_text.delta", "item_id": "m", "delta": "first"},
                 ],
             )
+        if model.startswith("summarizer-"):
+            return self._responses_summary(body, model)
         items = body.get("input") or []
         problems = responses_errors(items if isinstance(items, list) else [])
         if problems:
@@ -476,6 +495,50 @@ class FakeProvider:
         await stream.write_eof()
         return stream
 
+    def _responses_summary(self, body: dict[str, Any], model: str) -> web.Response:
+        """A summary asked on the Responses API (`_summary`)."""
+        (item,) = body["input"]
+        summary = self._summary(
+            model, body["instructions"], item["content"], body["max_output_tokens"]
+        )
+        if summary is None:
+            error = {"message": "down", "type": "server_error", "param": None, "code": None}
+            return web.json_response({"error": error}, status=500)
+        text = {"type": "output_text", "text": summary, "annotations": []}
+        output = {
+            "type": "message",
+            "id": "msg_s",
+            "role": "assistant",
+            "status": "completed",
+            "content": [text],
+        }
+        return web.json_response(
+            {
+                "id": "resp_s",
+                "object": "response",
+                "status": "completed",
+                "model": model,
+                "output": [output],
+            }
+        )
+
+    def _gemini_summary(self, body: dict[str, Any], model: str) -> web.Response:
+        """A summary asked on Gemini's generateContent (`_summary`); a thought part first, as a
+        thinking model sends one, which is not the answer."""
+        system = body["systemInstruction"]["parts"][0]["text"]
+        text = body["contents"][0]["parts"][0]["text"]
+        summary = self._summary(model, system, text, body["generationConfig"]["maxOutputTokens"])
+        if summary is None:
+            error = {"code": 500, "message": "down", "status": "INTERNAL"}
+            return web.json_response({"error": error}, status=500)
+        parts = [{"text": "Let me think about it.", "thought": True}, {"text": summary}]
+        candidate = {
+            "content": {"role": "model", "parts": parts},
+            "finishReason": "STOP",
+            "index": 0,
+        }
+        return web.json_response({"candidates": [candidate]})
+
     async def gemini(self, request: web.Request) -> web.StreamResponse:
         """Gemini. gem-N has an N-token window and says so in its error, as Gemini does;
         gemstream-N refuses inside a 200 stream. `:countTokens` takes `contents` or a
@@ -494,6 +557,8 @@ class FakeProvider:
             return await self._stall(
                 request, [{"candidates": [{"content": {"role": "model", "parts": parts}}]}]
             )
+        if model.startswith("summarizer-") and method == "generateContent":
+            return self._gemini_summary(body, model)
         if method == "countTokens" and isinstance(body.get("generateContentRequest"), dict):
             body = body["generateContentRequest"]
         tokens = counted("gemini.generate", body)
@@ -575,22 +640,27 @@ class FakeProvider:
         await asyncio.sleep(5)
         return stream
 
-    async def _summarize(self, body: dict[str, Any], model: str) -> web.Response:
+    def _summary(self, model: str, system: str, text: str, max_tokens: int) -> str | None:
         """summarizer-good keeps FACT lines and the first words; summarizer-verbose ignores the
-        first level asked; summarizer-down always fails."""
+        first level asked; summarizer-down always fails (None). On every wire API."""
         self.summarizer_calls.append(model)
         if model == "summarizer-down":
+            return None
+        self.summarized.append((system, text))
+        if model == "summarizer-verbose" and "Condense" in system:
+            return text
+        facts = [line for line in text.splitlines() if "FACT" in line]
+        words = text.split()[: max(8, max_tokens // 4)]
+        return "\n".join([*facts, " ".join(words)])
+
+    async def _summarize(self, body: dict[str, Any], model: str) -> web.Response:
+        """A summary asked on Chat Completions (`_summary`)."""
+        system, text = body["messages"][0]["content"], body["messages"][1]["content"]
+        summary = self._summary(model, system, text, body["max_tokens"])
+        if summary is None:
             return web.json_response(
                 {"error": {"message": "down", "type": "server_error"}}, status=500
             )
-        system, text = body["messages"][0]["content"], body["messages"][1]["content"]
-        self.summarized.append((system, text))
-        if model == "summarizer-verbose" and "Condense" in system:
-            summary = text
-        else:
-            facts = [line for line in text.splitlines() if "FACT" in line]
-            words = text.split()[: max(8, body["max_tokens"] // 4)]
-            summary = "\n".join([*facts, " ".join(words)])
         message = {"role": "assistant", "content": summary}
         return web.json_response(
             {

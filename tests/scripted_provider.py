@@ -127,7 +127,7 @@ class ScriptedProvider:
     # -- Anthropic Messages -------------------------------------------------------------------
 
     async def count_tokens(self, request: web.Request) -> web.Response:
-        body = orjson.loads(await request.read())
+        body = await self._body(request)  # recorded in `seen`, as Gemini's countTokens is
         return web.json_response({"input_tokens": token_count(body)})
 
     async def messages(self, request: web.Request) -> web.StreamResponse:

@@ -298,7 +298,7 @@ def offline_env(bin_dir: Path, home: Path) -> dict[str, str]:
 
 
 class Drive(Protocol):
-    def __call__(self, cli: Cli, *, restore: bool = False) -> Run: ...
+    def __call__(self, cli: Cli, *, restore: bool = False, **sections: Any) -> Run: ...
 
 
 @pytest.fixture
@@ -306,8 +306,9 @@ def drive(
     cli_bin: Path, loop_thread: LoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Drive]:
     """Runs one CLI through a fresh brim in front of a fresh scripted provider: the session of
-    `ScriptedProvider`, or with `restore` that of `RestoringSession`. brim's app records every
-    request it receives (as the CLI sent it) and when it has answered it."""
+    `ScriptedProvider`, or with `restore` that of `RestoringSession`; `sections` are more of
+    brim's configuration. brim's app records every request it receives (as the CLI sent it) and
+    when it has answered it."""
     runners: list[Any] = []
     received: list[Seen] = []
     answered: list[Seen] = []
@@ -331,7 +332,7 @@ def drive(
 
     monkeypatch.setattr(proxy.app, "create_app", recording_app)
 
-    def run(cli: Cli, *, restore: bool = False) -> Run:
+    def run(cli: Cli, *, restore: bool = False, **sections: Any) -> Run:
         home, work = tmp_path / "home", tmp_path / "work"
         home.mkdir()
         work.mkdir()
@@ -352,8 +353,11 @@ def drive(
                     "base_url": f"{url}/v1" if cli.upstream == "openai" else url,
                 }
             },
-            models={cli.model: {"context_window": cli.window, "max_output": 2_000}},
-            audit={"path": str(audit)},
+            **{
+                "models": {cli.model: {"context_window": cli.window, "max_output": 2_000}},
+                "audit": {"path": str(audit)},
+                **sections,
+            },
         )
         brim_runner = loop_thread.run(start(config, "127.0.0.1", 0))
         runners.append(brim_runner)
@@ -546,6 +550,52 @@ def test_claude_code_with_a_model_it_does_not_know(drive: Drive) -> None:
     last = run.fake.main_calls[-1].body["messages"]
     sent = [m for m in first if m.get("role") == "system"]
     assert sent and all(m in last for m in sent), run.report()
+
+
+SUMMARIZER = "claude-haiku-summaries"  # a Claude model the fake gives no window (no number)
+
+
+def test_claude_code_summarizes_with_a_claude_model_on_its_own_key(drive: Drive) -> None:
+    """A Claude Code user with only an Anthropic key: what brim evicts is summarized by a
+    Claude model on the same upstream, asked on the Messages API with the CLI's own key."""
+    run = drive(
+        CLAUDE,
+        guard={"policies": ["evict", "truncate"]},
+        summarize={"enabled": True, "provider": SUMMARIZER, "max_retries": 0},
+    )
+    check_run(CLAUDE, run, FINAL)
+    report = run.report()
+    replies = [c.reply for c in run.fake.main_calls]
+    assert replies == [f"read {n}" for n in range(1, READS + 1)] + ["final"], report
+    asked = [s for s in run.fake.seen if orjson.loads(s.body).get("model") == SUMMARIZER]
+    assert asked and all(s.path == "/v1/messages" for s in asked), report
+    assert all(s.headers.get("x-api-key") == "sk-ant-test" for s in asked), report
+    last = orjson.dumps(run.fake.main_calls[-1].body).decode()
+    assert "[brim: a summary of earlier messages" in last, report
+    assert any("summarize" in e["actions"] for e in run.audit), report
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, GEMINI], ids=lambda cli: cli.name)
+def test_a_fallback_that_holds_the_session_takes_it_whole(drive: Drive, cli: Cli) -> None:
+    """The model has a configured fallback with a window the whole session fits: the requests
+    over the model's budget go to it whole (Gemini's in its URL), and nothing is cut."""
+    roomy = f"{cli.model.rsplit('-', 1)[0]}-200000"
+    run = drive(
+        cli,
+        models={
+            cli.model: {"context_window": cli.window, "max_output": 2_000, "fallbacks": [roomy]},
+            roomy: {"context_window": 200_000, "max_output": 2_000},
+        },
+    )
+    report = run.report()
+    assert run.returncode == 0 and FINAL in run.stdout, report
+    assert run.fake.overflows == [] and run.fake.rejections == [], report
+    main = run.fake.main_calls
+    assert [c.reply for c in main] == [f"read {n}" for n in range(1, READS + 1)] + ["final"]
+    assert main[-1].model == roomy and main[-1].tokens > cli.window, report
+    uses = tool_uses(cli.api, main[-1].body, cli.tool)
+    assert [whole(n, use.result) for n, use in enumerate(uses, 1)] == [True] * READS, report
+    assert run.audit and all(e["actions"] == "fallback:1" for e in run.audit), report
 
 
 # The same sessions, in which the model fetches back a file that brim cut.

@@ -443,10 +443,25 @@ def test_an_overflow_the_provider_reports_is_retried(
 
 
 def test_evicted_turns_are_summarized_in_place_of_the_notice(
-    case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
+    case: Case,
+    serve: Callable[..., str],
+    provider: FakeProvider,
+    anthropic_fake: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = case.model(6_000)
+    # The summarizer's own upstream, with its own key: a client's key goes to no other upstream
+    # than the one its request addressed (tests/security/test_credentials.py).
+    monkeypatch.setenv("CONTRACT_SUMMARY_KEY", "sk-summaries")
+    sections = every_api(provider, anthropic_fake.url)
+    sections["upstreams"]["summaries"] = {
+        "api": "openai",
+        "base_url": f"{provider.url}/v1",
+        "api_key_env": "CONTRACT_SUMMARY_KEY",
+    }
     base = serve(
+        upstreams=sections["upstreams"],
+        routes={"summarizer-*": "summaries", **sections["routes"]},
         models=windows((model, 6_000)),
         guard={"policies": ["evict", "truncate"]},
         summarize={"enabled": True, "provider": "summarizer-good", "max_retries": 0},

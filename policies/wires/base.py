@@ -294,6 +294,16 @@ def with_tool_last(body: Mapping[str, Any], tool: dict[str, Any]) -> dict[str, A
     return {**body, "tools": [*listed(body.get("tools")), tool]}
 
 
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """A request brim makes of a model itself (a summary): the endpoint (the path after the
+    upstream's base URL, as `Exchange.endpoint`), the body, and headers the API requires."""
+
+    endpoint: str
+    body: dict[str, Any]
+    headers: Mapping[str, str]
+
+
 # A message in the OpenTelemetry GenAI input-messages shape:
 # {"role": ..., "parts": [{"type": "text", "content": ...}, {"type": "tool_call", "id", "name",
 #  "arguments"}, {"type": "tool_call_response", "id", "response"}, {"type": "blob"|"uri", ...}]}
@@ -410,6 +420,35 @@ class Wire(Protocol):
         """A fresh `Splice` for one streamed reply to the client; `earlier` is the usage of
         hidden rounds answered before any of it was sent (added to every usage figure)."""
         ...
+
+    # Another model: a request sent to a fallback, and calls brim makes itself ----------------
+
+    def with_model(
+        self, body: Mapping[str, Any], endpoint: str, model: str
+    ) -> tuple[dict[str, Any], str]:
+        """The request's body and endpoint addressed to `model` instead (the model is in the
+        body, or in the endpoint's path: then the body is returned as the very same object);
+        everything else as it was."""
+        ...
+
+    def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
+        """One unstreamed turn of `model`, without tools: `system` as its instructions, `text`
+        as the user's message, at most `max_tokens` tokens of reply."""
+        ...
+
+    def reply_text(self, reply: Mapping[str, Any]) -> str:
+        """The answer's text in an unstreamed reply (not its thinking or reasoning); empty if
+        it has none."""
+        ...
+
+
+class ModelInBody:
+    """`Wire.with_model` for wires whose request names its model in the body's `model`."""
+
+    def with_model(
+        self, body: Mapping[str, Any], endpoint: str, model: str
+    ) -> tuple[dict[str, Any], str]:
+        return {**body, "model": model}, endpoint
 
 
 class FieldConversation:

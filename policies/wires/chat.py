@@ -43,6 +43,8 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    ModelCall,
+    ModelInBody,
     RequestFacts,
     Splice,
     ToolCall,
@@ -596,7 +598,7 @@ class ChatSplice(Splice):
         """Nothing numbers this API's chunks."""
 
 
-class ChatWire(FieldConversation):
+class ChatWire(FieldConversation, ModelInBody):
     name = "openai.chat"
     conversation_field = "messages"
     operation = "chat"
@@ -769,6 +771,14 @@ class ChatWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return ChatSplice(earlier)
+
+    def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": text}]
+        body = {"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0}
+        return ModelCall("/chat/completions", body, {})
+
+    def reply_text(self, reply: Mapping[str, Any]) -> str:
+        return text_of(_reply_message(reply).get("content"))
 
 
 def _content_tokens(content: Any, enc: tiktoken.Encoding, model: str) -> int:

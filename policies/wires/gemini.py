@@ -25,6 +25,7 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    ModelCall,
     RequestFacts,
     Splice,
     ToolCall,
@@ -690,6 +691,33 @@ class GeminiWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return GeminiSplice(earlier)
+
+    def with_model(
+        self, body: Mapping[str, Any], endpoint: str, model: str
+    ) -> tuple[dict[str, Any], str]:
+        # The model is in the path (/v1beta/models/{model}:{method}); the body stays as it is.
+        same = body if isinstance(body, dict) else dict(body)
+        root, found, target = endpoint.rpartition("/models/")
+        if not found:
+            return same, endpoint
+        return same, f"{root}/models/{model}:{target.rpartition(':')[2]}"
+
+    def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
+        body = {
+            "systemInstruction": {"parts": [{"text": system}]},
+            "contents": [{"role": "user", "parts": [{"text": text}]}],
+            "generationConfig": {"maxOutputTokens": max_tokens, "temperature": 0},
+        }
+        return ModelCall(f"/v1beta/models/{model}:generateContent", body, {})
+
+    def reply_text(self, reply: Mapping[str, Any]) -> str:
+        return "".join(
+            str(part["text"])
+            for part in _parts(_reply_content(reply))
+            if isinstance(part, Mapping)
+            and isinstance(part.get("text"), str)
+            and not part.get("thought")
+        )
 
 
 def _declarations(tool: Any) -> tuple[str | None, list[Any]]:

@@ -27,6 +27,8 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    ModelCall,
+    ModelInBody,
     RequestFacts,
     Splice,
     ToolCall,
@@ -55,6 +57,7 @@ if TYPE_CHECKING:
     from policies.tokens import TokenCounter
 
 EARLIER_REMOVED = "[earlier messages were removed]"  # a user turn repair adds where one must be
+ANTHROPIC_VERSION = "2023-06-01"  # the `anthropic-version` of the requests brim makes itself
 
 
 def _blocks(content: Any) -> list[Any]:
@@ -772,7 +775,7 @@ class MessagesSplice(Splice):
         self._at, self._dropped, self._usage = {}, set(), {}
 
 
-class MessagesWire(FieldConversation):
+class MessagesWire(FieldConversation, ModelInBody):
     name = "anthropic.messages"
     conversation_field = "messages"
     operation = "chat"
@@ -910,6 +913,19 @@ class MessagesWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return MessagesSplice(earlier)
+
+    def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
+        body = {
+            "model": model,
+            "system": system,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": max_tokens,
+            "temperature": 0,
+        }
+        return ModelCall("/v1/messages", body, {"anthropic-version": ANTHROPIC_VERSION})
+
+    def reply_text(self, reply: Mapping[str, Any]) -> str:
+        return text_of(reply.get("content"))  # text blocks; thinking blocks have no `text`
 
 
 def _write_event_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:

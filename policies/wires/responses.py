@@ -26,6 +26,8 @@ from policies.wires.base import (
     ErrorInfo,
     FieldConversation,
     GenAiMessage,
+    ModelCall,
+    ModelInBody,
     RequestFacts,
     Splice,
     ToolCall,
@@ -67,6 +69,7 @@ OUTPUT_OF = {
     "local_shell_call": "local_shell_call_output",
 }
 OUTPUT_TYPES = set(OUTPUT_OF.values())
+MIN_OUTPUT_TOKENS = 16  # the least `max_output_tokens` the Responses API takes
 
 
 def _kind(item: Any) -> str:
@@ -525,7 +528,7 @@ class ResponsesSplice(Splice):
         self._at, self._dropped = {}, set()
 
 
-class ResponsesWire(FieldConversation):
+class ResponsesWire(FieldConversation, ModelInBody):
     name = "openai.responses"
     conversation_field = "input"
     operation = "chat"
@@ -687,6 +690,28 @@ class ResponsesWire(FieldConversation):
 
     def splice(self, earlier: Usage | None) -> Splice:
         return ResponsesSplice(earlier)
+
+    def model_call(self, model: str, system: str, text: str, max_tokens: int) -> ModelCall:
+        # No `temperature`: the reasoning models refuse it. Not stored: nothing goes on from it.
+        body = {
+            "model": model,
+            "instructions": system,
+            "input": [{"type": "message", "role": "user", "content": text}],
+            "max_output_tokens": max(MIN_OUTPUT_TOKENS, max_tokens),
+            "store": False,
+        }
+        return ModelCall("/responses", body, {})
+
+    def reply_text(self, reply: Mapping[str, Any]) -> str:
+        return "".join(
+            str(part["text"])
+            for item in listed(reply.get("output"))
+            if _kind(item) == "message"
+            for part in listed(item.get("content"))
+            if isinstance(part, Mapping)
+            and part.get("type") == "output_text"
+            and isinstance(part.get("text"), str)
+        )
 
 
 def _write_event_usage(event: dict[str, Any], usage: Usage) -> dict[str, Any]:

@@ -102,6 +102,7 @@ def make_exchange(
         request_id=request[REQUEST_ID],
         user_agent=request.headers.get("User-Agent", ""),
         owner=request.get(BRIM_KEY_OWNER) or serving.owners.of_credentials(request),
+        addressed=upstream,  # the one upstream the client's own credentials may go to
         quota=quota_for(request, serving.config.server, serving.admission),
     )
 

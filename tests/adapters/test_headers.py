@@ -39,6 +39,16 @@ def test_configured_key_replaces_every_client_credential() -> None:
     assert dict(sent) == {"Authorization": "Bearer sk-conf"}
 
 
+def test_to_an_upstream_the_client_did_not_address_no_credential_or_cookie_goes() -> None:
+    client = CIMultiDict(
+        {"Authorization": "Bearer c", "x-api-key": "c", "Cookie": "s=1", "X-Trace": "t"}
+    )
+    sent = upstream_request_headers(client, api="anthropic", api_key=None, addressed=False)
+    assert dict(sent) == {"X-Trace": "t"}
+    own = upstream_request_headers(client, api="anthropic", api_key="sk-own", addressed=False)
+    assert dict(own) == {"X-Trace": "t", "x-api-key": "sk-own"}
+
+
 def test_client_response_headers_drop_length_and_encoding() -> None:
     upstream = CIMultiDict(
         {

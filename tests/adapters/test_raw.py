@@ -52,6 +52,7 @@ def exchange(headers: dict[str, str] | None = None, query: str = "") -> Exchange
         stream=False,
         upstream="p",
         request_id="r1",
+        addressed="p",
     )
 
 
@@ -186,6 +187,49 @@ async def test_anthropic_upstream_gets_its_configured_key_as_x_api_key(
     (request,) = recorder.seen
     assert request.headers["x-api-key"] == "sk-ant"
     assert "Authorization" not in request.headers
+
+
+CLIENT_CREDENTIALS = {
+    "Authorization": "Bearer sk-client",
+    "x-api-key": "sk-client",
+    "x-goog-api-key": "AIza-client",
+    "Cookie": "session=client",
+    "X-Trace": "t",
+}
+
+
+@pytest.mark.parametrize("key", [None, "sk-own"], ids=["without-key", "with-own-key"])
+async def test_a_request_for_another_upstream_carries_no_client_credential(
+    served: tuple[Recorder, str], key: str | None
+) -> None:
+    """A request that addressed another upstream (a fallback sent here) goes without the
+    client's credential headers, cookies and `key=`; with this upstream's own key if it has
+    one. Whatever a stage does, the adapter does not pass a client's key on."""
+    recorder, base = served
+    adapter = adapter_for(base, api="gemini", key=key)
+    elsewhere = dataclasses.replace(
+        exchange(CLIENT_CREDENTIALS, "alt=sse&key=AIza-client&x=1"), addressed="home"
+    )
+    await adapter.send(elsewhere)
+    await adapter.aclose()
+    (request,) = recorder.seen
+    assert request.query_string == "alt=sse&x=1"
+    sent = {name.lower() for name in request.headers}
+    assert not sent & {"authorization", "x-api-key", "cookie"}
+    assert request.headers.get("x-goog-api-key") == key
+    assert request.headers["X-Trace"] == "t"  # not a credential: it goes
+
+
+async def test_the_configured_key_replaces_a_client_key_in_the_query_too(
+    served: tuple[Recorder, str],
+) -> None:
+    recorder, base = served
+    adapter = adapter_for(base, api="gemini", key="AIza-own")
+    await adapter.send(exchange({"x-goog-api-key": "AIza-client"}, "key=AIza-client&alt=sse"))
+    await adapter.aclose()
+    (request,) = recorder.seen
+    assert request.query_string == "alt=sse"
+    assert request.headers["x-goog-api-key"] == "AIza-own"
 
 
 async def test_event_streams_are_returned_as_chunks(served: tuple[Recorder, str]) -> None:

@@ -14,7 +14,9 @@ import httpx
 import openai
 import orjson
 import pytest
+from pydantic import SecretStr
 
+from adapters.config import UpstreamConfig
 from tests.conftest import BrimFactory
 from tests.fakes import FakeProvider, wait_for
 
@@ -309,3 +311,15 @@ async def test_a_raw_litellm_stream_is_relayed_whole_after_the_check() -> None:
     assert first == start  # read up to the first whole event, replayed as one chunk
     assert [chunk async for chunk in iterator] == [rest]
     assert not stream.closed
+
+
+def test_the_litellm_upstream_takes_the_clients_key_only_for_a_request_it_was_sent() -> None:
+    from adapters.translated import LitellmAdapter  # imports no litellm
+    from tests.builders import exchange
+
+    config = UpstreamConfig(api="litellm", model_prefix="bedrock/")
+    request = exchange(headers={"Authorization": "Bearer sk-client"}, upstream="home")
+    assert LitellmAdapter("home", config)._key(request) == "sk-client"
+    assert LitellmAdapter("other", config)._key(request) is None  # a fallback sent there
+    keyed = config.model_copy(update={"api_key": SecretStr("sk-own")})
+    assert LitellmAdapter("other", keyed)._key(request) == "sk-own"

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Mapping
 from typing import Any
 
 import orjson
 import pytest
 
 from adapters.base import UpstreamResponse
+from adapters.credentials import Caller
 from adapters.exchange import ANONYMOUS, Exchange
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
@@ -76,7 +76,7 @@ class Shortening:
         self.calls = 0
 
     async def __call__(
-        self, provider: str, messages: list[dict[str, str]], max_tokens: int, _: Mapping[str, str]
+        self, provider: str, messages: list[dict[str, str]], max_tokens: int, _: Caller
     ) -> str:
         self.calls += 1
         return " ".join(messages[1]["content"].split()[: max_tokens // 3])

@@ -5,6 +5,7 @@ failure. Outside the band, and for OpenAI's APIs, nothing is asked."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -217,6 +218,40 @@ async def test_the_provider_can_also_say_a_request_does_not_fit(
     assert context.tokens.provider_ratio == pytest.approx(1.1, abs=0.01)
     assert anthropic_fake.requests[-1].query == "beta=true"
     assert stage.native is not None and stage.native.calls == 1
+
+
+async def test_a_counter_on_an_upstream_the_client_did_not_address_is_not_asked(
+    anthropic_fake: FakeAnthropic, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A request on its way to another upstream than the one its client addressed (a
+    fallback's), which has no key of its own: its counter is not asked — the client's key may
+    not go there — and brim's estimate stands; logged, and recorded for the request's span."""
+    model = "claude-scaled110-6000"
+    upstreams = Upstreams(
+        {
+            "home": UpstreamConfig(api="anthropic", base_url=anthropic_fake.url),
+            "other": UpstreamConfig(api="anthropic", base_url=anthropic_fake.url),
+        },
+        {},
+    )
+    registry = LimitsRegistry({model: ModelFacts(context_window=WINDOW, max_output=1_000)})
+    stage = ResolveLimits(
+        registry, TokenCounter(), safety_margin=0.05, clients={}, upstreams=upstreams
+    )
+    body = sized(model, BUDGET - 200)  # undecided: the counter would be asked
+    exchange = builders.exchange(
+        "anthropic.messages", model, body, headers=CLIENT, endpoint="/v1/messages", upstream="home"
+    )
+    elsewhere = dataclasses.replace(exchange, upstream="other")  # addressed stays "home"
+    try:
+        with caplog.at_level(logging.WARNING, logger="brim.credentials"):
+            context = await stage.context_for(elsewhere)
+    finally:
+        await upstreams.aclose()
+    assert count_requests(anthropic_fake) == []
+    assert context.tokens.exact == token_count(body) and context.tokens.estimate is None
+    assert [(w.step, w.upstream) for w in elsewhere.report.withheld] == [("native_count", "other")]
+    assert any("native_count" in r.getMessage() for r in caplog.records)
 
 
 # --- Gemini generateContent, end to end ------------------------------------------------------

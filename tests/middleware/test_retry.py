@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from tests.builders import tool_turn
-from tests.conftest import BrimFactory
+from tests.conftest import BrimFactory, every_api
 from tests.fake_anthropic import FakeAnthropic
 from tests.fakes import FakeProvider, pairing_errors
 
@@ -186,6 +186,29 @@ def test_a_fallback_model_is_tried_before_cutting(base: str, provider: FakeProvi
     sent = orjson.loads(provider.requests[-1].body)
     assert sent["model"] == "tight-20000"
     assert sent["messages"] == messages  # nothing was cut
+
+
+def test_a_gemini_requests_fallback_is_the_model_its_url_names(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    """Gemini names the model in the path, not the body: the fallback is asked for there (and
+    the body goes on as the client sent it)."""
+    models = {
+        "gem-3000": {"context_window": BIG, "max_output": 1_000, "fallbacks": ["gem-20000"]},
+        "gem-20000": {"context_window": BIG, "max_output": 1_000},
+    }
+    base = brim(**every_api(provider), models=models)
+    contents = [{"role": "user", "parts": [{"text": "test log line passed " * 1_200}]}]
+    reply = httpx.post(
+        f"{base}/v1beta/models/gem-3000:generateContent",
+        json={"contents": contents},
+        timeout=30,
+    )
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-brim-actions"] == "fallback:1"
+    assert [model for model, _ in provider.tight_seen] == ["gem-3000", "gem-20000"]
+    assert provider.requests[-1].path == "/v1beta/models/gem-20000:generateContent"
+    assert orjson.loads(provider.requests[-1].body) == {"contents": contents}
 
 
 def test_retry_can_be_switched_off(brim: BrimFactory, provider: FakeProvider) -> None:

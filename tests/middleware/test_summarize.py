@@ -14,6 +14,8 @@ import openai
 import orjson
 import pytest
 
+from adapters.credentials import Caller
+from adapters.headers import CREDENTIAL_HEADERS
 from middleware import summarize as summarize_module
 from middleware.shared import RedisLink
 from middleware.summarize import Job, MemoryCache, RedisCache, Summarizer
@@ -23,12 +25,21 @@ from policies.tokens import CounterMeter, TokenCounter
 from policies.wires.chat import CHAT
 from proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn
-from tests.conftest import BrimFactory
-from tests.fakes import FakeProvider
+from tests.conftest import BrimFactory, every_api
+from tests.fakes import FakeProvider, Seen
+from tests.middleware.test_fallback import CLIENTS
+from tests.test_wire_contract import FACT, session
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
 OWNER, OTHER = "cred-" + "1" * 32, "cred-" + "2" * 32  # two clients' requests
+
+
+def of(owner: str) -> Caller:
+    """A Chat Completions client whose requests are `owner`'s."""
+    return Caller(api=CHAT.name, owner=owner)
+
+
 LONG = "\n".join(
     f"step {n}: the build ran the integration suite and wrote its report" for n in range(300)
 )
@@ -48,7 +59,7 @@ class FakeModel:
         provider: str,
         messages: list[dict[str, str]],
         max_tokens: int,
-        headers: Mapping[str, str],
+        caller: Caller,
     ) -> str:
         self.calls.append((provider, max_tokens))
         if provider in self.failing:
@@ -73,7 +84,7 @@ def test_the_level_steps_down_when_a_summary_is_still_too_long() -> None:
     model = FakeModel(verbose=True)
     size = METER.text_tokens(LONG)
     target = int(size * 0.6)  # condensed (~50 %) should fit, so that is where it starts
-    summary = asyncio.run(summarizer(model).summarize(LONG, target, "task", owner=OWNER))
+    summary = asyncio.run(summarizer(model).summarize(LONG, target, "task", of(OWNER)))
     assert summary is not None
     assert summary.level == "key_points" and summary.tokens_after <= target
     assert len(model.calls) == 2  # condensed came back too long; key_points did not
@@ -92,22 +103,20 @@ def test_past_the_last_level_the_summary_is_cut() -> None:
             return messages[1]["content"]
 
     model = Stubborn()
-    summary = asyncio.run(summarizer(model).summarize(LONG, 500, "task", owner=OWNER))
+    summary = asyncio.run(summarizer(model).summarize(LONG, 500, "task", of(OWNER)))
     assert summary is not None and summary.truncated and summary.tokens_after <= 500
     assert "cut from the middle by brim" in summary.text
     with pytest.raises(ValueError):
         asyncio.run(
             summarizer(Stubborn(), truncate_fallback=False)._with(
-                Job("cheap", "t", "headline", {}, OWNER), LONG, 4000, 500
+                Job("cheap", "t", "headline", of(OWNER)), LONG, 4000, 500
             )
         )
 
 
 def test_inputs_larger_than_the_summarizers_window_are_map_reduced() -> None:
     model = FakeModel()
-    summary = asyncio.run(
-        summarizer(model, window=1_000).summarize(LONG, 1_200, "task", owner=OWNER)
-    )
+    summary = asyncio.run(summarizer(model, window=1_000).summarize(LONG, 1_200, "task", of(OWNER)))
     assert summary is not None
     assert len(model.calls) >= 5  # several chunks, then the summary of their summaries
     assert summary.tokens_after <= 1_200
@@ -117,7 +126,7 @@ def test_a_failing_provider_is_retried_then_the_next_one_serves() -> None:
     model = FakeModel(failing=("primary",))
     summary = asyncio.run(
         summarizer(model, ("primary", "backup"), max_retries=2).summarize(
-            LONG, 2_000, "task", owner=OWNER
+            LONG, 2_000, "task", of(OWNER)
         )
     )
     assert summary is not None and summary.provider == "backup"
@@ -128,7 +137,7 @@ def test_when_every_provider_fails_there_is_no_summary() -> None:
     model = FakeModel(failing=("a", "b"))
     assert (
         asyncio.run(
-            summarizer(model, ("a", "b"), max_retries=1).summarize(LONG, 2_000, "task", owner=OWNER)
+            summarizer(model, ("a", "b"), max_retries=1).summarize(LONG, 2_000, "task", of(OWNER))
         )
         is None
     )
@@ -137,7 +146,7 @@ def test_when_every_provider_fails_there_is_no_summary() -> None:
 def test_a_text_already_within_its_target_is_its_own_summary() -> None:
     model = FakeModel()
     short = "step 1: the build ran the suite"
-    summary = asyncio.run(summarizer(model).summarize(short, 500, "task", owner=OWNER))
+    summary = asyncio.run(summarizer(model).summarize(short, 500, "task", of(OWNER)))
     assert summary is not None and summary.text == short and summary.level == "verbatim"
     assert model.calls == []  # nothing to summarize: no model call, and not a failure
 
@@ -155,11 +164,11 @@ def test_a_cached_summary_longer_than_the_target_is_made_again() -> None:
             return " ".join(messages[1]["content"].split()[:max_tokens])
 
     model, cache = Wordy(), MemoryCache(ttl_hours=1)
-    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_200, "task", owner=OWNER))
+    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_200, "task", of(OWNER)))
     assert first is not None and first.level == "headline" and first.tokens_after > 1_200
     calls = len(model.calls)
     # The same level is asked for (the key), with less room: the cached text no longer fits.
-    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 1_200, "task", owner=OWNER))
+    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 1_200, "task", of(OWNER)))
     assert again is not None and not again.cache_hit and again.tokens_after <= 1_200
     assert len(model.calls) > calls
 
@@ -169,25 +178,25 @@ def test_the_cache_serves_the_same_bytes_and_misses_on_any_change(
 ) -> None:
     model = FakeModel()
     cache = MemoryCache(ttl_hours=1)
-    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task", owner=OWNER))
-    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task", owner=OWNER))
+    first = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task", of(OWNER)))
+    again = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task", of(OWNER)))
     assert first is not None and again is not None
     assert again.cache_hit and again.text == first.text and len(model.calls) == 1
-    asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "another task", owner=OWNER))
+    asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "another task", of(OWNER)))
     assert len(model.calls) == 2
     asyncio.run(
-        summarizer(model, ("other",), cache=cache).summarize(LONG, 2_000, "task", owner=OWNER)
+        summarizer(model, ("other",), cache=cache).summarize(LONG, 2_000, "task", of(OWNER))
     )
     assert len(model.calls) == 3
     monkeypatch.setitem(summarize_module.PROMPTS, "v2", summarize_module.PROMPT_V1 + " ")
     asyncio.run(
         summarizer(model, cache=cache, prompt_version="v2").summarize(
-            LONG, 2_000, "task", owner=OWNER
+            LONG, 2_000, "task", of(OWNER)
         )
     )
     assert len(model.calls) == 4
     # Another client's request, the same text: a summary of its own, never this owner's.
-    other = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task", owner=OTHER))
+    other = asyncio.run(summarizer(model, cache=cache).summarize(LONG, 2_000, "task", of(OTHER)))
     assert other is not None and not other.cache_hit and len(model.calls) == 5
 
 
@@ -196,11 +205,9 @@ def test_two_brim_instances_share_summaries_through_redis(redis_url: str) -> Non
         model = FakeModel()
         first_link, second_link = RedisLink(redis_url), RedisLink(redis_url)
         first_cache, second_cache = RedisCache(first_link, 1), RedisCache(second_link, 1)
-        first = await summarizer(model, cache=first_cache).summarize(
-            LONG, 2_000, "task", owner=OWNER
-        )
+        first = await summarizer(model, cache=first_cache).summarize(LONG, 2_000, "task", of(OWNER))
         second = await summarizer(model, cache=second_cache).summarize(
-            LONG, 2_000, "task", owner=OWNER
+            LONG, 2_000, "task", of(OWNER)
         )
         await first_link.aclose()
         await second_link.aclose()
@@ -222,16 +229,16 @@ def test_a_summary_in_redis_is_its_owners_and_a_malformed_one_is_never_used(
         first_link, second_link = RedisLink(redis_url), RedisLink(redis_url)
         first = RedisCache(first_link, 1)
         second = RedisCache(second_link, 1, on_rejected=rejected.append)
-        await summarizer(model, cache=first).summarize(LONG, 2_000, "task", owner=OWNER)
+        await summarizer(model, cache=first).summarize(LONG, 2_000, "task", of(OWNER))
         await first_link.settle()  # written off the request path
-        others = await summarizer(model, cache=second).summarize(LONG, 2_000, "task", owner=OTHER)
+        others = await summarizer(model, cache=second).summarize(LONG, 2_000, "task", of(OTHER))
         await second_link.settle()
         client: Any = redis.from_url(redis_url)
         names = sorted(await client.keys("brim:summary:*"))
         for name in names:
             await client.set(name, b"\xff\xfe not a summary")
         fresh = RedisCache(second_link, 1, on_rejected=rejected.append)  # nothing of its own
-        again = await summarizer(model, cache=fresh).summarize(LONG, 2_000, "task", owner=OWNER)
+        again = await summarizer(model, cache=fresh).summarize(LONG, 2_000, "task", of(OWNER))
         await client.aclose()
         await first_link.aclose()
         await second_link.aclose()
@@ -351,6 +358,11 @@ def test_a_tool_result_too_large_to_keep_is_summarized_instead_of_cut(
     assert provider.strict_rejections == []
 
 
+def client(authorization: str) -> Caller:
+    """A Chat Completions client of upstream "u" with its own key."""
+    return Caller(api="openai.chat", upstream="u", headers={"Authorization": authorization})
+
+
 class SlowCache(MemoryCache):
     """A cache that makes every look-up wait, as a network round trip to Redis does."""
 
@@ -367,13 +379,13 @@ def test_concurrent_summaries_each_carry_their_own_requests_key() -> None:
     attempts: dict[str, int] = {}
 
     async def call(
-        provider: str, messages: list[dict[str, str]], max_tokens: int, headers: Mapping[str, str]
+        provider: str, messages: list[dict[str, str]], max_tokens: int, caller: Caller
     ) -> str:
         text = messages[1]["content"]
         owner = text.split(":", 1)[0].removeprefix("owner ")
         attempts[text] = attempts.get(text, 0) + 1
         await asyncio.sleep(0.005 * (hash(owner) % 5))
-        seen.append((owner, headers["Authorization"]))
+        seen.append((owner, caller.headers["Authorization"]))
         if attempts[text] == 1:
             raise RuntimeError("flaky summarizer: the retry must carry the same key")
         return f"owner {owner}: summary"
@@ -390,9 +402,7 @@ def test_concurrent_summaries_each_carry_their_own_requests_key() -> None:
     async def run() -> list[Any]:
         return await asyncio.gather(
             *(
-                shared.summarize(
-                    text, 200, "task", {"Authorization": f"Bearer key-{owner}"}, owner=OWNER
-                )
+                shared.summarize(text, 200, "task", client(f"Bearer key-{owner}"))
                 for owner, text in texts.items()
             )
         )
@@ -452,3 +462,80 @@ def test_a_growing_session_reuses_its_earlier_summaries_byte_for_byte(
     assert max(Counter(texts).values()) <= 2  # a batch: its key points, then its headline
     grew = [(b, a) for b, a in pairs if a[0] != b[0]]
     assert len(grew) >= 3 and all(len(a[1]) > 1 for _, a in grew)
+
+
+SUMMARY_PATHS = {
+    "anthropic.messages": "/v1/messages",
+    "openai.responses": "/v1/responses",
+    "gemini.generate": "/v1beta/models/summarizer-good:generateContent",
+}
+
+
+def credentials(seen: Seen) -> dict[str, str]:
+    return {k: v for k, v in seen.headers.items() if k in CREDENTIAL_HEADERS}
+
+
+@pytest.mark.parametrize("api", sorted(SUMMARY_PATHS))
+def test_the_summarizer_asks_on_the_clients_own_wire_api(
+    brim: BrimFactory, provider: FakeProvider, api: str
+) -> None:
+    """A client with only its own key for one provider (Claude Code with an Anthropic key, say)
+    summarizes with a model of that provider: the summary is asked in the client's wire API, of
+    the upstream its request went to, with its own key; the fact survives in the summary."""
+    client = CLIENTS[api]
+    base = brim(
+        **{
+            **every_api(provider),
+            "routes": {
+                "summarizer-*": ["openai", "anthropic", "gemini"],
+                "claude-*": "anthropic",
+                "gem*": "gemini",
+                "*": "openai",
+            },
+        },
+        models={client.small: {"context_window": 6_000, "max_output": 1_000}},
+        guard={"policies": ["evict", "truncate"], "prefer_fallback": False},
+        summarize={"enabled": True, "provider": "summarizer-good", "max_retries": 0},
+    )
+    headers = client.send(base, client.small, session(client.case, 10, fact=True))
+    assert "summarize:" in headers["x-brim-actions"]
+    *asked, forwarded = provider.requests
+    assert asked and len(asked) == len(provider.summarizer_calls)
+    assert all(seen.path == SUMMARY_PATHS[api] for seen in asked)
+    assert credentials(forwarded)  # the client's own key…
+    assert all(credentials(seen) == credentials(forwarded) for seen in asked)  # …on each call
+    sent = client.case.wire.conversation(orjson.loads(provider.requests[-1].body))
+    texts = [client.case.wire.dialect.text(item) for item in sent]
+    assert any(text.startswith("[brim: a summary") and FACT in text for text in texts)
+
+
+def test_the_summarizer_on_another_wire_api_uses_that_upstreams_own_key(
+    brim: BrimFactory, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Chat Completions client; the summarizer is a model on an Anthropic upstream with a key
+    of its own: the summary is asked on Messages, with that key, never the client's."""
+    monkeypatch.setenv("SUMMARY_UPSTREAM_KEY", "sk-ant-summaries")
+    client = CLIENTS["openai.chat"]
+    base = brim(
+        upstreams={
+            "openai": {"api": "openai", "base_url": f"{provider.url}/v1"},
+            "summaries": {
+                "api": "anthropic",
+                "base_url": provider.url,
+                "api_key_env": "SUMMARY_UPSTREAM_KEY",
+            },
+        },
+        routes={"summarizer-*": "summaries", "*": "openai"},
+        models={client.small: {"context_window": 6_000, "max_output": 1_000}},
+        guard={"policies": ["evict", "truncate"]},
+        summarize={"enabled": True, "provider": "summarizer-good", "max_retries": 0},
+    )
+    headers = client.send(base, client.small, session(client.case, 10, fact=True))
+    assert "summarize:" in headers["x-brim-actions"]
+    asked = [seen for seen in provider.requests if seen.path == "/v1/messages"]
+    assert asked and len(asked) == len(provider.summarizer_calls)
+    for seen in asked:
+        assert seen.headers["x-api-key"] == "sk-ant-summaries"
+        assert "sk-client" not in " ".join(seen.headers.values())
+    sent = orjson.loads(provider.requests[-1].body)["messages"]
+    assert any(FACT in str(message["content"]) for message in sent)

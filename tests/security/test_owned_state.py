@@ -364,10 +364,25 @@ def test_a_session_never_builds_on_the_turn_another_clients_request_left(
 
 
 def test_a_summary_made_for_one_client_is_never_served_to_another(
-    case: Case, contract: Callable[..., str], provider: FakeProvider
+    case: Case,
+    contract: Callable[..., str],
+    provider: FakeProvider,
+    anthropic_fake: FakeAnthropic,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     model = case.model(6_000)
+    # The summarizer's own upstream, with its own key (a client's key goes to no other upstream:
+    # tests/security/test_credentials.py), so that every API's client is summarized.
+    monkeypatch.setenv("OWNED_SUMMARY_KEY", "sk-summaries")
+    sections = every_api(provider, anthropic_fake.url)
+    sections["upstreams"]["summaries"] = {
+        "api": "openai",
+        "base_url": f"{provider.url}/v1",
+        "api_key_env": "OWNED_SUMMARY_KEY",
+    }
     base = contract(
+        upstreams=sections["upstreams"],
+        routes={"summarizer-*": "summaries", **sections["routes"]},
         models=windows((model, 6_000)),
         guard={"policies": ["evict", "truncate"]},
         summarize={"enabled": True, "provider": "summarizer-good", "max_retries": 0},

@@ -8,6 +8,7 @@ import orjson
 import pytest
 from pydantic import BaseModel, StrictStr, ValidationError
 
+from policies.budget import requested_output
 from policies.wires import WIRES, wire_for_path
 from policies.wires.base import ErrorInfo, Refusal, first_error, sse_data
 from policies.wires.chat import CHAT, openai_error, openai_error_body
@@ -100,6 +101,101 @@ def test_no_two_wires_own_a_path_so_the_order_they_are_asked_in_is_free(
 def test_chat_completions_owns_its_own_path() -> None:
     assert CHAT.owns_path("/v1/chat/completions")
     assert not CHAT.owns_path("/v1beta/chat/completions")
+
+
+# ---- another model: a fallback's request, and calls brim makes itself ------------------------
+
+SYSTEM = "Summarize the conversation."
+TEXT = "user: fix the build\ntool result: 3 tests failed"
+# A reply with thinking or reasoning first and the answer after it, in each API's shape.
+REPLIES: dict[str, dict[str, Any]] = {
+    "openai.chat": {
+        "choices": [{"message": {"role": "assistant", "content": "the answer"}}],
+    },
+    "anthropic.messages": {
+        "content": [
+            {"type": "thinking", "thinking": "let me see", "signature": "s"},
+            {"type": "text", "text": "the answer"},
+        ]
+    },
+    "openai.responses": {
+        "output": [
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [{"type": "summary_text", "text": "hm"}],
+            },
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "the answer", "annotations": []}],
+            },
+        ]
+    },
+    "gemini.generate": {
+        "candidates": [
+            {
+                "content": {
+                    "role": "model",
+                    "parts": [{"text": "let me see", "thought": True}, {"text": "the answer"}],
+                }
+            }
+        ]
+    },
+}
+ENDPOINTS = {  # where each API's request goes, after the upstream's base URL
+    "openai.chat": "/chat/completions",
+    "anthropic.messages": "/v1/messages",
+    "openai.responses": "/responses",
+    "gemini.generate": "/v1beta/models/cheap-model:generateContent",
+}
+
+
+def test_every_wire_has_a_reply_and_an_endpoint() -> None:
+    assert set(REPLIES) == set(WIRES) == set(ENDPOINTS)
+
+
+@pytest.mark.parametrize("wire", WIRES.values(), ids=WIRES)
+def test_a_call_brim_makes_is_a_request_the_api_takes_and_reads_as_asked(wire: Any) -> None:
+    call = wire.model_call("cheap-model", SYSTEM, TEXT, 300)
+    assert call.endpoint == ENDPOINTS[wire.name]
+    wire.check(call.body)  # the API's own body check takes it
+    messages = wire.genai_messages(wire.conversation(call.body))
+    instructions = wire.system_instructions(call.body)
+    if not instructions:  # Chat Completions: the system prompt is the first message
+        instructions = messages.pop(0)["parts"]
+    assert instructions == [{"type": "text", "content": SYSTEM}]
+    assert messages == [{"role": "user", "parts": [{"type": "text", "content": TEXT}]}]
+    assert requested_output(call.body) in (300, None)  # Gemini's is in generationConfig
+    assert wire.tool_names(call.body) == frozenset()
+    assert not call.body.get("stream")
+
+
+@pytest.mark.parametrize("wire", WIRES.values(), ids=WIRES)
+def test_the_text_of_a_reply_is_its_answer_not_its_thinking(wire: Any) -> None:
+    assert wire.reply_text(REPLIES[wire.name]) == "the answer"
+    assert wire.reply_text({}) == ""
+
+
+@pytest.mark.parametrize("wire", WIRES.values(), ids=WIRES)
+def test_a_request_for_another_model_names_it_where_the_api_does(wire: Any) -> None:
+    endpoint = ENDPOINTS[wire.name].replace("cheap-model", "small")
+    body = wire.model_call("small", SYSTEM, TEXT, 300).body
+    changed, where = wire.with_model(body, endpoint, "roomy")
+    if wire is GEMINI:  # in the path; the body is the very same
+        assert changed is body and where == "/v1beta/models/roomy:generateContent"
+    else:
+        assert changed == {**body, "model": "roomy"} and where == endpoint
+        assert body["model"] == "small"  # a new body: the client's is not changed
+
+
+def test_gemini_keeps_the_method_and_the_root_of_the_path() -> None:
+    body: dict[str, Any] = {"contents": []}
+    for endpoint, expected in (
+        ("/v1beta/models/a:streamGenerateContent", "/v1beta/models/b:streamGenerateContent"),
+        ("/v1/models/a:generateContent", "/v1/models/b:generateContent"),
+    ):
+        assert GEMINI.with_model(body, endpoint, "b") == (body, expected)
 
 
 # ---- the rest --------------------------------------------------------------------------------
