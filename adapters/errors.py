@@ -174,10 +174,11 @@ class ContextTooLarge(BrimError):
         )
 
 
-# Network addresses in text: URLs, [IPv6]:port, IPv4[:port], host:port (a host with a letter in
-# it: "12:30" is a time).
+# Network addresses in text: URLs, Python's ('host', port), [IPv6]:port, IPv4[:port], host:port
+# (a host with a letter in it: "12:30" is a time).
 _ADDRESS = re.compile(
     r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>()\[\]{}]+"
+    r"|\(\s*'[^']*'\s*,\s*\d+[^)]*\)"
     r"|\[[0-9a-f:.]+\](?::\d+)?"
     r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"
     r"|\b(?=[\w.-]*[a-z])[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?:\d{1,5}\b",

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -62,7 +63,8 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, aiohttp.ClientConnectorDNSError):
         return "its host name could not be resolved"
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return (exc.os_error.strerror or "the connection failed").lower()
+        errno = exc.os_error.errno  # its strerror may name the address ("Connect call failed…")
+        return os.strerror(errno).lower() if errno else "the connection failed"
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return "the server closed the connection"
     if isinstance(exc, aiohttp.ClientPayloadError):
