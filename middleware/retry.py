@@ -175,7 +175,6 @@ class RetryOnOverflow:
             output=requested_output(exchange.body),
             overhead=exchange.context.budget.cli_overhead,
         )
-        output_counts = stated.counts_output or exchange.context.limits.limits.output_counts
         if stated.counts_output:
             why = output_counts_unproven(stated.output, sent)
             if why is not None:
@@ -189,6 +188,7 @@ class RetryOnOverflow:
                 )
         if not stated.limit:
             return stated
+        output_counts = stated.counts_output or exchange.context.limits.limits.output_counts
         why = window_unproven(stated.limit, stated.requested, sent, output_counts=output_counts)
         reason = "unproven"
         if why is None:

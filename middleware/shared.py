@@ -740,7 +740,8 @@ class LocalState:
             self.limits = SharedLimits(
                 WorkerFiles(group), registry, spawn=self._spawn, skipped=skipped
             )
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # writes off the request path
+        self._refresher: asyncio.Task[None] | None = None
         self._failing = False
 
     @property
@@ -766,8 +767,8 @@ class LocalState:
         task.add_done_callback(self._tasks.discard)
 
     async def start(self) -> None:
-        if self.limits is not None and not self._tasks:
-            self._spawn(self._refresh)
+        if self.limits is not None and self._refresher is None:
+            self._refresher = asyncio.create_task(self._refresh())
 
     async def _refresh(self) -> None:
         assert self.limits is not None
@@ -790,9 +791,12 @@ class LocalState:
         return Forgotten([] if self.registry is None else self.registry.forget(model), True)
 
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+            self._refresher = None
+        if self._tasks:  # let the last writes land
+            await asyncio.wait(list(self._tasks), timeout=2)
 
 
 class RedisState:

@@ -63,83 +63,42 @@ KNOWN_FIELDS = {
 }  # fmt: skip
 
 
-def unknown_field(api: str, name: str) -> tuple[int, dict[str, Any]]:
+def error_body(api: str, message: str, *, code: str | None = None) -> dict[str, Any]:
+    """A 400 as `api`'s provider shapes it, saying `message`."""
+    if api == "anthropic.messages":
+        return {"type": "error", "error": {"type": "invalid_request_error", "message": message}}
+    if api == "gemini.generate":
+        return {"error": {"code": 400, "message": message, "status": "INVALID_ARGUMENT"}}
+    error = {"message": message, "type": "invalid_request_error", "param": None, "code": code}
+    return {"error": error}
+
+
+def unknown_field(api: str, name: str) -> dict[str, Any]:
     """The provider's reply to a request with a field it does not know, naming it."""
-    if api == "openai.chat":
-        message = f"Unrecognized request argument supplied: {name}"
-        return 400, {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": None,
-            }
-        }
-    if api == "openai.responses":
-        return 400, {
-            "error": {
-                "message": f"Unknown parameter: '{name}'.",
-                "type": "invalid_request_error",
-                "param": name,
-                "code": "unknown_parameter",
-            }
-        }
-    if api == "anthropic.messages":
-        return 400, {
-            "type": "error",
-            "error": {
-                "type": "invalid_request_error",
-                "message": f"{name}: Extra inputs are not permitted",
-            },
-        }
-    return 400, {
-        "error": {
-            "code": 400,
-            "message": f'Invalid JSON payload received. Unknown name "{name}": Cannot find field.',
-            "status": "INVALID_ARGUMENT",
-        }
-    }
+    return {
+        "openai.chat": error_body(api, f"Unrecognized request argument supplied: {name}"),
+        "openai.responses": error_body(
+            api, f"Unknown parameter: '{name}'.", code="unknown_parameter"
+        ),
+        "anthropic.messages": error_body(api, f"{name}: Extra inputs are not permitted"),
+        "gemini.generate": error_body(
+            api, f'Invalid JSON payload received. Unknown name "{name}": Cannot find field.'
+        ),
+    }[api]
 
 
-def overflow(api: str, tokens: int, window: int) -> tuple[int, dict[str, Any]]:
+def overflow(api: str, tokens: int, window: int) -> dict[str, Any]:
     """The provider's own reply to a request over its window, in its own words."""
-    if api == "openai.chat":
-        return 400, {
-            "error": {
-                "message": f"This model's maximum context length is {window} tokens. However, "
-                f"your messages resulted in {tokens} tokens. Please reduce the length of the "
-                "messages.",
-                "type": "invalid_request_error",
-                "param": "messages",
-                "code": "context_length_exceeded",
-            }
-        }
-    if api == "openai.responses":
-        return 400, {
-            "error": {
-                "message": "Your input exceeds the context window of this model. Please adjust "
-                "your input and try again.",
-                "type": "invalid_request_error",
-                "param": "input",
-                "code": "context_length_exceeded",
-            }
-        }
-    if api == "anthropic.messages":
-        return 400, {
-            "type": "error",
-            "error": {
-                "type": "invalid_request_error",
-                "message": f"prompt is too long: {tokens} tokens > {window} maximum",
-            },
-        }
-    return 400, {
-        "error": {
-            "code": 400,
-            "message": f"The input token count ({tokens}) exceeds the maximum number of tokens "
-            f"allowed ({window}).",
-            "status": "INVALID_ARGUMENT",
-        }
-    }
+    said = {
+        "openai.chat": f"This model's maximum context length is {window} tokens. However, your "
+        f"messages resulted in {tokens} tokens. Please reduce the length of the messages.",
+        "openai.responses": "Your input exceeds the context window of this model. Please "
+        "adjust your input and try again.",
+        "anthropic.messages": f"prompt is too long: {tokens} tokens > {window} maximum",
+        "gemini.generate": f"The input token count ({tokens}) exceeds the maximum number of "
+        f"tokens allowed ({window}).",
+    }[api]
+    return error_body(api, said, code="context_length_exceeded")
 
 
 def api_of(path: str) -> str:
@@ -173,15 +132,13 @@ class Echoing:
             unknown = sorted(set(body) - KNOWN_FIELDS[api])
             if unknown:
                 self.calls.append((api, model, tokens, "unknown field"))
-                status, error = unknown_field(api, unknown[0])
-                return web.json_response(error, status=status)
+                return web.json_response(unknown_field(api, unknown[0]), status=400)
             stated = REAL_WINDOW if model.endswith("-w8000") else None
             if model.startswith(("liar-", "claude-liar-", "gemini-liar-")):
                 stated, tokens = 2_000, 2_100
             if stated is not None and tokens > stated:
                 self.calls.append((api, model, tokens, "overflow"))
-                status, error = overflow(api, tokens, stated)
-                return web.json_response(error, status=status)
+                return web.json_response(overflow(api, tokens, stated), status=400)
             self.calls.append((api, model, tokens, "answer"))
             response: web.StreamResponse = await handler(request)
             return response
