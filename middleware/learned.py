@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
+from cachetools import LRUCache
 
 from policies.limits import LEARNED_KINDS, LEARNED_MAX, Learned, LearnedKind, LimitsRegistry
 
@@ -102,6 +103,19 @@ def parse_fact(kind: LearnedKind, key: Field, value: Field) -> Learned | None:
         return None
     ok = fact.value > 0 and 0 < len(model) <= MODEL_ID_MAX and fact.until == fact.until
     return fact if ok else None
+
+
+_WARNED: LRUCache[object, bool] = LRUCache(maxsize=1_024)  # what was warned of already
+
+
+def warn_once(logger: logging.Logger, key: object, message: str, *args: object) -> None:
+    """Log a warning the first time for `key` (a record read again and again is named once;
+    bounded), at debug after."""
+    if key in _WARNED:
+        logger.debug(message, *args)
+    else:
+        _WARNED[key] = True
+        logger.warning(message, *args)
 
 
 def parse_tombstone(key: Field, value: Field) -> tuple[str, float] | None:
@@ -178,7 +192,8 @@ class SharedLimits:
         return fact.learned_at(self.ttl_s) <= at
 
     def _skip(self, record: str, key: Field, why: str) -> None:
-        log.warning("skipped a shared %s record %.80r: %s", record, key, why)
+        seen = (record, hash(key))
+        warn_once(log, seen, "skipped a shared %s record %.80r: %s", record, key, why)
         if self._skipped is not None:
             self._skipped(record)
 

@@ -60,6 +60,7 @@ from middleware.learned import (
     WorkerFiles,
     WorkerGroup,
     encode,
+    warn_once,
 )
 from middleware.telemetry import RECENT_EVENTS, StatusBoard, merge_series
 from policies.limits import LEARNED_KINDS, Learned, LearnedKind, LimitsRegistry
@@ -638,7 +639,10 @@ class SharedStatus:
             return None
 
     def _skip(self, record: str, raw: Any) -> None:
-        log.warning("skipped a malformed shared %s record: %.80r", record, raw)
+        shown = raw if isinstance(raw, bytes | str) else repr(raw)
+        warn_once(
+            log, (record, shown), "skipped a malformed shared %s record: %.80r", *(record, raw)
+        )
         if self._skipped is not None:
             self._skipped(record)
 
