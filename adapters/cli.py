@@ -51,6 +51,7 @@ from adapters.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnreachable,
+    hide_addresses,
 )
 from adapters.exchange import Exchange
 from adapters.overflow import Overflow, classify
@@ -629,8 +630,9 @@ class CliAdapter:
     def _failure(self, failed: Failed) -> UpstreamFailure:
         """A failure the CLI reported, as the documented error (its body in the Chat Completions
         error shape, the CLI's message in it)."""
-        message, status = failed.message.strip() or "no message", failed.status
-        overflow = classify(400, message)
+        said, status = failed.message.strip() or "no message", failed.status
+        overflow = classify(400, said)
+        message = hide_addresses(said)  # the CLI's provider's address is not the client's
         if overflow is None and failed.overflow:
             overflow = Overflow(message=message)
         cli = self.cli.name

@@ -40,12 +40,16 @@ defined here.
 
 Adapters raise only the `UpstreamFailure` branch; `UpstreamError.from_reply` is the single place
 that turns a provider's error reply into its class (`adapters.overflow` recognises overflows).
+brim's own words about an upstream name it by its name in the config, never by its address: an
+`UpstreamFailure`'s message goes through `hide_addresses` (an internal host and port is nobody's
+business but the operator's, who finds it in the log).
 The HTTP layer renders brim's own errors in the client's wire format (`info()` gives the wire
 object what it needs), adding any `brim_headers` (e.g. `x-brim-retries`, `retry-after`).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from adapters.overflow import Overflow, classify
@@ -170,11 +174,30 @@ class ContextTooLarge(BrimError):
         )
 
 
+# Network addresses in text: URLs, Python's ('host', port), [IPv6]:port, IPv4[:port], host:port
+# (a host with a letter in it: "12:30" is a time).
+_ADDRESS = re.compile(
+    r"\b[a-z][a-z0-9+.-]*://[^\s'\"<>()\[\]{}]+"
+    r"|\(\s*'[^']*'\s*,\s*\d+[^)]*\)"
+    r"|\[[0-9a-f:.]+\](?::\d+)?"
+    r"|\b(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?\b"
+    r"|\b(?=[\w.-]*[a-z])[a-z0-9](?:[a-z0-9.-]*[a-z0-9])?:\d{1,5}\b",
+    re.I,
+)
+HIDDEN = "<address hidden>"
+
+
+def hide_addresses(text: str) -> str:
+    """`text` with every network address in it (URL, host and port, IP address) replaced by
+    `HIDDEN`: for what brim tells a client about an upstream."""
+    return _ADDRESS.sub(HIDDEN, text)
+
+
 class UpstreamFailure(BrimError):
     error_type = "upstream_error"
 
     def __init__(self, message: str, *, upstream: str) -> None:
-        super().__init__(message)
+        super().__init__(hide_addresses(message))
         self.upstream = upstream
 
 

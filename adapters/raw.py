@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -32,6 +34,8 @@ from adapters.headers import upstream_request_headers
 from adapters.native import native_count_for
 from adapters.overflow import Overflow, classify
 
+log = logging.getLogger("brim.upstream")
+
 MAX_ERROR_BODY = 1024 * 1024
 MAX_PEEK = 256 * 1024
 # The statuses of a reply that is an answer rather than a refusal: `send` relays anything below
@@ -48,6 +52,25 @@ def _opens_stream(head: bytes) -> bool:
     # Every preamble event names a `"response.…"` type: most streams' first event need not be
     # searched for each of them.
     return b'"response.' in head and any(marker in head for marker in PREAMBLE)
+
+
+def _reason(exc: BaseException) -> str:
+    """What went wrong on the way to an upstream, in words that name no address (aiohttp's own
+    name the host and port)."""
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError):
+        return "its TLS certificate was not accepted"
+    if isinstance(exc, aiohttp.ClientConnectorSSLError | aiohttp.ClientSSLError):
+        return "the TLS handshake failed"
+    if isinstance(exc, aiohttp.ClientConnectorDNSError):
+        return "its host name could not be resolved"
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        errno = exc.os_error.errno  # its strerror may name the address ("Connect call failed…")
+        return os.strerror(errno).lower() if errno else "the connection failed"
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return "the server closed the connection"
+    if isinstance(exc, aiohttp.ClientPayloadError):
+        return "the reply ended before its end"
+    return str(exc) or type(exc).__name__  # the failure hides any address left in it
 
 
 def first_event_data(stream: bytes) -> bytes | None:
@@ -116,8 +139,11 @@ class RawHttpAdapter:
             self._session = None
 
     def _failure(self, exc: BaseException, *, answered: bool) -> UpstreamFailure:
-        """The documented failure for a transport error; `answered`: the headers had arrived."""
+        """The documented failure for a transport error; `answered`: the headers had arrived.
+        The client is told the upstream's name and what went wrong; its address goes to the
+        log only."""
         name, config = self.name, self.config
+        log.warning("upstream %r at %s: %s: %s", name, self.base_url, type(exc).__name__, exc)
         # aiohttp raises ConnectionTimeoutError for sock_connect, SocketTimeoutError (both
         # ServerTimeoutError) for sock_read, and a plain TimeoutError when `total` runs out.
         if isinstance(exc, aiohttp.ConnectionTimeoutError):
@@ -138,11 +164,10 @@ class RawHttpAdapter:
             exc, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError
         ):
             return UpstreamProtocolError(
-                f"upstream {name!r} broke off its reply: {exc or type(exc).__name__}",
-                upstream=name,
+                f"upstream {name!r} broke off its reply: {_reason(exc)}", upstream=name
             )
         return UpstreamUnreachable(
-            f"upstream {name!r} is unreachable: {exc or type(exc).__name__}", upstream=name
+            f"upstream {name!r} is unreachable: {_reason(exc)}", upstream=name
         )
 
     def _not_json(self, response: aiohttp.ClientResponse, body: bytes) -> UpstreamProtocolError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -25,6 +26,7 @@ from adapters.errors import (
     UpstreamProtocolError,
     UpstreamTimeout,
     UpstreamUnreachable,
+    hide_addresses,
     past_max_duration,
 )
 from adapters.exchange import Exchange
@@ -37,6 +39,7 @@ from policies.wires.messages import MESSAGES
 
 # Messages fields only Anthropic itself accepts; another provider behind litellm would refuse them.
 ANTHROPIC_ONLY_FIELDS = ("context_management", "container", "mcp_servers", "betas")
+log = logging.getLogger("brim.upstream")
 _JSON = CIMultiDict({"Content-Type": "application/json"})
 _SSE = CIMultiDict({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
 _END = object()  # what `_peek` reads from a stream that ended before its first chunk
@@ -84,8 +87,13 @@ class LitellmAdapter:
         return _bearer(exchange, self.name)
 
     def _failure(self, exc: Exception, api: str = CHAT.name) -> UpstreamFailure:
+        """The documented failure for litellm's exception; its message, which may name the
+        provider's address, with no address in it (the log has it)."""
         litellm = import_litellm()
-        message = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        said = getattr(exc, "message", None) or str(exc) or type(exc).__name__
+        message = hide_addresses(said)
+        if message != said:
+            log.warning("upstream %r (litellm): %s", self.name, said)
         if isinstance(exc, litellm.Timeout):  # litellm's `timeout`: one read, not the request
             return UpstreamTimeout(
                 f"upstream {self.name!r} did not answer within {self.config.timeout_s:g} s",

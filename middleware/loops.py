@@ -24,7 +24,20 @@ from middleware.base import CallNext
 from middleware.shared import LocalLoops, LoopCounts
 
 KEY_SHOWN = 12  # hex digits of a request's hash that status shows (it is a hash: no content)
-CREDENTIALS = sorted(CREDENTIAL_HEADERS)  # the headers whose values are part of the hash
+# The headers whose values are part of the hash: the client's provider credentials, and the
+# headers that change how a provider reads a request. A failure that a client brings about with
+# one of them (an `anthropic-beta` the provider refuses) is not counted against the same body
+# sent without it.
+HASHED_HEADERS = sorted(
+    {
+        *CREDENTIAL_HEADERS,
+        "anthropic-beta",
+        "anthropic-version",
+        "openai-beta",
+        "openai-organization",
+        "openai-project",
+    }
+)
 
 
 class LoopBreaker:
@@ -41,8 +54,9 @@ class LoopBreaker:
         digest.update(exchange.raw)
         digest.update(exchange.endpoint.encode())
         digest.update(exchange.user_agent.encode())
-        for name in CREDENTIALS:
-            digest.update(exchange.headers.get(name, "").encode())
+        for name in HASHED_HEADERS:
+            for value in exchange.headers.getall(name, ()):
+                digest.update(name.encode() + b"\0" + value.encode() + b"\0")
         return digest.digest()
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:

@@ -140,6 +140,9 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 archive=services.archive,
                 store=services.store,
                 clients=config.clients,
+                refused=lambda kind, reason: services.telemetry.learned_refused.add(
+                    1, {"kind": kind, "reason": reason}
+                ),
             )
         )
     stages.append(Forward(services.upstreams, services.telemetry.tracer))

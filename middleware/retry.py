@@ -6,7 +6,11 @@ On a `ContextOverflow` this stage:
 1. learns the window the error states (the registry keeps it for every later request, so the
    next one is compressed up front) and logs it once; likewise that the request's `max_tokens`
    counts against the window, when the error says so (Anthropic's "input length and
-   `max_tokens` exceed context limit"), so the cut and later budgets reserve it;
+   `max_tokens` exceed context limit"), so the cut and later budgets reserve it. Only where
+   brim's own count of the request bears the error out (`policies.evidence`) and the window
+   lies within the registry's bounds: a fact learned here is every client's for a day, and
+   the error's text is partly the client's. A stated window that fails either is not learned
+   (logged, counted in `brim.learned.refused`) and not cut to either: the cut takes the steps;
 2. tries the model's `fallbacks` (larger windows) first, if `[models."ID"]` lists any — one
    on another upstream than the client addressed only if that upstream has its own key
    (`middleware.fallback.fallback_upstream`);
@@ -31,12 +35,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
 from adapters.errors import ContextOverflow
 from adapters.exchange import Exchange, RequestContext
+from adapters.overflow import Overflow
 from adapters.registry import Upstreams
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
@@ -48,6 +53,7 @@ from policies.budget import budget_for, requested_output
 from policies.clients import ClientRule
 from policies.compress import Outcome, compress_request
 from policies.conversation import Policy
+from policies.evidence import Sent, output_counts_unproven, window_unproven
 from policies.limits import LimitsRegistry
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import conversation_wire
@@ -69,7 +75,10 @@ class RetryOnOverflow:
         archive: ContentArchive | None = None,
         store: ContentStore | None = None,
         clients: Mapping[str, ClientRule] | None = None,
+        refused: Callable[[str, str], None] | None = None,
     ) -> None:
+        """`refused(kind, reason)` hears of each fact an error stated that was not learned
+        (`reason`: "unproven" or "implausible")."""
         if max_attempts < 0:
             raise ValueError(f"max_attempts cannot be negative ({max_attempts})")
         if not steps or not all(0 < step < 1 for step in steps):
@@ -84,6 +93,7 @@ class RetryOnOverflow:
         self.archive = archive
         self.store = store  # None: brim_restore is not offered
         self.clients = dict(clients or {})
+        self.refused = refused
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         if exchange.context is None or exchange.body is None or not conversation_wire(exchange.api):
@@ -98,10 +108,10 @@ class RetryOnOverflow:
             except ContextOverflow as overflow:
                 if fallbacks is None:
                     fallbacks = list(self.registry.fallbacks(exchange.model))
-                self._learn(current.model, overflow)
                 exchange.report.overflow_messages += (overflow.overflow.message,)
                 sent = await self._tokens_sent(current)
                 first_tokens = first_tokens or sent
+                stated = self._learn(current, overflow, sent)
                 if retries >= self.max_attempts:
                     raise
                 retries += 1
@@ -112,7 +122,7 @@ class RetryOnOverflow:
                     current = switched
                     continue
                 cut = await self._cut_again(
-                    exchange, current, overflow, retries, first_tokens, sent
+                    exchange, current, overflow, stated, retries, first_tokens, sent
                 )
                 if cut is None:
                     exchange.report.retries -= 1
@@ -128,14 +138,15 @@ class RetryOnOverflow:
         exchange: Exchange,
         current: Exchange,
         overflow: ContextOverflow,
+        stated: Overflow,
         retries: int,
         first: int,
         sent: int,
     ) -> Exchange | None:
-        """`current` (the request that overflowed, `sent` tokens) cut for retry `retries`, its
-        originals kept and the cut recorded on `exchange`'s report; None if nothing more can be
-        cut."""
-        target = self._target(current, overflow, retries, first, sent)
+        """`current` (the request that overflowed, `sent` tokens; the error stated what `stated`
+        holds, as far as brim believes it) cut for retry `retries`, its originals kept and the
+        cut recorded on `exchange`'s report; None if nothing more can be cut."""
+        target = self._target(current, stated, retries, first, sent)
         made = await self._offering_cut(current, target, sent)
         if made is None:
             log.info("request %s: overflow, and nothing more can be cut", exchange.request_id)
@@ -157,21 +168,58 @@ class RetryOnOverflow:
             exchange.report.restore_offered = True
         return self._with_outcome(current, body, cut)
 
-    def _learn(self, model: str, overflow: ContextOverflow) -> None:
-        limit = overflow.overflow.limit
-        if limit and self.registry.learn(model, limit):
+    def _learn(self, exchange: Exchange, overflow: ContextOverflow, tokens: int) -> Overflow:
+        """Learn what the error states that brim's measurement of the request (`tokens` sent)
+        bears out; returns the overflow as the retry may use it: without a stated window or
+        output sharing that were not learned for want of evidence."""
+        assert exchange.context is not None and exchange.body is not None
+        stated, model = overflow.overflow, exchange.model
+        sent = Sent(
+            tokens,
+            output=requested_output(exchange.body),
+            overhead=exchange.context.budget.cli_overhead,
+        )
+        if stated.counts_output:
+            why = output_counts_unproven(stated.output, sent)
+            if why is not None:
+                self._refuse(exchange, "output_counts", "unproven", why)
+                stated = dataclasses.replace(stated, counts_output=False)
+            elif self.registry.learn_output_counts(model):
+                log.warning(
+                    "learned from upstream %r: model %r counts max_tokens against its window",
+                    overflow.upstream,
+                    model,
+                )
+        if not stated.limit:
+            return stated
+        output_counts = stated.counts_output or exchange.context.limits.limits.output_counts
+        why = window_unproven(stated.limit, stated.requested, sent, output_counts=output_counts)
+        reason = "unproven"
+        if why is None:
+            why, reason = self.registry.implausible("window", model, stated.limit), "implausible"
+        if why is not None:
+            self._refuse(exchange, "window", reason, why)
+            return dataclasses.replace(stated, limit=None, requested=None)
+        if self.registry.learn(model, stated.limit):
             log.warning(
                 "learned from upstream %r: model %r has a %d-token window",
                 overflow.upstream,
                 model,
-                limit,
+                stated.limit,
             )
-        if overflow.overflow.counts_output and self.registry.learn_output_counts(model):
-            log.warning(
-                "learned from upstream %r: model %r counts max_tokens against its window",
-                overflow.upstream,
-                model,
-            )
+        return stated
+
+    def _refuse(self, exchange: Exchange, kind: str, reason: str, why: str) -> None:
+        log.info(
+            "request %s: not learned (%s) that model %r has %s: %s",
+            exchange.request_id,
+            reason,
+            exchange.model,
+            "the window its error states" if kind == "window" else "output sharing its window",
+            why,
+        )
+        if self.refused is not None:
+            self.refused(kind, reason)
 
     async def _tokens_sent(self, exchange: Exchange) -> int:
         assert exchange.context is not None
@@ -198,15 +246,14 @@ class RetryOnOverflow:
         return None
 
     def _target(
-        self, exchange: Exchange, overflow: ContextOverflow, retries: int, first: int, sent: int
+        self, exchange: Exchange, stated: Overflow, retries: int, first: int, sent: int
     ) -> int:
         step = first * (1 - self.steps[min(retries, len(self.steps)) - 1])
-        stated = overflow.overflow.limit
-        if not stated:
+        if not stated.limit:
             return int(step)
         assert exchange.body is not None
         resolved = self.registry.resolve(exchange.model, long_context=exchange.long_context)
-        if overflow.overflow.counts_output and not resolved.limits.output_counts:
+        if stated.counts_output and not resolved.limits.output_counts:
             # "input length and `max_tokens` exceed context limit": the output limit shares the
             # window, so the cut makes room for it too.
             limits = dataclasses.replace(resolved.limits, output_counts=True)
@@ -215,7 +262,7 @@ class RetryOnOverflow:
             resolved, requested_output(exchange.body), safety_margin=self.safety_margin
         )
         target = budget.effective
-        theirs = overflow.overflow.requested
+        theirs = stated.requested
         if theirs and theirs > sent:  # brim counted low: scale down by the provider's own count
             target = int(target * sent / theirs)
         return target if target < sent else int(step)

@@ -13,19 +13,23 @@ The restore store (`middleware.store.RedisStore`) and the summary cache
 its own, exactly as brim runs without Redis; `RedisState` shares through Redis and keeps a
 `LocalState` that serves whenever Redis does not answer:
 
-- learned limits (`LimitsRegistry`): a fact learned here is written at once (off the request
-  path) to `brim:learned:{window,output_counts}` (hashes: normalised model id → "value until"),
-  and every `refresh_s` each process reads them back and adopts what is newer than its own
-  (`LimitsRegistry.adopt`) and writes what Redis lacks (learned while it was down, or lost with
-  a Redis restart). A request only reads the registry in memory: another instance's fact takes
-  effect here within `refresh_s` (plus one write). Facts expire when learned + a day, everywhere.
+- learned limits (`LimitsRegistry`, kept in step by `middleware.learned.SharedLimits`): a fact
+  learned here is written at once (off the request path) to `brim:learned:{window,
+  output_counts}` (hashes: normalised model id → "value until"), and every `refresh_s` each
+  process reads them back, adopts what is newer than its own (`LimitsRegistry.adopt`; a record
+  that is malformed or that the registry rejects is skipped, removed and counted) and writes
+  what Redis lacks (learned while it was down, or lost with a Redis restart). A request only
+  reads the registry in memory: another instance's fact takes effect here within `refresh_s`
+  (plus one write). Facts expire when learned + a day, everywhere. `brim limits forget` leaves
+  a tombstone in `brim:learned:forgotten`: every process drops what it learned by then.
 - loop-guard counts (`RedisLoops`): see its docstring for the exact semantics.
 - the status board's numbers: every `refresh_s` each process writes its own totals,
   per-model usage, tokens removed per policy and time series (`brim:status:instance:<id>`,
   expiring after `instance_ttl_s`, listed in the sorted set `brim:status:instances` by when it
   last wrote) and pushes its new overflow events onto one capped list (`brim:status:events`, the
   last 50); `/admin/status` sums this process's live numbers and the other live instances'
-  last writes (the series point by point), and merges the events by time.
+  last writes (the series point by point), and merges the events by time. A record that is not
+  one brim writes is left out and counted, never raised.
 
 Keys hold no secrets and no message bodies: loop counts are keyed by a hash of the request, the
 rest by model id or a random instance id; every key expires.
@@ -40,15 +44,26 @@ import os
 import socket
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 import orjson
 from cachetools import TTLCache
 
+from middleware.learned import (
+    ALL_MODELS,
+    WORKER_REFRESH_S,
+    Forgotten,
+    Records,
+    SharedLimits,
+    WorkerFiles,
+    WorkerGroup,
+    encode,
+    warn_once,
+)
 from middleware.telemetry import RECENT_EVENTS, StatusBoard, merge_series
-from policies.limits import LEARNED_KINDS, LEARNED_MAX, Learned, LearnedKind, LimitsRegistry
+from policies.limits import LEARNED_KINDS, Learned, LearnedKind, LimitsRegistry
 
 log = logging.getLogger("brim.shared")
 T = TypeVar("T")
@@ -56,7 +71,7 @@ Operation = Callable[[Any], Awaitable[T]]  # given the Redis client
 
 MAX_BACKGROUND = 1_000  # writes off the request path in flight at once; more are dropped
 LEARNED_KEY = "brim:learned:"  # + kind
-MODEL_ID_MAX = 256  # longer model ids are not shared (they are not real models)
+FORGOTTEN_KEY = "brim:learned:forgotten"  # the tombstones of `brim limits forget`
 LOOP_KEY = "brim:loop:"  # + the request's hash, in hex
 BLOCKED_KEY = "brim:loop:blocked"  # sorted set: request hash → when its block lifts
 BLOCKED_MAX = 10_000
@@ -145,6 +160,11 @@ class RedisLink:
         raises); dropped when Redis is down, outside an event loop, or too many are pending."""
         if self.usable() and len(self._tasks) < MAX_BACKGROUND:
             self._background(self.run(operation))
+
+    def background(self, work: Callable[[], Awaitable[object]]) -> None:
+        """Run `work` (which calls `run` itself) off the request path, as `spawn` does."""
+        if self.usable() and len(self._tasks) < MAX_BACKGROUND:
+            self._background(work())
 
     def _background(self, work: Awaitable[object]) -> None:
         async def quietly() -> None:
@@ -413,80 +433,64 @@ class RedisLoops:
 # --- learned limits ----------------------------------------------------------------------------
 
 
-class SharedLimits:
-    """A `LimitsRegistry`'s learned facts, shared (module doc)."""
+class RedisFacts:
+    """The learned facts of every instance on the Redis (`middleware.learned` says how they are
+    kept in step): `brim:learned:{window,output_counts}` (hashes: model id → "value until") and
+    the tombstones `brim:learned:forgotten` (model id or "*" → when forgotten)."""
 
-    def __init__(self, link: RedisLink, registry: LimitsRegistry) -> None:
+    shared_with = "instances"
+
+    def __init__(self, link: RedisLink) -> None:
         self.link = link
-        self.registry = registry
-        registry.listeners.append(self._learned)
 
-    def _learned(self, fact: Learned) -> None:
-        if len(fact.model) <= MODEL_ID_MAX:
-            self.link.spawn(lambda client: self._write(client, [fact], []))
-
-    async def _write(
-        self, client: Any, facts: Iterable[Learned], stale: Iterable[tuple[LearnedKind, bytes]]
-    ) -> object:
-        pipe = client.pipeline(transaction=False)
-        ttl = max(1, int(self.registry.learned_ttl_s))
-        for fact in facts:
-            pipe.hset(f"{LEARNED_KEY}{fact.kind}", fact.model, f"{fact.value} {fact.until!r}")
-            pipe.expire(f"{LEARNED_KEY}{fact.kind}", ttl)
-        for kind, field in stale:
-            pipe.hdel(f"{LEARNED_KEY}{kind}", field)
-        return await pipe.execute()
-
-    async def sync(self) -> None:
-        """Adopt what Redis holds that is newer; write what it lacks; drop what expired."""
-
+    async def read(self) -> Records:
         async def read(client: Any) -> list[Any]:
             pipe = client.pipeline(transaction=False)
             for kind in LEARNED_KINDS:
                 pipe.hgetall(f"{LEARNED_KEY}{kind}")
+            pipe.hgetall(FORGOTTEN_KEY)
             return list(await pipe.execute())
 
-        tables = await self.link.run(read)
-        now = time.time()
-        held: dict[tuple[str, str], float] = {}
-        stale: list[tuple[LearnedKind, bytes]] = []
-        for kind, table in zip(LEARNED_KINDS, tables, strict=True):
-            facts = []
-            for field, value in table.items():
-                fact = _parsed(kind, field, value)
-                if fact is None or fact.until <= now:
-                    stale.append((kind, field))
+        *tables, forgotten = await self.link.run(read)
+        return Records(dict(zip(LEARNED_KINDS, tables, strict=True)), forgotten)
+
+    async def write(
+        self,
+        facts: Iterable[Learned],
+        stale: Iterable[tuple[LearnedKind, bytes | str]],
+        forgotten: Mapping[str, float],
+        *,
+        ttl_s: float,
+    ) -> None:
+        ttl = max(1, int(ttl_s))
+
+        async def write(client: Any) -> object:
+            pipe = client.pipeline(transaction=False)
+            for fact in facts:
+                pipe.hset(f"{LEARNED_KEY}{fact.kind}", fact.model, encode(fact))
+                pipe.expire(f"{LEARNED_KEY}{fact.kind}", ttl)
+            for kind, field in stale:
+                pipe.hdel(f"{LEARNED_KEY}{kind}", field)
+            if forgotten:
+                pipe.hset(FORGOTTEN_KEY, mapping={k: repr(at) for k, at in forgotten.items()})
+                pipe.expire(FORGOTTEN_KEY, ttl)
+            return await pipe.execute()
+
+        await self.link.run(write)
+
+    async def forget(self, model: str | None, at: float, *, ttl_s: float) -> None:
+        async def forget(client: Any) -> object:
+            pipe = client.pipeline(transaction=True)
+            for kind in LEARNED_KINDS:
+                if model is None:
+                    pipe.delete(f"{LEARNED_KEY}{kind}")
                 else:
-                    facts.append((fact, field))
-            facts.sort(key=lambda pair: pair[0].until, reverse=True)
-            stale += [(kind, field) for _, field in facts[LEARNED_MAX:]]
-            for fact, _ in facts[:LEARNED_MAX]:
-                held[(kind, fact.model)] = fact.until
-                if self.registry.adopt(fact):
-                    log.info(
-                        "adopted from another brim: model %r has %s %d",
-                        fact.model,
-                        "a window of" if kind == "window" else "output_counts =",
-                        fact.value,
-                    )
-        missing = [
-            fact
-            for fact in self.registry.learned_facts()
-            if held.get((fact.kind, fact.model), 0.0) < fact.until
-            and len(fact.model) <= MODEL_ID_MAX
-        ]
-        if missing or stale:
-            await self.link.run(lambda client: self._write(client, missing, stale))
+                    pipe.hdel(f"{LEARNED_KEY}{kind}", model)
+            pipe.hset(FORGOTTEN_KEY, model or ALL_MODELS, repr(at))
+            pipe.expire(FORGOTTEN_KEY, max(1, int(ttl_s)))
+            return await pipe.execute()
 
-
-def _parsed(kind: LearnedKind, field: bytes, value: bytes) -> Learned | None:
-    try:
-        model = field.decode("utf-8")
-        number, until = value.decode("ascii").split()
-        fact = Learned(kind, model, int(number), float(until))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return fact if fact.value > 0 and len(model) <= MODEL_ID_MAX else None
+        await self.link.run(forget)
 
 
 # --- the status board ---------------------------------------------------------------------------
@@ -495,11 +499,22 @@ def _parsed(kind: LearnedKind, field: bytes, value: bytes) -> Learned | None:
 class SharedStatus:
     """A `StatusBoard`'s numbers, written for the others and summed with theirs (module doc)."""
 
-    def __init__(self, link: RedisLink, board: StatusBoard, instance: str, ttl_s: float) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        board: StatusBoard,
+        instance: str,
+        ttl_s: float,
+        *,
+        skipped: Callable[[str], None] | None = None,
+    ) -> None:
+        """`skipped(record)` hears of each record read that was malformed ("status", "event"):
+        it is left out of the sums, never raised."""
         self.link = link
         self.board = board
         self.instance = instance
         self.ttl_s = ttl_s
+        self._skipped = skipped
         self._pushed = 0  # events on the shared list
         self._identity = {"host": socket.gethostname(), "pid": os.getpid()}
 
@@ -557,7 +572,7 @@ class SharedStatus:
 
         try:
             ids, pushed = await self.link.run(listing)
-            others = [i.decode() for i in ids if i.decode() != self.instance]
+            others = [i for i in map(self._instance_id, ids) if i and i != self.instance]
             written = (
                 await self.link.run(
                     lambda client: client.mget([f"{INSTANCE_KEY}{i}" for i in others])
@@ -573,8 +588,10 @@ class SharedStatus:
         series = [own["series"]]
         instances = [self._own()]
         for raw in written:
-            numbers = _loaded(raw)
+            numbers = _instance(raw)
             if numbers is None:
+                if raw is not None:  # None: it expired since the listing
+                    self._skip("status", raw)
                 continue
             totals.update(_counts(numbers.get("totals")))
             removed.update(_counts(numbers.get("tokens_removed")))
@@ -588,10 +605,18 @@ class SharedStatus:
                     "id": numbers.get("id"),
                     "host": numbers.get("host"),
                     "pid": numbers.get("pid"),
-                    "uptime_s": round(now - started, 1) if isinstance(started, float) else None,
+                    "uptime_s": round(now - started, 1)
+                    if isinstance(started, int | float)
+                    else None,
                 }
             )
-        events = [e for raw in reversed(pushed) if (e := _loaded(raw)) is not None]
+        events = []
+        for raw in reversed(pushed):
+            event = _loaded(raw)
+            if event is None or not isinstance(event.get("time"), str):
+                self._skip("event", raw)
+            else:
+                events.append(event)
         mine = self.board.events_since(self._pushed)
         events += [{**event, "instance": self.instance} for event in mine]
         events.sort(key=lambda event: str(event.get("time", "")))
@@ -605,6 +630,51 @@ class SharedStatus:
             "shared": True,
             "instances": instances,
         }
+
+    def _instance_id(self, raw: Any) -> str | None:
+        try:
+            return str(raw.decode("utf-8"))
+        except (AttributeError, UnicodeDecodeError):
+            self._skip("status", raw)
+            return None
+
+    def _skip(self, record: str, raw: Any) -> None:
+        shown = raw if isinstance(raw, bytes | str) else repr(raw)
+        warn_once(
+            log, (record, shown), "skipped a malformed shared %s record: %.80r", *(record, raw)
+        )
+        if self._skipped is not None:
+            self._skipped(record)
+
+
+def _instance(raw: Any) -> dict[str, Any] | None:
+    """An instance's status record as `SharedStatus.push` writes it, or None if it is not one
+    (each field it has of the type push writes; the series as `merge_series` reads them)."""
+    numbers = _loaded(raw)
+    if numbers is None:
+        return None
+    kinds: dict[str, type | tuple[type, ...]] = {
+        "id": str,
+        "host": str,
+        "pid": int,
+        "started_at": (int, float),
+        "totals": dict,
+        "tokens_removed": dict,
+        "models": dict,
+        "series": dict,
+    }
+    for name, kind in kinds.items():
+        if numbers.get(name) is not None and not isinstance(numbers[name], kind):
+            return None
+    if not all(isinstance(usage, dict) for usage in (numbers.get("models") or {}).values()):
+        return None
+    series = (numbers.get("series") or {}).get("series")
+    if series is not None and not (
+        isinstance(series, list)
+        and all(isinstance(one, dict) and isinstance(one.get("points", []), list) for one in series)
+    ):
+        return None
+    return numbers
 
 
 def _loaded(raw: Any) -> dict[str, Any] | None:
@@ -625,13 +695,18 @@ def _counts(value: Any) -> dict[str, int]:
 
 
 class SharedState(Protocol):
-    """What brim processes and instances share: loop counts, status (and learned limits, which
-    need nothing of the caller: they follow the registry)."""
+    """What brim processes and instances share: loop counts, status, learned limits (which
+    follow the registry: learning needs nothing of the caller, forgetting does)."""
 
     instance: str
 
     @property
     def loops(self) -> LoopCounts: ...
+
+    @property
+    def limits_shared_with(self) -> str | None:
+        """Who shares the learned limits: "instances" (Redis), "workers" (the files of a
+        `--workers` group), or None (this process alone)."""
 
     async def start(self) -> None:
         """Begin sharing (called once the app runs)."""
@@ -639,35 +714,100 @@ class SharedState(Protocol):
     async def status(self) -> dict[str, Any]:
         """`/admin/status`'s numbers (without the learned limits, which the registry has)."""
 
+    async def forget(self, model: str | None) -> Forgotten:
+        """Forget what was learned of `model` (None: of every model), here and everywhere the
+        learned limits are shared."""
+
     async def aclose(self) -> None: ...
 
 
 class LocalState:
-    """One process on its own: no Redis, exactly as brim runs alone."""
+    """One process without Redis, exactly as brim runs alone; a worker of a `--workers` group
+    (`group`) shares its learned limits with the group's other workers through files."""
 
-    def __init__(self, board: StatusBoard, *, loop_window_s: float) -> None:
+    def __init__(
+        self,
+        board: StatusBoard,
+        *,
+        loop_window_s: float,
+        registry: LimitsRegistry | None = None,
+        group: WorkerGroup | None = None,
+        skipped: Callable[[str], None] | None = None,
+    ) -> None:
+        """`registry`: the learned limits `forget` forgets (None: nothing is learned here)."""
         self.instance = os.urandom(6).hex()
         self.board = board
+        self.registry = registry
         self._loops = LocalLoops(loop_window_s)
+        self.limits: SharedLimits | None = None
+        if group is not None and registry is not None:
+            self.limits = SharedLimits(
+                WorkerFiles(group), registry, spawn=self._spawn, skipped=skipped
+            )
+        self._tasks: set[asyncio.Task[None]] = set()  # writes off the request path
+        self._refresher: asyncio.Task[None] | None = None
+        self._failing = False
 
     @property
     def loops(self) -> LocalLoops:
         return self._loops
 
+    @property
+    def limits_shared_with(self) -> str | None:
+        return None if self.limits is None else self.limits.store.shared_with
+
+    def _spawn(self, work: Callable[[], Awaitable[object]]) -> None:
+        async def quietly() -> None:
+            try:
+                await work()
+            except Exception:
+                log.exception("writing this worker's learned limits failed")
+
+        try:
+            task = asyncio.get_running_loop().create_task(quietly())
+        except RuntimeError:  # no loop: the next sync writes it
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     async def start(self) -> None:
-        return None
+        if self.limits is not None and self._refresher is None:
+            self._refresher = asyncio.create_task(self._refresh())
+
+    async def _refresh(self) -> None:
+        assert self.limits is not None
+        while True:
+            try:
+                await self.limits.sync()
+                self._failing = False
+            except Exception:
+                if not self._failing:  # once per spell of failures
+                    log.exception("sharing learned limits with the other workers failed")
+                self._failing = True
+            await asyncio.sleep(WORKER_REFRESH_S)
 
     async def status(self) -> dict[str, Any]:
         return self.board.snapshot()
 
+    async def forget(self, model: str | None) -> Forgotten:
+        if self.limits is not None:
+            return await self.limits.forget(model)
+        return Forgotten([] if self.registry is None else self.registry.forget(model), True)
+
     async def aclose(self) -> None:
-        return None
+        if self._refresher is not None:
+            self._refresher.cancel()
+            await asyncio.gather(self._refresher, return_exceptions=True)
+            self._refresher = None
+        if self._tasks:  # let the last writes land
+            await asyncio.wait(list(self._tasks), timeout=2)
 
 
 class RedisState:
     """Shared through Redis, with `local` serving while Redis is down (module doc). Every
     `refresh_s` it adopts learned limits and blocked requests, and writes this process's status
-    numbers; the link is this object's to close."""
+    numbers; the link is this object's to close. `skipped(record)` hears of each record read
+    from Redis that was malformed or implausible, and left out."""
 
     def __init__(
         self,
@@ -677,6 +817,7 @@ class RedisState:
         *,
         refresh_s: float,
         loop_limit: int,
+        skipped: Callable[[str], None] | None = None,
     ) -> None:
         if refresh_s <= 0:
             raise ValueError("refresh_s must be positive")
@@ -685,15 +826,21 @@ class RedisState:
         self.instance = local.instance
         self.refresh_s = refresh_s
         self._loops = RedisLoops(link, local.loops, max(1, loop_limit))
-        self.limits = SharedLimits(link, registry)
+        self.limits = SharedLimits(
+            RedisFacts(link), registry, spawn=link.background, skipped=skipped
+        )
         ttl_s = max(INSTANCE_TTL_S, 5 * refresh_s)
-        self.board = SharedStatus(link, local.board, local.instance, ttl_s)
+        self.board = SharedStatus(link, local.board, local.instance, ttl_s, skipped=skipped)
         self._task: asyncio.Task[None] | None = None
         self._failed_steps: set[str] = set()
 
     @property
     def loops(self) -> RedisLoops:
         return self._loops
+
+    @property
+    def limits_shared_with(self) -> str:
+        return self.limits.store.shared_with
 
     async def start(self) -> None:
         if self._task is None:
@@ -719,6 +866,9 @@ class RedisState:
 
     async def status(self) -> dict[str, Any]:
         return await self.board.snapshot()
+
+    async def forget(self, model: str | None) -> Forgotten:
+        return await self.limits.forget(model)
 
     async def aclose(self) -> None:
         if self._task is not None:

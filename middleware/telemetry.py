@@ -296,6 +296,21 @@ class Telemetry:
             unit="{request}",
             description="Requests answered 429 by requests_per_minute or tokens_per_minute",
         )
+        self.learned_refused = Tally(
+            meter,
+            "brim.learned.refused",
+            unit="{fact}",
+            description="Facts a provider's overflow error stated that brim did not learn, by "
+            "kind (window, output_counts) and reason: unproven (brim's own count of the request "
+            "does not bear the error out) or implausible (outside the registry's bounds)",
+        )
+        self.shared_skipped = Tally(
+            meter,
+            "brim.shared.skipped",
+            unit="{record}",
+            description="Records of shared state (Redis, or the files of a --workers group) "
+            "skipped as malformed or implausible, by record: learned, forgotten, status, event",
+        )
 
     def spreads(self) -> list[Spread]:
         """The histograms kept here (`local_histograms`), for the reader to collect."""

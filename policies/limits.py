@@ -13,7 +13,10 @@ Resolution, per figure (window, max output, tokenizer), first hit wins:
 What is learned is kept per normalised model id, each fact until its own expiry (wall-clock
 seconds, a day after it was learned), so that a fact learned in another process or on another
 machine (`adopt`, by `middleware.shared`) expires there when it expires here. Listeners hear of
-each fact learned in this process; `adopt` keeps a fact from elsewhere if it is newer.
+each fact learned in this process; `adopt` keeps a fact from elsewhere if it is newer. A window,
+learned here or adopted, must lie within bounds of what the registry knows without it
+(`implausible`: at least `LEARNED_FLOOR` tokens, at least 1/`LEARNED_SPAN` of the known window
+and at most `LEARNED_SPAN` times it); `forget` drops facts, as an operator asks.
 
 One request can ask for more: an Anthropic model called with the `context-1m-…` beta
 (`anthropic-beta: context-1m-2025-08-07`) has a 1 000 000-token window for that request, whatever
@@ -45,6 +48,9 @@ LONG_CONTEXT_BETA = "context-1m"  # Anthropic's beta token prefix: context-1m-20
 LONG_CONTEXT_WINDOW = 1_000_000
 LEARNED_TTL_S = 24 * 3600.0
 LEARNED_MAX = 4_096  # facts of each kind kept (the soonest to expire go first)
+LEARNED_FLOOR = 1_024  # no window below this is learned: no real model has one
+LEARNED_SPAN = 8  # a learned window lies within this factor of the one known without it
+CLOCK_SKEW_S = 300.0  # how far another machine's clock may run ahead of this one's
 MEMO_MAX = 4_096  # model ids (client input) whose normalisation and limits are remembered
 
 
@@ -169,6 +175,10 @@ class Learned:
     value: int
     until: float
 
+    def learned_at(self, ttl_s: float) -> float:
+        """When it was learned, for a registry that keeps facts `ttl_s`."""
+        return self.until - ttl_s
+
 
 def provider_of(model: ModelId, entry: MapEntry | None) -> str:
     if model.provider:
@@ -259,7 +269,34 @@ class LimitsRegistry:
             self._normalized[raw] = model
         return model
 
+    def known_window(self, raw: str) -> tuple[int, LimitSource]:
+        """The model's window as the registry knows it without anything learned, and whence."""
+        sources: dict[str, LimitSource] = {}
+        window = self._first(self.normalize(raw), "context_window", sources, learned=False)
+        return window, sources["context_window"]
+
+    def implausible(self, kind: LearnedKind, raw: str, value: int) -> str | None:
+        """Why `value` cannot be a fact of `kind` about this model, or None if it can: a window
+        below `LEARNED_FLOOR`, or beyond `LEARNED_SPAN` times the known window either way (only
+        the floor and the ceiling for a model known only by the `_default`); an output_counts
+        fact that is not 1."""
+        if kind == "output_counts":
+            return None if value == 1 else f"output_counts must be 1, not {value}"
+        known, source = self.known_window(raw)
+        if value < LEARNED_FLOOR:
+            return f"a {value}-token window is below the floor of {LEARNED_FLOOR}"
+        if value > known * LEARNED_SPAN:
+            return f"a {value}-token window is over {LEARNED_SPAN} times the known {known}"
+        if source is not LimitSource.DEFAULT and value * LEARNED_SPAN < known:
+            return (
+                f"a {value}-token window is under 1/{LEARNED_SPAN} of the known {known} "
+                f"({source.value})"
+            )
+        return None
+
     def _learn(self, kind: LearnedKind, raw: str, value: int) -> bool:
+        if self.implausible(kind, raw, value) is not None:
+            return False
         key = self.normalize(raw).candidates[0]
         cache = self._learned[kind]
         before = cache.get(key)
@@ -272,7 +309,9 @@ class LimitsRegistry:
 
     def learn(self, raw: str, context_window: int) -> bool:
         """Remember the window a provider reported for this model; it wins from now on.
-        Returns whether this was news (so the caller logs it once)."""
+        Returns whether this was news (so the caller logs it once). A window outside the
+        bounds (`implausible`) is not learned: False. The caller checks the evidence first
+        (`policies.evidence`)."""
         return self._learn("window", raw, context_window)
 
     def learn_output_counts(self, raw: str) -> bool:
@@ -292,6 +331,35 @@ class LimitsRegistry:
         cache[fact.model] = (fact.value, fact.until)
         self._generation += 1
         return held is None or held[0] != fact.value
+
+    def rejects(self, fact: Learned) -> str | None:
+        """Why a fact read from elsewhere (another process's record) cannot be adopted, or None:
+        its model id is not one the registry would learn under (not normalised), it expires
+        more than a learning's span from now, or its value is `implausible`."""
+        if self.normalize(fact.model).candidates[0] != fact.model:
+            return f"{fact.model!r} is not a normalised model id"
+        if fact.until > self._timer() + self.learned_ttl_s + CLOCK_SKEW_S:
+            return "it expires later than anything learned now would"
+        return self.implausible(fact.kind, fact.model, fact.value)
+
+    def forget(self, raw: str | None = None, *, learned_by: float | None = None) -> list[Learned]:
+        """Drop what was learned about one model (any spelling of its id), or about every model
+        (`raw` None); with `learned_by` (wall-clock), only what was learned at that time or
+        before. Returns the facts dropped."""
+        keys = None if raw is None else {raw, self.normalize(raw).candidates[0]}
+        dropped = []
+        for kind, cache in self._learned.items():
+            for model, (value, until) in list(cache.items()):
+                fact = Learned(kind, model, value, until)
+                if keys is not None and model not in keys:
+                    continue
+                if learned_by is not None and fact.learned_at(self.learned_ttl_s) > learned_by:
+                    continue
+                cache.pop(model, None)
+                dropped.append(fact)
+        if dropped:
+            self._generation += 1
+        return dropped
 
     def fallbacks(self, raw: str) -> tuple[str, ...]:
         model = self.normalize(raw)
@@ -376,11 +444,18 @@ class LimitsRegistry:
             model=model, limits=limits, sources=frozen, cli_overhead=overhead
         ), until
 
-    def _first(self, model: ModelId, figure: str, sources: dict[str, LimitSource]) -> int:
-        if figure == "context_window":
-            learned = self._learned["window"]
+    def _first(
+        self,
+        model: ModelId,
+        figure: str,
+        sources: dict[str, LimitSource],
+        *,
+        learned: bool = True,
+    ) -> int:
+        if figure == "context_window" and learned:
+            windows = self._learned["window"]
             for candidate in model.candidates:
-                if (fact := learned.get(candidate)) is not None:
+                if (fact := windows.get(candidate)) is not None:
                     sources[figure] = LimitSource.LEARNED
                     return fact[0]
         for candidate in model.candidates:

@@ -32,6 +32,7 @@ from adapters.registry import Upstreams
 from middleware.archive import ContentArchive
 from middleware.audit import AuditLog
 from middleware.base import Pipeline
+from middleware.learned import WorkerGroup
 from middleware.pipeline import Services, default_pipeline
 from middleware.ratelimit import LocalRates, RateCounts, RedisRates
 from middleware.shared import LocalState, RedisLink, RedisState, SharedState
@@ -297,14 +298,16 @@ def create_app(
     *,
     span_processors: Sequence[SpanProcessor] = (),
     metrics_share: MetricsShare | None = None,
+    group: WorkerGroup | None = None,
 ) -> web.Application:
     """The brim application. `span_processors` add trace exporters (tests use an in-memory one);
-    `metrics_share` makes it one of several workers whose `/metrics` each report them all."""
+    `metrics_share` makes it one of several workers whose `/metrics` each report them all;
+    `group`, one of several workers that share learned limits through files."""
     app = web.Application(
         client_max_size=config.server.max_body_bytes,
     )
     providers = build_providers(config.telemetry, span_processors)
-    services = build_services(config, providers)
+    services = build_services(config, providers, group)
     gate = Admission(config.server, providers.telemetry)
     app[CONFIG] = config
     app[SERVICES] = services
@@ -329,12 +332,17 @@ def build_limits(config: BrimConfig) -> LimitsRegistry:
     return LimitsRegistry(config.models, litellm_model_map())
 
 
-def build_services(config: BrimConfig, providers: Providers | None = None) -> Services:
+def build_services(
+    config: BrimConfig, providers: Providers | None = None, group: WorkerGroup | None = None
+) -> Services:
+    """`group`: this process is a worker of a `--workers` group (it shares learned limits with
+    the others through the group's files when there is no Redis)."""
     use_bundled_tiktoken_files()
     providers = providers or build_providers(
         config.telemetry.model_copy(update={"prometheus": False})
     )
     limits = build_limits(config)
+    skipped = providers.telemetry.shared_skipped
     providers.telemetry.watch_learned_limits(lambda: limits.learned)
     audit = None
     if config.audit.path:
@@ -359,7 +367,14 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
         counter=counter,
         telemetry=providers.telemetry,
         status=status,
-        shared=build_shared(config, link, limits, status),
+        shared=build_shared(
+            config,
+            link,
+            limits,
+            status,
+            group=group,
+            skipped=lambda record: skipped.add(1, {"record": record}),
+        ),
         audit=audit,
         archive=archive,
         summarizer=build_summarizer(
@@ -379,19 +394,32 @@ def build_link(config: BrimConfig) -> RedisLink | None:
 
 
 def build_shared(
-    config: BrimConfig, link: RedisLink | None, limits: LimitsRegistry, status: StatusBoard
+    config: BrimConfig,
+    link: RedisLink | None,
+    limits: LimitsRegistry,
+    status: StatusBoard,
+    *,
+    group: WorkerGroup | None = None,
+    skipped: Callable[[str], None] | None = None,
 ) -> SharedState:
     """Learned limits, loop counts and status: through Redis when there is a link (it closes
-    it), else this process's own."""
-    local = LocalState(status, loop_window_s=config.guard.loop_window_s)
+    it), else this process's own (the learned limits shared with the other workers of its
+    `group`, if it has one). `skipped(record)` counts shared records left out as malformed."""
     if link is None:
-        return local
+        return LocalState(
+            status,
+            loop_window_s=config.guard.loop_window_s,
+            registry=limits,
+            group=group,
+            skipped=skipped,
+        )
     return RedisState(
         link,
-        local,
+        LocalState(status, loop_window_s=config.guard.loop_window_s, registry=limits),
         limits,
         refresh_s=config.cache.refresh_s,
         loop_limit=config.guard.loop_limit,
+        skipped=skipped,
     )
 
 
@@ -529,6 +557,7 @@ async def start(
     sockets: Sequence[socket.socket] = (),
     reuse_port: bool = False,
     metrics_share: MetricsShare | None = None,
+    group: WorkerGroup | None = None,
 ) -> web.AppRunner:
     """Start brim on `host:port` (0 for any free port) and return the running runner.
 
@@ -538,7 +567,9 @@ async def start(
     line_cap = max(PARSER_LINE_CAP, 2 * config.server.max_header_kb * 1024)
     raise_descriptor_limit(config.server.max_connections)
     runner = BrimRunner(
-        create_app(config, span_processors=span_processors, metrics_share=metrics_share),
+        create_app(
+            config, span_processors=span_processors, metrics_share=metrics_share, group=group
+        ),
         handler_cancellation=True,
         access_log_class=AccessLogger,
         shutdown_timeout=config.server.shutdown_timeout_s,

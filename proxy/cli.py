@@ -1,6 +1,6 @@
 """The `brim` command: `brim serve`, `brim check-config`, `brim inspect`, `brim models`,
 `brim archive get`, `brim init`, `brim --version`, `brim run` (proxy/launcher.py),
-`brim status`."""
+`brim status`, `brim limits`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from policies.wires import WIRES
 from proxy.config import BrimConfig, ConfigError, describe_config, load_config, parse_workers
@@ -194,17 +195,29 @@ def version() -> str:
         return "unknown"
 
 
-def status(args: argparse.Namespace) -> int:
-    from proxy.status_view import ADMIN_KEY_ENV, StatusError, fetch_status, local_url, render_status
+def _admin_target(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The running brim's URL and an admin key, for the commands that ask it; None (said on
+    stderr) without a key."""
+    from proxy.status_view import ADMIN_KEY_ENV, local_url
 
     key = args.admin_key or os.environ.get(ADMIN_KEY_ENV)
     if not key:
         print(f"brim: give the admin key with --admin-key or ${ADMIN_KEY_ENV}", file=sys.stderr)
-        return 2
+        return None
     url = args.url
     if url is None:
         server = _load(args.config).server
         url = local_url(server.host, server.port)
+    return url, key
+
+
+def status(args: argparse.Namespace) -> int:
+    from proxy.status_view import StatusError, fetch_status, render_status
+
+    target = _admin_target(args)
+    if target is None:
+        return 2
+    url, key = target
     try:
         snapshot = fetch_status(url, key)
     except StatusError as exc:
@@ -212,6 +225,45 @@ def status(args: argparse.Namespace) -> int:
         return 1
     print(json.dumps(snapshot, indent=2) if args.json else render_status(snapshot, url))
     return 0
+
+
+def limits(args: argparse.Namespace) -> int:
+    from proxy.limits_view import fetch_limits, forget_limits, render_forgotten, render_limits
+    from proxy.status_view import StatusError
+
+    forgetting = args.limits_command == "forget"
+    if forgetting and (args.model is None) == (not args.all):
+        print("brim: name a MODEL to forget, or --all (not both)", file=sys.stderr)
+        return 2
+    target = _admin_target(args)
+    if target is None:
+        return 2
+    url, key = target
+    try:
+        if forgetting:
+            answer = forget_limits(url, key, None if args.all else args.model)
+        else:
+            answer = fetch_limits(url, key)
+    except StatusError as exc:
+        print(f"brim: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2))
+    else:
+        print(render_forgotten(answer) if forgetting else render_limits(answer, url))
+    return 0
+
+
+def _admin_options(command: argparse.ArgumentParser, *, sub: bool = False) -> None:
+    """The options of a command that asks a running brim's admin endpoints. `sub`: a
+    subcommand's, which leave those given before it (`brim limits --url U forget M`) standing."""
+    default: dict[str, Any] = {"default": argparse.SUPPRESS} if sub else {}
+    command.add_argument(
+        "--url", help="brim's base URL (default: [server] host and port)", **default
+    )
+    command.add_argument("--admin-key", help="an admin key (default: $BRIM_ADMIN_KEY)", **default)
+    command.add_argument("--config", help="proxy.toml to use (default as for serve)", **default)
+    command.add_argument("--json", action="store_true", help="the answer as JSON", **default)
 
 
 def _port(text: str) -> int:
@@ -329,11 +381,25 @@ def parser() -> argparse.ArgumentParser:
     board = commands.add_parser(
         "status", help="a running brim's figures, as /ui shows them (GET /admin/status)"
     )
-    board.add_argument("--url", help="brim's base URL (default: [server] host and port)")
-    board.add_argument("--admin-key", help="an admin key (default: $BRIM_ADMIN_KEY)")
-    board.add_argument("--config", help="proxy.toml to use (default as for serve)")
-    board.add_argument("--json", action="store_true", help="the status as JSON")
+    _admin_options(board)
     board.set_defaults(func=status)
+
+    learned = commands.add_parser(
+        "limits",
+        help="the limits a running brim learned from providers' overflow errors "
+        "(GET /admin/limits); 'limits forget' forgets them",
+    )
+    _admin_options(learned)
+    learned.set_defaults(func=limits, limits_command=None)
+    learned_commands = learned.add_subparsers(dest="limits_command")
+    forget = learned_commands.add_parser(
+        "forget",
+        help="forget what a model taught brim, on every instance and worker sharing it "
+        "(DELETE /admin/limits/MODEL)",
+    )
+    forget.add_argument("model", nargs="?", metavar="MODEL", help="the model id, as listed")
+    forget.add_argument("--all", action="store_true", help="forget every model's")
+    _admin_options(forget, sub=True)
     return root
 
 

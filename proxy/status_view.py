@@ -30,10 +30,13 @@ class StatusError(Exception):
     """brim could not be asked, or refused (the message says why)."""
 
 
-def fetch_status(url: str, admin_key: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
-    """`GET {url}/admin/status` with the admin key in the `x-brim-admin-key` header."""
+def admin_call(
+    url: str, admin_key: str, path: str, *, method: str = "GET", timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """`{method} {url}{path}` with the admin key in the `x-brim-admin-key` header: the JSON
+    object brim answers, or `StatusError` saying why there is none."""
     request = urllib.request.Request(
-        f"{url.rstrip('/')}/admin/status", headers={"x-brim-admin-key": admin_key}
+        f"{url.rstrip('/')}{path}", headers={"x-brim-admin-key": admin_key}, method=method
     )
     try:
         with open_direct(request, timeout_s) as reply:
@@ -48,10 +51,15 @@ def fetch_status(url: str, admin_key: str, *, timeout_s: float = 10.0) -> dict[s
         reason = getattr(error, "reason", error)
         raise StatusError(f"cannot reach brim at {url}: {reason}") from None
     except ValueError:
-        raise StatusError(f"{url}/admin/status did not answer JSON") from None
+        raise StatusError(f"{url}{path} did not answer JSON") from None
     if not isinstance(value, dict):
-        raise StatusError(f"{url}/admin/status did not answer a JSON object")
+        raise StatusError(f"{url}{path} did not answer a JSON object")
     return value
+
+
+def fetch_status(url: str, admin_key: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
+    """`GET {url}/admin/status` with the admin key in the `x-brim-admin-key` header."""
+    return admin_call(url, admin_key, "/admin/status", timeout_s=timeout_s)
 
 
 def duration(seconds: float) -> str:

@@ -16,6 +16,10 @@ is set up, so a connection never reaches one that cannot serve it yet.
   supervisor: each watches a pipe only the supervisor holds open, and stops when it closes.
 - Metrics: the workers write theirs to one directory, `PROMETHEUS_MULTIPROC_DIR` or a private
   one for the run, and every worker's `/metrics` reports all of them (see `proxy.multiproc`).
+- Learned limits: without `[cache] url` the workers share them through files in a directory
+  private to the run (`middleware.learned.WorkerFiles`), so that every worker compresses to a
+  window one of them learned, `GET /admin/limits` lists them all whichever worker answers, and
+  `brim limits forget` reaches every worker within a second.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from dataclasses import dataclass, field
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
+
+from middleware.learned import WorkerGroup
 
 # Loaded here, before the workers are forked: they share it instead of each importing it.
 from proxy.app import STOP_SIGNALS, loop_factory, run_until_stopped, start
@@ -139,10 +145,12 @@ class Supervisor:
         count: int,
         listener: Listener,
         metrics_dir: Path | None,
+        group_dir: Path,
     ) -> None:
         self.config = config
         self.listener = listener
         self.metrics_dir = metrics_dir
+        self.group_dir = group_dir
         self.slots = [Slot(index) for index in range(count)]
         self.pipes = Pipes.open()
         self.context = multiprocessing.get_context("fork")
@@ -282,7 +290,15 @@ class Supervisor:
         self.spawned += 1
         process = self.context.Process(
             target=_worker,
-            args=(self.config, slot.index, generation, self.listener, self.metrics_dir, self.pipes),
+            args=(
+                self.config,
+                slot.index,
+                generation,
+                self.listener,
+                self.metrics_dir,
+                self.group_dir,
+                self.pipes,
+            ),
             name=f"brim-worker-{slot.index}",
         )
         # Blocked across the fork: the worker installs its own handlers, then takes them.
@@ -341,6 +357,7 @@ def _worker(
     generation: int,
     listener: Listener,
     metrics_dir: Path | None,
+    group_dir: Path,
     pipes: Pipes,
 ) -> None:
     """A worker's life, in the forked child: serve until told to stop."""
@@ -351,11 +368,11 @@ def _worker(
         signal.signal(signum, signal.SIG_DFL)
     if listener.mode == "reuse_port":
         listener.close()  # the supervisor's reservation: this worker binds its own socket
-    share = None
-    if metrics_dir is not None:
-        share = MetricsShare(metrics_dir, _metrics_token(os.getpid(), generation))
+    token = _metrics_token(os.getpid(), generation)
+    share = None if metrics_dir is None else MetricsShare(metrics_dir, token)
+    group = WorkerGroup(group_dir, token)
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(config, index, listener, share, pipes))
+        runner.run(_serve(config, index, listener, share, group, pipes))
 
 
 async def _serve(
@@ -363,6 +380,7 @@ async def _serve(
     index: int,
     listener: Listener,
     share: MetricsShare | None,
+    group: WorkerGroup,
     pipes: Pipes,
 ) -> None:
     shared = listener.sockets if listener.mode == "shared" else ()
@@ -373,6 +391,7 @@ async def _serve(
         sockets=shared,
         reuse_port=listener.mode == "reuse_port",
         metrics_share=share,
+        group=group,
     )
     os.write(pipes.ready_w, f"{index} {os.getpid()}\n".encode())
     os.close(pipes.ready_w)
@@ -384,12 +403,15 @@ def serve_workers(config: BrimConfig, count: int) -> int:
     server = config.server
     listener = open_listener(server.host, server.port, socket_mode(server.worker_socket))
     metrics_dir, private = None, False
+    # Where the workers share learned limits when there is no Redis: private to the run.
+    group_dir = Path(tempfile.mkdtemp(prefix="brim-workers-"))
     try:
         if config.telemetry.prometheus:
             metrics_dir, private = _metrics_directory()
-        return Supervisor(config, count, listener, metrics_dir).run()
+        return Supervisor(config, count, listener, metrics_dir, group_dir).run()
     finally:
         listener.close()
+        shutil.rmtree(group_dir, ignore_errors=True)
         if private and metrics_dir is not None:
             shutil.rmtree(metrics_dir, ignore_errors=True)
 

@@ -290,7 +290,7 @@ def test_admin_status_on_either_instance_shows_both_instances_events_and_totals(
 # --- Redis going away mid-run --------------------------------------------------------------------
 
 
-TIGHT = {"tight-8000": {"context_window": 100_000, "max_output": 1_000}}  # really 8 000
+TIGHT = {"tight-8000": {"context_window": 64_000, "max_output": 1_000}}  # really 8 000: 1/8
 
 
 def tight_conversation(tag: str) -> list[dict[str, Any]]:

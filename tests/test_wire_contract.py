@@ -434,7 +434,7 @@ def test_an_overflow_the_provider_reports_is_retried(
     anthropic_fake: FakeAnthropic,
 ) -> None:
     model = case.model(3_000, in_stream=stream)
-    base = serve(models={model: {"context_window": 100_000}})  # brim believes it is larger
+    base = serve(models={model: {"context_window": 24_000}})  # brim believes it is 8x larger
     reply = send(base, case, model, session(case, 5), stream=stream)
     assert reply.status_code == 200, reply.text
     assert int(reply.headers["x-brim-retries"]) >= 1

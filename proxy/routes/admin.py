@@ -1,20 +1,27 @@
 """`GET /metrics` (Prometheus), and the admin endpoints: `GET /admin/status` (the figures the
 `/ui` dashboard and `brim status` show), `GET /admin/archive/{key}` (the full sha256 key or a
-unique prefix of at least 8 hex digits, `sha256:` optional). The admin endpoints need a key
-from `[server] admin_keys_env` (`Authorization: Bearer <key>` or `x-brim-admin-key`) and are off
-when none is configured."""
+unique prefix of at least 8 hex digits, `sha256:` optional), `GET /admin/limits` (the facts
+learned from providers' overflow errors, as `brim limits` lists them), `DELETE
+/admin/limits/{model}` and `DELETE /admin/limits` (forget them, for one model or all, on every
+instance and worker that shares them). The admin endpoints need a key from `[server]
+admin_keys_env` (`Authorization: Bearer <key>` or `x-brim-admin-key`) and are off when none is
+configured."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
 import time
+from collections.abc import Iterable
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from adapters.errors import AdminDisabled, InvalidRequest, Unauthorized, UnknownEndpoint
+from middleware.learned import ALL_MODELS, MODEL_ID_MAX
 from middleware.loops import loop_status
+from policies.limits import Learned, LimitsRegistry
 from proxy.keys import CONFIG, PROVIDERS, SERVICES, WORKER_METRICS, FrontDoor
 
 ADMIN_KEY_HEADER = "x-brim-admin-key"
@@ -54,21 +61,33 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
+def learned_rows(registry: LimitsRegistry, facts: Iterable[Learned]) -> list[dict[str, Any]]:
+    """Learned facts as the admin endpoints show them, by model: each with what the registry
+    knows of the model without it (`known`, `known_source`) and when it is forgotten."""
+    now = time.time()
+    rows = []
+    for fact in sorted(facts, key=lambda f: (f.model, f.kind)):
+        known, source = registry.known_window(fact.model)
+        rows.append(
+            {
+                "model": fact.model,
+                "kind": fact.kind,
+                "value": fact.value,
+                "known": known,
+                "known_source": source.value,
+                "learned_s_ago": round(max(0.0, now - fact.learned_at(registry.learned_ttl_s))),
+                "expires_in_s": round(max(0.0, fact.until - now)),
+            }
+        )
+    return rows
+
+
 async def status(request: web.Request) -> web.Response:
     require_admin(request)
     services = request.app[SERVICES]
     snapshot = await services.shared.status()  # every instance's, with [cache] url
     snapshot["learned_limits"] = services.limits.learned
-    now = time.time()
-    snapshot["learned"] = [
-        {
-            "model": fact.model,
-            "kind": fact.kind,
-            "value": fact.value,
-            "expires_in_s": round(max(0.0, fact.until - now)),
-        }
-        for fact in sorted(services.limits.learned_facts(), key=lambda f: (f.model, f.kind))
-    ]
+    snapshot["learned"] = learned_rows(services.limits, services.limits.learned_facts())
     guard = request.app[CONFIG].guard
     snapshot["loop_guard"] = loop_status(
         services.shared.loops, limit=guard.loop_limit, window_s=guard.loop_window_s
@@ -92,7 +111,52 @@ async def archived(request: web.Request) -> web.Response:
     return web.Response(text=content, content_type="text/plain")
 
 
+async def limits(request: web.Request) -> web.Response:
+    """What this process learned or adopted (with Redis or in a `--workers` group, what the
+    others learned too, as of its last refresh)."""
+    require_admin(request)
+    services = request.app[SERVICES]
+    shared = services.shared
+    return web.json_response(
+        {
+            "instance": shared.instance,
+            "shared_with": shared.limits_shared_with,
+            "learned": learned_rows(services.limits, services.limits.learned_facts()),
+        }
+    )
+
+
+async def forget(request: web.Request) -> web.Response:
+    """Forget one model's learned facts (`{model}`, any spelling of its id), or every model's."""
+    require_admin(request)
+    model = request.match_info.get("model")
+    if model is not None and (
+        not 0 < len(model) <= MODEL_ID_MAX or not model.isprintable() or model == ALL_MODELS
+    ):
+        raise InvalidRequest(
+            f"A model id is 1 to {MODEL_ID_MAX} printable characters (and not {ALL_MODELS!r}: "
+            "DELETE /admin/limits forgets every model).",
+            param="model",
+        )
+    services = request.app[SERVICES]
+    shared = services.shared
+    done = await shared.forget(model)
+    return web.json_response(
+        {
+            "instance": shared.instance,
+            "shared_with": shared.limits_shared_with,
+            "model": model,
+            "forgotten": learned_rows(services.limits, done.dropped),
+            "reached": done.reached,
+        }
+    )
+
+
 def add_routes(app: web.Application, door: FrontDoor) -> None:
     app.router.add_get("/metrics", door(metrics))
     app.router.add_get("/admin/status", door(status))
     app.router.add_get("/admin/archive/{key}", door(archived))
+    app.router.add_get("/admin/limits", door(limits))
+    app.router.add_delete("/admin/limits", door(forget))
+    # Model ids hold slashes ("openai/gpt-4.1"): the rest of the path, percent-decoded.
+    app.router.add_delete("/admin/limits/{model:.+}", door(forget))

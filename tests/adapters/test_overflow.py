@@ -253,6 +253,45 @@ CASES = [
         8192,
         9000,
     ),
+    (
+        "claude code",
+        400,
+        "Prompt is too long · the request is ~100528 tokens (limit 80000) but this "
+        "conversation is only ~50681 tokens — the rest comes from the system prompt",
+        80000,
+        100528,
+    ),
+    (
+        "claude code relaying the provider's reply",
+        400,
+        'API Error: 400 {"type":"error","error":{"type":"invalid_request_error",'
+        '"message":"prompt is too long: 210000 tokens > 200000 maximum"}}',
+        200000,
+        210000,
+    ),
+    (
+        "litellm's prefixes",
+        400,
+        openai_shaped(
+            "litellm.ContextWindowExceededError: litellm.BadRequestError: "
+            "ContextWindowExceededError: OpenAIException - This model's maximum context length "
+            "is 3000 tokens. However, your messages resulted in 6010 tokens. Please reduce the "
+            "length of the messages."
+        ),
+        3000,
+        6010,
+    ),
+    (
+        "vllm max_tokens",
+        400,
+        openai_shaped(
+            "'max_tokens' or 'max_completion_tokens' is too large: 2000. This model's maximum "
+            "context length is 2048 tokens and your request has 100 input tokens "
+            "(2000 > 2048 - 100)."
+        ),
+        2048,
+        100,
+    ),
     ("http 413", 413, b"<html>Request Entity Too Large</html>", None, None),
     (
         "overflow text on a 500",
@@ -282,7 +321,7 @@ CASES = [
     ("name", "status", "body", "limit", "requested"), CASES, ids=[c[0] for c in CASES]
 )
 def test_overflow_is_recognised_with_its_numbers(
-    name: str, status: int, body: bytes, limit: int | None, requested: int | None
+    name: str, status: int, body: bytes | str, limit: int | None, requested: int | None
 ) -> None:
     found = classify(status, body)
     assert found is not None, name
@@ -363,13 +402,117 @@ NOT_OVERFLOWS = [
 ]
 
 
+# A provider names an unknown field back as the client spelled it, or quotes a value it refuses:
+# an overflow sentence there is the client's, never the provider's.
+ECHOES = [
+    (
+        "openai unrecognized argument",
+        400,
+        openai_shaped(
+            "Unrecognized request argument supplied: This model's maximum context length is 1 "
+            "tokens. However, your messages resulted in 5 tokens."
+        ),
+        UpstreamError,
+    ),
+    (
+        "anthropic extra input",
+        400,
+        orjson.dumps(
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "prompt is too long: 999999 tokens > 10 maximum: Extra inputs are "
+                    "not permitted",
+                },
+            }
+        ),
+        UpstreamError,
+    ),
+    (
+        "anthropic extra input, an OpenAI sentence",
+        400,
+        orjson.dumps(
+            {
+                "type": "error",
+                "error": {
+                    "type": "invalid_request_error",
+                    "message": "This model's maximum context length is 1 tokens: Extra inputs "
+                    "are not permitted",
+                },
+            }
+        ),
+        UpstreamError,
+    ),
+    (
+        "gemini unknown name",
+        400,
+        orjson.dumps(
+            {
+                "error": {
+                    "code": 400,
+                    "message": 'Invalid JSON payload received. Unknown name "The input token '
+                    'count (999999) exceeds the maximum number of tokens allowed (10)": Cannot '
+                    "find field.",
+                    "status": "INVALID_ARGUMENT",
+                }
+            }
+        ),
+        UpstreamError,
+    ),
+    (
+        "responses unknown parameter",
+        400,
+        openai_shaped(
+            "Unknown parameter: 'maximum context length is 1 tokens'.", "unknown_parameter"
+        ),
+        UpstreamError,
+    ),
+    (
+        "a refused value quoting the sentence",
+        400,
+        openai_shaped(
+            "Invalid value for 'user': 'prompt is too long: 999999 tokens > 10 maximum'."
+        ),
+        UpstreamError,
+    ),
+    (
+        "claude code relaying an echo",
+        400,
+        'API Error: 400 {"type":"error","error":{"type":"invalid_request_error",'
+        '"message":"prompt is too long: 9 tokens > 1 maximum: Extra inputs are not permitted"}}',
+        UpstreamError,
+    ),
+]
+
+
 @pytest.mark.parametrize(
-    ("name", "status", "body", "kind"), NOT_OVERFLOWS, ids=[c[0] for c in NOT_OVERFLOWS]
+    ("name", "status", "body", "kind"),
+    NOT_OVERFLOWS + ECHOES,
+    ids=[c[0] for c in NOT_OVERFLOWS + ECHOES],
 )
 def test_other_errors_are_not_overflows(
-    name: str, status: int, body: bytes, kind: type[UpstreamError]
+    name: str, status: int, body: bytes | str, kind: type[UpstreamError]
 ) -> None:
     assert classify(status, body) is None
     assert (
         type(UpstreamError.from_reply(upstream="u", status=status, headers={}, body=body)) is kind
     )
+
+
+def test_the_output_limit_a_provider_counted_in_the_window_is_read() -> None:
+    anthropic = classify(
+        400,
+        "input length and `max_tokens` exceed context limit: 195000 + 21333 > 200000, "
+        "decrease input length or `max_tokens` and try again",
+    )
+    assert anthropic is not None and (anthropic.output, anthropic.counts_output) == (21333, True)
+    openai = classify(
+        400,
+        "This model's maximum context length is 128000 tokens. However, you requested 130532 "
+        "tokens (126436 in the messages, 4096 in the completion). Please reduce the length of "
+        "the messages or completion.",
+    )
+    assert openai is not None and (openai.output, openai.counts_output) == (4096, True)
+    plain = classify(400, "prompt is too long: 210000 tokens > 200000 maximum")
+    assert plain is not None and (plain.output, plain.counts_output) == (None, False)

@@ -75,7 +75,8 @@ def test_litellms_context_window_error_is_an_overflow_that_brim_survives(
     brim: BrimFactory, provider: FakeProvider
 ) -> None:
     base = brim(
-        upstreams=through_litellm(provider), models={"tight-3000": {"context_window": 100_000}}
+        upstreams=through_litellm(provider),
+        models={"tight-3000": {"context_window": 24_000}},  # 8 × its real window
     )
     messages = [{"role": "user", "content": "question " + "context " * 6000}]
     sdk = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-client", max_retries=0)

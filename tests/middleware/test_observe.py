@@ -62,7 +62,7 @@ def traced(
         models={
             "fake-model": {"context_window": 100_000, "max_output": 1_000},
             "small": {"context_window": 3_000, "max_output": 500},
-            "tight-3000": {"context_window": 100_000},
+            "tight-3000": {"context_window": 24_000},  # at most 8 × its real window
         },
         audit={"path": str(tmp_path / "audit" / "brim.jsonl")},
         archive={"enabled": True, "dir": str(tmp_path / "archive")},
@@ -333,7 +333,7 @@ def test_no_key_appears_in_logs_spans_metrics_or_the_audit_log(
             "keyed": fake_upstream(provider, api_key_env="CANARY_UPSTREAM_KEY"),
         },
         routes={"tight-*": "keyed", "*": "fake"},
-        models={"small": {"context_window": 3_000}, "tight-3000": {"context_window": 100_000}},
+        models={"small": {"context_window": 3_000}, "tight-3000": {"context_window": 24_000}},
         audit={"path": str(audit)},
     )
     headers = {

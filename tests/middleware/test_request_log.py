@@ -155,7 +155,7 @@ def test_a_retried_request_logs_its_retry(
     case: Case, serve: Callable[..., str], caplog: pytest.LogCaptureFixture
 ) -> None:
     model = case.model(3_000)
-    base = serve(models={model: {"context_window": 100_000}})  # brim believes it is larger
+    base = serve(models={model: {"context_window": 24_000}})  # brim believes it is 8x larger
     with caplog.at_level(logging.INFO, logger="brim.request"):
         reply = post(base, case, model, session(case, 5))
         assert reply.status_code == 200, reply.text

@@ -16,7 +16,9 @@ from tests.conftest import BrimFactory, every_api
 from tests.fake_anthropic import FakeAnthropic
 from tests.fakes import FakeProvider, pairing_errors
 
-BIG = 100_000  # what brim is told the models have
+# What brim is told the models have: at most 8 times their real window (tight-3000), as brim
+# learns no window below an eighth of the one it knows.
+BIG = 24_000
 
 
 def conversation(turns: int, lines: int = 60) -> list[dict[str, Any]]:

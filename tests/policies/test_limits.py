@@ -302,3 +302,51 @@ def test_remembered_ids_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         registry.resolve(f"made-up-{n}")
     assert len(registry._resolved) <= 8 and len(registry._normalized) <= 8
     assert registry.resolve("made-up-49").source is LimitSource.DEFAULT
+
+
+# --- what may be learned, adopted and forgotten --------------------------------------------------
+
+
+def test_a_learned_window_stays_within_bounds_of_what_the_registry_knows() -> None:
+    registry = LimitsRegistry({"house": ModelFacts(context_window=64_000)})
+    assert registry.known_window("house") == (64_000, LimitSource.CONFIG)
+    assert registry.implausible("window", "house", 8_000) is None  # 1/8 of it
+    assert "under 1/8" in (registry.implausible("window", "house", 7_999) or "")
+    assert "over 8 times" in (registry.implausible("window", "house", 512_001) or "")
+    assert "floor" in (registry.implausible("window", "unknown-model", 1_023) or "")
+    # A model known only by the `_default` has no 1/8 bound: a local server's 4 096 is real.
+    assert registry.implausible("window", "unknown-model", 4_096) is None
+    assert registry.learn("house", 1) is False and registry.learned == {}
+    assert registry.learn("house", 10_000) is True and registry.learned == {"house": 10_000}
+    # what it knows without the learned fact stays what it was
+    assert registry.known_window("house") == (64_000, LimitSource.CONFIG)
+    assert registry.implausible("output_counts", "house", 1) is None
+    assert registry.implausible("output_counts", "house", 7) is not None
+
+
+def test_a_fact_from_elsewhere_is_rejected_unless_brim_could_have_learned_it() -> None:
+    registry = LimitsRegistry({"house": ModelFacts(context_window=64_000)}, timer=lambda: 1_000.0)
+    day = 1_000.0 + registry.learned_ttl_s
+    assert registry.rejects(Learned("window", "house", 32_000, day)) is None
+    assert registry.rejects(Learned("window", "house", 10, day)) is not None
+    assert registry.rejects(Learned("window", "HOUSE", 32_000, day)) is not None
+    assert registry.rejects(Learned("window", "[cli]gemini:flash", 32_000, day)) is not None
+    assert registry.rejects(Learned("window", "house", 32_000, day + 3_600)) is not None
+
+
+def test_forgetting_takes_any_spelling_or_every_model_and_spares_what_came_later() -> None:
+    clock = [1_000.0]
+    registry = LimitsRegistry(timer=lambda: clock[0])
+    registry.learn("openai/gpt-4o", 64_000)
+    registry.learn_output_counts("claude-haiku-4-5")
+    clock[0] += 10
+    registry.learn("gemini-2.5-flash", 500_000)
+    assert registry.resolve("OpenAI/GPT-4o").source is LimitSource.LEARNED
+    dropped = registry.forget("OpenAI/GPT-4o")
+    assert [(f.kind, f.model, f.value) for f in dropped] == [("window", "openai/gpt-4o", 64_000)]
+    assert registry.resolve("openai/gpt-4o").source is not LimitSource.LEARNED
+    # Every model learned by 1 005 (not what was learned at 1 010)
+    dropped = registry.forget(None, learned_by=1_005.0)
+    assert [f.model for f in dropped] == ["claude-haiku-4-5"]
+    assert registry.learned == {"gemini-2.5-flash": 500_000}
+    assert registry.forget(None) and registry.learned_facts() == []

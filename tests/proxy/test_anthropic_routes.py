@@ -38,7 +38,7 @@ def base(brim: BrimFactory, anthropic_fake: FakeAnthropic) -> str:
         upstreams={"claude": {"api": "anthropic", "base_url": anthropic_fake.url}},
         models={
             "claude-window-6000": {"context_window": 6_000, "max_output": 4_096},
-            "claude-streamerr-3000": {"context_window": 100_000},
+            "claude-streamerr-3000": {"context_window": 24_000},  # 8 × its real window
             "claude-window-300": {"context_window": 300},
         },
     )

@@ -167,7 +167,7 @@ def dashboard(brim: BrimFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
         server={"admin_keys_env": "TEST_ADMIN_KEYS", "api_keys_env": "TEST_API_KEYS"},
         models={
             "small": {"context_window": 3_000, "max_output": 500},
-            "tight-3000": {"context_window": 100_000},
+            "tight-3000": {"context_window": 24_000},  # at most 8 × its real window
         },
         archive={"enabled": True, "dir": str(tmp_path / "archive")},
         guard={"loop_limit": 2, "loop_window_s": 60},

@@ -31,7 +31,7 @@ def base(brim: BrimFactory, provider: FakeProvider) -> str:
         upstreams={"gemini": {"api": "gemini", "base_url": provider.url}},
         models={
             "gem-6000": {"context_window": 6_000, "max_output": 2_000},
-            "gemstream-3000": {"context_window": 100_000},
+            "gemstream-3000": {"context_window": 24_000},  # 8 × its real window
             "gem-300": {"context_window": 300},
         },
     )
