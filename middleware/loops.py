@@ -54,6 +54,9 @@ class LoopBreaker:
         digest.update(exchange.raw)
         digest.update(exchange.endpoint.encode())
         digest.update(exchange.user_agent.encode())
+        # Whose request: two clients sending the same bytes (brim keys behind one provider key)
+        # are two counts, so one client's failures never stop another's request.
+        digest.update(exchange.owner.encode() + b"\0")
         for name in HASHED_HEADERS:
             for value in exchange.headers.getall(name, ()):
                 digest.update(name.encode() + b"\0" + value.encode() + b"\0")
