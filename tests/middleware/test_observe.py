@@ -550,7 +550,7 @@ async def chat_flood(base: str, names: Iterable[str], workers: int = 64) -> Coun
             for name in pending:
                 body = orjson.dumps({"model": name, "messages": HELLO})
                 writer.write(
-                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: brim\r\n"
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                     % (len(body), body)
                 )
