@@ -15,9 +15,10 @@ from proxy.keys import SERVING, FrontDoor
 from proxy.routes.common import checked, proxied, read_json
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
-# A model id as it may stand in the URL: the path brim sends upstream is built from it, so it
-# holds nothing a path could be made of (`/`, `..` after an escaped slash, `%`).
-MODEL_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+# A model id as it may stand in the URL (brim's own ids too: `[cli]gemini:flash`): the path
+# brim sends upstream is built from it, so it holds nothing a path is made of (`/`, which an
+# escaped slash decodes to, `%`, `?`, `#`, or a leading `.`).
+MODEL_ID = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9._:@\[\]-]{0,127}")
 
 
 async def models(request: web.Request) -> web.StreamResponse:
@@ -26,8 +27,8 @@ async def models(request: web.Request) -> web.StreamResponse:
         raise UnknownEndpoint(f"Unknown method {method[:40]!r}; brim serves {', '.join(METHODS)}.")
     if MODEL_ID.fullmatch(model) is None:
         raise InvalidRequest(
-            f"The model {model[:100]!r} in the URL is not a model id (letters, digits, '.', '_' "
-            "and '-', at most 128).",
+            f"The model {model[:100]!r} in the URL is not a model id (letters, digits and "
+            "'.', '_', '-', ':', '@', '[', ']', at most 128).",
             param="model",
         )
     serving = request.app[SERVING]
