@@ -241,12 +241,16 @@ def is_loopback(host: str) -> bool:
 
 def web_origin(text: str) -> str:
     """An `allowed_origins` entry as browsers send it in `Origin` (`scheme://host[:port]`,
-    lowercase, no path), or "*" for any origin."""
+    lowercase, no path: `http://localhost:3000`, `app://obsidian.md`), or "*" for any origin."""
     value = text.strip().lower().rstrip("/")
     if value == "*":
         return value
-    parts = urlsplit(value)
-    if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query:
+    try:
+        parts = urlsplit(value)
+        valid = bool(parts.scheme and parts.hostname) and not (parts.path or parts.query)
+    except ValueError:
+        valid = False
+    if not valid:
         raise ValueError(
             f'{text!r} is not a web origin: write it as browsers send it, e.g. "http://localhost:'
             '3000" (scheme, host and port, no path), or "*" for any'

@@ -215,7 +215,8 @@ def test_a_stream_is_traced_to_its_end_with_the_providers_usage(
 
 
 def scrape(base: str) -> dict[str, list[Any]]:
-    reply = httpx.get(f"{base}/metrics")
+    """/metrics as Prometheus reads it (with admin keys set, it sends one as a bearer token)."""
+    reply = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
     assert reply.status_code == 200
     assert reply.headers["content-type"].startswith("text/plain")
     return {family.name: family.samples for family in text_string_to_metric_families(reply.text)}
@@ -586,8 +587,8 @@ async def test_a_flood_of_made_up_model_names_cannot_grow_metrics_status_or_memo
     after = rss_of(pid)
 
     async with httpx.AsyncClient(base_url=base) as client:
-        metrics = (await client.get("/metrics")).text
         admin = {"Authorization": f"Bearer {ADMIN}"}
+        metrics = (await client.get("/metrics", headers=admin)).text
         status = (await client.get("/admin/status", headers=admin)).json()
     grown = after - before if after is not None and before is not None else None
 

@@ -93,16 +93,19 @@ def test_a_dns_rebound_page_is_refused_by_its_host(
     assert provider.requests == []
 
 
+def preflight(url: str, origin: str, wanted: str) -> httpx.Response:
+    """The CORS preflight a browser sends before a page's JSON POST to `url`."""
+    headers = {
+        "Origin": origin,
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": wanted,
+    }
+    return httpx.options(url, headers=headers)
+
+
 def test_a_foreign_preflight_gets_no_permissive_answer(base: str) -> None:
     for path in ("/v1/chat/completions", "/v1/messages", "/admin/status", "/metrics"):
-        reply = httpx.options(
-            f"{base}{path}",
-            headers={
-                "Origin": EVIL,
-                "Access-Control-Request-Method": "POST",
-                "Access-Control-Request-Headers": "content-type,x-api-key",
-            },
-        )
+        reply = preflight(f"{base}{path}", EVIL, "content-type,x-api-key")
         assert reply.status_code == 403 and no_cors(reply)
 
 
@@ -149,17 +152,10 @@ def test_a_listed_origin_gets_cors(brim: BrimFactory, provider: FakeProvider) ->
     the replies say the page may read them. The provider sees brim, not the page's origin."""
     app = "http://localhost:3000"
     base = brim(server={"allowed_origins": [app]}, **every_api(provider))
-    preflight = httpx.options(
-        f"{base}/v1/chat/completions",
-        headers={
-            "Origin": app,
-            "Access-Control-Request-Method": "POST",
-            "Access-Control-Request-Headers": "authorization,content-type",
-        },
-    )
-    assert preflight.status_code == 204
-    assert preflight.headers["access-control-allow-origin"] == app
-    assert preflight.headers["access-control-allow-headers"] == "authorization,content-type"
+    answered = preflight(f"{base}/v1/chat/completions", app, "authorization,content-type")
+    assert answered.status_code == 204
+    assert answered.headers["access-control-allow-origin"] == app
+    assert answered.headers["access-control-allow-headers"] == "authorization,content-type"
     reply = page_post(base, "openai", {"Origin": app, "Content-Type": "application/json"})
     assert reply.status_code == 200
     assert reply.headers["access-control-allow-origin"] == app
