@@ -45,6 +45,7 @@ from adapters.config import UpstreamConfig
 from adapters.errors import (
     AuthFailed,
     ContextOverflow,
+    InvalidRequest,
     RateLimited,
     UpstreamError,
     UpstreamFailure,
@@ -327,16 +328,21 @@ CODEX_TOOL_FEATURES = (
 )
 
 
+def _model_flag(model: str | None) -> list[str]:
+    """`--model=VALUE`, one argument: a value can never be read as a flag of its own."""
+    return [f"--model={model}"] if model else []
+
+
 def claude_command(model: str | None, settings: Path | None, env: Mapping[str, str]) -> Command:
     args = ["-p", "--output-format", "stream-json", "--verbose", "--include-partial-messages"]
     args += ["--tools", "", "--no-session-persistence"]
-    return Command(args + (["--model", model] if model else []))
+    return Command(args + _model_flag(model))
 
 
 def cursor_command(model: str | None, settings: Path | None, env: Mapping[str, str]) -> Command:
     # No flag switches its tools off; without --force it may not run commands or write.
     args = ["-p", "--output-format", "stream-json"]
-    return Command(args + (["--model", model] if model else []))
+    return Command(args + _model_flag(model))
 
 
 def codex_command(model: str | None, settings: Path | None, env: Mapping[str, str]) -> Command:
@@ -345,7 +351,7 @@ def codex_command(model: str | None, settings: Path | None, env: Mapping[str, st
     args += ["-c", 'web_search="disabled"']
     for feature in CODEX_TOOL_FEATURES:
         args += ["--disable", feature]
-    return Command(args + (["--model", model] if model else []) + ["-"])
+    return Command(args + _model_flag(model) + ["-"])
 
 
 def gemini_command(model: str | None, settings: Path | None, env: Mapping[str, str]) -> Command:
@@ -353,7 +359,7 @@ def gemini_command(model: str | None, settings: Path | None, env: Mapping[str, s
     # (`tools.core = []`), the only place that can say so without touching the user's own.
     args = ["-p", "", "--output-format", "stream-json", "--skip-trust"]
     extra = {"GEMINI_CLI_SYSTEM_SETTINGS_PATH": str(settings)} if settings else {}
-    return Command(args + (["--model", model] if model else []), extra)
+    return Command(args + _model_flag(model), extra)
 
 
 def opencode_command(model: str | None, settings: Path | None, env: Mapping[str, str]) -> Command:
@@ -367,7 +373,7 @@ def opencode_command(model: str | None, settings: Path | None, env: Mapping[str,
     config["tools"] = {**(config.get("tools") or {}), "*": False}
     args = ["run", "--format", "json", "--pure", "--title", "brim"]
     extra = {"OPENCODE_CONFIG_CONTENT": json.dumps(config)}
-    return Command(args + (["--model", model] if model else []), extra)
+    return Command(args + _model_flag(model), extra)
 
 
 @dataclass(frozen=True, slots=True)
@@ -412,17 +418,62 @@ CLIS: dict[str, Cli] = {
 }
 
 
+# A model name a CLI is given: what model ids are made of (`sonnet[1m]`, `openai/gpt-4.1`,
+# `openrouter/x:free`), never starting with "-" (a flag) and without spaces, quotes or "=".
+CLI_MODEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+\[\]-]{0,199}")
+
+
 def cli_model(model: str) -> str | None:
     """The CLI's model flag for a brim model id: the part after the colon (`claude:sonnet` →
     sonnet, `[cli]gemini:flash` → flash, `opencode:openai/gpt-4.1` → openai/gpt-4.1); None, the
-    CLI's own default, for an id without one."""
+    CLI's own default, for an id without one. A part that is not a plain model name (`CLI_MODEL`:
+    `claude:--proxy=…` would otherwise reach the CLI's argument parser) is `InvalidRequest`."""
     text = model.strip()
     if text.lower().startswith(CLI_MARKER):
         text = text[len(CLI_MARKER) :]
     head, colon, tail = text.partition(":")
-    if colon and tail and "/" not in head:
-        return tail
-    return None
+    if not (colon and tail and "/" not in head):
+        return None
+    if CLI_MODEL.fullmatch(tail) is None:
+        raise InvalidRequest(
+            f"The model {model[:100]!r} names a CLI model {tail[:100]!r} that is not a plain "
+            "model name (letters, digits and . _ : / @ + [ ] -, not starting with -).",
+            param="model",
+        )
+    return tail
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEnv:
+    """What a CLI's process does not inherit from brim's environment: the variables brim's
+    configuration names as secrets (`names`: every `…_env` key), every variable whose name starts
+    with one of `prefixes` (brim's own `BRIM_…` settings), and every variable whose value holds
+    one of `values` (a password in `[cache] url`). A CLI upstream's own `api_key_env` is the one
+    secret its process keeps; its `env` table is added on top."""
+
+    names: frozenset[str] = frozenset()
+    prefixes: tuple[str, ...] = ("BRIM_",)
+    values: tuple[str, ...] = ()
+
+    def environment(self, parent: Mapping[str, str], config: UpstreamConfig) -> dict[str, str]:
+        """The environment for a run of the CLI upstream `config`."""
+        own = config.api_key_env
+        kept = {
+            name: value
+            for name, value in parent.items()
+            if name == own
+            or (
+                name not in self.names
+                and not name.startswith(self.prefixes)
+                and not any(secret in value for secret in self.values)
+            )
+        }
+        kept.update(config.env)
+        return kept
+
+
+# Without a configuration to name its secrets (a test's or a tool's adapter): BRIM_… only.
+BRIM_SETTINGS_ONLY = ChildEnv()
 
 
 # -- The conversation as one prompt -----------------------------------------------------------
@@ -504,12 +555,15 @@ def render_prompt(messages: Sequence[Any]) -> str:
 class CliAdapter:
     """Runs one configured CLI for each request (`api = "cli"`)."""
 
-    def __init__(self, name: str, config: UpstreamConfig) -> None:
+    def __init__(
+        self, name: str, config: UpstreamConfig, child_env: ChildEnv = BRIM_SETTINGS_ONLY
+    ) -> None:
         cli = config.cli_name
         if config.api != "cli" or cli is None or config.command is None:
             raise ValueError(f"upstream {name!r}: not a CLI upstream (api = {config.api!r})")
         self.name = name
         self.config = config
+        self.child_env = child_env
         self.cli = CLIS[cli]
         self.command = config.command.strip()
         self._root: str | None = None  # where scratch folders go (None: the system's temp)
@@ -708,7 +762,7 @@ class CliAdapter:
         )
 
     async def _start(self, executable: str, exchange: Exchange, prompt: str) -> Run:
-        env = {**os.environ, **self.config.env}
+        env = self.child_env.environment(os.environ, self.config)
         settings = self._gemini_settings(env) if self.cli.name == "gemini" else None
         command = self.cli.command(cli_model(exchange.model), settings, env)
         env.update(command.env)

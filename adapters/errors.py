@@ -8,12 +8,18 @@ defined here.
     │                              wire API words it its own way (`Refusal`)
     ├── Unauthorized               401: a brim or admin key is missing or wrong
     ├── AdminDisabled              403: /admin/* with no admin keys configured
+    ├── ForeignOrigin              403: a web page of an origin not in `server.allowed_origins`
+    ├── ForeignHost                403: a Host that is not brim's (DNS rebinding), while bound
+    │                              to loopback or with `server.allowed_hosts` set
     ├── UnknownEndpoint            404: no such path (or the feature behind it is off)
     ├── NoRoute                    404 model_not_found: no `[routes]` entry serves the model
     ├── MethodNotAllowed           405
     ├── RequestTimeout             408: the body did not arrive within `server.body_timeout_s`
     │                              (the connection is closed after the answer)
-    ├── PayloadTooLarge            413: the body is over `server.max_body_mb`
+    ├── PayloadTooLarge            413: the body is over `server.max_body_mb` (decoded, for a
+    │                              compressed one) or decodes past `max_decompression_ratio`
+    ├── UnsupportedMediaType       415: not a JSON body on a JSON route, or a Content-Encoding
+    │                              brim does not decode
     ├── RepeatedFailure            429: the same request failed `loop_limit` times in a row
     ├── RateLimitExceeded          429: the client's key (or address) is past its
     │                              `requests_per_minute` or `tokens_per_minute`
@@ -38,7 +44,8 @@ defined here.
                                    wording, HTTP 413, or an error as the first event of a
                                    200 stream); `limit` / `requested` when the text states them
 
-Adapters raise only the `UpstreamFailure` branch; `UpstreamError.from_reply` is the single place
+Adapters raise only the `UpstreamFailure` branch (and `InvalidRequest` for a model name a CLI
+cannot be given); `UpstreamError.from_reply` is the single place
 that turns a provider's error reply into its class (`adapters.overflow` recognises overflows).
 brim's own words about an upstream name it by its name in the config, never by its address: an
 `UpstreamFailure`'s message goes through `hide_addresses` (an internal host and port is nobody's
@@ -96,6 +103,18 @@ class AdminDisabled(BrimError):
     code = "admin_disabled"
 
 
+class ForeignOrigin(BrimError):
+    status = 403
+    error_type = "permission_error"
+    code = "origin_not_allowed"
+
+
+class ForeignHost(BrimError):
+    status = 403
+    error_type = "permission_error"
+    code = "host_not_allowed"
+
+
 class UnknownEndpoint(BrimError):
     status = 404
     error_type = "invalid_request_error"
@@ -118,6 +137,12 @@ class PayloadTooLarge(BrimError):
     status = 413
     error_type = "invalid_request_error"
     code = "request_too_large"
+
+
+class UnsupportedMediaType(BrimError):
+    status = 415
+    error_type = "invalid_request_error"
+    code = "unsupported_media_type"
 
 
 class RepeatedFailure(BrimError):

@@ -19,8 +19,12 @@ HOP_BY_HOP = frozenset(
         "upgrade",
     }
 )
-# Recomputed by the next hop, or owned by brim itself.
-_NOT_FORWARDED_UPSTREAM = frozenset({"host", "content-length", "expect", "accept-encoding"})
+# Recomputed by the next hop, or owned by brim itself: brim decodes a compressed request body
+# and sends it on as it decoded it (`proxy.decoding`); a web page's `Origin` is brim's to judge
+# (`proxy.edge`), and the provider's client is brim.
+_NOT_FORWARDED_UPSTREAM = frozenset(
+    {"host", "content-length", "expect", "accept-encoding", "content-encoding", "origin"}
+)
 _NOT_RELAYED_DOWNSTREAM = frozenset({"content-length", "content-encoding", "server", "date"})
 CREDENTIAL_HEADERS = frozenset({"authorization", "x-api-key", "api-key", "x-goog-api-key"})
 # What of a client's never goes to an upstream it did not address (a fallback's, a summarizer's):

@@ -6,7 +6,7 @@ import fnmatch
 from collections.abc import Mapping, Sequence
 
 from adapters.base import Adapter
-from adapters.cli import CliAdapter
+from adapters.cli import BRIM_SETTINGS_ONLY, ChildEnv, CliAdapter, cli_model
 from adapters.config import UpstreamConfig
 from adapters.errors import NoRoute
 from adapters.raw import RawHttpAdapter
@@ -21,9 +21,11 @@ SERVES: dict[str, frozenset[str]] = {
 }
 
 
-def build_adapter(name: str, config: UpstreamConfig) -> Adapter:
+def build_adapter(
+    name: str, config: UpstreamConfig, child_env: ChildEnv = BRIM_SETTINGS_ONLY
+) -> Adapter:
     if config.api == "cli":
-        return CliAdapter(name, config)
+        return CliAdapter(name, config, child_env)
     if config.api == "litellm":
         return LitellmAdapter(name, config)
     return RawHttpAdapter(name, config)
@@ -54,12 +56,14 @@ class Upstreams:
     """Adapters by upstream name, plus routing. Routes are globs tried in order, each naming one
     upstream or a list of them; the first that matches the model and speaks the client's wire API
     wins. With no `[routes]` at all, each request goes to the first upstream that speaks its API.
+    A CLI upstream's runs get `child_env`'s environment (brim's secrets left out).
     """
 
     def __init__(
         self,
         upstreams: Mapping[str, UpstreamConfig],
         routes: Mapping[str, str | Sequence[str]],
+        child_env: ChildEnv = BRIM_SETTINGS_ONLY,
     ) -> None:
         self.configs = dict(upstreams)
         self.routes = [
@@ -68,7 +72,7 @@ class Upstreams:
             for name in ([names] if isinstance(names, str) else names)
         ]
         self.adapters: dict[str, Adapter] = {
-            name: build_adapter(name, config) for name, config in upstreams.items()
+            name: build_adapter(name, config, child_env) for name, config in upstreams.items()
         }
         # The upstream chosen per (model, api): routes are fixed, models are client input.
         self._routed: Remembered[tuple[str, str], str] = Remembered(ROUTES_REMEMBERED)
@@ -86,6 +90,12 @@ class Upstreams:
         return name
 
     def _route(self, model: str, api: str) -> str:
+        name = self._pick(model, api)
+        if self.configs[name].api == "cli":
+            cli_model(model)  # a model name a CLI cannot be given is refused here, not run
+        return name
+
+    def _pick(self, model: str, api: str) -> str:
         serving = SERVES.get(api, frozenset())
         if not self.routes:
             for name, config in self.configs.items():

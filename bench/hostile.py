@@ -58,7 +58,7 @@ LORIS_SLACK_S = 1.0  # every half-open connection closed within header_timeout_s
 PROBE_MAX_MS = 500.0  # a normal request while the loris connections are held
 BODY_FACTOR = 14  # peak RSS under idle + this × max_body_buffer_mb (the README's bound)
 CONNECT_BATCH = 32  # the slow-loris client's connects between looks at its events
-PARTIAL = b"POST /v1/chat/completions HTTP/1.1\r\nHost: brim\r\nContent-Le"
+PARTIAL = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
 # A small request of each wire API (a path and its body).
 WIRE: dict[str, tuple[str, bytes]] = {
     "chat": (
@@ -106,7 +106,7 @@ def ms(values: list[float]) -> dict[str, Any]:
 
 
 def request_bytes(path: str, body: bytes) -> bytes:
-    head = f"POST {path} HTTP/1.1\r\nHost: brim\r\nContent-Type: application/json\r\n"
+    head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
     return head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body
 
 

@@ -12,6 +12,7 @@
 - `max_body_buffer_mb`: request bodies held in memory at once, across all requests, from when a
   body is read until its request is done. A body that does not fit waits up to
   `BODY_QUEUE_S` for room (meanwhile it stays in the kernel's socket buffer), then gets a 503.
+  A compressed body holds room for what was sent and then for each piece it decodes to.
 - `quota_for`: whom a request counts against for `requests_per_minute` / `tokens_per_minute`
   (`middleware.ratelimit` counts).
 
@@ -24,6 +25,7 @@ read timeout); every refusal is counted in the `brim_connections_closed` and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import resource
@@ -38,6 +40,7 @@ from adapters.errors import Overloaded, PayloadTooLarge, RequestTimeout
 from adapters.exchange import Quota
 from middleware.telemetry import Telemetry
 from proxy.config import KeyLimits, ServerConfig
+from proxy.decoding import Inflater, content_coding
 
 log = logging.getLogger("brim.admission")
 
@@ -76,7 +79,9 @@ class BytesGate:
             if waiter.done() and not waiter.cancelled():
                 self.release(size)  # granted as the wait ran out: give it back
             else:
-                self._waiters.remove(entry)
+                # Not there when `_wake` came to it after it was cancelled, and passed it by.
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(entry)
                 self._wake()
             raise
         return size
@@ -102,6 +107,7 @@ class Admission:
         self.max_connections = server.max_connections
         self.max_in_flight = server.max_in_flight
         self.bodies = BytesGate(server.max_body_buffer_bytes)
+        self.max_decompression_ratio = server.max_decompression_ratio
         self.telemetry = telemetry
         self.overrides = key_overrides(server)  # [server.key_limits] by holder
         self.rate_limited = server.rate_limited  # read by every request (`quota_for`)
@@ -234,6 +240,11 @@ def release(request: web.Request, gate: Admission) -> None:
 
 
 async def _hold(request: web.Request, gate: Admission, size: int) -> None:
+    """Room for `size` more bytes of this request's body; a body larger than the whole buffer
+    takes all of it (then it is the only one held), never more."""
+    size = min(size, gate.bodies.capacity - request[BODY_BYTES])
+    if size <= 0:
+        return
     try:
         taken = await gate.bodies.acquire(size, min(BODY_QUEUE_S, gate.body_timeout_s))
     except TimeoutError:
@@ -248,8 +259,23 @@ async def _hold(request: web.Request, gate: Admission, size: int) -> None:
 
 
 async def read_body(request: web.Request, limit: int, gate: Admission) -> bytes:
-    """The whole body, within `body_timeout_s` and room under `max_body_buffer_mb`
-    (the caller has refused a declared length over `limit`; aiohttp enforces it on the rest)."""
+    """The whole body, within `body_timeout_s` and room under `max_body_buffer_mb` (the caller
+    has refused a declared length over `limit`; aiohttp enforces it on the rest), decoded when
+    it was sent compressed (`proxy.decoding`): each decoded piece takes its room too, and the
+    decoded body is held to `limit`."""
+    coding = content_coding(request)  # before a byte is read: a coding brim does not take
+    raw = await _read_raw(request, limit, gate)
+    if coding is None:
+        return raw
+    parts: list[bytes] = []
+    for piece in Inflater(coding, limit, gate.max_decompression_ratio).pieces(raw):
+        await _hold(request, gate, len(piece))
+        parts.append(piece)
+    return b"".join(parts)
+
+
+async def _read_raw(request: web.Request, limit: int, gate: Admission) -> bytes:
+    """The body as it was sent (`read_body`)."""
     declared = request.content_length
     if declared is not None:
         await _hold(request, gate, declared)

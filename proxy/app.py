@@ -6,10 +6,10 @@ import asyncio
 import gc
 import hmac
 import logging
-import os
 import signal
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
+from urllib.parse import urlsplit
 
 from aiohttp import web
 from aiohttp.abc import AbstractAccessLogger
@@ -17,6 +17,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from opentelemetry.sdk.trace import SpanProcessor
 
+from adapters.cli import ChildEnv
 from adapters.errors import (
     BrimError,
     HeadersTooLarge,
@@ -60,7 +61,8 @@ from proxy.admission import (
     raise_descriptor_limit,
     release,
 )
-from proxy.config import BrimConfig, ServerConfig
+from proxy.config import BrimConfig, ServerConfig, secret_variables
+from proxy.edge import request_id as edge_request_id
 from proxy.errors import error_response
 from proxy.keys import (
     BRIM_KEY_HEADER,
@@ -207,20 +209,24 @@ def check_brim_key(request: web.Request, server: ServerConfig, owners: Owners) -
 def front_door(serving: Serving) -> FrontDoor:
     """What brim does around every handler, wrapped around each as its route is added (a
     closure, not an aiohttp middleware: no middleware chain to find and call per request). In
-    order: a request id; every error answered in the client's wire format, nothing escaping as
-    a traceback; `max_in_flight` (`admit`; `/`, `/healthz`, `/readyz` and `/metrics` are
-    answered even when saturated); the header limits (`check_header_limits`); the brim key,
-    when keys are configured (`check_brim_key`), decided here, once. A URL no route serves
-    comes through it too (`unmatched`, the last route)."""
+    order: a request id (`proxy.edge.request_id`); every error answered in the client's wire
+    format, nothing escaping as a traceback; a foreign web page's request refused, a listed
+    origin's CORS preflight answered (`proxy.edge.Edge`); `max_in_flight` (`admit`; `/`,
+    `/healthz`, `/readyz` and `/metrics` are answered even when saturated); the header limits
+    (`check_header_limits`); the brim key, when keys are configured (`check_brim_key`), decided
+    here, once. A URL no route serves comes through it too (`unmatched`, the last route)."""
     server, gate, keyed = serving.config.server, serving.admission, serving.keyed
     owners = serving.owners
+    edge = serving.edge
 
     def door(handler: Handler) -> Handler:
         async def front(request: web.Request) -> web.StreamResponse:
-            request_id = request.headers.get("x-request-id") or os.urandom(12).hex()
-            request[REQUEST_ID] = request_id
+            request[REQUEST_ID] = request_id = edge_request_id(request)
             admitted = request.path not in UNGUARDED
             try:
+                edge.check(request)
+                if (preflight := edge.preflight(request)) is not None:
+                    return preflight
                 if admitted:
                     admit(request, gate)
                 try:
@@ -321,6 +327,8 @@ def create_app(
             metrics_share.directory, metrics_share.token, providers.registry
         )
     app.cleanup_ctx.append(_lifecycle)
+    if config.server.allowed_origins:
+        app.on_response_prepare.append(serving.edge.allow_origin)
     door = front_door(serving)
     for routes in (health, openai, anthropic, gemini, admin, dashboard):
         routes.add_routes(app, door)
@@ -354,7 +362,7 @@ def build_services(
     archive = None
     if config.archive.enabled:
         archive = ContentArchive(config.archive.dir, config.archive.ttl_hours)
-    upstreams = Upstreams(config.upstreams, config.routes)
+    upstreams = Upstreams(config.upstreams, config.routes, cli_child_env(config))
     counter = TokenCounter(claude_factor=config.guard.claude_token_factor)
     status = StatusBoard(labels=model_labels(config))
     link = build_link(config)
@@ -383,6 +391,21 @@ def build_services(
         store=build_store(config, link, providers.telemetry.shared_rejected),
         rates=rates,
     )
+
+
+SHORTEST_SECRET = 8  # a password shorter than this is looked for only inside a URL
+
+
+def cli_child_env(config: BrimConfig) -> ChildEnv:
+    """What a CLI upstream's process does not inherit from brim's environment: every variable
+    the configuration names as a secret, brim's own `BRIM_…` settings, and any variable that
+    holds the password of `[cache] url`."""
+    values: list[str] = []
+    if config.cache.url and (password := urlsplit(config.cache.url).password):
+        values.append(f":{password}@")
+        if len(password) >= SHORTEST_SECRET:
+            values.append(password)
+    return ChildEnv(names=secret_variables(config), values=tuple(values))
 
 
 def build_link(config: BrimConfig) -> RedisLink | None:
@@ -578,6 +601,9 @@ async def start(
         max_line_size=line_cap,
         max_field_size=line_cap,
         max_headers=max(1024, 2 * config.server.max_headers),
+        # Compressed request bodies are decoded by brim itself, within its bounds
+        # (`proxy.decoding`), and never by aiohttp as they arrive.
+        auto_decompress=False,
     )
     _hide_parse_error_bytes()
     await runner.setup()

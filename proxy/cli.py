@@ -81,14 +81,11 @@ def serve(args: argparse.Namespace) -> int:
     return 0
 
 
-LOOPBACK = ("127.", "::1", "localhost")
-
-
 def refuse_open_without_keys(config: BrimConfig) -> None:
     """Bound beyond loopback, anyone who can reach brim spends your provider keys: require
     `api_keys_env`, or an explicit `allow_unauthenticated = true`."""
     server = config.server
-    if server.host.startswith(LOOPBACK) or server.api_keys or server.allow_unauthenticated:
+    if server.loopback or server.api_keys or server.allow_unauthenticated:
         return
     raise ConfigError(
         f"server.host: {server.host!r} is reachable from other machines and no api_keys are "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ipaddress
 import json
 import os
 import tomllib
@@ -146,6 +147,15 @@ class ServerConfig(FrozenModel):
     requests_per_minute: int | None = Field(None, ge=1)  # per brim key (else client address)
     tokens_per_minute: int | None = Field(None, ge=1)  # input tokens, as brim counts them
     key_limits: dict[str, KeyLimits] = Field(default_factory=dict)
+    # The browser edge (`proxy.edge`): web origins whose pages may call brim (besides brim's own
+    # pages), and host names a client may address it by besides the loopback names (checked
+    # while bound to loopback, and wherever this list is set).
+    allowed_origins: tuple[str, ...] = ()
+    allowed_hosts: tuple[str, ...] = ()
+    # /metrics without the admin key; unset: only while bound to loopback with no keys at all.
+    metrics_public: bool | None = None
+    # A compressed request body may decode to at most this many times its size (past 1 MiB).
+    max_decompression_ratio: float = Field(100, ge=1)
     # Processes serving the port: 1 is one process, no supervisor; "auto" is one per core.
     workers: int | Literal["auto"] = 1
     # How several workers share the port: "reuse_port" (SO_REUSEPORT: one listening socket per
@@ -180,6 +190,29 @@ class ServerConfig(FrozenModel):
     def _workers(cls, value: Any) -> int | Literal["auto"]:
         return parse_workers(value)
 
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(web_origin(origin) for origin in value)
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(host_name(host) for host in value)
+
+    @property
+    def loopback(self) -> bool:
+        """Whether `host` is a loopback address or name (only this machine can connect)."""
+        return is_loopback(self.host)
+
+    @property
+    def metrics_open(self) -> bool:
+        """Whether /metrics is served without the admin key (`metrics_public`, or by default
+        while bound to loopback with neither brim keys nor admin keys)."""
+        if self.metrics_public is not None:
+            return self.metrics_public
+        return self.loopback and not self.api_keys and not self.admin_keys
+
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_body_mb * 1024 * 1024)
@@ -197,6 +230,47 @@ class ServerConfig(FrozenModel):
     def worker_count(self) -> int:
         """How many processes `workers` means on this machine."""
         return available_cores() if self.workers == "auto" else self.workers
+
+
+def is_loopback(host: str) -> bool:
+    """A loopback address (127.0.0.0/8, ::1) or `localhost`."""
+    name = host.strip().strip("[]").lower().rstrip(".")
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def web_origin(text: str) -> str:
+    """An `allowed_origins` entry as browsers send it in `Origin` (`scheme://host[:port]`,
+    lowercase, no path: `http://localhost:3000`, `app://obsidian.md`), or "*" for any origin."""
+    value = text.strip().lower().rstrip("/")
+    if value == "*":
+        return value
+    try:
+        parts = urlsplit(value)
+        valid = bool(parts.scheme and parts.hostname) and not (parts.path or parts.query)
+    except ValueError:
+        valid = False
+    if not valid:
+        raise ValueError(
+            f'{text!r} is not a web origin: write it as browsers send it, e.g. "http://localhost:'
+            '3000" (scheme, host and port, no path), or "*" for any'
+        )
+    return value
+
+
+def host_name(text: str) -> str:
+    """An `allowed_hosts` entry: a host name or address, any port (lowercase, no brackets)."""
+    value = text.strip().lower().strip("[]").rstrip(".")
+    if not value or any(c in value for c in "/@ ") or value.count(":") == 1:
+        raise ValueError(
+            f'{text!r} is not a host name: write the name alone, e.g. "brim.internal" '
+            "(any port is accepted)"
+        )
+    return value
 
 
 DEFAULT_UPSTREAMS: dict[str, dict[str, str]] = {
@@ -407,6 +481,12 @@ def load_config(path: str | Path | None) -> tuple[BrimConfig, list[str]]:
     except ValidationError as exc:
         raise ConfigError(_describe(exc, environment, file)) from None
     return config, warnings
+
+
+def secret_variables(config: BrimConfig) -> frozenset[str]:
+    """The environment variables the configuration names as holding secrets: every `…_env`
+    key's value, at any depth (`api_key_env`, `api_keys_env`, `admin_keys_env`, `key_env`)."""
+    return frozenset(_named_variables(config.model_dump()))
 
 
 def mask_secret(secret: SecretStr | None) -> str | None:

@@ -13,6 +13,7 @@ from middleware.base import Pipeline
 from middleware.pipeline import Services
 from proxy.admission import Admission
 from proxy.config import BrimConfig
+from proxy.edge import Edge
 from proxy.multiproc import WorkerMetrics
 from proxy.owners import Owners
 from proxy.telemetry import Providers
@@ -31,6 +32,7 @@ class Serving:
     __slots__ = (
         "admission",
         "config",
+        "edge",
         "keyed",
         "max_body_bytes",
         "max_json_depth",
@@ -52,6 +54,7 @@ class Serving:
         self.max_json_depth = server.max_json_depth
         self.keyed = bool(server.api_keys)
         self.owners = Owners.for_server(server)
+        self.edge = Edge(server)
         self.warn_at = config.guard.warn_at
 
 

@@ -24,6 +24,7 @@ import shutil
 import signal
 import sys
 import threading
+import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, fields
@@ -33,13 +34,14 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.config import BrimConfig
-from proxy.status_view import open_direct
+from proxy.status_view import ADMIN_KEY_ENV, open_direct
 
 # Signals passed on to the command when a process (not the terminal) sends them to brim run.
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 NOT_FOUND = 127  # as a shell answers a command it cannot find
 CANNOT_RUN = 126
 FETCH_TIMEOUT_S = 5.0
+LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 60.0
 
 Env = Mapping[str, str]
@@ -260,10 +262,12 @@ class Totals:
         )
 
 
-def _get(url: str) -> bytes | None:
+def _get(url: str, headers: Mapping[str, str] | None = None) -> bytes | None:
     """GET `url` straight (never through the user's HTTP proxy); None if it fails."""
     try:
-        with open_direct(url, FETCH_TIMEOUT_S) as reply:
+        with open_direct(
+            urllib.request.Request(url, headers=dict(headers or {})), FETCH_TIMEOUT_S
+        ) as reply:
             body: bytes = reply.read()
             return body
     except OSError:
@@ -271,8 +275,10 @@ def _get(url: str) -> bytes | None:
 
 
 def read_totals(base: str) -> Totals | None:
-    """brim's totals at `base`, or None when its /metrics cannot be read."""
-    text = _get(f"{base}/metrics")
+    """brim's totals at `base`, or None when its /metrics cannot be read (with the admin key in
+    $BRIM_ADMIN_KEY, if set, for a brim whose /metrics needs it)."""
+    admin_key = os.environ.get(ADMIN_KEY_ENV)
+    text = _get(f"{base}/metrics", {"x-brim-admin-key": admin_key} if admin_key else None)
     try:
         return None if text is None else Totals.parse(text.decode())
     except ValueError:
@@ -287,10 +293,11 @@ class InProcessBrim:
 
     def __init__(self, config: BrimConfig) -> None:
         # Private to this run: loopback, no brim keys (as `brim serve` on loopback needs none),
-        # /metrics on for the summary.
+        # /metrics on, without the admin key, for the summary.
+        server = {"host": LOOPBACK, "api_keys": (), "metrics_public": True}
         self.config = config.model_copy(
             update={
-                "server": config.server.model_copy(update={"api_keys": ()}),
+                "server": config.server.model_copy(update=server),
                 "telemetry": config.telemetry.model_copy(update={"prometheus": True}),
             }
         )
@@ -303,8 +310,8 @@ class InProcessBrim:
         from proxy.app import bound_port, start
 
         self._thread.start()
-        self._runner = self._call(start(self.config, "127.0.0.1", 0))
-        return f"http://127.0.0.1:{bound_port(self._runner)}"
+        self._runner = self._call(start(self.config, LOOPBACK, 0))
+        return f"http://{LOOPBACK}:{bound_port(self._runner)}"
 
     def stop(self) -> None:
         """Finish what is in flight, close everything, stop the loop and its thread."""

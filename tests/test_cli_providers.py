@@ -245,7 +245,7 @@ def test_fake_cli_answers_streamed_and_whole(
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
     # The model flag, the process gone and its scratch folder removed.
     args = [p.read_text() for p in brim.pids.iterdir()]
-    assert all("'--model', 'sonnet'" in a and "'--tools', ''" in a for a in args), args
+    assert all("'--model=sonnet'" in a and "'--tools', ''" in a for a in args), args
     assert wait_for(lambda: not any(alive(pid) for pid in brim.processes()))
     assert wait_for(lambda: scratch_folders(tmp_path) == [])  # removed off the loop, after
 

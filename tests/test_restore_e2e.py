@@ -227,8 +227,9 @@ def root_span(spans: InMemorySpanExporter) -> ReadableSpan:
 
 
 def counters(base: str) -> dict[str, dict[tuple[tuple[str, str], ...], float]]:
-    """Every counter at /metrics: family → its own labels (not the scope's) → value."""
-    text = httpx.get(f"{base}/metrics").text
+    """Every counter at /metrics (read with the admin key, as Prometheus does where admin keys
+    are set): family → its own labels (not the scope's) → value."""
+    text = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {ADMIN}"}).text
     return {
         family.name: {
             tuple(sorted((k, v) for k, v in s.labels.items() if not k.startswith("otel_"))): s.value

@@ -5,7 +5,7 @@ learned from providers' overflow errors, as `brim limits` lists them), `DELETE
 /admin/limits/{model}` and `DELETE /admin/limits` (forget them, for one model or all, on every
 instance and worker that shares them). The admin endpoints need a key from `[server]
 admin_keys_env` (`Authorization: Bearer <key>` or `x-brim-admin-key`) and are off when none is
-configured."""
+configured; so does `/metrics` unless `[server] metrics_public`."""
 
 from __future__ import annotations
 
@@ -49,7 +49,16 @@ def require_admin(request: web.Request) -> None:
 
 async def metrics(request: web.Request) -> web.Response:
     """This process's metrics; in a worker of `brim serve --workers N`, those of every worker
-    (see `proxy.multiproc`)."""
+    (see `proxy.multiproc`). Unless `[server] metrics_public` (by default: bound to loopback
+    with no keys at all), only for the admin key, as for the admin endpoints."""
+    server = request.app[CONFIG].server
+    if not server.metrics_open:
+        if not server.admin_keys:
+            raise AdminDisabled(
+                "/metrics needs the admin key here and none is set: set [server] admin_keys_env "
+                "(Prometheus sends a key as a bearer token), or metrics_public = true."
+            )
+        require_admin(request)
     registry = request.app[PROVIDERS].registry
     if registry is None:
         raise UnknownEndpoint("Prometheus metrics are off ([telemetry] prometheus = false).")

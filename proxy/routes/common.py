@@ -14,9 +14,11 @@ from adapters.base import UpstreamResponse
 from adapters.errors import BrimError, InvalidRequest, PayloadTooLarge
 from adapters.exchange import ClientApi, Exchange
 from middleware.headers import brim_headers
+from policies.duplicates import repeated_key
 from policies.nesting import nests_deeper_than
 from policies.wires.base import BodyError, RequestFacts
 from proxy.admission import quota_for, read_body
+from proxy.edge import check_json_body
 from proxy.keys import BRIM_KEY_HEADER, BRIM_KEY_OWNER, REQUEST_ID, Serving
 from proxy.relay import relay
 
@@ -38,11 +40,18 @@ def parse_object(raw: bytes, *, max_depth: int) -> dict[str, Any]:
             f"The request body nests objects and arrays more than {max_depth} levels deep "
             "(brim's depth limit, server.max_json_depth)."
         )
+    if (key := repeated_key(raw, value)) is not None:
+        raise InvalidRequest(
+            f"The request body repeats the key {key[:100]!r} within one object; brim refuses "
+            "repeated keys, which parsers read differently."
+        )
     return value
 
 
 async def read_json(request: web.Request, serving: Serving) -> tuple[bytes, dict[str, Any]]:
-    """The request body as sent and parsed, within `server.max_body_mb` and `max_json_depth`."""
+    """The request body as sent (decoded, if it was compressed) and parsed: JSON only, within
+    `server.max_body_mb` and `max_json_depth`, no key repeated within an object."""
+    check_json_body(request)
     limit = serving.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(

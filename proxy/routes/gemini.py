@@ -4,21 +4,33 @@ or `?key=`, both forwarded (or replaced by the upstream's configured key)."""
 
 from __future__ import annotations
 
+import re
+
 from aiohttp import web
 
-from adapters.errors import UnknownEndpoint
+from adapters.errors import InvalidRequest, UnknownEndpoint
 from adapters.exchange import ClientApi
 from policies.wires.gemini import GEMINI
 from proxy.keys import SERVING, FrontDoor
 from proxy.routes.common import checked, proxied, read_json
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
+# A model id as it may stand in the URL (brim's own ids too: `[cli]gemini:flash`): the path
+# brim sends upstream is built from it, so it holds nothing a path is made of (`/`, which an
+# escaped slash decodes to, `%`, `?`, `#`, or a leading `.`).
+MODEL_ID = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9._:@\[\]-]{0,127}")
 
 
 async def models(request: web.Request) -> web.StreamResponse:
     model, _, method = request.match_info["target"].rpartition(":")
     if method not in METHODS or not model:
-        raise UnknownEndpoint(f"Unknown method {method!r}; brim serves {', '.join(METHODS)}.")
+        raise UnknownEndpoint(f"Unknown method {method[:40]!r}; brim serves {', '.join(METHODS)}.")
+    if MODEL_ID.fullmatch(model) is None:
+        raise InvalidRequest(
+            f"The model {model[:100]!r} in the URL is not a model id (letters, digits and "
+            "'.', '_', '-', ':', '@', '[', ']', at most 128).",
+            param="model",
+        )
     serving = request.app[SERVING]
     raw, body = await read_json(request, serving)
     checked(GEMINI.check, body)

@@ -219,7 +219,8 @@ def test_a_stream_is_traced_to_its_end_with_the_providers_usage(
 
 
 def scrape(base: str) -> dict[str, list[Any]]:
-    reply = httpx.get(f"{base}/metrics")
+    """/metrics as Prometheus reads it (with admin keys set, it sends one as a bearer token)."""
+    reply = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
     assert reply.status_code == 200
     assert reply.headers["content-type"].startswith("text/plain")
     return {family.name: family.samples for family in text_string_to_metric_families(reply.text)}
@@ -555,7 +556,7 @@ async def chat_flood(base: str, names: Iterable[str], workers: int = 64) -> Coun
             for name in pending:
                 body = orjson.dumps({"model": name, "messages": HELLO})
                 writer.write(
-                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: brim\r\n"
+                    b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                     % (len(body), body)
                 )
@@ -591,8 +592,8 @@ async def test_a_flood_of_made_up_model_names_cannot_grow_metrics_status_or_memo
     after = rss_of(pid)
 
     async with httpx.AsyncClient(base_url=base) as client:
-        metrics = (await client.get("/metrics")).text
         admin = {"Authorization": f"Bearer {ADMIN}"}
+        metrics = (await client.get("/metrics", headers=admin)).text
         status = (await client.get("/admin/status", headers=admin)).json()
     grown = after - before if after is not None and before is not None else None
 

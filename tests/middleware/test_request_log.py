@@ -209,7 +209,8 @@ def test_client_input_cannot_forge_a_log_line(
     message = record.getMessage()
     assert "\n" not in message and LINE.match(message), message
     assert message.startswith("small?2026-01-01?INFO?brim.request:?forged client=")
-    assert message.endswith("request_id=id?with?spaces")
+    # Not a short token: brim made its own id (tests/security/test_edge_input.py).
+    assert re.search(r" request_id=[0-9a-f]{24}$", message), message
 
 
 def test_no_log_line_holds_a_key_or_a_body(

@@ -30,7 +30,7 @@ from tests.conftest import BrimFactory, every_api
 from tests.fakes import FakeProvider, LoopThread, free_port, wait_for
 
 HELLO = [{"role": "user", "content": "ping"}]
-PARTIAL = b"POST /v1/chat/completions HTTP/1.1\r\nHost: brim\r\nContent-Le"
+PARTIAL = b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Le"
 
 
 T = TypeVar("T")
@@ -156,7 +156,7 @@ def test_a_slow_second_request_on_a_kept_alive_connection_is_timed_out(brim: Bri
     body = orjson.dumps({"model": "fake-model", "messages": HELLO})
     with socket.create_connection(("127.0.0.1", port_of(base)), timeout=5) as sock:
         sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: brim\r\nContent-Type: "
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
             b"application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )
         first = sock.recv(65536)
@@ -177,7 +177,7 @@ def test_a_body_that_does_not_arrive_in_time_gets_a_408_and_the_connection_close
     base = brim(server={"body_timeout_s": 0.5})
     with socket.create_connection(("127.0.0.1", port_of(base)), timeout=5) as sock:
         sock.sendall(
-            b"POST /v1/chat/completions HTTP/1.1\r\nHost: brim\r\nContent-Type: "
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: "
             b'application/json\r\nContent-Length: 1000\r\n\r\n{"model": '
         )
         started = time.monotonic()
@@ -408,6 +408,26 @@ def test_a_body_larger_than_the_whole_buffer_takes_all_of_it() -> None:
         gate.release(100)
         assert gate.used == 0
         assert await gate.acquire(1, 0.05) == 1
+
+    asyncio.run(scenario())
+
+
+def test_a_waiter_cancelled_as_room_comes_free_leaves_the_gate_sound() -> None:
+    """A wait that ends (its time up, its client gone) just as a release comes: the release
+    passes the cancelled waiter by, and the waiter's own clean-up must not fail on that (it
+    answered a 500 where the 503 was due)."""
+
+    async def scenario() -> None:
+        gate = BytesGate(100)
+        await gate.acquire(100, 1)
+        waiting = asyncio.ensure_future(gate.acquire(50, 5))
+        await asyncio.sleep(0)  # in the queue
+        waiting.cancel()
+        gate.release(100)  # before the waiter runs again
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert gate.used == 0
+        assert await gate.acquire(100, 0.05) == 100
 
     asyncio.run(scenario())
 

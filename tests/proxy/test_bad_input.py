@@ -17,6 +17,7 @@ from tests.conftest import BrimFactory
 from tests.fake_anthropic import FakeAnthropic
 from tests.fakes import FakeProvider, pairing_errors
 
+JSON = {"content-type": "application/json"}
 PATHS = {
     "openai": "/v1/chat/completions",
     "responses": "/v1/responses",
@@ -263,7 +264,7 @@ def test_depth_past_what_brim_can_rewrite_is_refused_before_compression(
         + b'}, {"role": "user", "content": "go"}]}'
     )
     for base, limit in ((brim(), 128), (brim(server={"max_json_depth": 20}), 20)):
-        reply = httpx.post(f"{base}/v1/chat/completions", content=raw)
+        reply = httpx.post(f"{base}/v1/chat/completions", content=raw, headers=JSON)
         assert reply.status_code == 400
         assert f"{limit} levels deep" in shaped("openai", reply)
     assert provider.requests == []
@@ -275,8 +276,13 @@ def test_depth_past_what_brim_can_rewrite_is_refused_before_compression(
             ],
         }
     )
-    assert httpx.post(f"{brim()}/v1/chat/completions", content=shallow).status_code == 200
-    narrow = httpx.post(f"{brim(server={'max_json_depth': 20})}/v1/messages", content=shallow)
+    assert (
+        httpx.post(f"{brim()}/v1/chat/completions", content=shallow, headers=JSON).status_code
+        == 200
+    )
+    narrow = httpx.post(
+        f"{brim(server={'max_json_depth': 20})}/v1/messages", content=shallow, headers=JSON
+    )
     assert narrow.status_code == 400 and "20 levels deep" in shaped("anthropic", narrow)
 
 
@@ -361,11 +367,24 @@ def test_large_and_many(base: str, provider: FakeProvider) -> None:
     assert len(orjson.loads(provider.last.body)["messages"][0]["content"]) < 5_000_000
 
 
-def test_a_wrong_content_type_is_still_read_as_json(base: str, provider: FakeProvider) -> None:
+@pytest.mark.parametrize("wire", list(PATHS))
+@pytest.mark.parametrize("declared", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_not_declared_json_is_refused(
+    base: str, provider: FakeProvider, wire: str, declared: str | None
+) -> None:
+    """What a web page can send without a preflight (tests/security/test_edge_browser.py)."""
+    body = orjson.dumps(VALID[wire])
+    headers = {} if declared is None else {"content-type": declared}
+    reply = httpx.post(f"{base}{PATHS[wire]}", content=body, headers=headers)
+    assert reply.status_code == 415
+    assert "application/json" in shaped(wire, reply)
+    assert provider.requests == []
+
+
+def test_json_with_a_charset_is_json(base: str, provider: FakeProvider) -> None:
     body = orjson.dumps({"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]})
-    reply = httpx.post(
-        f"{base}/v1/chat/completions", content=body, headers={"content-type": "text/plain"}
-    )
+    declared = {"content-type": "Application/JSON; charset=utf-8"}
+    reply = httpx.post(f"{base}/v1/chat/completions", content=body, headers=declared)
     assert reply.status_code == 200 and provider.last.body == body
 
 

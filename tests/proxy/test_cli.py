@@ -18,6 +18,8 @@ import httpx
 import openai
 import pytest
 
+from proxy.cli import refuse_open_without_keys
+from proxy.config import BrimConfig, ConfigError
 from tests.fakes import FakeProvider, wait_for
 
 BRIM = str(Path(sys.executable).with_name("brim"))
@@ -263,3 +265,12 @@ def test_sigterm_stops_accepting_and_cuts_what_outlives_the_deadline(
     assert cut_after < 5, "the endless stream was not cut at the deadline"
     assert process.wait(timeout=10) == 0
     assert wait_for(provider.stream_closed_by_peer.is_set, timeout=5)  # the upstream request too
+
+
+@pytest.mark.parametrize("host", ["localhost.evil.example", "127.example.net", "::10", "0.0.0.0"])
+def test_serving_beyond_loopback_without_keys_is_refused(host: str) -> None:
+    """Names that only begin like a loopback address are not one."""
+    with pytest.raises(ConfigError, match="reachable from other machines"):
+        refuse_open_without_keys(BrimConfig(server={"host": host}))
+    for loopback in ("127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost"):
+        refuse_open_without_keys(BrimConfig(server={"host": loopback}))

@@ -387,3 +387,43 @@ def test_bad_guard_client_and_model_values_are_named(tmp_path: Path, text: str, 
     with pytest.raises(ConfigError) as caught:
         load_config(write(tmp_path, text))
     assert named in str(caught.value)
+
+
+def test_the_browser_edge_settings_are_written_as_browsers_send_them(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "[server]\n"
+        'allowed_origins = ["http://LocalHost:3000/", "app://obsidian.md"]\n'
+        'allowed_hosts = ["Brim.Internal", "[fd00::1]"]\n',
+    )
+    server = load_config(path)[0].server
+    assert server.allowed_origins == ("http://localhost:3000", "app://obsidian.md")
+    assert server.allowed_hosts == ("brim.internal", "fd00::1")
+    for key, bad in (
+        ("allowed_origins", '["localhost:3000"]'),  # no scheme
+        ("allowed_origins", '["http://x/path"]'),
+        ("allowed_origins", '["null"]'),
+        ("allowed_hosts", '["brim:8080"]'),  # a port: any is taken
+        ("allowed_hosts", '["http://brim"]'),
+    ):
+        with pytest.raises(ConfigError, match=f"server.{key}"):
+            load_config(write(tmp_path, f"[server]\n{key} = {bad}\n"))
+
+
+@pytest.mark.parametrize(
+    ("server", "public"),
+    [
+        ({}, True),
+        ({"host": "::1"}, True),
+        ({"host": "0.0.0.0", "allow_unauthenticated": True}, False),
+        ({"host": "localhost.example.com", "allow_unauthenticated": True}, False),
+        ({"admin_keys_env": "CONFIG_TEST_ADMIN"}, False),
+        ({"admin_keys_env": "CONFIG_TEST_ADMIN", "metrics_public": True}, True),
+        ({"metrics_public": False}, False),
+    ],
+)
+def test_metrics_are_public_by_default_only_on_loopback_without_keys(
+    monkeypatch: pytest.MonkeyPatch, server: dict[str, object], public: bool
+) -> None:
+    monkeypatch.setenv("CONFIG_TEST_ADMIN", "admin-key-for-this-test")
+    assert BrimConfig(server=server).server.metrics_open is public

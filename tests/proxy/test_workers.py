@@ -418,7 +418,10 @@ def test_a_shared_socket_serves_from_every_worker_too(
     for connection in connections.values():
         assert get(connection, "/readyz")[0] == 200
         connection.request(
-            "POST", "/v1/chat/completions", httpx.Request("POST", "/", json=CHAT).read()
+            "POST",
+            "/v1/chat/completions",
+            httpx.Request("POST", "/", json=CHAT).read(),
+            {"Content-Type": "application/json"},
         )
         assert connection.getresponse().read().count(b"pong") == 1
         connection.close()
