@@ -324,7 +324,7 @@ def learned(base: str) -> dict[tuple[str, str], int]:
 
 def metric(base: str, name: str, **labels: str) -> float:
     total = 0.0
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
+    for line in httpx.get(f"{base}/metrics", headers={"x-brim-admin-key": ADMIN}).text.splitlines():
         named = line.startswith(name + "{") or line.startswith(name + " ")
         if named and all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])

@@ -174,7 +174,9 @@ def config(url: str, tmp_path: Path, who: str = "credentials", **sections: Any) 
 
 def counted(base: str, family: str) -> dict[tuple[tuple[str, str], ...], float]:
     """A counter family at /metrics: its own labels → value."""
-    for metric in text_string_to_metric_families(httpx.get(f"{base}/metrics").text):
+    for metric in text_string_to_metric_families(
+        httpx.get(f"{base}/metrics", headers={"x-brim-admin-key": ADMIN}).text
+    ):
         if metric.name == family:
             return {
                 tuple(sorted((k, v) for k, v in s.labels.items() if not k.startswith("otel_"))): (

@@ -52,7 +52,7 @@ def status(base: str) -> httpx.Response:
 
 def skipped(base: str, record: str) -> float:
     total = 0.0
-    for line in httpx.get(f"{base}/metrics").text.splitlines():
+    for line in httpx.get(f"{base}/metrics", headers={"x-brim-admin-key": ADMIN}).text.splitlines():
         if line.startswith("brim_shared_skipped_total{") and f'record="{record}"' in line:
             total += float(line.rsplit(" ", 1)[1])
     return total
