@@ -45,6 +45,7 @@ from middleware.summarize import (
 )
 from middleware.telemetry import ModelLabels, StatusBoard
 from policies.limits import LimitsRegistry
+from policies.ratios import TokenRatios
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import wire_for_path
 from policies.wires.chat import CHAT
@@ -349,13 +350,15 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
     rates: RateCounts | None = None
     if config.server.rate_limited:
         rates = LocalRates() if link is None else RedisRates(link, LocalRates())
+    ratios = TokenRatios()
     return Services(
         upstreams=upstreams,
         limits=limits,
         counter=counter,
+        ratios=ratios,
         telemetry=providers.telemetry,
         status=status,
-        shared=build_shared(config, link, limits, status),
+        shared=build_shared(config, link, limits, status, ratios),
         audit=audit,
         archive=archive,
         summarizer=build_summarizer(config, upstreams, counter, limits, link),
@@ -373,10 +376,14 @@ def build_link(config: BrimConfig) -> RedisLink | None:
 
 
 def build_shared(
-    config: BrimConfig, link: RedisLink | None, limits: LimitsRegistry, status: StatusBoard
+    config: BrimConfig,
+    link: RedisLink | None,
+    limits: LimitsRegistry,
+    status: StatusBoard,
+    ratios: TokenRatios | None = None,
 ) -> SharedState:
-    """Learned limits, loop counts and status: through Redis when there is a link (it closes
-    it), else this process's own."""
+    """Learned limits and token ratios, loop counts and status: through Redis when there is a
+    link (it closes it), else this process's own."""
     local = LocalState(status, loop_window_s=config.guard.loop_window_s)
     if link is None:
         return local
@@ -386,6 +393,8 @@ def build_shared(
         limits,
         refresh_s=config.cache.refresh_s,
         loop_limit=config.guard.loop_limit,
+        ratios=ratios if config.guard.learn_token_ratios else None,
+        upstreams=config.upstreams,
     )
 
 
