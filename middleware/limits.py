@@ -1,6 +1,10 @@
 """Resolve the model's limits and the request's token budget, measure the request, and attach
 all three to the exchange.
 
+Every count of the request is scaled by one ratio, fixed here (`RequestTokens.ratio`): the one
+learned for the model on the upstream the request goes to (`policies.ratios`), else its
+tokenizer's prior (Claude: `claude_token_factor`; others: 1).
+
 Measuring is cheap when there is room: a free byte bound settles it without tokenizing. Only a
 request whose bound exceeds its budget is counted exactly before it goes on (per-message counts
 are cached, and large requests are tokenized beside the event loop, not on it). A request the

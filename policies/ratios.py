@@ -17,7 +17,9 @@ request in its encoding (before any factor), and brim scales its counts by what 
   `BOUNDS` — so five replies of a steady ratio take it to within a few per cent of it, and no
   one reply moves it by more than √`STEP`;
 - it is kept per (upstream, normalised model id): one upstream's replies scale only the counts
-  of requests sent to that upstream; a ratio not heard of for `TTL_S` is forgotten.
+  of requests sent to that upstream; a ratio not heard of for `TTL_S` is forgotten;
+- requests are counted at it rounded to `GRAIN`: a ratio that settled moves by less with each
+  reply, and a session's counts (and what `policies.carry` kept of them) stay put meanwhile.
 
 Models brim counts exactly learn about 1.0, and stay there: the ratio is always taken against
 brim's count in its encoding, never against a count already scaled by it.
@@ -39,6 +41,7 @@ SMOOTHING = 0.5  # a full reply's weight in the running estimate (in log space)
 STEP = 1.5  # a reply's ratio is clipped to within this factor of the current value
 TTL_S = 7 * 24 * 3600.0  # a ratio not updated for this long is forgotten
 RATIOS_MAX = 4_096  # (upstream, model) pairs kept; the least recently updated go first
+GRAIN = 2  # decimals of the ratio requests are counted at
 
 Key = tuple[str, str]  # (upstream name, normalised model id)
 
@@ -100,10 +103,10 @@ class TokenRatios:
         self._held: TLRUCache[Key, Ratio] = TLRUCache(maxsize=RATIOS_MAX, ttu=_until, timer=timer)
 
     def ratio(self, upstream: str, model: str, prior: float) -> float:
-        """The ratio to count `model`'s requests to `upstream` with: the learned one, else
-        `prior` (the tokenizer's own factor)."""
+        """The ratio to count `model`'s requests to `upstream` with: the learned one (to
+        `GRAIN`), else `prior` (the tokenizer's own factor)."""
         held = self._held.get((upstream, model))
-        return prior if held is None else held.value
+        return prior if held is None else round(held.value, GRAIN)
 
     def get(self, upstream: str, model: str) -> Ratio | None:
         return self._held.get((upstream, model))

@@ -296,6 +296,7 @@ def test_the_page_is_off_without_admin_keys(brim: BrimFactory) -> None:
 def test_brim_status_prints_the_figures(dashboard: str, capsys: pytest.CaptureFixture[str]) -> None:
     overflow_prevented(dashboard)
     overflow_survived_and_loop_blocked(dashboard)
+    ratio_learned(dashboard)
     assert main(["status", "--url", dashboard, "--admin-key", ADMIN]) == 0
     out = capsys.readouterr().out
     assert "overflows prevented 1 · survived 1 · refused 0 · loop guard 429s 1" in out
@@ -305,6 +306,7 @@ def test_brim_status_prints_the_figures(dashboard: str, capsys: pytest.CaptureFi
     assert [sum(int(row[i]) for row in timeline) for i in range(4)] == [1, 1, 0, 1]
     assert re.search(r"^  clear_tool_results\s+[\d,]+$", out, re.M)
     assert re.search(r"^  tight-3000\s+window 3,000\s+", out, re.M)
+    assert re.search(rf"^  {SCALED}\s+gem\s+× 1\.[23]\d\d\s+3\s+\d+ s ago$", out, re.M)
     assert re.search(r"^  [0-9a-f]{12}\s+2\s+\d+ s$", out, re.M)  # the blocked request
     assert re.search(r"^  [\d:]{8}\s+small\s+OpenAI/Python.*\scompressed\s.*sha256:", out, re.M)
 
