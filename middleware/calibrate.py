@@ -26,14 +26,14 @@ from adapters.config import UpstreamConfig
 from adapters.exchange import Exchange
 from middleware.base import CallNext
 from middleware.usage import StreamUsage, body_usage
-from policies.ratios import TokenRatios
+from policies.ratios import TokenRatios, may_be_evidence
 from policies.tokens import RAW, TokenCounter
 from policies.wires import conversation_wire
 from policies.wires.base import Usage
 
 log = logging.getLogger("brim.calibrate")
 
-MAX_LEARNING = 256  # counts of sent requests in flight at once; more replies go unlearned
+MAX_LEARNING = 256  # large requests being counted off the loop at once; more go unlearned
 
 
 class LearnRatios:
@@ -82,36 +82,54 @@ class LearnRatios:
         self._learn_soon(exchange, watching.usage)  # the whole stream was read: its usage stands
 
     def _learn_soon(self, exchange: Exchange, usage: Usage | None) -> None:
-        """Learn from the reply once the loop has written it (off the loop, for a large body)."""
-        if usage is None or usage.input is None or len(self._tasks) >= MAX_LEARNING:
+        """Learn from the reply once the loop has written it (a large body is counted off the
+        loop), unless it cannot teach anything (`may_be_evidence`, from the byte bound)."""
+        reported = None if usage is None else usage.input
+        if reported is None:
             return
-        task = asyncio.get_running_loop().create_task(self._learn(exchange, usage.input))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _learn(self, exchange: Exchange, reported: int) -> None:
         assert exchange.context is not None and exchange.body is not None
-        limits = exchange.context.limits.limits
-        wire, body = exchange.wire, exchange.body
+        tokenizer = exchange.context.limits.limits.tokenizer
+        bound = self.counter.upper_bound(exchange.raw, exchange.body, tokenizer, exchange.wire, RAW)
+        if not may_be_evidence(bound, reported):
+            return
+        loop = asyncio.get_running_loop()
+        if len(exchange.raw) <= OFF_LOOP_BYTES:
+            loop.call_soon(lambda: self._learn(exchange, reported, self._counted(exchange)))
+        elif len(self._tasks) < MAX_LEARNING:
+            task = loop.create_task(self._learn_off_loop(exchange, reported))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _learn_off_loop(self, exchange: Exchange, reported: int) -> None:
+        self._learn(exchange, reported, await asyncio.to_thread(self._counted, exchange))
+
+    def _counted(self, exchange: Exchange) -> int | None:
+        """brim's count of the request as sent, in its encoding (None: it cannot count it)."""
+        assert exchange.context is not None and exchange.body is not None
+        tokenizer = exchange.context.limits.limits.tokenizer
         try:
-            if len(exchange.raw) > OFF_LOOP_BYTES:
-                count = await asyncio.to_thread(
-                    self.counter.request, wire, body, limits.tokenizer, exchange.model, RAW
-                )
-            else:
-                count = self.counter.request(wire, body, limits.tokenizer, exchange.model, RAW)
+            return self.counter.request(
+                exchange.wire, exchange.body, tokenizer, exchange.model, RAW
+            ).total
         except Exception:  # a request brim cannot count teaches nothing (and fails nothing)
             log.debug("request %s: not counted; no ratio learned", exchange.request_id)
+            return None
+
+    def _learn(self, exchange: Exchange, reported: int, counted: int | None) -> None:
+        """`TokenRatios.observe` of the reply, on the event loop."""
+        if counted is None:
             return
+        assert exchange.context is not None
+        limits = exchange.context.limits.limits
         prior = self.counter.prior(limits.tokenizer)
-        learned = self.ratios.observe(exchange.upstream, limits.model, prior, count.total, reported)
+        learned = self.ratios.observe(exchange.upstream, limits.model, prior, counted, reported)
         if learned is not None:
             log.debug(
                 "request %s: upstream %r counted %d input tokens, brim %d: %r's ratio is %.3f",
                 exchange.request_id,
                 exchange.upstream,
                 reported,
-                count.total,
+                counted,
                 limits.model,
                 learned.value,
             )

@@ -80,6 +80,14 @@ def evidence(counted: int, reported: int) -> float | None:
     return ratio if low <= ratio <= high else None
 
 
+def may_be_evidence(bound: int, reported: int) -> bool:
+    """Whether a reply of `reported` input tokens, for a request brim's count of which is at
+    most `bound` (`TokenCounter.upper_bound`: no tokenizing), can be `evidence` at all — so
+    that a request that cannot teach anything is not counted to find out."""
+    low, high = BOUNDS
+    return bound >= MIN_EVIDENCE and reported >= MIN_EVIDENCE * low and reported <= bound * high
+
+
 def updated(current: float, shown: float, counted: int) -> float:
     """The running estimate after a reply that showed ratio `shown` for `counted` tokens."""
     low, high = BOUNDS

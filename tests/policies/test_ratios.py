@@ -18,6 +18,7 @@ from policies.ratios import (
     Ratio,
     TokenRatios,
     evidence,
+    may_be_evidence,
     updated,
 )
 
@@ -115,3 +116,13 @@ def test_only_a_valid_and_later_ratio_is_adopted() -> None:
     assert not ratios.adopt("up", "m", Ratio(1.2, 9, now - 20))  # older than the one held
     assert ratios.adopt("up", "m", Ratio(1.3, 9, now))
     assert ratios.ratio("up", "m", 1.0) == 1.3
+
+
+@given(counted=st.integers(0, 10**7), over=st.integers(0, 10**6), reported=st.integers(-5, 10**8))
+def test_a_reply_skipped_uncounted_could_not_have_been_evidence(
+    counted: int, over: int, reported: int
+) -> None:
+    """`may_be_evidence` decides from a bound on brim's count, without counting: it never
+    turns away a reply that `evidence` would take."""
+    if evidence(counted, reported) is not None:
+        assert may_be_evidence(counted + over, reported)
