@@ -252,12 +252,21 @@ class TokenCounter:
     ) -> ChatCount:
         """A whole request of `wire`'s API: Σ item + its fixed cost + reply priming."""
         ratio = self._ratio(tokenizer, ratio)
+        tools, response_format = self._outside(wire, body, tokenizer, model, ratio)
         return ChatCount(
             messages=self.messages(wire.conversation(body), tokenizer, model, wire, ratio),
-            tools=scaled(wire.fixed_tokens(self, body, tokenizer, model), ratio),
-            response_format=self.response_format(wire, body, tokenizer, ratio),
+            tools=tools,
+            response_format=response_format,
             priming=REPLY_PRIMING,
         )
+
+    def _outside(
+        self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str, ratio: float
+    ) -> tuple[int, int]:
+        """The fixed cost outside the conversation (`Wire.fixed_tokens`) and the reply's
+        schema, each scaled by `ratio`."""
+        fixed = scaled(wire.fixed_tokens(self, body, tokenizer, model), ratio)
+        return fixed, self.response_format(wire, body, tokenizer, ratio)
 
     def messages(
         self,
@@ -306,9 +315,10 @@ class TokenCounter:
         ratio: float | None = None,
     ) -> int:
         """Everything of a request but its conversation: what `request` counts besides the items."""
-        ratio = self._ratio(tokenizer, ratio)
-        fixed = scaled(wire.fixed_tokens(self, body, tokenizer, model), ratio)
-        return fixed + self.response_format(wire, body, tokenizer, ratio) + REPLY_PRIMING
+        fixed, response_format = self._outside(
+            wire, body, tokenizer, model, self._ratio(tokenizer, ratio)
+        )
+        return fixed + response_format + REPLY_PRIMING
 
     def response_format(
         self, wire: Wire, body: Mapping[str, Any], tokenizer: str, ratio: float | None = None

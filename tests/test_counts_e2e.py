@@ -8,15 +8,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from policies.wires import WIRES
 from tests.conftest import BrimFactory
 from tests.fakes import LoopThread, start_app
-from tests.usage_provider import UsageProvider
+from tests.usage_provider import UsageProvider, send
 
 BETA = "context-1m-2025-08-07"
 DATED = "claude-sonnet-4-20250514"  # litellm's map: 1 M (the beta's), dearer above 200 K
@@ -42,41 +40,9 @@ def every_api_to(provider: UsageProvider) -> dict[str, Any]:
     }
 
 
-def send(api: str, base: str, model: str, content: str, beta: bool = False) -> httpx.Headers:
-    """One request through the API's own client; the reply's headers."""
-    headers = {"anthropic-beta": BETA} if beta else {}
-    raw: Any
-    if api == "openai.chat":
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
-        raw = client.chat.completions.with_raw_response.create(
-            model=model, messages=[{"role": "user", "content": content}], extra_headers=headers
-        )
-    elif api == "openai.responses":
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
-        raw = client.responses.with_raw_response.create(
-            model=model, input=content, extra_headers=headers
-        )
-    elif api == "anthropic.messages":
-        claude = anthropic.Anthropic(
-            base_url=base, api_key="sk-ant-test", max_retries=0, timeout=120
-        )
-        raw = claude.messages.with_raw_response.create(
-            model=model,
-            max_tokens=1_000,
-            messages=[{"role": "user", "content": content}],
-            extra_headers=headers,
-        )
-    else:  # Gemini's SDK is not among the test tools: plain HTTP, as any client sends it
-        reply = httpx.post(
-            f"{base}/v1beta/models/{model}:generateContent",
-            json={"contents": [{"role": "user", "parts": [{"text": content}]}]},
-            headers={"x-goog-api-key": "test-key", **headers},
-            timeout=120,
-        )
-        assert reply.status_code == 200, reply.text
-        return reply.headers
-    raw.parse()
-    return raw.headers  # type: ignore[no-any-return]
+def ask(api: str, base: str, model: str, content: str, beta: bool = False) -> httpx.Headers:
+    """One request through the API's own client, with the context-1m beta if `beta`."""
+    return send(api, base, model, content, headers={"anthropic-beta": BETA} if beta else None)
 
 
 @pytest.mark.parametrize("api", sorted(WIRES))
@@ -85,8 +51,8 @@ def test_a_dated_sonnet_4_id_has_200k_without_the_beta_and_1m_with_it(
 ) -> None:
     base = brim(**every_api_to(upstream))
     # Anthropic counts the reply apart from the window: the budget is the window less 5 %.
-    assert send(api, base, DATED, "hello")["x-brim-budget"] == str(190_000)
-    assert send(api, base, DATED, "hello", beta=True)["x-brim-budget"] == str(950_000)
+    assert ask(api, base, DATED, "hello")["x-brim-budget"] == str(190_000)
+    assert ask(api, base, DATED, "hello", beta=True)["x-brim-budget"] == str(950_000)
 
 
 def words(tokens: int) -> str:
@@ -105,7 +71,7 @@ def test_one_huge_message_goes_out_close_to_the_budget(
     49 K, 230 K at ~115 K: the excess was counted in the provider's tokens and cut in the
     encoding's. Now both go out at ≥ 75 % of the window, within the budget."""
     base = brim(**every_api_to(upstream))
-    headers = send(api, base, DATED, words(int(estimated / 1.15)))
+    headers = ask(api, base, DATED, words(int(estimated / 1.15)))
     assert int(headers["x-brim-tokens-in"]) >= estimated * 0.95
     assert headers["x-brim-actions"] == "truncate:1"
     sent = upstream.reported[-1]  # 1.15 × what the provider received, in o200k_base

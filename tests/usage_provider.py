@@ -3,17 +3,77 @@ with "pong" and reports the request's input tokens as `ratio` × brim's own coun
 received in o200k_base (`tests.fakes.counted`) — or, with `absurd` set, that figure instead.
 Streamed and whole replies alike (Chat's usage chunk, Messages' `message_start` with part of the
 input as cache reads and writes, Responses' `response.completed`, Gemini's last chunk). It keeps
-each request's reported count in `reported`, in order."""
+each request's reported count in `reported`, in order.
+
+`send` asks one question on any of the four APIs through its clients' own SDK."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
+import anthropic
+import httpx
+import openai
 import orjson
 from aiohttp import web
 
 from tests.fakes import counted
+
+
+def send(
+    api: str,
+    base: str,
+    model: str,
+    content: str,
+    *,
+    stream: bool = False,
+    headers: dict[str, str] | None = None,
+) -> httpx.Headers:
+    """One user message to brim at `base` through the API's own client (a stream read to its
+    end: its usage comes last); the reply's headers."""
+    extra = headers or {}
+    raw: Any
+    if api == "openai.chat":
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+        raw = client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=[{"role": "user", "content": content}],
+            stream=stream,
+            extra_headers=extra,
+            **({"stream_options": {"include_usage": True}} if stream else {}),
+        )
+    elif api == "openai.responses":
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+        raw = client.responses.with_raw_response.create(
+            model=model, input=content, stream=stream, extra_headers=extra
+        )
+    elif api == "anthropic.messages":
+        claude = anthropic.Anthropic(
+            base_url=base, api_key="sk-ant-test", max_retries=0, timeout=120
+        )
+        raw = claude.messages.with_raw_response.create(
+            model=model,
+            max_tokens=1_000,
+            messages=[{"role": "user", "content": content}],
+            stream=stream,
+            extra_headers=extra,
+        )
+    else:  # Gemini's SDK is not among the test tools: plain HTTP, as any client sends it
+        method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+        reply = httpx.post(
+            f"{base}/v1beta/models/{model}:{method}",
+            json={"contents": [{"role": "user", "parts": [{"text": content}]}]},
+            headers={"x-goog-api-key": "test-key", **extra},
+            timeout=120,
+        )
+        assert reply.status_code == 200, reply.text
+        return reply.headers
+    parsed = raw.parse()
+    if stream:
+        for _ in parsed:
+            pass
+    return raw.headers  # type: ignore[no-any-return]
 
 
 @dataclass

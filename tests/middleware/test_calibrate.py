@@ -10,15 +10,13 @@ import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import anthropic
 import httpx
-import openai
 import pytest
 
 from policies.ratios import BOUNDS
 from tests.conftest import BrimFactory, RedisServer
 from tests.fakes import LoopThread, start_app, wait_for
-from tests.usage_provider import UsageProvider
+from tests.usage_provider import UsageProvider, send
 
 ADMIN = "calibrate-admin-key-0123456789"
 ADMIN_ENV = "CALIBRATE_ADMIN_KEYS"
@@ -80,41 +78,8 @@ def text(seed: int, words: int = 3_000) -> str:
 
 
 def ask(api: str, base: str, model: str, content: str, stream: bool) -> int:
-    """One request through the API's own client; brim's count of it (`x-brim-tokens-in`)."""
-    if api == "openai.chat":
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
-        raw: Any = client.chat.completions.with_raw_response.create(
-            model=model,
-            messages=[{"role": "user", "content": content}],
-            stream=stream,
-            **({"stream_options": {"include_usage": True}} if stream else {}),
-        )
-    elif api == "openai.responses":
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
-        raw = client.responses.with_raw_response.create(model=model, input=content, stream=stream)
-    elif api == "anthropic.messages":
-        claude = anthropic.Anthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
-        raw = claude.messages.with_raw_response.create(
-            model=model,
-            max_tokens=64,
-            messages=[{"role": "user", "content": content}],
-            stream=stream,
-        )
-    else:  # Gemini's SDK is not among the test tools: plain HTTP, as any client sends it
-        method = "streamGenerateContent?alt=sse" if stream else "generateContent"
-        reply = httpx.post(
-            f"{base}/v1beta/models/{model}:{method}",
-            json={"contents": [{"role": "user", "parts": [{"text": content}]}]},
-            headers={"x-goog-api-key": "test-key"},
-            timeout=30,
-        )
-        assert reply.status_code == 200, reply.text
-        return int(reply.headers["x-brim-tokens-in"])
-    parsed = raw.parse()
-    if stream:
-        for _ in parsed:  # read to its end: the usage comes last
-            pass
-    return int(raw.headers["x-brim-tokens-in"])
+    """brim's count of one request (`x-brim-tokens-in`), sent through the API's own client."""
+    return int(send(api, base, model, content, stream=stream)["x-brim-tokens-in"])
 
 
 def token_ratios(base: str) -> list[dict[str, Any]]:

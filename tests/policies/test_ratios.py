@@ -21,14 +21,7 @@ from policies.ratios import (
     may_be_evidence,
     updated,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1_000_000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.policies.test_limits import _Clock as Clock
 
 
 def test_what_a_reply_is_evidence_of() -> None:
