@@ -44,12 +44,17 @@ class RequestTokens:
     small one on the event loop as soon as the request first waits.
 
     Where brim can only estimate (Claude, Gemini) and its estimate was too close to the budget
-    to decide, `exact` is the provider's own count and `estimate` keeps brim's."""
+    to decide, `exact` is the provider's own count and `estimate` keeps brim's.
+
+    brim's counts are scaled by `ratio`, the model's learned token ratio (`policies.ratios`)
+    or its tokenizer's prior (None: the prior), fixed once for the request: every later count
+    of it (the guard's, the retry's) uses the same."""
 
     upper_bound: int
     exact: int | None = None
     pending: asyncio.Future[int] | None = field(default=None, compare=False)
     estimate: int | None = None  # brim's own count, when `exact` is the provider's
+    ratio: float | None = None
 
     @property
     def provider_ratio(self) -> float | None:

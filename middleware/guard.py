@@ -27,7 +27,7 @@ from middleware.summarize import LEVELS, Summarizer, Summary
 from policies.carry import carried_from, carry, growth, prefix_digests
 from policies.clients import ClientRule
 from policies.compress import Outcome, compress_request
-from policies.conversation import FidelityRecord, Policy, archive_key
+from policies.conversation import FidelityRecord, Policy, archive_key, text_tokens_for
 from policies.evict import GISTS_HEADER
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import conversation_wire
@@ -70,13 +70,15 @@ def guard_outcome(
     repair: bool,
     provider_ratio: float | None = None,
     room: int = 0,
+    ratio: float | None = None,
 ) -> Outcome:
     """What the guard does to a request (the stage, and `brim inspect`). Policies measure with
-    brim's counter; where the provider counted the request (`provider_ratio` = its count ÷
-    brim's), the budget is scaled to brim's counts."""
+    brim's counter, at the request's `ratio` (`RequestTokens.ratio`; None: the tokenizer's
+    prior); where the provider counted the request (`provider_ratio` = its count ÷ brim's),
+    the budget is scaled to brim's counts."""
     return compress_request(
         body,
-        CounterMeter(counter, tokenizer, model, wire),
+        CounterMeter(counter, tokenizer, model, wire, ratio),
         policies,
         limit=counted_limit(budget, provider_ratio),
         low_water=low_water,
@@ -231,7 +233,9 @@ class Guard:
             digest = digests[-1] if digests else None
             carried = self.sessions.latest(exchange.owner, exchange.api, tokenizer, digests)
             if carried is not None:
-                meter = CounterMeter(self.counter, tokenizer, exchange.model, wire)
+                meter = CounterMeter(
+                    self.counter, tokenizer, exchange.model, wire, context.tokens.ratio
+                )
                 limit = counted_limit(budget, context.tokens.provider_ratio)
                 fixed = meter.fixed(body)
                 carried_on = carry(
@@ -252,6 +256,7 @@ class Guard:
             repair=self.repair_pairs,
             provider_ratio=context.tokens.provider_ratio,
             room=room,
+            ratio=context.tokens.ratio,
         )
         if received is not None and outcome.tokens_in != received:
             outcome = dataclasses.replace(outcome, tokens_in=received)
@@ -280,8 +285,13 @@ class Guard:
         own): this request's own, passed along."""
         assert exchange.body is not None and exchange.context is not None
         wire = exchange.wire
+        context = exchange.context
         meter = CounterMeter(
-            self.counter, exchange.context.limits.limits.tokenizer, exchange.model, wire
+            self.counter,
+            context.limits.limits.tokenizer,
+            exchange.model,
+            wire,
+            context.tokens.ratio,
         )
         task = _task_of(wire, wire.conversation(exchange.body))
         return wire, meter, task, caller_of(exchange)
@@ -318,10 +328,12 @@ class Guard:
         _, header, lines = wire.dialect.text(outcome.messages[at]).partition("\n" + GISTS_HEADER)
         quoted = header + lines
         # The allowance is the same every turn; only a turn that evicts to its last resorts,
-        # up to the budget itself, leaves less (and then no summarizer call is wasted).
+        # up to the budget itself, leaves less (and then no summarizer call is wasted). In
+        # tokens of text, as the summaries' targets are.
         allowance = min(
-            int(outcome.limit * SUMMARY_ALLOWANCE),
-            outcome.limit - rest - (meter.text_tokens(quoted) if quoted else 0),
+            text_tokens_for(int(outcome.limit * SUMMARY_ALLOWANCE), meter),
+            text_tokens_for(outcome.limit - rest, meter)
+            - (meter.text_tokens(quoted) if quoted else 0),
         )
         assert exchange.body is not None
         client = None if outcome.repairs else wire.conversation(exchange.body)
@@ -407,7 +419,8 @@ class Guard:
                 continue
             at = holders[0]
             before = counts[at]
-            summary = await self._summary(record.original, max(64, before - 64), task, caller)
+            target = max(64, text_tokens_for(before, meter) - 64)  # tokens of text
+            summary = await self._summary(record.original, target, task, caller)
             if summary is None:
                 continue
             header = RESULT_HEADER.format(key=key[:16])

@@ -1,6 +1,10 @@
 """Resolve the model's limits and the request's token budget, measure the request, and attach
 all three to the exchange.
 
+Every count of the request is scaled by one ratio, fixed here (`RequestTokens.ratio`): the one
+learned for the model on the upstream the request goes to (`policies.ratios`), else its
+tokenizer's prior (Claude: `claude_token_factor`; others: 1).
+
 Measuring is cheap when there is room: a free byte bound settles it without tokenizing. Only a
 request whose bound exceeds its budget is counted exactly before it goes on (per-message counts
 are cached, and large requests are tokenized beside the event loop, not on it). A request the
@@ -43,6 +47,7 @@ from policies.budget import (
 )
 from policies.clients import ClientRule, match_client
 from policies.limits import LimitSource, LimitsRegistry, ResolvedLimits
+from policies.ratios import TokenRatios
 from policies.remembered import Remembered
 from policies.tokens import TokenCounter
 from policies.wires.base import Wire
@@ -216,11 +221,13 @@ class ResolveLimits:
         safety_margin: float,
         clients: Mapping[str, ClientRule],
         upstreams: Upstreams | None = None,
+        ratios: TokenRatios | None = None,
     ) -> None:
         if not 0 <= safety_margin < 1:
             raise ValueError(f"safety_margin must be in [0, 1), not {safety_margin}")
         self.registry = registry
         self.counter = counter
+        self.ratios = ratios  # learned per upstream and model (None: the tokenizers' priors)
         self.safety_margin = safety_margin
         self.clients = dict(clients)
         self._warned: LRUCache[str, bool] = LRUCache(
@@ -235,34 +242,37 @@ class ResolveLimits:
         ] = Remembered(BUDGETS_REMEMBERED)
 
     async def measure(
-        self, exchange: Exchange, budget: TokenBudget, tokenizer: str
+        self, exchange: Exchange, budget: TokenBudget, tokenizer: str, ratio: float
     ) -> RequestTokens:
-        """The request's size: its free bound, and its exact count — made at once where a
-        decision hangs on it (the bound exceeds the budget), else beside the upstream call."""
+        """The request's size at `ratio`: its free bound, and its exact count — made at once
+        where a decision hangs on it (the bound exceeds the budget), else beside the upstream
+        call."""
         if len(exchange.raw) <= INLINE_BYTES:
-            return self._inline(exchange, budget, tokenizer)
+            return self._inline(exchange, budget, tokenizer, ratio)
         body = exchange.body or {}
         wire = exchange.wire
-        bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire)
-        count = functools.partial(self._count, wire, body, tokenizer, exchange.model, bound)
+        bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire, ratio)
+        count = functools.partial(self._count, wire, body, tokenizer, exchange.model, bound, ratio)
         if budget.fits(bound):  # no decision hangs on it: count beside the upstream call
-            return RequestTokens(upper_bound=bound, pending=asyncio.ensure_future(_thread(count)))
+            pending = asyncio.ensure_future(_thread(count))
+            return RequestTokens(upper_bound=bound, pending=pending, ratio=ratio)
         if len(exchange.raw) > OFF_LOOP_BYTES:
-            return RequestTokens(upper_bound=bound, exact=await _thread(count))
-        return RequestTokens(upper_bound=bound, exact=count())
+            return RequestTokens(upper_bound=bound, exact=await _thread(count), ratio=ratio)
+        return RequestTokens(upper_bound=bound, exact=count(), ratio=ratio)
 
-    def _inline(self, exchange: Exchange, budget: TokenBudget, tokenizer: str) -> RequestTokens:
+    def _inline(
+        self, exchange: Exchange, budget: TokenBudget, tokenizer: str, ratio: float
+    ) -> RequestTokens:
         """`measure` of a small request, on the event loop: the bound, and the exact count —
         on the spot where the bound exceeds the budget, else once the upstream is asked."""
         body = exchange.body or {}
         wire = exchange.wire
-        bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire)
+        bound = self.counter.upper_bound(exchange.raw, body, tokenizer, wire, ratio)
         if bound <= budget.effective:  # no decision hangs on the count
-            count = _soon(self._count, wire, body, tokenizer, exchange.model, bound)
-            return RequestTokens(upper_bound=bound, pending=count)
-        return RequestTokens(
-            upper_bound=bound, exact=self._count(wire, body, tokenizer, exchange.model, bound)
-        )
+            count = _soon(self._count, wire, body, tokenizer, exchange.model, bound, ratio)
+            return RequestTokens(upper_bound=bound, pending=count, ratio=ratio)
+        exact = self._count(wire, body, tokenizer, exchange.model, bound, ratio)
+        return RequestTokens(upper_bound=bound, exact=exact, ratio=ratio)
 
     def _budget(
         self, resolved: ResolvedLimits, requested: int | None, cli_overhead: int | None
@@ -280,16 +290,30 @@ class ResolveLimits:
         return budget
 
     def _count(
-        self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str, bound: int
+        self,
+        wire: Wire,
+        body: Mapping[str, Any],
+        tokenizer: str,
+        model: str,
+        bound: int,
+        ratio: float,
     ) -> int:
         try:
             # The count reads the parsed body, written out again where a value is not a string
             # (`9e15` becomes `9000000000000000.0`); the provider reads the bytes as sent, which
             # the bound covers: the smaller figure is still a sound one.
-            return min(self.counter.request(wire, body, tokenizer, model).total, bound)
+            return min(self.counter.request(wire, body, tokenizer, model, ratio).total, bound)
         except Exception:  # a count must never fail a request: the bound is still true
             log.exception("token count failed; using the byte bound %d", bound)
             return bound
+
+    def ratio(self, upstream: str, resolved: ResolvedLimits) -> float:
+        """The ratio `upstream`'s counts of the model are scaled by: learned, else the prior."""
+        limits = resolved.limits
+        prior = self.counter.prior(limits.tokenizer)
+        if self.ratios is None:
+            return prior
+        return self.ratios.ratio(upstream, limits.model, prior)
 
     async def context_for(self, exchange: Exchange) -> RequestContext:
         # Anthropic's context-1m beta gives this request (an Anthropic model's) a 1M window.
@@ -316,10 +340,11 @@ class ResolveLimits:
             client[1].overhead if client else None,
         )
         tokenizer = resolved.limits.tokenizer
+        ratio = self.ratio(exchange.upstream, resolved)
         if len(exchange.raw) <= INLINE_BYTES:
-            tokens = self._inline(exchange, budget, tokenizer)
+            tokens = self._inline(exchange, budget, tokenizer, ratio)
         else:
-            tokens = await self.measure(exchange, budget, tokenizer)
+            tokens = await self.measure(exchange, budget, tokenizer, ratio)
         native = self.native
         # Only a count brim made, for an upstream that counts too, can want settling.
         if native is not None and tokens.exact is not None:

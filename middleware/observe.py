@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import re
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import Token
@@ -52,10 +51,11 @@ from middleware.base import CallNext
 from middleware.headers import actions
 from middleware.store import PREFIX_DIGITS, normalize_key
 from middleware.telemetry import StatusBoard, Telemetry, bind, client_product
+from middleware.usage import USAGE_MARK, EventData, body_usage, event_usage
 from policies.budget import requested_output
 from policies.compress import Outcome
 from policies.limits import LimitSource
-from policies.wires.base import Wire, sse_data
+from policies.wires.base import Wire
 
 log = logging.getLogger("brim.observe")
 # One line per request: at INFO for a request brim changed, retried or refused, at DEBUG for the
@@ -136,25 +136,6 @@ def _shorten(value: Any, longest: int) -> Any:
     return value
 
 
-class EventData:
-    """The `data:` payloads of a stream's complete events, however its bytes were split into
-    reads (an event's end may arrive in a later read than its start)."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, chunk: bytes, marker: bytes = b"") -> list[bytes]:
-        """The complete events' payloads so far; with `marker`, none unless it is among the
-        bytes read (an unfinished line is kept until its end is read, so a marker split
-        across reads is found once its line is complete)."""
-        data = self._pending + chunk if self._pending else chunk
-        self._pending = data[data.rfind(b"\n") + 1 :][-MAX_PENDING:]  # the unfinished line
-        return sse_data(data) if marker in data else []
-
-
-MAX_PENDING = 4 * 1024 * 1024  # a usage-bearing event is small; a longer line is not one
-
-
 def restore_label(key: str) -> str:
     """A key the model passed to `brim_restore`, as telemetry and the audit log name it:
     `sha256:<16 hex>`, or `malformed` (model input: never repeated as it came)."""
@@ -168,19 +149,8 @@ def _recording(span: Span) -> bool:
     return span is not INVALID_SPAN and span.is_recording()
 
 
-# Where a reply or event can carry usage: a "usage" or "usageMetadata" key with an object (not
-# the `"usage":null` an OpenAI stream sends in every chunk once it is asked for usage).
-USAGE_MARK = b'"usage'
-USAGE_OBJECT = re.compile(rb'"usage(?:Metadata)?"\s*:\s*\{')
-
-
 def _usage_of(wire: Wire, data: bytes, report: RequestReport) -> None:
-    if USAGE_MARK not in data or USAGE_OBJECT.search(data) is None:
-        return
-    try:
-        found = wire.usage(orjson.loads(data))
-    except orjson.JSONDecodeError:
-        return
+    found = event_usage(wire, data)
     if found is not None:
         report.usage = report.usage.merged(found)
 
@@ -677,13 +647,6 @@ def log_word(text: str, limit: int = 200) -> str:
 
 def _usage_from_body(wire: Wire, body: bytes, report: RequestReport) -> None:
     """Usage in a whole reply: one JSON object, or a stream's events read in one piece."""
-    if b'"usage' not in body[:65536] and b'"usage' not in body[-8192:]:
-        return
-    try:
-        found = wire.usage(orjson.loads(body))
-    except orjson.JSONDecodeError:
-        for data in EventData().feed(body + b"\n"):
-            _usage_of(wire, data, report)
-        return
+    found = body_usage(wire, body)
     if found is not None:
         report.usage = report.usage.merged(found)

@@ -1,18 +1,20 @@
 """The default stage order: observe → loop breaker → resolve limits → rate limit (when `[server]`
 sets limits) → prefer a fallback that holds the request → guard → restore rounds → retry on
-overflow → forward. Restore sits outside the retry, so every hidden round it asks is retried
-too, and goes on from the request as the retry last sent it."""
+overflow → learn token ratios → forward. Restore sits outside the retry, so every hidden round it
+asks is retried too, and goes on from the request as the retry last sent it; the ratios are
+learned from every call to an upstream, with the body that call sent."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from adapters.registry import Upstreams
 from middleware.archive import ContentArchive
 from middleware.audit import AuditLog
 from middleware.base import Stage
+from middleware.calibrate import LearnRatios
 from middleware.fallback import PreferFallback
 from middleware.forward import Forward
 from middleware.guard import Guard
@@ -31,6 +33,7 @@ from middleware.telemetry import StatusBoard, Telemetry
 from policies.clients import ClientRule
 from policies.compress import build_policies
 from policies.limits import LimitsRegistry
+from policies.ratios import TokenRatios
 from policies.tokens import TokenCounter
 
 
@@ -56,8 +59,9 @@ class PipelineConfig(Protocol):
 @dataclass(frozen=True, slots=True)
 class Services:
     """Long-lived objects the stages share: upstream connections, limits (with what was learned
-    from provider errors), the token counter with its cache, what reports on it all, and the
-    state shared with other processes and instances."""
+    from provider errors), the token counter with its cache and the token ratios learned from
+    the providers' usage, what reports on it all, and the state shared with other processes and
+    instances."""
 
     upstreams: Upstreams
     limits: LimitsRegistry
@@ -70,6 +74,7 @@ class Services:
     summarizer: Summarizer | None = None
     store: ContentStore | None = None  # originals the model may fetch back (`[restore]`)
     rates: RateCounts | None = None  # per-key rate windows, when `[server]` sets any limit
+    ratios: TokenRatios = field(default_factory=TokenRatios)
 
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
@@ -81,6 +86,7 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
         safety_margin=guard.safety_margin,
         clients=config.clients,
         upstreams=services.upstreams,  # their own token counters (`native_count`)
+        ratios=services.ratios if guard.learn_token_ratios else None,
     )
     stages: list[Stage] = [
         Observe(
@@ -145,5 +151,7 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 ),
             )
         )
+    if guard.learn_token_ratios:
+        stages.append(LearnRatios(services.ratios, services.counter, services.upstreams.configs))
     stages.append(Forward(services.upstreams, services.telemetry.tracer))
     return stages

@@ -55,6 +55,7 @@ from middleware.base import CallNext
 from middleware.store import ContentStore
 from policies.clients import ClientRule
 from policies.compress import Outcome
+from policies.conversation import text_tokens_for
 from policies.prune import cut_middle
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires.base import (
@@ -209,16 +210,22 @@ class RestoreRounds:
         # outcome has the request's size and the limit it was cut to, both in brim's counts.
         outcome = exchange.context.outcome
         assert outcome is not None, f"{RESTORE_TOOL.name} offered in a request brim did not cut"
-        wire, body = exchange.wire, exchange.body
+        wire, body, context = exchange.wire, exchange.body, exchange.context
         meter = CounterMeter(
-            self.counter, exchange.context.limits.limits.tokenizer, exchange.model, wire
+            self.counter,
+            context.limits.limits.tokenizer,
+            exchange.model,
+            wire,
+            context.tokens.ratio,
         )
         originals = [await self._original(exchange, call) for call in calls]
         # The reply's own turn (its text, thinking, the calls) and the results' wrapping come
-        # first; the originals share what is left. A cut's marker and the tokenizer's factor
-        # can take a share past its room: then again, each share that much (and a little) less.
+        # first; the originals share what is left (a share is tokens of text: the room is in
+        # the provider's). A cut's marker and the rounding of each item's count can take a
+        # share past its room: then again, each share that much (and a little) less.
         turn = _added(wire, body, wire.continued(body, reply, calls, [""] * len(calls)), meter)
-        share = max(MIN_RESULT_TOKENS, (outcome.limit - outcome.tokens_out - turn) // len(calls))
+        room = (outcome.limit - outcome.tokens_out - turn) // len(calls)
+        share = max(MIN_RESULT_TOKENS, text_tokens_for(room, meter))
         tokens_of = [meter.tokens(text) if found else None for text, found in originals]
         for _ in range(4):
             results = [
@@ -230,7 +237,8 @@ class RestoreRounds:
             over = tokens - outcome.limit
             if over <= 0 or share == MIN_RESULT_TOKENS:
                 break
-            share = max(MIN_RESULT_TOKENS, share - over // len(calls) - RESULT_SLACK)
+            less = text_tokens_for(over // len(calls), meter) + RESULT_SLACK
+            share = max(MIN_RESULT_TOKENS, share - less)
         if rounds >= self.max_rounds:
             continued = wire.with_tool_choice_none(continued)
         context = dataclasses.replace(

@@ -290,7 +290,8 @@ class RetryOnOverflow:
         that cuts nothing, or not below the `sent` tokens that overflowed."""
         assert exchange.context is not None
         tokenizer = exchange.context.limits.limits.tokenizer
-        meter = CounterMeter(self.counter, tokenizer, exchange.model, exchange.wire)
+        ratio = exchange.context.tokens.ratio
+        meter = CounterMeter(self.counter, tokenizer, exchange.model, exchange.wire, ratio)
 
         def run() -> Outcome:
             return compress_request(body, meter, self.policies, limit=target, low_water=1.0)

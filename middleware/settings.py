@@ -35,6 +35,9 @@ class GuardConfig(BaseModel):
     # (`[models."ID"] fallbacks`) that holds it, before anything is cut (`middleware.fallback`).
     prefer_fallback: bool = True
     claude_token_factor: float = Field(DEFAULT_CLAUDE_FACTOR, ge=1, le=3)
+    # Learn each model's ratio of the provider's input tokens to brim's count from the usage in
+    # its replies, and count with it (`policies.ratios`); off: the factors above, fixed.
+    learn_token_ratios: bool = True
     policies: tuple[str, ...] = DEFAULT_ORDER
     prune_tool_results: PruneSettings = PruneSettings()
     clear_tool_results: ClearSettings = ClearSettings()

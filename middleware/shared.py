@@ -22,6 +22,11 @@ its own, exactly as brim runs without Redis; `RedisState` shares through Redis a
   reads the registry in memory: another instance's fact takes effect here within `refresh_s`
   (plus one write). Facts expire when learned + a day, everywhere. `brim limits forget` leaves
   a tombstone in `brim:learned:forgotten`: every process drops what it learned by then.
+- token ratios (`TokenRatios`): every `refresh_s` each process reads `brim:ratios` (a hash:
+  `["upstream","model"]` → "ratio replies updated"), adopts each ratio learned later than its own,
+  and writes those it learned later than what Redis holds (`SharedRatios`). What it reads is
+  checked first (`Ratio.valid`: within the bounds, not from the future, not forgotten; an
+  upstream this brim has; a model id of sane length): Redis is no more trusted than a reply.
 - loop-guard counts (`RedisLoops`): see its docstring for the exact semantics.
 - the status board's numbers: every `refresh_s` each process writes its own totals,
   per-model usage, tokens removed per policy and time series (`brim:status:instance:<id>`,
@@ -53,6 +58,7 @@ from cachetools import TTLCache
 
 from middleware.learned import (
     ALL_MODELS,
+    MODEL_ID_MAX,
     WORKER_REFRESH_S,
     Forgotten,
     Records,
@@ -64,6 +70,7 @@ from middleware.learned import (
 )
 from middleware.telemetry import RECENT_EVENTS, StatusBoard, merge_series
 from policies.limits import LEARNED_KINDS, Learned, LearnedKind, LimitsRegistry
+from policies.ratios import RATIOS_MAX, TTL_S, Ratio, TokenRatios
 
 log = logging.getLogger("brim.shared")
 T = TypeVar("T")
@@ -72,6 +79,7 @@ Operation = Callable[[Any], Awaitable[T]]  # given the Redis client
 MAX_BACKGROUND = 1_000  # writes off the request path in flight at once; more are dropped
 LEARNED_KEY = "brim:learned:"  # + kind
 FORGOTTEN_KEY = "brim:learned:forgotten"  # the tombstones of `brim limits forget`
+RATIOS_KEY = "brim:ratios"
 LOOP_KEY = "brim:loop:"  # + the request's hash, in hex
 BLOCKED_KEY = "brim:loop:blocked"  # sorted set: request hash → when its block lifts
 BLOCKED_MAX = 10_000
@@ -493,6 +501,83 @@ class RedisFacts:
         await self.link.run(forget)
 
 
+# --- token ratios ------------------------------------------------------------------------------
+
+
+class SharedRatios:
+    """The token ratios of `ratios`, shared (module doc): those of `upstreams` only."""
+
+    def __init__(self, link: RedisLink, ratios: TokenRatios, upstreams: Iterable[str]) -> None:
+        self.link = link
+        self.ratios = ratios
+        self.upstreams = frozenset(upstreams)
+
+    async def pull(self) -> tuple[dict[tuple[str, str], float], list[bytes]]:
+        """Adopt what Redis holds that is newer. Returns when each ratio Redis holds (for this
+        brim's upstreams) was updated, and the fields that hold no valid ratio."""
+        table = await self.link.run(lambda client: client.hgetall(RATIOS_KEY))
+        now = time.time()
+        held: dict[tuple[str, str], float] = {}
+        found: list[tuple[tuple[str, str], Ratio]] = []
+        stale: list[bytes] = []
+        for field, value in table.items():
+            parsed = _parsed_ratio(field, value)
+            if parsed is None or not parsed[1].valid(now):
+                stale.append(field)
+            elif parsed[0][0] in self.upstreams:  # another configuration's upstream: not ours
+                found.append(parsed)
+        found.sort(key=lambda pair: pair[1].updated, reverse=True)
+        for (upstream, model), ratio in found[:RATIOS_MAX]:
+            held[(upstream, model)] = ratio.updated
+            self.ratios.adopt(upstream, model, ratio)
+        return held, stale
+
+    async def sync(self) -> None:
+        """`pull`; then write what is newer here, and drop what is not a ratio at all, or
+        forgotten."""
+        held, stale = await self.pull()
+        newer = [
+            (key, ratio)
+            for key, ratio in self.ratios.learned().items()
+            if held.get(key, 0.0) < ratio.updated and len(key[1]) <= MODEL_ID_MAX
+        ]
+        if not newer and not stale:
+            return
+
+        async def write(client: Any) -> object:
+            pipe = client.pipeline(transaction=False)
+            for (upstream, model), ratio in newer:
+                pipe.hset(
+                    RATIOS_KEY,
+                    orjson.dumps([upstream, model]),
+                    f"{ratio.value!r} {ratio.replies} {ratio.updated!r}",
+                )
+            if stale:
+                pipe.hdel(RATIOS_KEY, *stale)
+            pipe.expire(RATIOS_KEY, int(TTL_S))
+            return await pipe.execute()
+
+        await self.link.run(write)
+
+
+def _parsed_ratio(field: bytes, value: bytes) -> tuple[tuple[str, str], Ratio] | None:
+    """A `brim:ratios` entry, or None if it is not one brim wrote."""
+    try:
+        key = orjson.loads(field)
+        number, replies, updated = value.decode("ascii").split()
+        ratio = Ratio(float(number), int(replies), float(updated))
+    except (orjson.JSONDecodeError, UnicodeDecodeError, ValueError):
+        return None
+    if (
+        not isinstance(key, list)
+        or len(key) != 2
+        or not all(isinstance(part, str) for part in key)
+        or len(key[1]) > MODEL_ID_MAX
+    ):
+        return None
+    return (key[0], key[1]), ratio
+
+
 # --- the status board ---------------------------------------------------------------------------
 
 
@@ -818,6 +903,8 @@ class RedisState:
         refresh_s: float,
         loop_limit: int,
         skipped: Callable[[str], None] | None = None,
+        ratios: TokenRatios | None = None,
+        upstreams: Iterable[str] = (),
     ) -> None:
         if refresh_s <= 0:
             raise ValueError("refresh_s must be positive")
@@ -829,6 +916,8 @@ class RedisState:
         self.limits = SharedLimits(
             RedisFacts(link), registry, spawn=link.background, skipped=skipped
         )
+        # None: token ratios are not learned here ([guard] learn_token_ratios = false)
+        self.ratios = None if ratios is None else SharedRatios(link, ratios, upstreams)
         ttl_s = max(INSTANCE_TTL_S, 5 * refresh_s)
         self.board = SharedStatus(link, local.board, local.instance, ttl_s, skipped=skipped)
         self._task: asyncio.Task[None] | None = None
@@ -847,8 +936,12 @@ class RedisState:
             self._task = asyncio.create_task(self._refresh())
 
     async def sync(self) -> None:
-        """One round: learned limits, blocked requests, this process's status numbers."""
-        for step in (self.limits.sync, self._loops.pull, self.board.push):
+        """One round: learned limits and ratios, blocked requests, this process's status
+        numbers."""
+        steps = [self.limits.sync, self._loops.pull, self.board.push]
+        if self.ratios is not None:
+            steps.insert(1, self.ratios.sync)
+        for step in steps:
             try:
                 await step()
             except Unavailable:

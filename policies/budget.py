@@ -89,8 +89,9 @@ def requested_output(body: Mapping[str, Any]) -> int | None:
 
 
 # How far brim's count may be from the provider's own, as a share of the budget, where brim can
-# only estimate: Claude (Anthropic publishes no tokenizer: o200k_base × claude_token_factor) and
-# Gemini (Google's tokenizer is not o200k_base, which brim counts with). A request whose estimate
+# only estimate: Claude (Anthropic publishes no tokenizer: o200k_base × the model's ratio, learned
+# from usage or else `claude_token_factor`) and Gemini (Google's tokenizer is not o200k_base,
+# which brim counts with, × the learned ratio). A request whose estimate
 # lies within the band around its budget may fit or not; the provider's own counter settles it.
 # OpenAI's tokenizers are the ones brim counts with: no band, never asked.
 ESTIMATE_BANDS: Mapping[str, float] = {"claude": 0.15, "gemini": 0.15}

@@ -42,6 +42,7 @@ class Carried:
     records: tuple[FidelityRecord, ...]  # what is in effect, without the originals
     target: int
     weight: int  # bytes it takes in memory, for the memory's bound (`weight_of`)
+    ratio: float = 1.0  # what `sizes` were scaled by (`Meter.ratio`)
 
 
 # What a `Carried` takes besides brim's own items, in bytes as CPython (64-bit) allocates them
@@ -129,6 +130,7 @@ def carried_from(outcome: Outcome, client: Sequence[Any]) -> Carried | None:
         records,
         outcome.target,
         weight_of(items, outcome.sizes, records),
+        outcome.ratio,
     )
 
 
@@ -148,13 +150,16 @@ def carry(
     tokens_in: int | None = None,
 ) -> Outcome | None:
     """The carried request plus the client's new items, if it fits `limit` and is valid.
-    `tokens_in`: the client's request as counted already, if it was (else counted here)."""
+    `tokens_in`: the client's request as counted already, if it was (else counted here).
+    Carried at another ratio than the meter's (the model's was learned further since), its
+    items are counted again (from the counter's cache)."""
     if len(client) < carried.covers:
         return None
     messages = [client[i] if isinstance(i, int) else i.item for i in carried.items]
+    kept = carried.sizes if carried.ratio == meter.ratio else [*map(meter.message, messages)]
     added = client[carried.covers :]
     messages += added
-    sizes = [*carried.sizes, *(meter.message(item) for item in added)]
+    sizes = [*kept, *(meter.message(item) for item in added)]
     total = fixed + sum(sizes)
     if total > limit or dialect.violations(messages):
         return None
@@ -170,4 +175,5 @@ def carry(
         repairs=(),
         tried=(),
         carried=True,
+        ratio=meter.ratio,
     )

@@ -60,6 +60,7 @@ class Outcome:
     tried: tuple[str, ...]
     sizes: tuple[int, ...]  # each message's tokens, as `messages`
     carried: bool = False  # the previous turn's compressed request plus the new items
+    ratio: float = 1.0  # the meter's (`Meter.ratio`): what the sizes were scaled by
 
     @property
     def fits(self) -> bool:
@@ -132,6 +133,7 @@ def compress(
         records=tuple(records),
         repairs=tuple(repairs),
         tried=tuple(tried),
+        ratio=meter.ratio,
     )
 
 

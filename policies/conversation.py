@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 import re
 import threading
 from collections import Counter
@@ -109,7 +110,13 @@ class Dialect(Protocol):
 
 
 class Meter(Protocol):
-    """Token measurements in the request's own tokenizer."""
+    """Token measurements in the request's own tokenizer. `message` counts what the provider
+    counts — the encoding's tokens scaled by `ratio` (`policies.tokens`), the unit of every
+    size and budget the policies compare; `tokens` and `text_tokens` are the encoding's own,
+    unscaled: a policy that cuts a text to fit a count converts it (`text_tokens_for`)."""
+
+    @property
+    def ratio(self) -> float: ...
 
     def message(self, message: Any) -> int: ...
 
@@ -118,6 +125,13 @@ class Meter(Protocol):
     def text_tokens(self, text: str) -> int: ...
 
     def decode(self, tokens: Sequence[int]) -> str: ...
+
+
+def text_tokens_for(counted: int, meter: Meter) -> int:
+    """How many tokens of text (the encoding's, as `Meter.tokens` lists them) `counted` of the
+    provider's tokens (`Meter.message`'s) stand for: a text that fits in `counted` has at most
+    this many, and cutting this many from a text saves at least `counted`."""
+    return math.ceil(round(counted / meter.ratio, 6))
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ from policies.conversation import (
     pointed_at,
     result_values,
     snapped_count,
+    text_tokens_for,
 )
 from policies.information import cut_from, gist
 from policies.wires.base import NOTICE_PREFIX
@@ -138,8 +139,9 @@ class _Gists:
                     yield line, self._meter.text_tokens(line) + 1
 
     def chosen(self, removed: Sequence[Unit], allowance: int) -> list[str]:
-        """The lines of the latest removed results that fit `allowance`, in conversation order:
-        newest first until one does not fit; a line said already is not repeated."""
+        """The lines of the latest removed results that fit `allowance` (tokens of the
+        encoding, as the lines are measured), in conversation order: newest first until one
+        does not fit; a line said already is not repeated."""
         picked: list[str] = []
         seen: set[str] = set()
         spent = 0
@@ -351,7 +353,7 @@ class Evict:
             if notice and quoting and share > 0:
                 removed_tokens = sum(size[unit] for unit in removed)
                 allowance = min(int(goal.limit * share), removed_tokens // _REMOVED_SHARE)
-                said = gists.chosen(removed, allowance)
+                said = gists.chosen(removed, text_tokens_for(allowance, meter))
             built = self._build(conversation, removed, meter, notice, dumped, said)
             return built, built.total
 

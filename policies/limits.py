@@ -21,6 +21,9 @@ and at most `LEARNED_SPAN` times it); `forget` drops facts, as an operator asks.
 One request can ask for more: an Anthropic model called with the `context-1m-…` beta
 (`anthropic-beta: context-1m-2025-08-07`) has a 1 000 000-token window for that request, whatever
 the chain says (source `header`). The caller reads the header; `wants_long_context` parses it.
+Without it, a Claude model whose litellm entry is the long window and prices input above a tier
+(`claude-sonnet-4-20250514`: 1 000 000, dearer above 200 000) has the tier as its window
+(`model_table.OPT_IN_LONG_CONTEXT`): the long window is the beta's, not the model's.
 """
 
 from __future__ import annotations
@@ -401,6 +404,19 @@ class LimitsRegistry:
             (e for c in model.candidates if (e := self.model_map.get(c)) is not None), None
         )
         provider = provider_of(model, entry)
+        if (
+            sources["context_window"] is LimitSource.LITELLM
+            and entry is not None
+            and entry.price_tier is not None
+            and any(
+                fnmatch.fnmatchcase(model.name, pattern)
+                for pattern in model_table.OPT_IN_LONG_CONTEXT
+            )
+        ):  # the map's window is the beta's: the model's own is the tier
+            if long_context:
+                sources["context_window"] = LimitSource.HEADER
+            else:
+                window = min(window, entry.price_tier)
 
         configured = [
             self.configured[c].tokenizer for c in model.candidates if c in self.configured

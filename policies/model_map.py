@@ -3,6 +3,7 @@ brim needs. Parsing only: the caller reads the file once at start-up (see `proxy
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import orjson
 
 _TEXT_MODES = frozenset({"chat", "responses", "completion"})
+_PRICE_TIER = re.compile(r"^input_cost_per_token_above_(\d+)k_tokens$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +19,20 @@ class MapEntry:
     context_window: int | None  # litellm's max_input_tokens
     max_output: int | None
     provider: str | None
+    # The smallest input size above which the map prices input higher, where that is below the
+    # window (`input_cost_per_token_above_200k_tokens`: 200 000): a long-context tier.
+    price_tier: int | None = None
+
+
+def price_tier(value: Mapping[str, Any], window: int) -> int | None:
+    """The smallest `input_cost_per_token_above_<N>k_tokens` threshold below `window`."""
+    tiers = [
+        int(found.group(1)) * 1_000
+        for key in value
+        if (found := _PRICE_TIER.match(key)) is not None
+    ]
+    below = [tier for tier in tiers if tier < window]
+    return min(below) if below else None
 
 
 def _positive_int(value: Any) -> int | None:
@@ -47,7 +63,10 @@ class ModelMap:
             )
             provider = value.get("litellm_provider")
             entries[key.lower()] = MapEntry(
-                window, output, provider if isinstance(provider, str) else None
+                window,
+                output,
+                provider if isinstance(provider, str) else None,
+                price_tier(value, window),
             )
         return cls(entries)
 

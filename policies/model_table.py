@@ -83,6 +83,11 @@ DEFAULT = Facts(128_000, 8_192)
 
 # Families whose published "max input" is a limit on the prompt alone (the reply has its own).
 INPUT_ONLY_LIMIT = ("gpt-5*",)
+# Families whose longer window is opt-in per request: Anthropic gives Claude Sonnet 4 and 4.5
+# 1 000 000 tokens only with the `context-1m` beta, 200 000 without. Where litellm's map lists
+# the longer window for such a model and prices input above a tier (200 000) higher, the tier
+# is the model's window unless the request asks for the beta (`LimitsRegistry.resolve`).
+OPT_IN_LONG_CONTEXT = ("*claude*",)
 # Providers that limit input and output separately. Anthropic counts the prompt against the
 # window and `max_tokens` apart from it — except on models whose error says "input length and
 # `max_tokens` exceed context limit", which the retry stage then honours.

@@ -65,6 +65,7 @@ from policies.conversation import (
     pointer,
     snapped_count,
     strings_of,
+    text_tokens_for,
 )
 from policies.information import (
     SHORTENED,
@@ -527,10 +528,10 @@ class PruneToolResults:
         *,
         named: str | None = None,
     ) -> str:
-        """`text` (already lossless) cut to its relevant part. `at_most` bounds its tokens when
-        the caller knows it (its message's size): a text that cannot be over `max_text_tokens`
-        is not tokenized to find out. `named`: the key of the whole result, which a cut text
-        names (`shortened`)."""
+        """`text` (already lossless) cut to its relevant part. `at_most` bounds its tokens (the
+        encoding's) when the caller knows it (from its message's size): a text that cannot be
+        over `max_text_tokens` is not tokenized to find out. `named`: the key of the whole
+        result, which a cut text names (`shortened`)."""
         matched = matched_terms(text, terms)  # all a relevance cut depends on
         short = at_most is not None and at_most <= self.settings.max_text_tokens
         mode = ("lossy", short, matched, named)
@@ -828,13 +829,14 @@ class PruneToolResults:
 
         def edits(index: int, size: int, skip: set[str]) -> dict[str, str]:
             found: dict[str, str] = {}
+            most = text_tokens_for(size, meter)  # the message's texts have at most these
             for result in results[index]:
                 if result.call_id in skip:
                     continue
                 text = texts.get((index, result.call_id), result.text)
                 if (
                     not digest
-                    and size <= settings.max_text_tokens
+                    and most <= settings.max_text_tokens
                     and text.lstrip()[:1] not in ("{", "[")
                 ):
                     continue  # a short text: nothing to cut
@@ -843,7 +845,7 @@ class PruneToolResults:
                 if digest:
                     shrunk = self.digest_text(text, meter, terms, named=named)
                 else:
-                    shrunk = self.lossy_text(text, meter, terms, size, named=named)
+                    shrunk = self.lossy_text(text, meter, terms, most, named=named)
                 if shrunk != text:
                     found[result.call_id] = shrunk
             return found

@@ -2,7 +2,16 @@
 
 Encodings: `o200k_base` (gpt-4o, 4.1, 4.5, 5, o-series, unknown modern models), `cl100k_base`
 (gpt-4, gpt-3.5), and `claude` — Anthropic publishes no offline tokenizer, so Claude models are
-counted with o200k_base times a calibration factor (default 1.15, erring high).
+counted with o200k_base.
+
+Counts are made in the encoding's own tokens, and scaled once, by the request's *ratio*: the
+provider's tokens per token of the encoding (`policies.ratios` learns it per model from the
+providers' replies; before it has, the tokenizer's prior — `claude_factor` for Claude, 1 for
+the others). Every count the guard compares with a budget — items, the fixed cost, the byte
+bound — is scaled so (`ratio=`; None: the prior), each item's on its own (rounded up); the
+caches hold the encoding's counts, so a ratio learned later needs no recount. `raw_text`,
+`CounterMeter.tokens` and `CounterMeter.text_tokens` are in the encoding's tokens: a policy that
+cuts a text by its tokens converts (`policies.conversation.text_tokens_for`).
 
 What a message costs is each wire API's own rule (`policies.wires`), and so is the fixed cost
 outside the conversation (`Wire.fixed_tokens`); this module holds what they share: encodings,
@@ -44,6 +53,7 @@ CL100K = "cl100k_base"
 CLAUDE = "claude"
 TOKENIZERS = (O200K, CL100K, CLAUDE)
 DEFAULT_CLAUDE_FACTOR = 1.15
+RAW = 1.0  # the ratio of counts in the encoding's own tokens, unscaled
 
 PER_MESSAGE = 3
 PER_NAME = 1
@@ -160,12 +170,18 @@ class TokenCounter:
         for name in tokenizers:
             self.encoding(name).encode_ordinary("warm")
 
-    def scale(self, tokens: int, tokenizer: str) -> int:
-        return math.ceil(tokens * self.claude_factor) if tokenizer == CLAUDE else tokens
+    def prior(self, tokenizer: str) -> float:
+        """The ratio a tokenizer's counts are scaled by until one is learned for the model."""
+        return self.claude_factor if tokenizer == CLAUDE else 1.0
 
-    def text(self, text: str, tokenizer: str) -> int:
+    def _ratio(self, tokenizer: str, ratio: float | None) -> float:
+        return self.prior(tokenizer) if ratio is None else ratio
+
+    def text(self, text: str, tokenizer: str, ratio: float | None = None) -> int:
         """Tokens of a text (cached by content: a system prompt is counted again every turn)."""
-        return self.scale(self._counted(self._fixed, text, tokenizer), tokenizer) if text else 0
+        if not text:
+            return 0
+        return scaled(self._counted(self._fixed, text, tokenizer), self._ratio(tokenizer, ratio))
 
     def raw_text(self, text: str, tokenizer: str) -> int:
         """Tokens of a text in the encoding itself, before any calibration factor; cached by
@@ -187,14 +203,24 @@ class TokenCounter:
             cache[key] = counted
         return counted
 
-    def message(self, message: Mapping[str, Any], tokenizer: str, model: str, wire: Wire) -> int:
+    def message(
+        self,
+        message: Mapping[str, Any],
+        tokenizer: str,
+        model: str,
+        wire: Wire,
+        ratio: float | None = None,
+    ) -> int:
         """One item's tokens (cached by content), by the rule of the wire API it is written in."""
-        return self._message(message, f"{wire.name}:{tokenizer}:{model}", tokenizer, model, wire)
+        kind = f"{wire.name}:{tokenizer}:{model}"
+        raw = self._message(message, kind, tokenizer, model, wire)
+        return scaled(raw, self._ratio(tokenizer, ratio))
 
     def _message(
         self, message: Mapping[str, Any], kind: str, tokenizer: str, model: str, wire: Wire
     ) -> int:
-        """`message`, where `kind` is the cache's name for the wire, tokenizer and model."""
+        """`message` in the encoding's tokens, where `kind` is the cache's name for the wire,
+        tokenizer and model."""
         # In-process cache: Python's own hash of the serialized message (and its length) is
         # several times faster than a cryptographic digest, and collisions are negligible here.
         serialized = orjson.dumps(message)
@@ -211,28 +237,57 @@ class TokenCounter:
                 self.cache_hits += 1
                 return cached
             self.cache_misses += 1
-        raw = wire.message_tokens(message, self.encoding(tokenizer), model)
-        counted = self.scale(raw, tokenizer)
+        counted = wire.message_tokens(message, self.encoding(tokenizer), model)
         with self._lock:
             self._cache[key] = counted
         return counted
 
     def request(
-        self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str = ""
+        self,
+        wire: Wire,
+        body: Mapping[str, Any],
+        tokenizer: str,
+        model: str = "",
+        ratio: float | None = None,
     ) -> ChatCount:
         """A whole request of `wire`'s API: Σ item + its fixed cost + reply priming."""
+        ratio = self._ratio(tokenizer, ratio)
+        tools, response_format = self._outside(wire, body, tokenizer, model, ratio)
         return ChatCount(
-            messages=self.messages(wire.conversation(body), tokenizer, model, wire),
-            tools=wire.fixed_tokens(self, body, tokenizer, model),
-            response_format=self.response_format(wire, body, tokenizer),
+            messages=self.messages(wire.conversation(body), tokenizer, model, wire, ratio),
+            tools=tools,
+            response_format=response_format,
             priming=REPLY_PRIMING,
         )
 
+    def _outside(
+        self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str, ratio: float
+    ) -> tuple[int, int]:
+        """The fixed cost outside the conversation (`Wire.fixed_tokens`) and the reply's
+        schema, each scaled by `ratio`."""
+        fixed = scaled(wire.fixed_tokens(self, body, tokenizer, model), ratio)
+        return fixed, self.response_format(wire, body, tokenizer, ratio)
+
     def messages(
-        self, items: Iterable[Any], tokenizer: str, model: str, wire: Wire
+        self,
+        items: Iterable[Any],
+        tokenizer: str,
+        model: str,
+        wire: Wire,
+        ratio: float | None = None,
     ) -> tuple[int, ...]:
         """Each item's tokens (those that are objects), as `message` counts them: the cached
         ones looked up together, under one lock (a long session's turn is mostly cached)."""
+        raw = self._raw_messages(items, tokenizer, model, wire)
+        ratio = self._ratio(tokenizer, ratio)
+        if ratio == 1:
+            return raw
+        return tuple(scaled(count, ratio) for count in raw)
+
+    def _raw_messages(
+        self, items: Iterable[Any], tokenizer: str, model: str, wire: Wire
+    ) -> tuple[int, ...]:
+        """`messages` in the encoding's tokens."""
         kind = f"{wire.name}:{tokenizer}:{model}"
         keyed: list[tuple[Mapping[str, Any], MessageKey]] = []
         for item in items:
@@ -251,17 +306,28 @@ class TokenCounter:
             for (item, key), count in zip(keyed, found, strict=True)
         )
 
-    def fixed(self, wire: Wire, body: Mapping[str, Any], tokenizer: str, model: str = "") -> int:
+    def fixed(
+        self,
+        wire: Wire,
+        body: Mapping[str, Any],
+        tokenizer: str,
+        model: str = "",
+        ratio: float | None = None,
+    ) -> int:
         """Everything of a request but its conversation: what `request` counts besides the items."""
-        fixed = wire.fixed_tokens(self, body, tokenizer, model)
-        return fixed + self.response_format(wire, body, tokenizer) + REPLY_PRIMING
+        fixed, response_format = self._outside(
+            wire, body, tokenizer, model, self._ratio(tokenizer, ratio)
+        )
+        return fixed + response_format + REPLY_PRIMING
 
-    def response_format(self, wire: Wire, body: Mapping[str, Any], tokenizer: str) -> int:
+    def response_format(
+        self, wire: Wire, body: Mapping[str, Any], tokenizer: str, ratio: float | None = None
+    ) -> int:
         """Tokens of the schema the reply must follow (as its JSON), if the request gives one."""
         schema = wire.response_schema(body)
-        return self.text(as_text(schema), tokenizer) if schema is not None else 0
+        return self.text(as_text(schema), tokenizer, ratio) if schema is not None else 0
 
-    def tools(self, tools: Iterable[Any], tokenizer: str) -> int:
+    def tools(self, tools: Iterable[Any], tokenizer: str, ratio: float | None = None) -> int:
         """Tool definitions by OpenAI's accounting (cached by their JSON)."""
         definitions = [t.get("function", t) for t in tools if isinstance(t, Mapping)]
         if not definitions:
@@ -270,12 +336,11 @@ class TokenCounter:
         key = (f"tools:{tokenizer}", len(serialized), hash(serialized))
         with self._lock:
             cached = self._fixed.get(key)
-        if cached is not None:
-            return cached
-        counted = self.scale(self._tools_raw(definitions, tokenizer), tokenizer)
-        with self._lock:
-            self._fixed[key] = counted
-        return counted
+        if cached is None:
+            cached = self._tools_raw(definitions, tokenizer)
+            with self._lock:
+                self._fixed[key] = cached
+        return scaled(cached, self._ratio(tokenizer, ratio))
 
     def _tools_raw(self, definitions: Sequence[Mapping[str, Any]], tokenizer: str) -> int:
         count = token_count(self.encoding(tokenizer))
@@ -310,17 +375,31 @@ class TokenCounter:
             tokens += count(rest)
         return tokens
 
-    def upper_bound(self, raw: bytes, body: Mapping[str, Any], tokenizer: str, wire: Wire) -> int:
-        """A bound no exact count can exceed, without tokenizing: every token is at least one
-        byte of the text, and all text is inside the body's bytes. What costs more than its
-        bytes: reply priming and each item's overhead (its role and separators), here; what else
-        (tool calls, images, documents, tool definitions) the wire adds."""
+    def upper_bound(
+        self,
+        raw: bytes,
+        body: Mapping[str, Any],
+        tokenizer: str,
+        wire: Wire,
+        ratio: float | None = None,
+    ) -> int:
+        """A bound no exact count (at the same `ratio`) can exceed, without tokenizing: every
+        token is at least one byte of the text, and all text is inside the body's bytes. What
+        costs more than its bytes: reply priming and each item's overhead (its role and
+        separators), here; what else (tool calls, images, documents, tool definitions) the wire
+        adds."""
         items = 0
         for item in wire.conversation(body):
             if type(item) is dict or isinstance(item, Mapping):
                 items += 1
         overhead = REPLY_PRIMING + (PER_MESSAGE + PER_NAME) * items + wire.bound_overhead(body)
-        return self.scale(len(raw) + overhead, tokenizer)
+        return scaled(len(raw) + overhead, self._ratio(tokenizer, ratio))
+
+
+def scaled(tokens: int, ratio: float) -> int:
+    """`tokens` of the encoding in the provider's tokens, at `ratio`: rounded up (float noise
+    first rounded away, so 1 000 × 1.1 is 1 100, not 1 101)."""
+    return tokens if ratio == 1 else math.ceil(round(tokens * ratio, 6))
 
 
 def tool_definitions_bound(definitions: Iterable[Any]) -> int:
@@ -343,14 +422,22 @@ def tool_definitions_bound(definitions: Iterable[Any]) -> int:
 
 
 class CounterMeter:
-    """A `TokenCounter` bound to one request's tokenizer, model and wire API (the policies'
-    `Meter`)."""
+    """A `TokenCounter` bound to one request's tokenizer, model, wire API and ratio (the
+    policies' `Meter`; `ratio` None: the tokenizer's prior)."""
 
-    def __init__(self, counter: TokenCounter, tokenizer: str, model: str, wire: Wire) -> None:
+    def __init__(
+        self,
+        counter: TokenCounter,
+        tokenizer: str,
+        model: str,
+        wire: Wire,
+        ratio: float | None = None,
+    ) -> None:
         self.counter = counter
         self.tokenizer = tokenizer
         self.model = model
         self.wire = wire
+        self.ratio = counter.prior(tokenizer) if ratio is None else ratio
         self._encoding = counter.encoding(tokenizer)
         self._kind = f"{wire.name}:{tokenizer}:{model}"  # the counter's name for all three
 
@@ -360,14 +447,15 @@ class CounterMeter:
         return self.counter.raw_text(text, self.tokenizer)
 
     def message(self, message: Any) -> int:
-        return self.counter._message(message, self._kind, self.tokenizer, self.model, self.wire)
+        raw = self.counter._message(message, self._kind, self.tokenizer, self.model, self.wire)
+        return scaled(raw, self.ratio)
 
     def messages(self, messages: Sequence[Any]) -> tuple[int, ...]:
         """`message` of each, the cached counts looked up together (`TokenCounter.messages`):
         a long session is counted whole at every compression, mostly from the cache."""
         if any(type(message) is not dict for message in messages):
             return tuple(map(self.message, messages))
-        return self.counter.messages(messages, self.tokenizer, self.model, self.wire)
+        return self.counter.messages(messages, self.tokenizer, self.model, self.wire, self.ratio)
 
     def tokens(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)
@@ -377,4 +465,4 @@ class CounterMeter:
 
     def fixed(self, body: Mapping[str, Any]) -> int:
         """Everything but the conversation: system prompt, tool definitions, reply priming."""
-        return self.counter.fixed(self.wire, body, self.tokenizer, self.model)
+        return self.counter.fixed(self.wire, body, self.tokenizer, self.model, self.ratio)

@@ -25,6 +25,7 @@ from policies.conversation import (
     archive_key,
     facts,
     last_request,
+    text_tokens_for,
 )
 from policies.prune import cut_middle
 
@@ -74,9 +75,11 @@ class Truncate:
                 continue
             tokens = meter.tokens(text)
             key = archive_key(text)
-            # The marker's own tokens (with a count as long as it can get) are cut too.
+            # The marker's own tokens (with a count as long as it can get) are cut too; the
+            # excess is in the provider's tokens, the text's are the encoding's.
             allowance = meter.text_tokens(marker(len(tokens), key)) + MARKER_SLACK
-            keep = max(self.settings.min_keep_tokens, len(tokens) - excess - allowance)
+            removing = text_tokens_for(excess, meter) + allowance
+            keep = max(self.settings.min_keep_tokens, len(tokens) - removing)
             if keep >= len(tokens):
                 continue
             cut, removed = cut_middle(

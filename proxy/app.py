@@ -47,6 +47,7 @@ from middleware.summarize import (
 )
 from middleware.telemetry import ModelLabels, StatusBoard, Tally
 from policies.limits import LimitsRegistry
+from policies.ratios import TokenRatios
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import wire_for_path
 from policies.wires.chat import CHAT
@@ -369,10 +370,12 @@ def build_services(
     rates: RateCounts | None = None
     if config.server.rate_limited:
         rates = LocalRates() if link is None else RedisRates(link, LocalRates())
+    ratios = TokenRatios()
     return Services(
         upstreams=upstreams,
         limits=limits,
         counter=counter,
+        ratios=ratios,
         telemetry=providers.telemetry,
         status=status,
         shared=build_shared(
@@ -380,6 +383,7 @@ def build_services(
             link,
             limits,
             status,
+            ratios,
             group=group,
             skipped=lambda record: skipped.add(1, {"record": record}),
         ),
@@ -421,13 +425,15 @@ def build_shared(
     link: RedisLink | None,
     limits: LimitsRegistry,
     status: StatusBoard,
+    ratios: TokenRatios | None = None,
     *,
     group: WorkerGroup | None = None,
     skipped: Callable[[str], None] | None = None,
 ) -> SharedState:
-    """Learned limits, loop counts and status: through Redis when there is a link (it closes
-    it), else this process's own (the learned limits shared with the other workers of its
-    `group`, if it has one). `skipped(record)` counts shared records left out as malformed."""
+    """Learned limits and token ratios, loop counts and status: through Redis when there is a
+    link (it closes it), else this process's own (the learned limits shared with the other
+    workers of its `group`, if it has one). `skipped(record)` counts shared records left out as
+    malformed."""
     if link is None:
         return LocalState(
             status,
@@ -443,6 +449,8 @@ def build_shared(
         refresh_s=config.cache.refresh_s,
         loop_limit=config.guard.loop_limit,
         skipped=skipped,
+        ratios=ratios if config.guard.learn_token_ratios else None,
+        upstreams=config.upstreams,
     )
 
 

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from policies.wires import WIRES
 from proxy.config import BrimConfig, ConfigError, describe_config, load_config, parse_workers
@@ -22,10 +22,14 @@ from proxy.inspect import (
     read_request,
     render_inspection,
     render_models,
+    wire_named,
 )
 from proxy.launcher import add_command as add_run_command
 from proxy.listen import CannotListen, listen_error
 from proxy.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, chosen, configure_logging
+
+if TYPE_CHECKING:
+    from policies.ratios import TokenRatios
 
 DEFAULT_CONFIG = "proxy.toml"
 
@@ -112,12 +116,43 @@ def find_config(explicit: str | None) -> str | None:
     return DEFAULT_CONFIG if Path(DEFAULT_CONFIG).is_file() else None
 
 
+def shared_ratios(config: BrimConfig) -> TokenRatios:
+    """The token ratios the brims on `[cache] url` learned (checked as a running brim checks
+    them); none without a url, or when Redis does not answer (said on stderr)."""
+    from middleware.shared import RedisLink, SharedRatios, Unavailable
+    from policies.ratios import TokenRatios
+
+    ratios = TokenRatios()
+    cache = config.cache
+    if not cache.url:
+        return ratios
+
+    async def read() -> None:
+        link = RedisLink(cache.url or "", timeout_s=cache.timeout_s, retry_s=cache.retry_s)
+        try:
+            await SharedRatios(link, ratios, config.upstreams).pull()
+        except Unavailable:
+            print("brim: Redis did not answer: no learned token ratios shown", file=sys.stderr)
+        finally:
+            await link.aclose()
+
+    asyncio.run(read())
+    return ratios
+
+
 def inspect(args: argparse.Namespace) -> int:
+    from adapters.errors import NoRoute
     from proxy.app import build_services
 
     config = _load(args.config)
     services = build_services(config)
     body = read_request(args.request)
+    wire = wire_named(args.api, body)
+    model = args.model or body.get("model")
+    try:
+        upstream = services.upstreams.route(str(model or ""), wire.name)
+    except NoRoute:
+        upstream = None
     report = inspect_request(
         config,
         services.limits,
@@ -126,6 +161,8 @@ def inspect(args: argparse.Namespace) -> int:
         model=args.model,
         user_agent=args.user_agent or "",
         api=args.api,
+        ratios=shared_ratios(config),
+        upstream=upstream,
     )
     if args.json:
         print(json.dumps(report, indent=2, ensure_ascii=False))
@@ -135,9 +172,12 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
+    from policies.tokens import TokenCounter
     from proxy.app import build_limits
 
-    rows = model_rows(build_limits(_load(args.config)), args.pattern)
+    config = _load(args.config)
+    counter = TokenCounter(claude_factor=config.guard.claude_token_factor)
+    rows = model_rows(build_limits(config), args.pattern, counter, shared_ratios(config))
     print(json.dumps(rows, indent=2) if args.json else render_models(rows))
     return 0
 

@@ -1,4 +1,5 @@
-"""`brim inspect` and `brim models`: what brim knows about a request or a model, offline."""
+"""`brim inspect` and `brim models`: what brim knows about a request or a model, offline (the
+token ratios learned by the brims on `[cache] url` aside, which the command reads first)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from policies.budget import budget_for, requested_output
 from policies.clients import match_client
 from policies.compress import build_policies
 from policies.limits import LimitsRegistry, ResolvedLimits
-from policies.tokens import CLAUDE, TokenCounter
+from policies.ratios import TokenRatios
+from policies.tokens import TokenCounter
 from policies.wires import WIRES, wire_of_body
 from policies.wires.base import Wire
 from proxy.config import BrimConfig
@@ -69,6 +71,20 @@ def limits_report(resolved: ResolvedLimits) -> dict[str, Any]:
     }
 
 
+def ratio_report(
+    resolved: ResolvedLimits, counter: TokenCounter, ratios: TokenRatios
+) -> dict[str, Any]:
+    """How brim scales its counts for the model: the tokenizer's prior, and the ratios learned
+    from each upstream's replies (`policies.ratios`), which replace it for that upstream."""
+    limits = resolved.limits
+    learned = [
+        {"upstream": upstream, "ratio": round(ratio.value, 4), "replies": ratio.replies}
+        for (upstream, model), ratio in sorted(ratios.learned().items())
+        if model == limits.model
+    ]
+    return {"prior": counter.prior(limits.tokenizer), "learned": learned}
+
+
 def inspect_request(
     config: BrimConfig,
     registry: LimitsRegistry,
@@ -78,9 +94,13 @@ def inspect_request(
     model: str | None = None,
     user_agent: str = "",
     api: str | None = None,
+    ratios: TokenRatios | None = None,
+    upstream: str | None = None,
 ) -> dict[str, Any]:
     """What brim knows and would do about a request of any wire API (`api`, or guessed from the
-    body's shape); Gemini bodies carry no model, so `model` names it."""
+    body's shape); Gemini bodies carry no model, so `model` names it. Counted at the ratio
+    learned for the model on `upstream` (the one the request routes to), if `ratios` has one,
+    else at its tokenizer's prior."""
     wire = wire_named(api, body)
     model_id = model or body.get("model")
     if not isinstance(model_id, str) or not model_id:
@@ -94,7 +114,12 @@ def inspect_request(
         cli_overhead=client[1].overhead if client else None,
     )
     tokenizer = resolved.limits.tokenizer
-    count = counter.request(wire, body, tokenizer, resolved.limits.model)
+    prior = counter.prior(tokenizer)
+    learned = None
+    if ratios is not None and upstream is not None:
+        learned = ratios.get(upstream, resolved.limits.model)
+    ratio = prior if learned is None else learned.value
+    count = counter.request(wire, body, tokenizer, resolved.limits.model, ratio)
     raw = orjson.dumps(body)
     items = [item for item in wire.conversation(body) if isinstance(item, Mapping)]
     return {
@@ -120,12 +145,17 @@ def inspect_request(
             "response_format": count.response_format,
             "priming": count.priming,
             "total": count.total,
-            "upper_bound": counter.upper_bound(raw, body, tokenizer, wire),
-            "claude_factor": counter.claude_factor if tokenizer == CLAUDE else None,
+            "upper_bound": counter.upper_bound(raw, body, tokenizer, wire, ratio),
+            "ratio": {
+                "value": round(ratio, 4),
+                "learned_from": None
+                if learned is None
+                else {"upstream": upstream, "replies": learned.replies},
+            },
         },
         "api": wire.name,
         "fits": budget.fits(count.total),
-        "guard": guard_report(config, counter, body, resolved, budget.effective, wire),
+        "guard": guard_report(config, counter, body, resolved, budget.effective, wire, ratio),
     }
 
 
@@ -136,9 +166,10 @@ def guard_report(
     resolved: ResolvedLimits,
     limit: int,
     wire: Wire,
+    ratio: float | None = None,
 ) -> dict[str, Any]:
     """What the guard would do to this request, as `brim serve` is configured (offline: no
-    provider count, no summaries)."""
+    provider count, no summaries), counting at `ratio`."""
     guard = config.guard
     outcome = guard_outcome(
         counter,
@@ -150,6 +181,7 @@ def guard_report(
         limit,
         low_water=summary_low_water(guard.low_water, summarizing=config.summarize.enabled),
         repair=guard.repair_pairs,
+        ratio=ratio,
     )
     return {
         "enabled": guard.enabled,
@@ -174,8 +206,15 @@ def render_inspection(report: Mapping[str, Any], source: str) -> str:
     limits, budget, tokens = report["limits"], report["budget"], report["tokens"]
     sources = limits["sources"]
     tokenizer = limits["tokenizer"]
-    if tokens["claude_factor"]:
-        tokenizer = f"claude (o200k_base × {tokens['claude_factor']:g}, calibrated estimate)"
+    ratio, learned = tokens["ratio"]["value"], tokens["ratio"]["learned_from"]
+    encoding = "o200k_base" if tokenizer == "claude" else tokenizer
+    if learned:
+        tokenizer += (
+            f" ({encoding} × {ratio:g}, learned from {learned['replies']} replies"
+            f" of upstream {learned['upstream']})"
+        )
+    elif ratio != 1:
+        tokenizer += f" ({encoding} × {ratio:g}, an estimate)"
     cli = f", CLI {limits['cli']}" if limits["cli"] else ""
     counts = "yes" if limits["output_counts_against_window"] else "no"
     asks = budget["requested_output"]
@@ -238,30 +277,56 @@ def render_inspection(report: Mapping[str, Any], source: str) -> str:
     return "\n".join(lines)
 
 
-def model_rows(registry: LimitsRegistry, pattern: str | None) -> list[dict[str, Any]]:
+def model_rows(
+    registry: LimitsRegistry,
+    pattern: str | None,
+    counter: TokenCounter | None = None,
+    ratios: TokenRatios | None = None,
+) -> list[dict[str, Any]]:
     """Resolved limits of the configured and built-in ids, or of every known id matching
-    `pattern` (a glob; a plain word matches anywhere in the id)."""
+    `pattern` (a glob; a plain word matches anywhere in the id), each with the ratio brim
+    counts it at (`ratio_report`) and, first, the ids `ratios` learned a ratio for."""
+    counter = counter or TokenCounter()
+    ratios = ratios or TokenRatios()
+    measured = sorted({model for _, model in ratios.learned()})
     if pattern is None:
-        ids = [*registry.configured, *sorted(registry.learned), *model_table.CLI_MODELS]
+        ids = [*measured, *registry.configured, *sorted(registry.learned), *model_table.CLI_MODELS]
     else:
         glob = pattern.lower() if any(c in pattern for c in "*?[") else f"*{pattern.lower()}*"
-        ids = [i for i in registry.known_ids() if fnmatch.fnmatchcase(i, glob)]
+        known = [*measured, *registry.known_ids()]
+        ids = [i for i in known if fnmatch.fnmatchcase(i, glob)]
         if not ids:
             ids = [pattern]  # not a known id: show how it resolves
-    return [limits_report(registry.resolve(model_id)) for model_id in dict.fromkeys(ids)]
+    rows = []
+    for model_id in dict.fromkeys(ids):
+        resolved = registry.resolve(model_id)
+        rows.append(
+            {**limits_report(resolved), "token_ratio": ratio_report(resolved, counter, ratios)}
+        )
+    return rows
 
 
 def render_models(rows: list[dict[str, Any]]) -> str:
     header = (
-        f"{'model':<44} {'window':>10} {'max out':>9}  {'out/win':<7} {'tokenizer':<12} sources"
+        f"{'model':<44} {'window':>10} {'max out':>9}  {'out/win':<7} {'tokenizer':<12} "
+        f"{'ratio':<7} sources"
     )
     lines = [header, "-" * len(header)]
     for row in rows:
         sources = row["sources"]
         overhead = f"; CLI overhead {_n(row['cli_overhead'])}" if row["cli_overhead"] else ""
+        ratio = row["token_ratio"]
+        learned = ratio["learned"]
+        shown = learned[0]["ratio"] if learned else ratio["prior"]
+        how = "; ".join(
+            f"×{each['ratio']:g} learned from {each['replies']} replies of {each['upstream']}"
+            for each in learned
+        )
         lines.append(
             f"{row['model']:<44} {_n(row['context_window']):>10} {_n(row['max_output']):>9}  "
             f"{'yes' if row['output_counts_against_window'] else 'no':<7} {row['tokenizer']:<12} "
-            f"window: {sources['context_window']}, max out: {sources['max_output']}{overhead}"
+            f"{'×' + format(shown, '.3g'):<7} "
+            f"window: {sources['context_window']}, max out: {sources['max_output']}, "
+            f"ratio: {how or 'prior'}{overhead}"
         )
     return "\n".join(lines)

@@ -106,7 +106,8 @@ def _clock(t: float) -> str:
 
 def render_status(status: dict[str, Any], url: str) -> str:
     """The dashboard's figures: totals, usage per model and client, the overflow timeline,
-    tokens removed per policy, learned limits, the loop guard and the recent events."""
+    tokens removed per policy, learned limits and token ratios, the loop guard and the recent
+    events."""
     totals = status.get("totals") or {}
     removed = status.get("tokens_removed") or {}
     instances = status.get("instances")
@@ -185,6 +186,22 @@ def render_status(status: dict[str, Any], url: str) -> str:
                 for fact in status.get("learned") or []
             ],
             empty="nothing learned from providers yet",
+        ),
+        "",
+        "Token ratios (the provider's input tokens per token of brim's count)",
+        *table(
+            ("model", "upstream", "ratio", "replies", "updated"),
+            [
+                (
+                    ratio.get("model"),
+                    ratio.get("upstream"),
+                    f"× {ratio.get('ratio', 0):.3f}",
+                    f"{ratio.get('replies', 0):,}",
+                    f"{duration(ratio.get('updated_s_ago') or 0)} ago",
+                )
+                for ratio in status.get("token_ratios") or []
+            ],
+            empty="no usage reported yet",
         ),
         "",
     ]

@@ -57,6 +57,7 @@ from tests.scripted_provider import ScriptedProvider, tool_names, tool_uses
 pytestmark = pytest.mark.timeout(600)
 
 CLI_TIMEOUT_S = 60
+ADMIN = "real-clis-admin-key-0123456789"
 READS = 6  # big files the fake has the CLI read: far more than the window holds
 FINAL = "All six notes are read: the answer is FINAL-7f3a."
 RESTORED = "With the first notes file fetched back, the answer is RESTORED-5d2c."
@@ -262,6 +263,7 @@ class Run:
     work: Path
     received: list[Seen]  # every request brim received from the CLI
     metrics: str  # brim's /metrics once it had answered them all
+    token_ratios: list[dict[str, Any]]  # /admin/status's, then
 
     def report(self) -> str:
         calls = [(c.api, c.tokens, c.reply) for c in self.fake.calls]
@@ -312,6 +314,7 @@ def drive(
     runners: list[Any] = []
     received: list[Seen] = []
     answered: list[Seen] = []
+    monkeypatch.setenv("REAL_CLIS_ADMIN_KEYS", ADMIN)
 
     @web.middleware
     async def recorded(request: web.Request, handler: Any) -> web.StreamResponse:
@@ -356,6 +359,7 @@ def drive(
             **{
                 "models": {cli.model: {"context_window": cli.window, "max_output": 2_000}},
                 "audit": {"path": str(audit)},
+                "server": {"admin_keys_env": "REAL_CLIS_ADMIN_KEYS"},
                 **sections,
             },
         )
@@ -384,6 +388,7 @@ def drive(
         seconds = time.monotonic() - started
         wait_for(lambda: len(answered) == len(received))  # brim has counted every request
         metrics = httpx.get(f"{base}/metrics").text
+        status = httpx.get(f"{base}/admin/status", headers={"x-brim-admin-key": ADMIN}).json()
         loop_thread.run(runners.pop().cleanup())  # brim: every request done and audited
         events = (
             [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
@@ -397,8 +402,9 @@ def drive(
             events,
             home,
             work,
-            [s for s in received if s.path != "/metrics"],
+            [s for s in received if s.path not in ("/metrics", "/admin/status")],
             metrics,
+            status["token_ratios"],
         )
 
     yield run
@@ -447,6 +453,14 @@ def check_session(cli: Cli, run: Run) -> None:
     # The session grew past the window.
     compressed = [e for e in run.audit if e["outcome"] == "compressed"]
     assert max(e["tokens_in"] for e in compressed) > cli.window, report
+
+    # brim learned the model's token ratio from the usage in the provider's replies to the
+    # CLI's requests: the fake counts as brim does (o200k_base; Messages: brim's Claude
+    # estimate, 1.15 × o200k_base, each message rounded up), so that is the ratio.
+    (ratio,) = [r for r in run.token_ratios if r["model"] == cli.model]
+    assert ratio["replies"] >= READS, (ratio, report)
+    low, high = (1.15, 1.2) if cli.api == "messages" else (1.0, 1.0)
+    assert low <= ratio["ratio"] <= high, (ratio, report)
 
 
 def holding(home: Path, needle: str) -> list[Path]:

@@ -342,8 +342,9 @@ class Wire(Protocol):
     def fixed_tokens(
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
     ) -> int:
-        """The cost outside the conversation (system prompt, tool definitions), scaled.
-        `TokenCounter.request` adds the items, the reply's schema and the reply priming."""
+        """The cost outside the conversation (system prompt, tool definitions), in the raw
+        encoding (`TokenCounter.request` scales it, and adds the items, the reply's schema and
+        the reply priming)."""
         ...
 
     def response_schema(self, body: Mapping[str, Any]) -> Any:

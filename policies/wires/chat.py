@@ -32,6 +32,7 @@ from policies.tokens import (
     PER_MESSAGE,
     PER_NAME,
     PER_TOOL_CALL,
+    RAW,
     as_text,
     token_count,
     tool_definitions_bound,
@@ -649,7 +650,7 @@ class ChatWire(FieldConversation, ModelInBody):
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
     ) -> int:
         definitions = _definitions(body)
-        return counter.tools(definitions, tokenizer) if definitions else 0
+        return counter.tools(definitions, tokenizer, RAW) if definitions else 0
 
     def response_schema(self, body: Mapping[str, Any]) -> Any:
         response_format = body.get("response_format")

@@ -18,7 +18,7 @@ from typing_extensions import TypedDict
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import GEMINI_IMAGE_TOKENS
-from policies.tokens import PER_MESSAGE, PER_TOOL_CALL, as_text, token_count
+from policies.tokens import PER_MESSAGE, PER_TOOL_CALL, RAW, as_text, token_count
 from policies.wires.base import (
     NO_RESULT,
     BodyError,
@@ -538,9 +538,9 @@ class GeminiWire(FieldConversation):
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
     ) -> int:
         system = body.get("systemInstruction") or body.get("system_instruction") or {}
-        fixed = counter.text(as_text(system), tokenizer) if system else 0
+        fixed = counter.text(as_text(system), tokenizer, RAW) if system else 0
         if body.get("tools"):
-            fixed += counter.text(as_text(body["tools"]), tokenizer)
+            fixed += counter.text(as_text(body["tools"]), tokenizer, RAW)
         return fixed
 
     def response_schema(self, body: Mapping[str, Any]) -> Any:

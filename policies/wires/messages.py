@@ -20,7 +20,14 @@ from typing_extensions import TypedDict
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import ANTHROPIC_MAX_IMAGE_TOKENS, anthropic_image_tokens, pdf_tokens
-from policies.tokens import ANTHROPIC_TOOL_PROMPT, PER_MESSAGE, PER_TOOL_CALL, as_text, token_count
+from policies.tokens import (
+    ANTHROPIC_TOOL_PROMPT,
+    PER_MESSAGE,
+    PER_TOOL_CALL,
+    RAW,
+    as_text,
+    token_count,
+)
 from policies.wires.base import (
     NO_RESULT,
     BodyError,
@@ -809,12 +816,14 @@ class MessagesWire(FieldConversation, ModelInBody):
     ) -> int:
         tools = [t for t in body.get("tools") or [] if isinstance(t, Mapping)]
         tokens = sum(
-            counter.text(as_text({k: v for k, v in t.items() if k != "cache_control"}), tokenizer)
+            counter.text(
+                as_text({k: v for k, v in t.items() if k != "cache_control"}), tokenizer, RAW
+            )
             for t in tools
         )
         if tools:
-            tokens += counter.scale(ANTHROPIC_TOOL_PROMPT, tokenizer)
-        return tokens + counter.text(_system_text(body.get("system")), tokenizer)
+            tokens += ANTHROPIC_TOOL_PROMPT
+        return tokens + counter.text(_system_text(body.get("system")), tokenizer, RAW)
 
     def response_schema(self, body: Mapping[str, Any]) -> Any:
         return None

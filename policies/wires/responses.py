@@ -19,7 +19,7 @@ from typing_extensions import TypedDict
 
 from policies.conversation import Dialect, ToolResult, Unit
 from policies.images import MAX_IMAGE_TOKENS, image_tokens
-from policies.tokens import PER_MESSAGE, token_count, tool_definitions_bound
+from policies.tokens import PER_MESSAGE, RAW, token_count, tool_definitions_bound
 from policies.wires.base import (
     NO_RESULT,
     UNIT_KINDS,
@@ -585,8 +585,8 @@ class ResponsesWire(FieldConversation, ModelInBody):
     def fixed_tokens(
         self, counter: TokenCounter, body: Mapping[str, Any], tokenizer: str, model: str
     ) -> int:
-        fixed = counter.text(str(body.get("instructions") or ""), tokenizer)
-        return fixed + counter.tools(_definitions(body), tokenizer)
+        fixed = counter.text(str(body.get("instructions") or ""), tokenizer, RAW)
+        return fixed + counter.tools(_definitions(body), tokenizer, RAW)
 
     def response_schema(self, body: Mapping[str, Any]) -> Any:
         return None

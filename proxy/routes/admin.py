@@ -96,7 +96,19 @@ async def status(request: web.Request) -> web.Response:
     services = request.app[SERVICES]
     snapshot = await services.shared.status()  # every instance's, with [cache] url
     snapshot["learned_limits"] = services.limits.learned
+    now = time.time()
     snapshot["learned"] = learned_rows(services.limits, services.limits.learned_facts())
+    # Each model's ratio of its provider's input tokens to brim's count, learned from usage.
+    snapshot["token_ratios"] = [
+        {
+            "upstream": upstream,
+            "model": model,
+            "ratio": round(ratio.value, 4),
+            "replies": ratio.replies,
+            "updated_s_ago": round(max(0.0, now - ratio.updated)),
+        }
+        for (upstream, model), ratio in sorted(services.ratios.learned().items())
+    ]
     guard = request.app[CONFIG].guard
     snapshot["loop_guard"] = loop_status(
         services.shared.loops, limit=guard.loop_limit, window_s=guard.loop_window_s

@@ -87,6 +87,7 @@ function render(status) {
   renderTimeline(series, span);
   renderRemoved(status.tokens_removed || {});
   renderLearned(status.learned || []);
+  renderRatios(status.token_ratios || []);
   renderLoops(status.loop_guard || { limit: 0, blocked: [] }, status.totals || {});
   renderEvents(status.recent_events || []);
 }
@@ -241,6 +242,13 @@ function renderLearned(learned) {
     el("tr", {}, el("td", {}, fact.model), el("td", {}, fact.kind === "window" ? `window ${number(fact.value)}` : "output counts against the window"), el("td", {}, duration(fact.expires_in_s))),
   );
   fillTable("learned", rows, "nothing learned from providers yet");
+}
+
+function renderRatios(ratios) {
+  const rows = ratios.map((r) =>
+    el("tr", { "data-model": r.model }, el("td", {}, r.model), el("td", {}, r.upstream), el("td", { class: "num" }, `× ${r.ratio.toFixed(3)}`), el("td", { class: "num" }, number(r.replies)), el("td", {}, `${duration(r.updated_s_ago)} ago`)),
+  );
+  fillTable("ratios", rows, "no usage reported yet: brim counts with its tokenizers' own factors");
 }
 
 function renderLoops(guard, totals) {

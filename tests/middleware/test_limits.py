@@ -50,9 +50,11 @@ class RecordingCounter(TokenCounter):
         super().__init__()
         self.threads: list[threading.Thread] = []
 
-    def request(self, wire: Any, body: Any, tokenizer: str, model: str = "") -> ChatCount:
+    def request(
+        self, wire: Any, body: Any, tokenizer: str, model: str = "", ratio: float | None = None
+    ) -> ChatCount:
         self.threads.append(threading.current_thread())
-        return super().request(wire, body, tokenizer, model)
+        return super().request(wire, body, tokenizer, model, ratio)
 
 
 class Capture:

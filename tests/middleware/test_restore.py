@@ -320,7 +320,14 @@ def through(loop_thread: LoopThread) -> Iterator[Callable[..., tuple[str, Restor
         fake = Restoring(script=script)
         runner, url = loop_thread.run(start_app(fake.app()))
         runners.append(runner)
-        config = brim_config(url, upstream={"native_count": False}, restore=restore)
+        # The scripted turns report a fixed usage (T1, …), not a count of the request: no
+        # token ratio is learned from them (it would change how the next request is cut).
+        config = brim_config(
+            url,
+            upstream={"native_count": False},
+            restore=restore,
+            guard={"learn_token_ratios": False},
+        )
         brim = loop_thread.run(start(config, "127.0.0.1", 0))
         runners.append(brim)
         return f"http://127.0.0.1:{bound_port(brim)}", fake

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
+import orjson
 import pytest
 
 from middleware.shared import (
     BLOCKED_KEY,
     LEARNED_KEY,
+    RATIOS_KEY,
     LocalLoops,
     LocalState,
     RedisLink,
@@ -22,6 +25,7 @@ from middleware.shared import (
 )
 from middleware.telemetry import StatusBoard
 from policies.limits import Learned, LimitSource, LimitsRegistry
+from policies.ratios import TokenRatios
 from tests.conftest import RedisServer
 from tests.fakes import free_port
 
@@ -37,7 +41,8 @@ class Clock:
 
 
 def state(url: str, *, limit: int = 3, refresh_s: float = 60, **link: Any) -> RedisState:
-    """A process's shared state on `url` (nothing runs in the background: tests call sync)."""
+    """A process's shared state on `url` (nothing runs in the background: tests call sync),
+    learning token ratios for the upstreams "up" and "other"."""
     board = StatusBoard()
     return RedisState(
         RedisLink(url, **link),
@@ -45,6 +50,8 @@ def state(url: str, *, limit: int = 3, refresh_s: float = 60, **link: Any) -> Re
         LimitsRegistry(),
         refresh_s=refresh_s,
         loop_limit=limit,
+        ratios=TokenRatios(),
+        upstreams=["up", "other"],
     )
 
 
@@ -223,6 +230,63 @@ async def test_learned_limits_are_shared_the_newest_wins_and_a_restart_is_writte
     assert third.limits.registry.learned == {"gpt-4o": 50_000}
     for each in (first, second, third):
         await each.aclose()
+
+
+def ratios_of(shared: RedisState) -> TokenRatios:
+    assert shared.ratios is not None
+    return shared.ratios.ratios
+
+
+async def test_token_ratios_are_shared_and_the_later_learning_wins(
+    redis_server: RedisServer,
+) -> None:
+    first, second = state(redis_server.url), state(redis_server.url)
+    for _ in range(3):
+        ratios_of(first).observe("up", "gemini-2.5-flash", 1.0, 5_000, 7_500)
+    learned = ratios_of(first).get("up", "gemini-2.5-flash")
+    assert learned is not None and learned.replies == 3
+    await first.sync()  # written
+    await second.sync()  # adopted
+    assert ratios_of(second).get("up", "gemini-2.5-flash") == learned
+    assert ratios_of(second).ratio("up", "gemini-2.5-flash", 1.0) == round(learned.value, 2)
+    ratios_of(second).observe("up", "gemini-2.5-flash", 1.0, 5_000, 7_500)  # later: it wins
+    await second.sync()
+    await first.sync()
+    assert ratios_of(first).get("up", "gemini-2.5-flash") == ratios_of(second).get(
+        "up", "gemini-2.5-flash"
+    )
+    assert await first.link.run(lambda client: client.ttl(RATIOS_KEY)) > 0
+    for each in (first, second):
+        await each.aclose()
+
+
+async def test_token_ratios_read_from_redis_are_checked_first(redis_server: RedisServer) -> None:
+    """Redis is trusted no more than a reply: a ratio out of bounds, from the future, forgotten
+    or malformed is dropped, never adopted; one for an upstream this brim lacks (another
+    configuration's) is left alone."""
+    shared = state(redis_server.url)
+    now = time.time()
+    entries = {
+        orjson.dumps(["up", "huge"]): f"50.0 3 {now!r}",
+        orjson.dumps(["up", "tiny"]): f"0.01 3 {now!r}",
+        orjson.dumps(["up", "nan"]): f"nan 3 {now!r}",
+        orjson.dumps(["up", "future"]): f"1.4 3 {now + 86_400!r}",
+        orjson.dumps(["up", "forgotten"]): f"1.4 3 {now - 30 * 86_400!r}",
+        orjson.dumps(["up", "no-replies"]): f"1.4 0 {now!r}",
+        orjson.dumps(["up", "x" * 300]): f"1.4 3 {now!r}",
+        b"not json": f"1.4 3 {now!r}",
+        orjson.dumps(["up", "words"]): "one two three",
+        orjson.dumps(["elsewhere", "claude-x"]): f"1.4 3 {now!r}",
+        orjson.dumps(["up", "good"]): f"1.4 3 {now!r}",
+    }
+    await shared.link.run(lambda client: client.hset(RATIOS_KEY, mapping=entries))
+    await shared.sync()
+    assert {model for _, model in ratios_of(shared).learned()} == {"good"}
+    left = await shared.link.run(lambda client: client.hkeys(RATIOS_KEY))
+    assert sorted(left) == sorted(
+        [orjson.dumps(["elsewhere", "claude-x"]), orjson.dumps(["up", "good"])]
+    )
+    await shared.aclose()
 
 
 async def test_loop_counts_add_up_over_instances(redis_server: RedisServer) -> None:

@@ -145,3 +145,24 @@ def test_room_lowers_the_target_to_half_the_limit_at_most_and_keeps_the_grid() -
         batches.append({record.index: record.batch for record in evicted})
     assert batches[0] and len(batches[1]) > len(batches[0])
     assert batches[0].items() <= batches[1].items()
+
+
+def test_a_turn_carried_at_an_older_ratio_is_counted_at_the_new_one() -> None:
+    """The model's ratio was learned further since the carried turn (1.15 → 1.5): the carried
+    items count at the new ratio, so a next turn that fits only at the old one is not sent."""
+    client = tool_session(LOGS[:8])
+    old = CounterMeter(TokenCounter(), "claude", "claude-x", CHAT, 1.15)
+    new = CounterMeter(TokenCounter(), "claude", "claude-x", CHAT, 1.5)
+    outcome = compress(DIALECT, client, old.fixed({}), old, POLICIES, limit=4_000, low_water=0.85)
+    carried = carried_from(outcome, client)
+    assert carried is not None and carried.ratio == 1.15
+    added = [{"role": "user", "content": "and?"}]
+    grown = [*client, *added]
+    following = carry(carried, DIALECT, grown, new.fixed({}), new, limit=10_000)
+    assert following is not None and following.ratio == 1.5
+    assert following.sizes == tuple(new.message(m) for m in following.messages)
+    assert following.tokens_out == new.fixed({}) + sum(following.sizes)
+    at_old = old.fixed({}) + sum(carried.sizes) + sum(old.message(m) for m in added)
+    assert at_old < following.tokens_out  # counted at 1.15 it looked smaller: not sent so
+    limit = (at_old + following.tokens_out) // 2
+    assert carry(carried, DIALECT, grown, new.fixed({}), new, limit=limit) is None

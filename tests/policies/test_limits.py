@@ -215,6 +215,53 @@ def test_the_context_1m_beta_gives_anthropic_models_a_million_tokens(
     )
 
 
+@pytest.mark.parametrize(
+    "model",
+    [
+        "claude-sonnet-4-20250514",
+        "anthropic/claude-sonnet-4-20250514",
+        "claude-4-sonnet-20250514",
+        "vertex_ai/claude-sonnet-4@20250514",
+        "us.anthropic.claude-sonnet-4-20250514-v1:0",
+    ],
+)
+def test_a_dated_claude_id_gets_its_long_window_only_with_the_beta(
+    registry: LimitsRegistry, model: str
+) -> None:
+    """litellm's map lists Sonnet 4's dated ids with the 1 M window the context-1m beta opens,
+    and prices input above 200 K higher: without the beta the window is 200 K."""
+    plain = registry.resolve(model)
+    assert plain.limits.context_window == 200_000
+    assert plain.source is LimitSource.LITELLM
+    long = registry.resolve(model, long_context=True)
+    assert long.limits.context_window == 1_000_000
+    assert long.source is LimitSource.HEADER
+
+
+def test_native_long_windows_and_configured_ones_stay(registry: LimitsRegistry) -> None:
+    """A long window that is the model's own (no cheaper tier below it, or not an opt-in
+    family) is not cut to a tier; nor is one the config sets."""
+    assert registry.resolve("claude-opus-4-6").limits.context_window == 1_000_000
+    assert registry.resolve("claude-sonnet-4-6").limits.context_window == 1_000_000
+    assert registry.resolve("gemini-2.5-pro").limits.context_window == 1_048_576  # 200 K tier
+    assert registry.resolve("gpt-5.4").limits.context_window == 1_050_000  # 272 K tier
+    configured = LimitsRegistry(
+        {"claude-sonnet-4-20250514": ModelFacts(context_window=1_000_000)},
+        litellm_model_map(),
+    )
+    assert configured.resolve("claude-sonnet-4-20250514").limits.context_window == 1_000_000
+
+
+def test_the_map_keeps_the_cheaper_tier_below_the_window() -> None:
+    entries = ModelMap.from_json(
+        b'{"m": {"max_input_tokens": 1000000, "input_cost_per_token_above_200k_tokens": 1,'
+        b' "input_cost_per_token_above_500k_tokens": 2, "output_cost_per_token_above_9k_tokens":'
+        b' 3}, "n": {"max_input_tokens": 100000, "input_cost_per_token_above_200k_tokens": 1}}'
+    )
+    assert entries.get("m").price_tier == 200_000  # type: ignore[union-attr]
+    assert entries.get("n").price_tier is None  # type: ignore[union-attr]  # above its window
+
+
 def test_output_counting_rules(registry: LimitsRegistry) -> None:
     assert registry.resolve("gpt-4o").limits.output_counts is True
     assert registry.resolve("claude-sonnet-4-5").limits.output_counts is False  # max_tokens apart

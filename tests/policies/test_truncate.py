@@ -4,6 +4,7 @@ still stays within the budget — on every wire API."""
 from __future__ import annotations
 
 import copy
+import random
 import re
 from typing import Any
 
@@ -11,11 +12,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from policies.conversation import Goal, archive_key
+from policies.conversation import Conversation, Goal, archive_key
+from policies.tokens import CounterMeter
 from policies.truncate import Truncate
 from policies.wires import WIRES
 from tests.policies.test_evict import LEADING
-from tests.policies.test_information import BUILDERS, Builder, result_of
+from tests.policies.test_information import BUILDERS, COUNTER, Builder, result_of
 from tests.policies.test_policies import LOG
 
 SHOWN = re.compile(
@@ -103,3 +105,29 @@ def test_the_marker_and_its_key_stay_within_the_budget(
     if before.total - sum(len(meter.tokens(t)) for t in texts) + floor + 60 * len(texts) < limit:
         event("must fit")
         assert after.total <= limit
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    ratio=st.sampled_from([0.5, 0.8, 1.0, 1.15, 1.3, 1.5, 2.0, 3.0]),
+    over=st.floats(1.1, 8.0),
+    seed=st.integers(0, 2**16),
+)
+def test_one_huge_message_is_cut_to_the_budget_at_any_ratio(
+    api: str, ratio: float, over: float, seed: int
+) -> None:
+    """Counts are the encoding's tokens × the request's ratio, the text's tokens the encoding's
+    own: the excess is converted once, so a message `over` times the limit is cut to just
+    under it (not by the excess counted in the wrong unit: 1.13 M estimated tokens for a
+    190 K budget once went out at 49 K)."""
+    wire = BUILDERS[api]
+    meter = CounterMeter(COUNTER, "claude", "claude-sonnet-4-5", WIRES[api], ratio)
+    rng = random.Random(seed)
+    text = " ".join(f"{rng.choice(WORDS)}{rng.randint(0, 999)}" for _ in range(3_000))
+    messages = [*LEADING.get(api, []), wire.user(text)]
+    before = Conversation.of(WIRES[api].dialect, messages, meter, 3)
+    limit = int(before.total / over)
+    after, records = Truncate().apply(before, Goal(target=limit, limit=limit), meter)
+    assert len(records) == 1
+    assert limit * 0.97 - 30 <= after.total <= limit

@@ -1,5 +1,5 @@
 """The /ui dashboard, the figures behind it (/admin/status: series, tokens removed, learned
-limits, the loop guard) and `brim status`, which prints them."""
+limits and token ratios, the loop guard) and `brim status`, which prints them."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from proxy.cli import main
 from proxy.config import load_config
 from proxy.routes.dashboard import FILES
 from tests.builders import tool_session
-from tests.conftest import BrimFactory
+from tests.conftest import BrimFactory, fake_upstream
+from tests.fakes import FakeProvider, wait_for
 
 ADMIN = "admin-key-for-the-dashboard-0123"
 LINES = ["fetch", "parse", "check", "merge", "index", "store", "sync", "audit", "render", "ship"]
@@ -160,10 +161,14 @@ def test_the_loop_guards_blocked_requests_are_listed() -> None:
 
 
 @pytest.fixture
-def dashboard(brim: BrimFactory, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> str:
+def dashboard(
+    brim: BrimFactory, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> str:
     monkeypatch.setenv("TEST_ADMIN_KEYS", ADMIN)
     monkeypatch.setenv("TEST_API_KEYS", "client-key")
+    gemini = {"api": "gemini", "base_url": provider.url, "native_count": False}
     return brim(
+        upstreams={"fake": fake_upstream(provider), "gem": gemini},
         server={"admin_keys_env": "TEST_ADMIN_KEYS", "api_keys_env": "TEST_API_KEYS"},
         models={
             "small": {"context_window": 3_000, "max_output": 500},
@@ -202,6 +207,22 @@ def overflow_survived_and_loop_blocked(base: str) -> None:
     assert statuses == [400, 400, 429]
 
 
+SCALED = "gemscaled140-900000"  # the fake's tokenizer counts 1.4 × brim's
+
+
+def ratio_learned(base: str) -> None:
+    """Three Gemini replies whose usage says 1.4 × brim's count: brim learns the ratio."""
+    text = " ".join(f"{LINES[i % 10]}{i}" for i in range(2_000))
+    for n in range(3):
+        reply = httpx.post(
+            f"{base}/v1beta/models/{SCALED}:generateContent",
+            json={"contents": [{"role": "user", "parts": [{"text": f"{n} {text}"}]}]},
+            headers={"x-brim-api-key": "client-key"},
+        )
+        assert reply.status_code == 200, reply.text
+    assert wait_for(lambda: [r["replies"] for r in admin_status(base)["token_ratios"]] == [3])
+
+
 def admin_status(base: str) -> dict[str, Any]:
     reply = httpx.get(f"{base}/admin/status", headers={"x-brim-admin-key": ADMIN})
     assert reply.status_code == 200
@@ -212,7 +233,11 @@ def admin_status(base: str) -> dict[str, Any]:
 def test_the_status_has_the_dashboards_figures(dashboard: str) -> None:
     overflow_prevented(dashboard)
     overflow_survived_and_loop_blocked(dashboard)
+    ratio_learned(dashboard)
     status = admin_status(dashboard)
+    ((ratio,),) = [status["token_ratios"]]
+    assert (ratio["upstream"], ratio["model"], ratio["replies"]) == ("gem", SCALED, 3)
+    assert 1.25 < ratio["ratio"] < 1.4 and ratio["updated_s_ago"] < 60
     totals = status["totals"]
     assert (totals["prevented"], totals["survived"], totals["blocked"]) == (1, 1, 1)
     assert status["tokens_removed"].get("clear_tool_results", 0) > 0
@@ -271,6 +296,7 @@ def test_the_page_is_off_without_admin_keys(brim: BrimFactory) -> None:
 def test_brim_status_prints_the_figures(dashboard: str, capsys: pytest.CaptureFixture[str]) -> None:
     overflow_prevented(dashboard)
     overflow_survived_and_loop_blocked(dashboard)
+    ratio_learned(dashboard)
     assert main(["status", "--url", dashboard, "--admin-key", ADMIN]) == 0
     out = capsys.readouterr().out
     assert "overflows prevented 1 · survived 1 · refused 0 · loop guard 429s 1" in out
@@ -280,6 +306,7 @@ def test_brim_status_prints_the_figures(dashboard: str, capsys: pytest.CaptureFi
     assert [sum(int(row[i]) for row in timeline) for i in range(4)] == [1, 1, 0, 1]
     assert re.search(r"^  clear_tool_results\s+[\d,]+$", out, re.M)
     assert re.search(r"^  tight-3000\s+window 3,000\s+", out, re.M)
+    assert re.search(rf"^  {SCALED}\s+gem\s+× 1\.[23]\d\d\s+3\s+\d+ s ago$", out, re.M)
     assert re.search(r"^  [0-9a-f]{12}\s+2\s+\d+ s$", out, re.M)  # the blocked request
     assert re.search(r"^  [\d:]{8}\s+small\s+OpenAI/Python.*\scompressed\s.*sha256:", out, re.M)
 
@@ -348,6 +375,7 @@ def test_the_page_shows_a_prevented_overflow(
 ) -> None:
     overflow_prevented(dashboard)
     overflow_survived_and_loop_blocked(dashboard)
+    ratio_learned(dashboard)
     page = f"{dashboard}/ui#key={ADMIN}"  # a fragment: never sent to the server
     dom = browse(chromium, page, tmp_path / "profile", "--dump-dom")
     assert '<main id="board">' in dom and '<form id="login" hidden="">' in dom
@@ -358,6 +386,12 @@ def test_the_page_shows_a_prevented_overflow(
     assert re.search(r'<tr class="event compressed">.*?sha256:[0-9a-f]{12}', dom)
     assert re.search(r'data-policy="clear_tool_results"', dom)
     assert "tight-3000" in dom[dom.index('id="learned"') :]
+    ratios = dom[dom.index('id="ratios"') : dom.index("</table>", dom.index('id="ratios"'))]
+    assert re.search(
+        rf'<tr data-model="{SCALED}"><td>{SCALED}</td><td>gem</td><td class="num">× 1\.[23]\d\d</td>'
+        r'<td class="num">3</td>',
+        ratios,
+    ), ratios
     assert '<tr class="blocked"><td><code>' in dom
     assert ADMIN not in dom
 

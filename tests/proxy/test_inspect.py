@@ -5,13 +5,17 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+import redis
 
+from middleware.shared import RATIOS_KEY
 from tests.builders import tool_turn
+from tests.fakes import counted
 from tests.policies.test_tokens import TOOLS, WEATHER
 
 BRIM = str(Path(sys.executable).with_name("brim"))
@@ -166,3 +170,46 @@ def test_inspect_reads_anthropic_messages_requests(tmp_path: Path) -> None:
     assert report["budget"]["reserved_output"] == 0  # Anthropic counts max_tokens apart
     assert report["guard"]["action"] == "compress"
     assert report["guard"]["tokens_out"] <= report["budget"]["effective"]
+
+
+def test_models_and_inspect_show_the_ratios_the_brims_on_redis_learned(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """A ratio the running brims share through `[cache] url` is what `brim models` shows for
+    the model and what `brim inspect` counts with; one Redis holds for an upstream this config
+    lacks, or out of its bounds, is not."""
+    now = time.time()
+    entries = {
+        orjson.dumps(["gem", "gemini-2.5-flash"]): f"1.48 5 {now!r}",
+        orjson.dumps(["elsewhere", "gemini-2.5-pro"]): f"1.6 9 {now!r}",
+        orjson.dumps(["gem", "gemini-2.0-flash"]): f"7.0 9 {now!r}",
+    }
+    redis.Redis.from_url(redis_url).hset(RATIOS_KEY, mapping=entries)
+    (tmp_path / "proxy.toml").write_text(
+        f'[cache]\nurl = "{redis_url}"\n'
+        '[upstreams.gem]\napi = "gemini"\nbase_url = "http://127.0.0.1:9"\n'
+    )
+    result = brim("models", "gemini-2.", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    flash = next(line for line in result.stdout.splitlines() if line.startswith("gemini-2.5-flash"))
+    assert "×1.48" in flash and "ratio: ×1.48 learned from 5 replies of gem" in flash
+    for model in ("gemini-2.5-pro ", "gemini-2.0-flash "):
+        line = next(line for line in result.stdout.splitlines() if line.startswith(model))
+        assert "×1 " in line and "ratio: prior" in line
+    rows = json.loads(brim("models", "gemini-2.5-flash", "--json", cwd=tmp_path).stdout)
+    assert rows[0]["token_ratio"] == {
+        "prior": 1.0,
+        "learned": [{"upstream": "gem", "ratio": 1.48, "replies": 5}],
+    }
+    request = tmp_path / "gemini.json"
+    contents = [{"role": "user", "parts": [{"text": "word " * 2_000}]}]
+    request.write_bytes(orjson.dumps({"contents": contents}))
+    report = json.loads(
+        brim("inspect", str(request), "--model", "gemini-2.5-flash", "--json", cwd=tmp_path).stdout
+    )
+    assert report["tokens"]["ratio"] == {
+        "value": 1.48,
+        "learned_from": {"upstream": "gem", "replies": 5},
+    }
+    raw = counted("gemini.generate", {"contents": contents})
+    assert abs(report["tokens"]["total"] - 1.48 * raw) <= 3
