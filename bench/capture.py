@@ -48,7 +48,7 @@ REPOS = (
 )
 TASK = realtext.TASK
 CLI_TIMEOUT_S = 900
-WINDOW = 1_000_000  # the scripted provider's window (in the model's name): nothing overflows
+WINDOW = 900_000  # the scripted provider's window (in the model's name): nothing overflows
 
 
 @dataclass(frozen=True)
@@ -105,31 +105,18 @@ def _tests(name: str) -> Any:
 
 
 def command(cli: Cli, base: str, home: Path) -> tuple[list[str], dict[str, str]]:
-    """The CLI's command line and environment, pointed at the provider at `base`, offline."""
-    exe = str(_tests("tests.real_clis").cli_dir() / "bin" / cli.name)
+    """The CLI's command line and environment, pointed at the provider at `base`, offline: as
+    tests/test_real_clis.py runs it, with the task as its prompt, Claude Code with its Read,
+    Grep and Bash tools allowed and turns enough."""
+    runners = _tests("tests.test_real_clis")
+    exe = _tests("tests.real_clis").cli_dir() / "bin" / cli.name
     if cli.name == "claude":
-        env = {
-            "ANTHROPIC_BASE_URL": base,
-            "ANTHROPIC_API_KEY": "sk-ant-test",
-            "DISABLE_AUTOUPDATER": "1",
-            "DISABLE_TELEMETRY": "1",
-            "DISABLE_ERROR_REPORTING": "1",
-            "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
-            "CLAUDE_CODE_DISABLE_FEEDBACK_SURVEY": "1",
-        }
+        _, env = runners.claude_command(exe, home, base, cli.model)
         tools = "Read,Grep,Bash"
-        argv = [exe, "-p", TASK, "--model", cli.model, "--tools", tools, "--allowedTools", tools]
-        return [*argv, "--max-turns", "500"], env
-    (home / "config.toml").write_text(
-        f'model = "{cli.model}"\nmodel_provider = "bench"\n'
-        f"model_context_window = {WINDOW * 2}\nmodel_auto_compact_token_limit = {WINDOW * 2}\n"
-        "check_for_update_on_startup = false\n[analytics]\nenabled = false\n"
-        '[feedback]\nenabled = false\n[model_providers.bench]\nname = "bench"\n'
-        f'base_url = "{base}/v1"\nwire_api = "responses"\nenv_key = "OPENAI_API_KEY"\n'
-    )
-    argv = [exe, "exec", "--skip-git-repo-check", "--color", "never"]
-    argv += ["--dangerously-bypass-approvals-and-sandbox", TASK]
-    return argv, {"CODEX_HOME": str(home), "OPENAI_API_KEY": "sk-test"}
+        argv = [str(exe), "-p", TASK, "--model", cli.model, "--tools", tools]
+        return [*argv, "--allowedTools", tools, "--max-turns", "500"], env
+    argv, env = runners.codex_command(exe, home, base, cli.model)
+    return [*argv[:-1], TASK], env  # its prompt last
 
 
 class Driver:

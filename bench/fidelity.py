@@ -932,6 +932,30 @@ class Point:
     lost: list[str] = field(default_factory=list)  # evidence neither kept nor recoverable
     newest_too_big: bool = False  # the system prompt, tools and newest turn are over the budget
 
+    @classmethod
+    def plain(
+        cls, turns: int, tokens_in: int, budget: int, tokens_out: int | None, sent: bool
+    ) -> Point:
+        """A request with no evidence judged: refused (`sent` False), or the ceiling's, which
+        is valid, within budget and keeps the newest turn by its definition."""
+        return cls(
+            turns=turns,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            band=band_of(tokens_in / budget),
+            valid=sent,
+            within=sent,
+            system_kept=sent,
+            newest_kept=sent,
+            cut_into_text=False,
+            evidence=0,
+            evidence_kept=0,
+            evidence_recoverable=0,
+            prefix_kept=None,
+            cached=0,
+            billed=0.0,
+        )
+
 
 @dataclass
 class Growth:
@@ -1075,25 +1099,7 @@ def grow(
         if sent is None:
             growth.refused += 1
             last_sent = previous = None
-            growth.points.append(
-                Point(
-                    turns=point,
-                    tokens_in=tokens_in,
-                    tokens_out=None,
-                    band=band_of(tokens_in / budget),
-                    valid=False,
-                    within=False,
-                    system_kept=False,
-                    newest_kept=False,
-                    cut_into_text=False,
-                    evidence=0,
-                    evidence_kept=0,
-                    evidence_recoverable=0,
-                    prefix_kept=None,
-                    cached=0,
-                    billed=0.0,
-                )
-            )
+            growth.points.append(Point.plain(point, tokens_in, budget, None, False))
             continue
         items = wire.conversation(sent)
         tokens_out = counter.request(wire, sent, tokenizer, MODELS[api]).total
@@ -1193,25 +1199,11 @@ def prefix_ceiling(
         sent = candidate if candidate is not None else least_request(api, body)
         before = items
         cached, cost = billed(api, previous, sent, counter)
-        growth.points.append(
-            Point(
-                turns=point,
-                tokens_in=total,
-                tokens_out=counter.request(wire, sent, tokenizer, MODELS[api]).total,
-                band=band_of(total / budget),
-                valid=True,
-                within=True,
-                system_kept=True,
-                newest_kept=True,
-                cut_into_text=False,
-                evidence=0,
-                evidence_kept=0,
-                evidence_recoverable=0,
-                prefix_kept=candidate is not None if growth.pairs else None,
-                cached=cached,
-                billed=round(cost, 1),
-            )
-        )
+        tokens_out = counter.request(wire, sent, tokenizer, MODELS[api]).total
+        made = Point.plain(point, total, budget, tokens_out, True)
+        made.prefix_kept = candidate is not None if growth.pairs else None
+        made.cached, made.billed = cached, round(cost, 1)
+        growth.points.append(made)
         previous = sent
     return growth
 

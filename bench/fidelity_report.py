@@ -29,6 +29,7 @@ from bench.fidelity import (
     BASELINES,
     BRIM,
     BRIM_SUMMARIZE,
+    BRIMS,
     CEILING,
     CHAT_ONLY,
     FACTORS,
@@ -191,27 +192,22 @@ def summarize_budget(cases: Sequence[Case], runs: Sequence[Growth]) -> list[Row]
     session grew), the mean share of the budget they used, those whose cut went into text, and
     those of them that used less than `TEXT_CUT_FLOOR` of it."""
     sums: dict[tuple[str, str, str, str], list[float]] = defaultdict(lambda: [0, 0.0, 0, 0])
-    for case in cases:
-        if (
-            case.method in (BRIM, BRIM_SUMMARIZE)
-            and case.tokens_out is not None
-            and case.tokens_in > case.budget
-        ):
-            cell = sums[case.family, case.band, case.method, case.api]
-            used = case.tokens_out / case.budget
-            cell[0] += 1
-            cell[1] += used
-            cell[2] += case.cut_into_text
-            cell[3] += case.cut_into_text and used < TEXT_CUT_FLOOR
-    for run, point in _points(r for r in runs if r.method in (BRIM, BRIM_SUMMARIZE)):
-        if point.tokens_out is None:
-            continue
-        cell = sums[run.family, point.band, run.method, run.api]
-        used = point.tokens_out / run.budget
+
+    def add(key: tuple[str, str, str, str], used: float, cut: bool) -> None:
+        cell = sums[key]
         cell[0] += 1
         cell[1] += used
-        cell[2] += point.cut_into_text
-        cell[3] += point.cut_into_text and used < TEXT_CUT_FLOOR
+        cell[2] += cut
+        cell[3] += cut and used < TEXT_CUT_FLOOR
+
+    for case in cases:
+        if case.method in BRIMS and case.tokens_out is not None and case.tokens_in > case.budget:
+            key = (case.family, case.band, case.method, case.api)
+            add(key, case.tokens_out / case.budget, case.cut_into_text)
+    for run, point in _points(r for r in runs if r.method in BRIMS):
+        if point.tokens_out is not None:
+            key = (run.family, point.band, run.method, run.api)
+            add(key, point.tokens_out / run.budget, point.cut_into_text)
     return [
         {
             "family": family,

@@ -15,10 +15,8 @@ from typing import Any
 
 from aiohttp import web
 
-from policies.wires.base import Usage
-from tests.policies.wires import test_restore_shapes as shapes
-from tests.restoring import SHAPE_OF
-from tests.scripted_provider import OUTPUT_TOKENS, WIRE_OF, Call, ScriptedProvider, stream_in_pieces
+from tests.restoring_cli import call_reply
+from tests.scripted_provider import WIRE_OF, Call, ScriptedProvider
 
 NextTurn = Callable[[str, dict[str, Any]], tuple[str | None, str, dict[str, Any]] | None]
 
@@ -49,16 +47,4 @@ class ExploringSession(ScriptedProvider):
             return None
         index = next(n for n, seen in enumerate(self.calls) if seen is call)
         said, name, arguments, number = (self.planned or {})[index]
-        prefix = "toolu" if call.api == "messages" else "call"
-        segments: list[shapes.Segment] = [shapes.Say(said)] if said else []
-        segments.append(shapes.Call(f"{prefix}_x{number:03d}", name, arguments))
-        turn = shapes.Turn(tuple(segments), Usage(call.tokens, OUTPUT_TOKENS, 0))
-        shape = SHAPE_OF[WIRE_OF[call.api]]
-        streamed = (
-            request.match_info["target"].endswith(":streamGenerateContent")
-            if call.api == "gemini"
-            else bool(call.body.get("stream"))
-        )
-        if not streamed:
-            return web.json_response(shape.reply(turn))
-        return await stream_in_pieces(request, shapes.round_stream(shape, turn, len(self.calls)))
+        return await call_reply(request, call, index + 1, said, f"x{number:03d}", name, arguments)

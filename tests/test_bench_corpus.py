@@ -121,7 +121,11 @@ def test_the_committed_sessions_are_real_text_and_real_cli_traffic() -> None:
             assert "Codex CLI" in text and calls == {"exec_command"} and "exec_command" in tools
         else:
             assert calls <= {"read_file", "grep", "run_command"}
-        assert all(c.result for t in subject.session.turns for c in t.calls)
+        # Every call answered, as the provider's rules want (a grep may print nothing).
+        assert fidelity.checkers()[made.api](WIRES[made.api].conversation(made.body)) == []
+        assert sum(bool(c.result) for t in subject.session.turns for c in t.calls) > 0.9 * sum(
+            len(t.calls) for t in subject.session.turns
+        )
 
 
 # ---------------------------------------------------------------- next-action evidence
