@@ -55,9 +55,11 @@ Methods:
   human/tool, counted with brim's counter), keep-last-N (the system prompt and the newest
   messages that fit) and middle-out (messages dropped from the middle until it fits, as
   OpenRouter's transform does); they get the budget minus the tool definitions' tokens.
-  LiteLLM recounts every kept message for each one it adds, so it is slow on long sessions: it
-  runs on 6 turns of the generated growing session past 32K, on the first 24 compressed turns
-  of a session file's replay, and in the quick run on the generated family only;
+  LiteLLM runs on the generated family only (and on 6 turns of its growing session past 32K):
+  it recounts every kept message for each one it adds, which takes minutes per long session
+  (15 of the 24 minutes a full run took with it on the session files too), and its requests
+  there are invalid or over the budget anyway (it drops a tool call's result from its call, and
+  gives up on `content: null`);
 - oldest-first, on all four APIs: whole turns (a user message, or an assistant turn with the
   results that answer it) dropped oldest first until the request fits; the system prompt and
   the newest turn stay, and the first user message (the task) goes only once everything between
@@ -130,7 +132,6 @@ LOW_WATER = GUARD.low_water
 RECENT = 8  # "the last 8 messages" (of the Chat rendering, system prompt not counted)
 SUMMARIZER_MODEL = "bench-summarizer"
 LITELLM_TURNS_PAST_32K = 6
-LITELLM_REPLAY_TURNS = 24  # LiteLLM's turns of a session file's replay (its first ones)
 RESTORE_ROUNDS = RestoreConfig().max_rounds
 # A key as brim's stand-ins name it (placeholders, shortened results, notices, summaries).
 KEY_PATTERN = re.compile(r"sha256:([0-9a-f]{16,64})")
@@ -177,12 +178,11 @@ def band_of(reduction: float) -> str:
     return BANDS[2] if reduction <= 10 + 1e-9 else BANDS[3]
 
 
-def methods_for(family: str, api: str, quick: bool = False) -> tuple[str, ...]:
-    """The methods measured on a family's sessions in one API. The quick run leaves LiteLLM
-    to the generated family (a call takes seconds on a long session: it recounts every kept
-    message for each one it adds)."""
+def methods_for(family: str, api: str) -> tuple[str, ...]:
+    """The methods measured on a family's sessions in one API. brim + summarize and LiteLLM
+    run on the generated family only (see the module's docstring)."""
     own = BRIMS if family == GENERATED else (BRIM,)
-    chat = CHAT_ONLY if family == GENERATED or not quick else CHAT_ONLY[1:]
+    chat = CHAT_ONLY if family == GENERATED else CHAT_ONLY[1:]
     return (*own, *(chat if api == "openai.chat" else ()), OLDEST_FIRST)
 
 
@@ -858,7 +858,6 @@ def fidelity_cases(
     counter: TokenCounter,
     check: Mapping[str, Checker],
     factors: Sequence[float] = FACTORS,
-    quick: bool = False,
 ) -> list[Case]:
     """Every method at every reduction factor, on one session, in every API."""
     cases: list[Case] = []
@@ -880,7 +879,7 @@ def fidelity_cases(
                 counter=counter,
                 check=check[api],
             )
-            for method in methods_for(subject.family, api, quick):
+            for method in methods_for(subject.family, api):
                 started = time.perf_counter()
                 if method in BRIMS:
                     brim = Brim(counter, api, window, method == BRIM_SUMMARIZE)
@@ -1253,21 +1252,17 @@ def replay_runs(
     counter: TokenCounter,
     check: Mapping[str, Checker],
     turns: int | None,
-    quick: bool = False,
 ) -> list[Growth]:
     """Each session file replayed as it grew, at its `replay_window` in each API, by every
-    method and the ceiling, for `turns` compressed requests (None: to the end; LiteLLM for its
-    first `LITELLM_REPLAY_TURNS`)."""
+    method and the ceiling, for `turns` compressed requests (None: to the end)."""
     runs: list[Growth] = []
     for subject in subjects:
         for api in APIS:
             window = replay_window(subject, api, counter)
             if window is None:
                 continue
-            for method in methods_for(subject.family, api, quick):
-                count = min(turns or LITELLM_REPLAY_TURNS, LITELLM_REPLAY_TURNS)
-                count_for = count if method == LITELLM else turns
-                runs.append(grow(subject, method, api, window, count_for, counter, check[api]))
+            for method in methods_for(subject.family, api):
+                runs.append(grow(subject, method, api, window, turns, counter, check[api]))
             runs.append(prefix_ceiling(subject, api, window, turns, counter))
     return runs
 
@@ -1357,10 +1352,10 @@ def main(argv: list[str] | None = None) -> int:
     places: dict[tuple[str, str], str] = {}
     for subject in subjects:
         places |= {(subject.name, fact_id(f)): kind for f, kind in subject.places.items()}
-        cases += fidelity_cases(subject, counter, check, quick=args.quick)
+        cases += fidelity_cases(subject, counter, check)
     fidelity_s = time.perf_counter() - started
     runs = growth_runs(windows, turns, counter, check) if generated else []
-    runs += replay_runs(files, counter, check, 6 if args.quick else None, args.quick)
+    runs += replay_runs(files, counter, check, 6 if args.quick else None)
     report: dict[str, Any] = {
         "machine": {
             "python": sys.version.split()[0],

@@ -14,7 +14,7 @@ from typing import Any
 import orjson
 import pytest
 
-from bench import corpus, evidence, explore, fidelity, fidelity_report, sessions
+from bench import capture, corpus, evidence, explore, fidelity, fidelity_report, sessions
 from bench.sessions import Call, Session, Tool, Turn
 from policies.tokens import REPLY_PRIMING, TokenCounter
 from policies.wires import WIRES
@@ -479,3 +479,30 @@ def test_the_explorer_acts_on_what_a_result_printed(tmp_path: Path) -> None:
     assert first is not None and first.arguments == {"command": "ls -la"}
     agent.seen(first, explore.run_step(first, tmp_path))
     assert "src" in agent.history[0].result
+
+
+def test_each_cli_makes_the_agents_steps_with_its_own_tools(tmp_path: Path) -> None:
+    read = explore.Step("read", {"path": "src/a.py", "start": 21, "count": 50}, "Reading.")
+    grep = explore.Step("grep", {"pattern": "it's", "path": "src"}, None)
+    shell = explore.Step("shell", {"command": "git log --oneline -n 5"}, None)
+    root = tmp_path.resolve()
+    assert capture.CLAUDE.call(read, root) == (
+        "Read",
+        {"file_path": str(root / "src/a.py"), "offset": 21, "limit": 50},
+    )
+    name, arguments = capture.CLAUDE.call(grep, root)
+    assert name == "Grep" and arguments["path"] == str(root / "src")
+    assert arguments["output_mode"] == "content" and arguments["-n"] is True
+    assert capture.CLAUDE.call(shell, root) == (
+        "Bash",
+        {"command": "git log --oneline -n 5", "description": "git log --oneline -n 5"},
+    )
+    name, arguments = capture.CODEX.call(read, root)
+    assert name == "exec_command" and arguments["cmd"] == "cat -n src/a.py | sed -n '21,70p'"
+    assert arguments["login"] is False  # a login shell would set PATH anew, without pytest
+    name, arguments = capture.CODEX.call(grep, root)
+    assert arguments["cmd"] == "grep -rn --exclude-dir=.git -e 'it'\\''s' src | head -n 60"
+    # What the bench's own tools answer is what the commands print.
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "a.py").write_text("x = 1  # it's\n")
+    assert explore.run_step(grep, tmp_path) == "src/a.py:1:x = 1  # it's"
