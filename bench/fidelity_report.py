@@ -258,6 +258,10 @@ def summarize_growth(runs: Sequence[Growth]) -> list[Row]:
                 "prefix_kept_pct": percent(sum(g.prefix_kept for g in group), pairs),
                 "valid_pct": percent(sum(g.valid for g in group), turns - refused),
                 "within_budget_pct": percent(sum(g.within for g in group), turns - refused),
+                "system_kept_pct": percent(
+                    sum(p.system_kept for g in group for p in g.points if p.tokens_out is not None),
+                    turns - refused,
+                ),
                 "newest_kept_pct": percent(
                     sum(g.newest_kept for g in group), sum(g.newest_fits for g in group)
                 ),
@@ -348,7 +352,7 @@ def targets(report: Mapping[str, Any]) -> list[Target]:
             )
     for row in growth:
         for _, figures in _windows(row):
-            for column in ("valid_pct", "within_budget_pct", "newest_kept_pct"):
+            for column in ("valid_pct", "within_budget_pct", "system_kept_pct", "newest_kept_pct"):
                 key = f"{row['family']} {API_LABELS[row['api']]} {column[:-4]}"
                 value = figures[column] if not figures["refused"] else 0.0
                 if value is not None:

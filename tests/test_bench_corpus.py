@@ -338,6 +338,7 @@ def report_with(**changes: Any) -> dict[str, Any]:
         "refused": 0,
         "valid_pct": 100.0,
         "within_budget_pct": 100.0,
+        "system_kept_pct": 100.0,
         "newest_kept_pct": 100.0,
         "prefix_kept_pct": 96.0,
         "billed_vs_ceiling": 1.1,
