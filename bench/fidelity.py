@@ -1,38 +1,74 @@
 """`python -m bench.fidelity`: how much of a conversation survives being made to fit.
 
-python -m bench.fidelity            # the full run (~1 min on 2 cores)
-python -m bench.fidelity --quick    # one small session, short growing sessions (the test's run)
+python -m bench.fidelity                   # the full run (a few minutes on 2 cores)
+python -m bench.fidelity --quick           # the shortest session of each family, few turns
+                                           # (the test's run)
+python -m bench.fidelity --sessions DIR    # the sessions of DIR (`bench.corpus`), same measures
 
-Long agent sessions (`bench.sessions`: file reads, JSON API results, build logs, test output,
-chatter, user corrections, and planted facts — among them look-alike facts, each one line of a
-listing whose every line looks like it, which a method keeping rare lines cannot single out) are
-cut to budgets 1.3×, 2.5×, 5× and 10× smaller than they are, by:
+Families of sessions, each reported apart:
+
+- generated (`bench.sessions`): long agent sessions written by the bench (file reads, JSON API
+  results, build logs, test output, chatter, user corrections, follow-up steps acting on what an
+  earlier result said, and planted facts — among them look-alike facts, each one line of a
+  listing whose every line looks like it);
+- the session files of `--sessions DIR` (default: the committed `bench/corpus/`, made by
+  `python -m bench.capture`): real-text (an exploring agent on real checkouts, every tool result
+  a real command's output at generation time) and real-cli (the real Claude Code and Codex CLIs
+  making that agent's steps with their own tools; the requests they sent, in their own wire
+  format), with facts planted as copies of the checkout's own lines; or any folder of sessions,
+  a held-out set included, under the families its files name.
+
+Measures, each per family, on all four wire APIs (a session file is sent as it is on its own
+API and through the neutral form, `bench.corpus.neutral`, on the other three):
+
+- Facts: each session cut whole to budgets 1.3×, 2.5×, 5× and 10× smaller than it is; facts
+  kept (older ones, those in the last 8 messages, look-alike ones), and recoverable — kept, or
+  in the stored original of a key the request names while it offers `brim_restore` (one restore
+  round; facts only a later round reaches are listed apart, `further`). A cut whose system
+  prompt and tools alone are over the budget is left out (n/a: nothing can be sent), and one
+  whose newest turn cannot fit with them is left out of "newest kept".
+- Next-action evidence (`bench.evidence`): sessions replayed as they grew (the request before
+  each assistant turn, all through one brim as a client would send them): the generated
+  family's growing sessions at 8K, 32K and 128K windows, each session file at the smallest of
+  `REPLAY_WINDOWS` its fixed part leaves room in, to its end. At each request over the budget,
+  which ids, numbers and paths the next assistant turn uses from earlier tool results the
+  request kept (or could restore), per reduction band of that request (tokens in ÷ budget);
+  a request the provider would refuse (invalid, over the budget) keeps none.
+- Budget used: tokens sent ÷ budget of each compressed request, per band; and the requests whose
+  cut went into text (a result cut to a digest or its relevant lines, or a message truncated)
+  that used less than 80 % of it.
+- Growing sessions: prefix kept between consecutive compressed requests (what a provider's prompt
+  cache needs), beside the most any method can keep (`prefix_ceiling`); and the billed input per
+  compressed turn with prompt caching (`billed`: cache reads at 0.1×, writes at 1.25× the input
+  price), beside the ceiling method's.
+
+Methods:
 
 - brim, as deployed: the real `ResolveLimits` and `Guard` stages (default policies, low water
-  0.85, pair repair on), in process, on all four wire APIs; the window is chosen so that the
-  guard's own budget is the target;
-- brim + summarize: the same with a `Summarizer` whose model is a local stub (it keeps the first
+  0.85, pair repair on, session memory, `brim_restore` offered), in process; the window is chosen
+  so that the guard's own budget is the target;
+- brim + summarize (generated family only: its summarizer is a local stub that keeps the first
   words and every line's FACT sentence, within its max_tokens — a look-alike listing's decoys as
-  well as its fact: a summarizer cannot know which line the bench tracks) and the default memory
-  cache;
-- baselines, which take Chat Completions messages (so they run on the Chat rendering only):
-  LiteLLM's `trim_messages`, LangChain's `trim_messages` (strategy "last", include_system,
-  start_on "human", end_on human/tool, counted with brim's counter), keep-last-N (the system
-  prompt and the newest messages that fit) and middle-out (messages dropped from the middle until
-  it fits, as OpenRouter's transform does). They get the budget minus the tool definitions'
-  tokens, since they only see messages.
-
-Facts kept are reported apart for the ordinary facts (older, and in the last 8 messages) and the
-look-alike ones (wherever they are). A fact is recoverable if it is kept, or if the request offers
-`brim_restore` and names a key (`sha256:<16 hex>`: a placeholder's, a shortened result's, a
-notice's or a summary's) whose original, as the content store brim's guard put it in holds it
-right after the request, contains the fact: a model could fetch it back with one call. Each cut
-has its own brim, so its own store; the baselines name no keys, so theirs is what they kept. Facts
-only reachable in a later round (through a key a restored original names) are not counted as
-recoverable; each case lists them apart in the JSON (`further`).
+  well as its fact; on real text it would only keep first words);
+- baselines taking Chat Completions messages (so Chat only): LiteLLM's `trim_messages`,
+  LangChain's `trim_messages` (strategy "last", include_system, start_on "human", end_on
+  human/tool, counted with brim's counter), keep-last-N (the system prompt and the newest
+  messages that fit) and middle-out (messages dropped from the middle until it fits, as
+  OpenRouter's transform does); they get the budget minus the tool definitions' tokens.
+  LiteLLM runs on the generated family only (and on 6 turns of its growing session past 32K):
+  it recounts every kept message for each one it adds, which takes minutes per long session
+  (15 of the 24 minutes a full run took with it on the session files too), and its requests
+  there are invalid or over the budget anyway (it drops a tool call's result from its call, and
+  gives up on `content: null`);
+- oldest-first, on all four APIs: whole turns (a user message, or an assistant turn with the
+  results that answer it) dropped oldest first until the request fits; the system prompt and
+  the newest turn stay, and the first user message (the task) goes only once everything between
+  it and the newest turn has (`oldest_first`).
 
 Validity is checked by the test suite's own provider rules (tests/fakes.py,
-tests/fake_anthropic.py), written apart from brim's dialects; token counts are brim's own.
+tests/fake_anthropic.py), written apart from brim's dialects; token counts are brim's own. The
+report opens with one PASS/MISS line per target of the compression work
+(`bench.fidelity_report`), then each family's tables; the JSON (`--out`) has every figure.
 """
 
 from __future__ import annotations
@@ -62,8 +98,10 @@ from adapters.base import UpstreamResponse
 from adapters.credentials import Caller
 from adapters.errors import ContextTooLarge, NothingLeftToSend
 from adapters.exchange import ANONYMOUS, Exchange
-from bench import sessions
-from bench.sessions import API_LABELS, MODELS, RENDER, STATEMENT_PATTERN, Session
+from bench import corpus, sessions
+from bench.evidence import Evidence, found, plain, plain_original
+from bench.evidence import judge as judge_evidence
+from bench.sessions import MODELS, RENDER, STATEMENT_PATTERN, Session
 from middleware.guard import Guard
 from middleware.limits import ResolveLimits
 from middleware.restore import RESTORE_TOOL
@@ -72,7 +110,8 @@ from middleware.settings import GuardConfig, RestoreConfig
 from middleware.store import ContentStore
 from middleware.summarize import MemoryCache, Summarizer
 from policies.budget import DEFAULT_SAFETY_MARGIN, budget_for, requested_output
-from policies.compress import DEFAULT_ORDER, build_policies
+from policies.compress import DEFAULT_ORDER, Outcome, build_policies
+from policies.conversation import FidelityRecord
 from policies.limits import LimitsRegistry, ModelFacts
 from policies.tokens import REPLY_PRIMING, CounterMeter, TokenCounter
 from policies.wires import WIRES
@@ -83,6 +122,10 @@ from proxy.resources import use_bundled_tiktoken_files
 
 FACTORS = (1.3, 2.5, 5.0, 10.0)
 WINDOWS = (8_192, 32_768, 131_072)
+# Windows a session file may be replayed at: the smallest one its fixed part (system prompt,
+# tools, newest turn) leaves room in (`replay_window`).
+REPLAY_WINDOWS = (8_192, 16_384, 24_576, 32_768, 65_536, 131_072)
+BANDS = ("≤ 2.5×", "2.5–5×", "5–10×", "> 10×")
 APIS = tuple(MODELS)
 MAX_OUTPUT = 4_096
 GUARD = GuardConfig()  # brim's defaults, as deployed
@@ -90,9 +133,14 @@ LOW_WATER = GUARD.low_water
 RECENT = 8  # "the last 8 messages" (of the Chat rendering, system prompt not counted)
 SUMMARIZER_MODEL = "bench-summarizer"
 LITELLM_TURNS_PAST_32K = 6
+RESTORE_ROUNDS = RestoreConfig().max_rounds
 # A key as brim's stand-ins name it (placeholders, shortened results, notices, summaries).
 KEY_PATTERN = re.compile(r"sha256:([0-9a-f]{16,64})")
-RESTORE_ROUNDS = RestoreConfig().max_rounds
+CACHE_READ = 0.1  # of the input price: a prompt-cache hit (Anthropic's and OpenAI's published)
+CACHE_WRITE = 1.25  # of the input price: what a request writes to the cache beyond its hit
+TEXT_CUT_FLOOR = 0.8  # a cut into text should use at least this share of the budget
+GENERATED = "generated"
+CORPUS = Path(__file__).parent / "corpus"
 
 # The per-request columns of a row, and the Case field each is the share of.
 REQUEST_SHARES = {
@@ -109,14 +157,34 @@ LITELLM = "LiteLLM trim_messages"
 LANGCHAIN = "LangChain trim_messages"
 KEEP_LAST = "keep-last-N"
 MIDDLE_OUT = "middle-out"
-METHODS = (BRIM, BRIM_SUMMARIZE, LITELLM, LANGCHAIN, KEEP_LAST, MIDDLE_OUT)
+OLDEST_FIRST = "oldest-first"
+METHODS = (BRIM, BRIM_SUMMARIZE, LITELLM, LANGCHAIN, KEEP_LAST, MIDDLE_OUT, OLDEST_FIRST)
+CHAT_ONLY = (LITELLM, LANGCHAIN, KEEP_LAST, MIDDLE_OUT)  # they take Chat Completions messages
+BASELINES = (*CHAT_ONLY, OLDEST_FIRST)
+BRIMS = (BRIM, BRIM_SUMMARIZE)
 # Not a method: the most prefix any method can keep on a growing session (`prefix_ceiling`).
 CEILING = "ceiling (newest turn whole, all else cut)"
 GROWTH_ROWS = (*METHODS, CEILING)
-BASELINES = (LITELLM, LANGCHAIN, KEEP_LAST, MIDDLE_OUT)
 
 Messages = list[dict[str, Any]]
 Checker = Callable[[list[dict[str, Any]]], list[str]]
+
+
+def band_of(reduction: float) -> str:
+    """The reduction band a request falls in (`tokens in ÷ budget`)."""
+    if reduction <= 2.5 + 1e-9:
+        return BANDS[0]
+    if reduction <= 5 + 1e-9:
+        return BANDS[1]
+    return BANDS[2] if reduction <= 10 + 1e-9 else BANDS[3]
+
+
+def methods_for(family: str, api: str) -> tuple[str, ...]:
+    """The methods measured on a family's sessions in one API. brim + summarize and LiteLLM
+    run on the generated family only (see the module's docstring)."""
+    own = BRIMS if family == GENERATED else (BRIM,)
+    chat = CHAT_ONLY if family == GENERATED else CHAT_ONLY[1:]
+    return (*own, *(chat if api == "openai.chat" else ()), OLDEST_FIRST)
 
 
 def checkers() -> dict[str, Checker]:
@@ -172,6 +240,20 @@ class Forwarded:
     budget: int
     summarizer_calls: int = 0
     refusal: str = ""
+    outcome: Outcome | None = None  # what the guard did (None: it let the request through)
+
+    @property
+    def cut_into_text(self) -> bool:
+        """Whether a cut went into text: a tool result cut to its relevant lines or a digest
+        (prune's lossy steps), or a message truncated — not a placeholder or an eviction."""
+        records = self.outcome.records if self.outcome is not None else ()
+        return any(cut_text(record) for record in records)
+
+
+def cut_text(record: FidelityRecord) -> bool:
+    return record.action == "truncated" or (
+        record.action == "pruned" and record.archive_key is not None
+    )
 
 
 class Brim:
@@ -241,6 +323,7 @@ class Brim:
 
         async def upstream(exchange: Exchange) -> UpstreamResponse:
             seen["body"] = exchange.body
+            seen["outcome"] = exchange.context.outcome if exchange.context else None
             return UpstreamResponse(status=200, headers={}, body=b"{}")
 
         async def guarded(exchange: Exchange) -> UpstreamResponse:
@@ -259,6 +342,7 @@ class Brim:
             int(seen["budget"]),
             (self.stub.calls if self.stub else 0) - calls,
             refusal,
+            seen.get("outcome"),
         )
 
 
@@ -398,6 +482,202 @@ def count_over(messages: Messages, limit: int, counter: TokenCounter) -> bool:
     return ChatCount(counter)(messages) > limit
 
 
+def oldest_first(
+    api: str, body: dict[str, Any], budget: int, counter: TokenCounter
+) -> dict[str, Any]:
+    """`body` with whole turns dropped, oldest first, until it fits `budget`: a turn is a user
+    message or an assistant turn with the results that answer it (the wire's units, so calls
+    and results go together). The system prompt and the newest turn stay; so does the first
+    user message (the task) until everything between it and the newest turn is gone — an agent
+    session has one user message and then tool turns, and a conversation starts with a user
+    turn (Anthropic's rule). If the task must go too, so does any assistant turn that would
+    then come first. What is left may still be over the budget when nothing more can go."""
+    wire, tokenizer, model = WIRES[api], tokenizer_of(api), MODELS[api]
+    items = wire.conversation(body)
+    units = wire.dialect.units(items)
+    rest = [n for n, unit in enumerate(units[:-1]) if unit.kind != "system"]
+    task = next((n for n in rest if units[n].kind == "user"), None)
+    # The order they go in: the turns after the task, oldest first, then the task, then any
+    # turn that would come before it.
+    order = [n for n in rest if task is not None and n > task]
+    order += [task] if task is not None else []
+    order += [n for n in rest if task is None or n < task]
+    sizes = {
+        n: sum(counter.message(items[i], tokenizer, model, wire) for i in units[n].indices)
+        for n in rest
+    }
+    dropped: set[int] = set()
+
+    def request() -> dict[str, Any]:
+        kept = [i for n, unit in enumerate(units) if n not in dropped for i in unit.indices]
+        return wire.with_conversation(body, [items[i] for i in kept])
+
+    def first_is_user() -> None:
+        for n in rest:
+            if n in dropped:
+                continue
+            if units[n].kind == "user":
+                return
+            dropped.add(n)
+
+    total = counter.request(wire, body, tokenizer, model).total
+    for n in order:
+        if total <= budget:
+            break
+        dropped.add(n)
+        total -= sizes[n]
+        if total <= budget:  # an estimate (per-item counts): checked whole
+            first_is_user()
+            total = counter.request(wire, request(), tokenizer, model).total
+    first_is_user()
+    return request()
+
+
+# ---------------------------------------------------------------- the sessions measured
+
+
+@dataclass(frozen=True)
+class Facts:
+    older: tuple[str, ...]
+    recent: tuple[str, ...]
+    lookalike: tuple[str, ...] = ()
+
+    def all(self) -> tuple[str, ...]:
+        return (*self.older, *self.recent, *self.lookalike)
+
+
+def fact_id(fact: str) -> str:
+    """How a fact is named in the results: a generated fact by its id ("FACT-0042"), a planted
+    needle by itself."""
+    return fact.split()[0]
+
+
+def facts_of(session: Session) -> Facts:
+    """A generated session's facts: the look-alike ones (`Session.lookalikes`) apart, the
+    others split by where they are — any copy in the last 8 messages of the Chat rendering makes
+    a fact recent."""
+    return split_facts(session, session.facts(), session.is_lookalike)
+
+
+def split_facts(
+    session: Session, facts: Sequence[str], lookalike: Callable[[str], bool] = lambda f: False
+) -> Facts:
+    messages = sessions.chat_body(session)["messages"][1:]
+    recent_text = plain(messages[-RECENT:])
+    older: list[str] = []
+    recent: list[str] = []
+    lookalikes: list[str] = []
+    for fact in facts:
+        if lookalike(fact):
+            lookalikes.append(fact)
+        else:
+            (recent if found(fact, recent_text) else older).append(fact)
+    return Facts(tuple(older), tuple(recent), tuple(lookalikes))
+
+
+@dataclass
+class Subject:
+    """One session under measure: its neutral form, and for a session file, the body as it
+    came in its own API (`native`), which that API is sent instead of the rendering."""
+
+    name: str
+    family: str
+    session: Session
+    facts: Facts
+    native: str | None = None
+    body: dict[str, Any] | None = None
+    starts: tuple[int, ...] = ()  # where each neutral turn starts among the body's items
+    seed: int = 0
+
+    def request(self, api: str, turns: int | None = None) -> dict[str, Any]:
+        """The request a client sends with the first `turns` turns (all: None)."""
+        if api == self.native and self.body is not None:
+            wire = WIRES[api]
+            items = wire.conversation(self.body)
+            if turns is None or turns >= len(self.session.turns):
+                return self.body
+            return wire.with_conversation(self.body, items[: self.starts[turns]])
+        return RENDER[api](self.session, turns)
+
+    def points(self) -> list[int]:
+        """Where a client sends a request: before each assistant turn (after the first turn),
+        and at the end; as turn counts."""
+        turns = self.session.turns
+        before = [n for n, turn in enumerate(turns) if turn.role == "assistant" and n > 0]
+        return sorted({*before, len(turns)})
+
+    @functools.cached_property
+    def evidence(self) -> Evidence:
+        return Evidence(self.session)
+
+    @functools.cached_property
+    def places(self) -> dict[str, str]:
+        """Where each fact was planted: the tool whose result first holds it, else "user
+        message" (generated sessions: `sessions.fact_places`' kinds)."""
+        if self.family == GENERATED:
+            return {fact_id(f): kind for f, kind in sessions.fact_places(self.session).items()}
+        places: dict[str, str] = {}
+        for fact in self.facts.all():
+            for turn in self.session.turns:
+                texts = [(call.name, call.result) for call in turn.calls]
+                texts.append(
+                    ("user message" if turn.role == "user" else "assistant", turn.text or "")
+                )
+                where = next((name for name, text in texts if found(fact, text)), None)
+                if where is not None:
+                    places[fact] = where
+                    break
+        return places
+
+
+def generated_subject(seed: int, tokens: int) -> Subject:
+    session = sessions.generate(seed, tokens)
+    return Subject(f"generated-{seed}", GENERATED, session, facts_of(session), seed=seed)
+
+
+def file_subject(made: corpus.SessionFile) -> Subject:
+    parsed = corpus.neutral(made.api, made.body)
+    facts = split_facts(parsed.session, made.facts)
+    return Subject(
+        made.name, made.family, parsed.session, facts, made.api, made.body, parsed.starts
+    )
+
+
+def least_tokens(api: str, body: dict[str, Any], counter: TokenCounter, newest: bool = True) -> int:
+    """The least a method that keeps the system prompt (and with `newest`, the newest turn)
+    can send."""
+    least = least_request(api, body, newest)
+    return counter.request(WIRES[api], least, tokenizer_of(api), MODELS[api]).total
+
+
+def least_request(api: str, body: dict[str, Any], newest: bool = True) -> dict[str, Any]:
+    """`body` cut to its system prompt, its tools and (with `newest`) its newest turn (its last
+    unit) alone."""
+    wire = WIRES[api]
+    items = wire.conversation(body)
+    units = wire.dialect.units(items)
+    kept = [i for unit in units if unit.kind == "system" for i in unit.indices]
+    kept += list(units[-1].indices) if newest else []
+    return wire.with_conversation(body, [items[i] for i in sorted(set(kept))])
+
+
+def system_kept(api: str, original: dict[str, Any], sent: dict[str, Any]) -> bool:
+    """The system prompt as the client sent it: the API's system field, and the system items
+    the conversation starts with (Codex's developer messages, Chat's system message)."""
+    if sessions.system_of(api, sent) != sessions.system_of(api, original):
+        return False
+    wire = WIRES[api]
+    before, after = wire.conversation(original), wire.conversation(sent)
+    leading = 0
+    for unit in wire.dialect.units(before):
+        if unit.kind != "system":
+            break
+        leading = unit.end
+    return len(after) >= leading and all(
+        orjson.dumps(a) == orjson.dumps(b) for a, b in zip(before[:leading], after, strict=False)
+    )
+
+
 # ---------------------------------------------------------------- measuring one cut
 
 
@@ -437,33 +717,14 @@ class Case:
     # Not recoverable, but in an original that a key named by a restored original leads to (a
     # second or later restore round, up to brim's default rounds): not counted, shown apart.
     further: list[str] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Facts:
-    older: tuple[str, ...]
-    recent: tuple[str, ...]
-    lookalike: tuple[str, ...] = ()
-
-    def all(self) -> tuple[str, ...]:
-        return (*self.older, *self.recent, *self.lookalike)
-
-
-def facts_of(session: Session) -> Facts:
-    """The session's facts: the look-alike ones (`Session.lookalikes`) apart, the others split
-    by where they are — any copy in the last 8 messages of the Chat rendering makes a fact
-    recent."""
-    messages = sessions.chat_body(session)["messages"][1:]
-    recent_text = [orjson.dumps(m).decode() for m in messages[-RECENT:]]
-    older: list[str] = []
-    recent: list[str] = []
-    lookalike: list[str] = []
-    for fact in session.facts():
-        if session.is_lookalike(fact):
-            lookalike.append(fact)
-        else:
-            (recent if any(fact in text for text in recent_text) else older).append(fact)
-    return Facts(tuple(older), tuple(recent), tuple(lookalike))
+    session: str = ""
+    family: str = GENERATED
+    band: str = ""
+    # The system prompt and tools alone are over the budget: nothing can be sent (left out).
+    impossible: bool = False
+    # ...and with the newest turn: no method can keep it whole (left out of "newest kept").
+    newest_too_big: bool = False
+    cut_into_text: bool = False
 
 
 def named_keys(text: str) -> list[str]:
@@ -477,75 +738,94 @@ async def stored_originals(
     """The originals `store` holds under `keys` (as `brim_restore` looks them up, for the owner
     of the bench's exchanges, `ANONYMOUS`), then those under the keys they name in turn, and so
     on: what each of `rounds` restore rounds can fetch."""
-    found: list[list[str]] = []
+    found_rounds: list[list[str]] = []
     seen = set(keys)
     for _ in range(rounds):
         texts = [text for key in keys if (text := await store.get(ANONYMOUS, key)) is not None]
         if not texts:
             break
-        found.append(texts)
+        found_rounds.append(texts)
         keys = [key for key in named_keys("\n".join(texts)) if key not in seen]
         seen.update(keys)
-    return found
+    return found_rounds
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A request as sent, read once: its text as a model reads it, the keys it names, and
+    what one (and every later) restore round could fetch."""
+
+    text: str
+    offered: bool
+    keys: list[str]
+    originals: list[str]
+    further: list[str]
+
+
+def read_sent(api: str, sent: dict[str, Any] | None, store: ContentStore | None) -> Sent:
+    if sent is None:
+        return Sent("", False, [], [], [])
+    wire = WIRES[api]
+    text = plain(sent)
+    offered = RESTORE_TOOL.name in wire.tool_names(sent)
+    keys = named_keys(orjson.dumps(sent).decode())
+    rounds = (
+        asyncio.run(stored_originals(store, keys, RESTORE_ROUNDS))
+        if store is not None and offered and keys
+        else []
+    )
+    originals = [plain_original(t) for t in rounds[0]] if rounds else []
+    further = [plain_original(t) for later in rounds[1:] for t in later]
+    return Sent(text, offered, keys, originals, further)
 
 
 def judge(
     method: str,
     api: str,
     factor: float,
-    session: Session,
+    subject: Subject,
     original: dict[str, Any],
     sent: dict[str, Any] | None,
     budget: int,
     counter: TokenCounter,
-    facts: Facts,
     check: Checker,
     seconds: float,
     summarizer_calls: int = 0,
     store: ContentStore | None = None,
 ) -> Case:
-    """How `sent` (None: refused) keeps `original`. `store`: the content store of the brim that
-    sent it, through which the keys `sent` names are resolved when it offers brim_restore (None
-    for a method that has none: what it keeps is all it has)."""
+    """How `sent` (None: refused) keeps `original`, the whole of `subject` in `api`. `store`:
+    the content store of the brim that sent it, through which the keys `sent` names are
+    resolved when it offers brim_restore (None for a method that has none: what it keeps is all
+    it has)."""
     wire = WIRES[api]
     tokenizer = tokenizer_of(api)
+    facts = subject.facts
     tokens_in = counter.request(wire, original, tokenizer, MODELS[api]).total
     # A refused request (`sent` None) is judged as an empty one: nothing kept, nothing valid.
     items = wire.conversation(sent) if sent is not None else []
     errors = (check(items) if items else ["nothing left to send"]) if sent is not None else []
     tokens_out = None if sent is None else counter.request(wire, sent, tokenizer, MODELS[api]).total
     before = wire.conversation(original)
-    text = orjson.dumps(sent).decode() if sent is not None else ""
-    offered = sent is not None and RESTORE_TOOL.name in wire.tool_names(sent)
-    keys = named_keys(text)
-    rounds = (
-        asyncio.run(stored_originals(store, keys, RESTORE_ROUNDS))
-        if store is not None and offered and keys
-        else []
-    )
-    originals = rounds[0] if rounds else []
-    further = [later for found in rounds[1:] for later in found]
+    read = read_sent(api, sent, store)
     # Each fact looked for once: in the request as sent, else in what one restore round fetches.
-    kept = {fact for fact in facts.all() if fact in text}
+    kept = {fact for fact in facts.all() if found(fact, read.text)}
     recoverable = kept | {
         fact
         for fact in facts.all()
-        if fact not in kept and any(fact in stored for stored in originals)
+        if fact not in kept and any(found(fact, text) for text in read.originals)
     }
-
     return Case(
         method=method,
         api=api,
         factor=factor,
-        seed=session.seed,
+        seed=subject.seed,
         budget=budget,
         tokens_in=tokens_in,
         tokens_out=tokens_out,
         refused=sent is None,
         valid=sent is not None and not errors,
         within=tokens_out is not None and tokens_out <= budget,
-        system_kept=sent is not None
-        and sessions.system_of(api, sent) == sessions.system_of(api, original),
+        system_kept=sent is not None and system_kept(api, original, sent),
         newest_kept=bool(items) and orjson.dumps(items[-1]) == orjson.dumps(before[-1]),
         facts_older=len(facts.older),
         facts_older_kept=sum(fact in kept for fact in facts.older),
@@ -556,72 +836,126 @@ def judge(
         facts_older_recoverable=sum(fact in recoverable for fact in facts.older),
         facts_recent_recoverable=sum(fact in recoverable for fact in facts.recent),
         facts_lookalike_recoverable=sum(fact in recoverable for fact in facts.lookalike),
-        restore_offered=offered,
-        keys_named=len(keys),
-        keys_stored=len(originals),
+        restore_offered=read.offered,
+        keys_named=len(read.keys),
+        keys_stored=len(read.originals),
         summarizer_calls=summarizer_calls,
         seconds=round(seconds, 4),
         errors=errors[:3],
-        lost=[f.split()[0] for f in facts.all() if f not in kept],
-        recovered=[f.split()[0] for f in facts.all() if f in recoverable and f not in kept],
+        lost=[fact_id(f) for f in facts.all() if f not in kept],
+        recovered=[fact_id(f) for f in facts.all() if f in recoverable and f not in kept],
         further=[
-            f.split()[0]
+            fact_id(f)
             for f in facts.all()
-            if f not in recoverable and any(f in later for later in further)
+            if f not in recoverable and any(found(f, later) for later in read.further)
         ],
+        session=subject.name,
+        family=subject.family,
+        band=band_of(factor),
     )
 
 
 def fidelity_cases(
-    session: Session, counter: TokenCounter, check: Mapping[str, Checker]
+    subject: Subject,
+    counter: TokenCounter,
+    check: Mapping[str, Checker],
+    factors: Sequence[float] = FACTORS,
 ) -> list[Case]:
-    """Every method at every reduction factor, on one session."""
+    """Every method at every reduction factor, on one session, in every API."""
     cases: list[Case] = []
-    facts = facts_of(session)
-    for factor in FACTORS:
+    for factor in factors:
         for api in APIS:
-            body = RENDER[api](session, None)
+            body = subject.request(api)
             tokens = counter.request(WIRES[api], body, tokenizer_of(api), MODELS[api]).total
             budget = int(tokens / factor)
+            impossible = least_tokens(api, body, counter, newest=False) > budget
+            newest_too_big = least_tokens(api, body, counter) > budget
             window = window_for(api, body, budget)
             judged = functools.partial(
                 judge,
                 api=api,
                 factor=factor,
-                session=session,
+                subject=subject,
                 original=body,
                 budget=budget,
                 counter=counter,
-                facts=facts,
                 check=check[api],
             )
-            for method, summarize in ((BRIM, False), (BRIM_SUMMARIZE, True)):
-                brim = Brim(counter, api, window, summarize)
+            for method in methods_for(subject.family, api):
                 started = time.perf_counter()
-                forwarded = asyncio.run(brim.send(body))
-                seconds = time.perf_counter() - started
-                assert forwarded.budget == budget, (forwarded.budget, budget)
-                cases.append(
-                    judged(
+                if method in BRIMS:
+                    brim = Brim(counter, api, window, method == BRIM_SUMMARIZE)
+                    forwarded = asyncio.run(brim.send(body))
+                    seconds = time.perf_counter() - started
+                    assert forwarded.budget == budget, (forwarded.budget, budget)
+                    case = judged(
                         method,
                         sent=forwarded.body,
                         seconds=seconds,
                         summarizer_calls=forwarded.summarizer_calls,
                         store=brim.guard.store,  # this cut's own brim: its own store
                     )
-                )
-            if api != "openai.chat":
-                continue
-            for method in BASELINES:
-                started = time.perf_counter()
-                sent, note = baseline(method, body, budget, counter)
-                seconds = time.perf_counter() - started
-                cases.append(judged(method, sent=sent, seconds=seconds))
-                cases[-1].note = note
+                    case.cut_into_text = forwarded.cut_into_text
+                elif method == OLDEST_FIRST:
+                    sent = oldest_first(api, body, budget, counter)
+                    case = judged(method, sent=sent, seconds=time.perf_counter() - started)
+                else:
+                    sent, note = baseline(method, body, budget, counter)
+                    case = judged(method, sent=sent, seconds=time.perf_counter() - started)
+                    case.note = note
+                case.impossible, case.newest_too_big = impossible, newest_too_big
+                cases.append(case)
     return cases
 
 
 # ---------------------------------------------------------------- growing sessions
+
+
+@dataclass
+class Point:
+    """One compressed request of a growing session (`Growth`)."""
+
+    turns: int  # the request carries this many turns
+    tokens_in: int
+    tokens_out: int | None  # None: refused
+    band: str
+    valid: bool
+    within: bool
+    system_kept: bool
+    newest_kept: bool
+    cut_into_text: bool
+    evidence: int  # the next assistant turn's evidence tokens (`bench.evidence`)
+    evidence_kept: int
+    evidence_recoverable: int
+    prefix_kept: bool | None  # the previous compressed request is its prefix (None: first)
+    cached: int  # tokens a prompt cache holds from the previous request sent
+    billed: float  # input billed, in input-token prices, with prompt caching (`billed`)
+    lost: list[str] = field(default_factory=list)  # evidence neither kept nor recoverable
+    newest_too_big: bool = False  # the system prompt, tools and newest turn are over the budget
+
+    @classmethod
+    def plain(
+        cls, turns: int, tokens_in: int, budget: int, tokens_out: int | None, sent: bool
+    ) -> Point:
+        """A request with no evidence judged: refused (`sent` False), or the ceiling's, which
+        is valid, within budget and keeps the newest turn by its definition."""
+        return cls(
+            turns=turns,
+            tokens_in=tokens_in,
+            tokens_out=tokens_out,
+            band=band_of(tokens_in / budget),
+            valid=sent,
+            within=sent,
+            system_kept=sent,
+            newest_kept=sent,
+            cut_into_text=False,
+            evidence=0,
+            evidence_kept=0,
+            evidence_recoverable=0,
+            prefix_kept=None,
+            cached=0,
+            billed=0.0,
+        )
 
 
 @dataclass
@@ -632,17 +966,21 @@ class Growth:
     api: str
     window: int
     budget: int
+    session: str = ""
+    family: str = GENERATED
     turns: int = 0  # compressed turns measured
     pairs: int = 0  # consecutive compressed requests compared
     prefix_kept: int = 0  # ...where the earlier one is a byte-identical prefix of the later
     valid: int = 0
     within: int = 0
     newest_kept: int = 0  # requests that end with the client's newest item, byte for byte
+    newest_fits: int = 0  # ...of those sent whose newest turn fits the budget (with the system's)
     refused: int = 0
     untrimmed: int = 0  # the baseline gave up and returned its input
     calls_per_turn: list[int] = field(default_factory=list)
     resend_calls: int | None = None
     seconds: float = 0.0
+    points: list[Point] = field(default_factory=list)
 
 
 def is_prefix(api: str, before: dict[str, Any], after: dict[str, Any]) -> bool:
@@ -650,24 +988,52 @@ def is_prefix(api: str, before: dict[str, Any], after: dict[str, Any]) -> bool:
     the same fields outside the conversation, and its items as the later one's first items."""
     wire = WIRES[api]
     old, new = wire.conversation(before), wire.conversation(after)
+    return shared_items(api, before, after) == len(old) and len(new) >= len(old)
+
+
+def shared_items(api: str, before: dict[str, Any], after: dict[str, Any]) -> int:
+    """How many of the later request's first items are the earlier one's, byte for byte (0 if
+    anything outside the conversation differs: tools, system prompt, settings)."""
+    wire = WIRES[api]
     rest_old = orjson.dumps(wire.with_conversation(before, []), option=orjson.OPT_SORT_KEYS)
     rest_new = orjson.dumps(wire.with_conversation(after, []), option=orjson.OPT_SORT_KEYS)
-    return (
-        rest_old == rest_new
-        and len(new) >= len(old)
-        and all(orjson.dumps(a) == orjson.dumps(b) for a, b in zip(old, new, strict=False))
-    )
+    if rest_old != rest_new:
+        return -1
+    shared = 0
+    for a, b in zip(wire.conversation(before), wire.conversation(after), strict=False):
+        if orjson.dumps(a) != orjson.dumps(b):
+            break
+        shared += 1
+    return shared
+
+
+def billed(
+    api: str, previous: dict[str, Any] | None, sent: dict[str, Any], counter: TokenCounter
+) -> tuple[int, float]:
+    """(cached tokens, input billed in input-token prices) of `sent` after `previous` went to
+    the same provider: what both start with (the fields outside the conversation and the same
+    first items) is read from the prompt cache at `CACHE_READ`; the rest is written to it at
+    `CACHE_WRITE` — as if the provider cached every request whole (OpenAI's automatic caching;
+    Anthropic's with a cache breakpoint on the last message, as Claude Code sets one)."""
+    wire, tokenizer, model = WIRES[api], tokenizer_of(api), MODELS[api]
+    total = counter.request(wire, sent, tokenizer, model).total
+    shared = -1 if previous is None else shared_items(api, previous, sent)
+    if shared < 0:
+        return 0, CACHE_WRITE * total
+    prefix = wire.with_conversation(sent, wire.conversation(sent)[:shared])
+    cached = min(total, counter.request(wire, prefix, tokenizer, model).total - REPLY_PRIMING)
+    return cached, CACHE_READ * cached + CACHE_WRITE * (total - cached)
 
 
 def first_over(
-    session: Session, api: str, budget: int, counter: TokenCounter, points: Sequence[int]
+    subject: Subject, api: str, budget: int, counter: TokenCounter, points: Sequence[int]
 ) -> int:
     """The index (in `points`) of the first request of the session over the budget."""
     wire, tokenizer = WIRES[api], tokenizer_of(api)
     low, high = 0, len(points) - 1
     while low < high:
         middle = (low + high) // 2
-        body = RENDER[api](session, points[middle])
+        body = subject.request(api, points[middle])
         if counter.request(wire, body, tokenizer, MODELS[api]).total > budget:
             high = middle
         else:
@@ -675,109 +1041,188 @@ def first_over(
     return low
 
 
+def send(
+    method: str,
+    api: str,
+    body: dict[str, Any],
+    budget: int,
+    counter: TokenCounter,
+    brim: Brim | None,
+    growth: Growth,
+) -> tuple[dict[str, Any] | None, bool]:
+    """One request through a method: what it sent (None: refused), and whether it cut into
+    text."""
+    if brim is not None:
+        forwarded = asyncio.run(brim.send(body))
+        if method == BRIM_SUMMARIZE:
+            growth.calls_per_turn.append(forwarded.summarizer_calls)
+        return forwarded.body, forwarded.cut_into_text
+    if method == OLDEST_FIRST:
+        return oldest_first(api, body, budget, counter), False
+    sent, note = baseline(method, body, budget, counter)
+    growth.untrimmed += note == "untrimmed"
+    return sent, False
+
+
 def grow(
-    session: Session,
+    subject: Subject,
     method: str,
     api: str,
     window: int,
-    turns: int,
+    turns: int | None,
     counter: TokenCounter,
     check: Checker,
 ) -> Growth:
+    """`subject` growing request by request through `method` at `window`, from its first
+    request over the budget, for `turns` requests (None: to its end)."""
     wire, tokenizer = WIRES[api], tokenizer_of(api)
-    brim = Brim(counter, api, window, summarize=method == BRIM_SUMMARIZE)
-    probe = RENDER[api](session, 1)
+    brim = (
+        Brim(counter, api, window, summarize=method == BRIM_SUMMARIZE) if method in BRIMS else None
+    )
+    probe = subject.request(api, 1)
     budget = window_budget(api, probe, window)
-    points = session.request_points()
-    start = first_over(session, api, budget, counter, points)
-    growth = Growth(method, api, window, budget)
-    previous: dict[str, Any] | None = None
+    points = subject.points()
+    start = first_over(subject, api, budget, counter, points)
+    growth = Growth(method, api, window, budget, subject.name, subject.family)
+    # The client's last request before it went over the budget: every method sent it as it was.
+    previous: dict[str, Any] | None = subject.request(api, points[start - 1]) if start > 0 else None
+    last_sent: dict[str, Any] | None = None
     last: dict[str, Any] | None = None
     started = time.perf_counter()
-    for point in points[start : start + turns]:
-        body = RENDER[api](session, point)
-        if counter.request(wire, body, tokenizer, MODELS[api]).total <= budget:
+    for point in points[start : None if turns is None else start + turns]:
+        body = subject.request(api, point)
+        tokens_in = counter.request(wire, body, tokenizer, MODELS[api]).total
+        if tokens_in <= budget:
             break  # the session ended before passing the budget: nothing to measure
-        if method in (BRIM, BRIM_SUMMARIZE):
-            forwarded = asyncio.run(brim.send(body))
-            sent, calls = forwarded.body, forwarded.summarizer_calls
-            if method == BRIM_SUMMARIZE:
-                growth.calls_per_turn.append(calls)
-        else:
-            sent, note = baseline(method, body, budget, counter)
-            growth.untrimmed += note == "untrimmed"
+        sent, cut = send(method, api, body, budget, counter, brim, growth)
         growth.turns += 1
         last = body
         if sent is None:
             growth.refused += 1
-            previous = None
+            last_sent = previous = None
+            growth.points.append(Point.plain(point, tokens_in, budget, None, False))
             continue
-        growth.valid += not check(wire.conversation(sent))
-        growth.within += counter.request(wire, sent, tokenizer, MODELS[api]).total <= budget
         items = wire.conversation(sent)
-        growth.newest_kept += bool(items) and orjson.dumps(items[-1]) == orjson.dumps(
+        tokens_out = counter.request(wire, sent, tokenizer, MODELS[api]).total
+        valid = not check(items)
+        within = tokens_out <= budget
+        newest = bool(items) and orjson.dumps(items[-1]) == orjson.dumps(
             wire.conversation(body)[-1]
         )
-        if previous is not None:
+        too_big = least_tokens(api, body, counter) > budget
+        growth.valid += valid
+        growth.within += within
+        growth.newest_fits += not too_big
+        growth.newest_kept += newest and not too_big
+        prefix: bool | None = None
+        if last_sent is not None:
             growth.pairs += 1
-            growth.prefix_kept += is_prefix(api, previous, sent)
-        previous = sent
-    if method == BRIM_SUMMARIZE and last is not None:
+            prefix = is_prefix(api, last_sent, sent)
+            growth.prefix_kept += prefix
+        cached, cost = billed(api, previous, sent, counter)
+        evidence = subject.evidence.of(point) if point < len(subject.session.turns) else ()
+        read = read_sent(api, sent, brim.guard.store if brim is not None else None)
+        # A request the provider would refuse (invalid, over the budget) leads to no next turn.
+        accepted = valid and within
+        kept = judge_evidence(
+            evidence, read.text if accepted else "", read.originals if accepted else []
+        )
+        growth.points.append(
+            Point(
+                turns=point,
+                tokens_in=tokens_in,
+                tokens_out=tokens_out,
+                band=band_of(tokens_in / budget),
+                valid=valid,
+                within=within,
+                system_kept=system_kept(api, body, sent),
+                newest_kept=newest,
+                cut_into_text=cut,
+                evidence=len(evidence),
+                evidence_kept=len(kept.kept),
+                evidence_recoverable=len(kept.recoverable),
+                prefix_kept=prefix,
+                cached=cached,
+                billed=round(cost, 1),
+                lost=[t for t in evidence if t not in kept.recoverable],
+                newest_too_big=too_big,
+            )
+        )
+        last_sent = previous = sent
+    if method == BRIM_SUMMARIZE and last is not None and brim is not None:
         growth.resend_calls = asyncio.run(brim.send(last)).summarizer_calls
     growth.seconds = round(time.perf_counter() - started, 2)
     return growth
 
 
 def prefix_ceiling(
-    session: Session, api: str, window: int, turns: int, counter: TokenCounter
+    subject: Subject | Session,
+    api: str,
+    window: int,
+    turns: int | None,
+    counter: TokenCounter,
 ) -> Growth:
     """The most prefix any method can keep over the turns `grow` measures, if it keeps the
     newest turn whole (its last unit: the user message, or a tool call with its results) and
     sends valid requests: whenever the next turn does not fit on top of the previous request,
     cut down to the system prompt, the tools and that newest turn alone, no lower bound being
     lower; otherwise send the previous request plus the new items. Cutting to the least leaves
-    the most room for the turns after it, so no method keeps the prefix on more turns."""
+    the most room for the turns after it, so no method keeps the prefix on more turns. Its
+    requests are billed as `grow`'s are (`billed`): the ceiling method's cost."""
+    if isinstance(subject, Session):
+        subject = Subject(f"session-{subject.seed}", GENERATED, subject, Facts((), ()))
     wire, tokenizer = WIRES[api], tokenizer_of(api)
-    budget = window_budget(api, RENDER[api](session, 1), window)
-    points = session.request_points()
-    start = first_over(session, api, budget, counter, points)
-    growth = Growth(CEILING, api, window, budget)
-    sent: int | None = None  # the ceiling method's request, in tokens
-    before = 0  # the client's previous request, in tokens
-    for point in points[start : start + turns]:
-        body = RENDER[api](session, point)
+    budget = window_budget(api, subject.request(api, 1), window)
+    points = subject.points()
+    start = first_over(subject, api, budget, counter, points)
+    growth = Growth(CEILING, api, window, budget, subject.name, subject.family)
+    previous: dict[str, Any] | None = subject.request(api, points[start - 1]) if start > 0 else None
+    sent: dict[str, Any] | None = None  # the ceiling method's request
+    before: list[Any] = []  # the client's previous request's items
+    for point in points[start : None if turns is None else start + turns]:
+        body = subject.request(api, point)
+        items = wire.conversation(body)
         total = counter.request(wire, body, tokenizer, MODELS[api]).total
         if total <= budget:
             break
         growth.turns += 1
         growth.newest_kept += 1  # by its definition
+        growth.newest_fits += 1
+        candidate = None
         if sent is not None:
             growth.pairs += 1
-            if sent + total - before <= budget:
+            added = items[len(before) :]
+            candidate = wire.with_conversation(sent, [*wire.conversation(sent), *added])
+            if counter.request(wire, candidate, tokenizer, MODELS[api]).total > budget:
+                candidate = None
+            else:
                 growth.prefix_kept += 1
-                sent, before = sent + total - before, total
-                continue
-        items = wire.conversation(body)
-        units = wire.dialect.units(items)
-        kept = [i for unit in units if unit.kind == "system" for i in unit.indices]
-        kept += list(units[-1].indices)
-        least = wire.with_conversation(body, [items[i] for i in sorted(set(kept))])
-        sent, before = counter.request(wire, least, tokenizer, MODELS[api]).total, total
+        sent = candidate if candidate is not None else least_request(api, body)
+        before = items
+        cached, cost = billed(api, previous, sent, counter)
+        tokens_out = counter.request(wire, sent, tokenizer, MODELS[api]).total
+        made = Point.plain(point, total, budget, tokens_out, True)
+        made.prefix_kept = candidate is not None if growth.pairs else None
+        made.cached, made.billed = cached, round(cost, 1)
+        growth.points.append(made)
+        previous = sent
     return growth
 
 
 def growth_runs(
     windows: Sequence[int], turns: int, counter: TokenCounter, check: Mapping[str, Checker]
 ) -> list[Growth]:
+    """The generated family's growing sessions, one per window."""
     runs: list[Growth] = []
     for n, window in enumerate(windows):
         # Long enough to pass the budget and go on for `turns` more requests (~2 000 tokens each).
         session = sessions.generate(500 + n, int(window * 0.95) + turns * 2_500)
+        subject = Subject(f"growing-{500 + n}", GENERATED, session, facts_of(session), seed=500 + n)
         for api in APIS:
-            for method in (BRIM, BRIM_SUMMARIZE):
-                runs.append(grow(session, method, api, window, turns, counter, check[api]))
-            runs.append(prefix_ceiling(session, api, window, turns, counter))
-        for method in BASELINES:
+            for method in (*BRIMS, OLDEST_FIRST):
+                runs.append(grow(subject, method, api, window, turns, counter, check[api]))
+            runs.append(prefix_ceiling(subject, api, window, turns, counter))
+        for method in CHAT_ONLY:
             # LiteLLM recounts every kept message for each one it adds (~8 s a call at 128K).
             count = (
                 min(turns, LITELLM_TURNS_PAST_32K)
@@ -785,297 +1230,88 @@ def growth_runs(
                 else turns
             )
             runs.append(
-                grow(session, method, "openai.chat", window, count, counter, check["openai.chat"])
+                grow(subject, method, "openai.chat", window, count, counter, check["openai.chat"])
             )
     return runs
 
 
-# ---------------------------------------------------------------- the report
+def replay_window(subject: Subject, api: str, counter: TokenCounter) -> int | None:
+    """The smallest of `REPLAY_WINDOWS` whose budget the session's least request (system
+    prompt, tools, last turn) takes at most four fifths of, and that the whole session is more
+    than 1.3× over (None: none is)."""
+    body = subject.request(api)
+    total = counter.request(WIRES[api], body, tokenizer_of(api), MODELS[api]).total
+    least = least_tokens(api, body, counter)
+    for window in REPLAY_WINDOWS:
+        budget = window_budget(api, body, window)
+        if budget * 0.8 >= least and total > 1.3 * budget:
+            return window
+    return None
 
 
-def percent(part: int, whole: int) -> float | None:
-    return round(100 * part / whole, 1) if whole else None
-
-
-def summarize_cases(cases: Sequence[Case]) -> list[dict[str, Any]]:
-    """One row per (factor, method, API): shares over the sessions measured."""
-    rows: list[dict[str, Any]] = []
-    for factor in FACTORS:
-        for method in METHODS:
-            for api in APIS:
-                group = [c for c in cases if (c.factor, c.method, c.api) == (factor, method, api)]
-                if not group:
-                    continue
-                sent = [c for c in group if not c.refused]
-                rows.append(
-                    {
-                        "factor": factor,
-                        "method": method,
-                        "api": api,
-                        "cases": len(group),
-                        "refused": len(group) - len(sent),
-                        **{
-                            f"{column}_pct": percent(sum(getattr(c, name) for c in sent), len(sent))
-                            for column, name in REQUEST_SHARES.items()
-                        },
-                        **{
-                            f"facts_{where}_{how}_pct": percent(
-                                sum(getattr(c, f"facts_{where}_{how}") for c in group),
-                                sum(getattr(c, f"facts_{where}") for c in group),
-                            )
-                            for where in ("older", "recent", "lookalike")
-                            for how in ("kept", "recoverable")
-                        },
-                        "facts_in_later_rounds": sum(len(c.further) for c in group),
-                        "tokens_out_share": round(
-                            sum((c.tokens_out or 0) / c.budget for c in sent) / len(sent), 3
-                        )
-                        if sent
-                        else None,
-                        "summarizer_calls": sum(c.summarizer_calls for c in group),
-                        "untrimmed": sum(c.note == "untrimmed" for c in group),
-                        "ms": round(1000 * sum(c.seconds for c in group) / len(group), 1),
-                    }
-                )
-    return rows
-
-
-def summarize_places(
-    cases: Sequence[Case], places: Mapping[tuple[int, str], str]
-) -> list[dict[str, Any]]:
-    """Per method (on Chat, every reduction together): the share of facts kept by where they
-    were planted."""
-    kinds = sorted(set(places.values()))
-    rows: list[dict[str, Any]] = []
-    for method in METHODS:
-        group = [c for c in cases if c.method == method and c.api == "openai.chat"]
-        row: dict[str, Any] = {"method": method}
-        for kind in kinds:
-            planted = lost = 0
-            for case in group:
-                mine = [f for (seed, f), k in places.items() if seed == case.seed and k == kind]
-                planted += len(mine)
-                lost += sum(f in case.lost for f in mine)
-            row[kind] = percent(planted - lost, planted)
-        rows.append(row)
-    return rows
-
-
-def summarize_growth(runs: Sequence[Growth]) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    for method in GROWTH_ROWS:
+def replay_runs(
+    subjects: Sequence[Subject],
+    counter: TokenCounter,
+    check: Mapping[str, Checker],
+    turns: int | None,
+) -> list[Growth]:
+    """Each session file replayed as it grew, at its `replay_window` in each API, by every
+    method and the ceiling, for `turns` compressed requests (None: to the end)."""
+    runs: list[Growth] = []
+    for subject in subjects:
         for api in APIS:
-            group = {g.window: g for g in runs if (g.method, g.api) == (method, api)}
-            if not group:
+            window = replay_window(subject, api, counter)
+            if window is None:
                 continue
-            row: dict[str, Any] = {"method": method, "api": api}
-            for window, g in group.items():
-                calls = g.calls_per_turn
-                row[str(window)] = {
-                    "budget": g.budget,
-                    "turns": g.turns,
-                    "pairs": g.pairs,
-                    "prefix_kept_pct": percent(g.prefix_kept, g.pairs),
-                    "valid_pct": percent(g.valid, g.turns - g.refused),
-                    "within_budget_pct": percent(g.within, g.turns - g.refused),
-                    "newest_kept_pct": percent(g.newest_kept, g.turns - g.refused),
-                    "refused": g.refused,
-                    "untrimmed": g.untrimmed,
-                    "summarizer_calls_first_turn": calls[0] if calls else None,
-                    "summarizer_calls_per_later_turn": round(sum(calls[1:]) / len(calls[1:]), 2)
-                    if calls[1:]
-                    else None,
-                    "summarizer_calls_max": max(calls) if calls else None,
-                    "resend_calls": g.resend_calls,
-                    "seconds": g.seconds,
-                }
-            rows.append(row)
-    return rows
+            for method in methods_for(subject.family, api):
+                runs.append(grow(subject, method, api, window, turns, counter, check[api]))
+            runs.append(prefix_ceiling(subject, api, window, turns, counter))
+    return runs
 
 
-def cell(value: float | None) -> str:
-    if value is None:
-        return "—"
-    return f"{value:.0f}" if value == int(value) else f"{value:.1f}"
+# ---------------------------------------------------------------- the run
 
 
-def cells(values: Sequence[float | None]) -> str:
-    """One figure per reduction factor, or one figure where they are all the same."""
-    shown = [cell(value) for value in values]
-    return shown[0] if len(set(shown)) == 1 else " · ".join(shown)
+def session_files(folders: Sequence[Path], families: set[str] | None) -> list[Subject]:
+    subjects = [file_subject(made) for folder in folders for made in corpus.load(folder)]
+    return [s for s in subjects if families is None or s.family in families]
 
 
-def render_summary(report: Mapping[str, Any]) -> str:
-    """Everything in one table: per method and API, a figure per reduction factor (or one, if
-    the same at all four), prefix kept per window."""
-    factors = " · ".join(f"{f:g}×" for f in FACTORS)
-    windows = [str(w) for w in report["windows"]]
-    sizes = report["sessions"]
-    lines = [
-        f"brim context fidelity — {len(sizes)} session(s) of "
-        + ", ".join(f"{s['tokens']:,}" for s in sizes)
-        + f" tokens (Chat, o200k), {sum(s['facts'] for s in sizes)} facts planted "
-        + f"and {sum(s['lookalike_facts'] for s in sizes)} look-alike facts"
-        + (" (quick)" if report["quick"] else ""),
-        "",
-        f"Per reduction ({factors}; one figure when all are equal), % of requests or of facts; "
-        "prefix kept per window ("
-        + " · ".join(f"{int(w) // 1024}K" for w in windows)
-        + "). Baselines take Chat Completions messages: n/a on Messages, Responses, Gemini.",
-        "",
-        "| method | API | valid | within budget | system kept | newest kept "
-        "| facts kept, older | facts recoverable, older | facts kept, last 8 "
-        "| look-alike facts kept | look-alike facts recoverable | prefix kept |",
-        "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
-    ]
-    growth = {(g["method"], g["api"]): g for g in report["growth"]}
-    for method in METHODS:
-        for api in APIS:
-            rows = {
-                r["factor"]: r
-                for r in report["fidelity"]
-                if (r["method"], r["api"]) == (method, api)
-            }
-            if not rows:
-                continue
-            ordered = [rows.get(f) for f in FACTORS]
-
-            def column(key: str, ordered: list[dict[str, Any] | None] = ordered) -> str:
-                return cells([r[key] if r else None for r in ordered])
-
-            g = growth.get((method, api), {})
-            prefix = cells([g[w]["prefix_kept_pct"] if w in g else None for w in windows])
-            label = API_LABELS[api] + (" (others n/a)" if method in BASELINES else "")
-            lines.append(
-                f"| {method} | {label} | {column('valid_pct')} | {column('within_budget_pct')} "
-                f"| {column('system_kept_pct')} | {column('newest_kept_pct')} "
-                f"| {column('facts_older_kept_pct')} | {column('facts_older_recoverable_pct')} "
-                f"| {column('facts_recent_kept_pct')} | {column('facts_lookalike_kept_pct')} "
-                f"| {column('facts_lookalike_recoverable_pct')} | {prefix} |"
-            )
-    return "\n".join(lines)
+def describe(subject: Subject, counter: TokenCounter) -> dict[str, Any]:
+    chat = subject.request("openai.chat")
+    evidence = [subject.evidence.of(n) for n in range(len(subject.session.turns))]
+    return {
+        "name": subject.name,
+        "family": subject.family,
+        "api": subject.native or "generated",
+        "seed": subject.seed,
+        "tokens": counter.request(CHAT, chat, "o200k_base").total,
+        "messages": len(chat["messages"]),
+        "facts": len(subject.facts.older) + len(subject.facts.recent),
+        "lookalike_facts": len(subject.facts.lookalike),
+        "evidence_turns": sum(bool(e) for e in evidence),
+        "evidence_tokens": sum(len(e) for e in evidence),
+        "places": dict(Counter(subject.places.values())),
+    }
 
 
-def render(report: Mapping[str, Any]) -> str:
-    sizes = report["sessions"]
-    lines = [
-        f"brim context fidelity — {len(sizes)} session(s) of "
-        + ", ".join(f"{s['tokens']:,}" for s in sizes)
-        + f" tokens (Chat, o200k), {sum(s['facts'] for s in sizes)} facts planted "
-        + f"and {sum(s['lookalike_facts'] for s in sizes)} look-alike facts"
-        + (" (quick)" if report["quick"] else ""),
-        "",
-        "Baselines take Chat Completions messages: they run on the Chat rendering only, n/a on "
-        "Messages, Responses and Gemini.",
-        "Figures are % of requests (valid … newest kept) or of planted facts; refused = brim "
-        "answered 400 instead. Look-alike facts: each one line of a listing whose other lines "
-        "look like it (bench.sessions); older and last 8 count the other facts. Recoverable = "
-        "kept, or in the stored original of a key the request names while it offers "
-        "brim_restore (baselines name none: recoverable = kept).",
-    ]
-    header = (
-        "| method | API | valid | within budget | system kept | newest kept "
-        "| facts kept, older | facts recoverable, older | facts kept, last 8 "
-        "| look-alike facts kept | look-alike facts recoverable | tokens / budget | refused |"
-    )
-    rule = "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
-    for factor in FACTORS:
-        rows = [r for r in report["fidelity"] if r["factor"] == factor]
-        budget = ", ".join(
-            f"{API_LABELS[c['api']]} {c['budget']:,}"
-            for c in report["cases"]
-            if c["factor"] == factor and c["method"] == BRIM and c["seed"] == sizes[0]["seed"]
-        )
-        lines += [
-            "",
-            f"**{factor:g}× reduction** (budgets, first session: {budget})",
-            "",
-            header,
-            rule,
-        ]
-        for row in rows:
-            lines.append(
-                f"| {row['method']} | {API_LABELS[row['api']]} | {cell(row['valid_pct'])} "
-                f"| {cell(row['within_budget_pct'])} | {cell(row['system_kept_pct'])} "
-                f"| {cell(row['newest_kept_pct'])} | {cell(row['facts_older_kept_pct'])} "
-                f"| {cell(row['facts_older_recoverable_pct'])} "
-                f"| {cell(row['facts_recent_kept_pct'])} "
-                f"| {cell(row['facts_lookalike_kept_pct'])} "
-                f"| {cell(row['facts_lookalike_recoverable_pct'])} "
-                f"| {cell(row['tokens_out_share'])} "
-                f"| {row['refused']} |"
-            )
-            if row["method"] in BASELINES:
-                lines[-1] = lines[-1].replace("| Chat |", "| Chat (others n/a) |")
-    litellm = [r for r in report["fidelity"] if r["method"] == LITELLM]
-    gave_up = sum(r["untrimmed"] for r in litellm)
-    if gave_up:
-        lines += [
-            "",
-            f"LiteLLM's trim_messages returned the messages untrimmed in {gave_up} of "
-            f"{sum(r['cases'] for r in litellm)} cases: it raised on an assistant message with "
-            "`content: null` (a tool call) and caught its own exception.",
-        ]
-    kinds = [k for k in report["facts_by_place"][0] if k != "method"]
-    planted = {k: sum(s["places"].get(k, 0) for s in report["sessions"]) for k in kinds}
-    lines += [
-        "",
-        "**Facts kept by where they were planted** (Chat, all four reductions together; "
-        "facts planted: " + ", ".join(f"{k} {planted[k]}" for k in kinds) + ")",
-        "",
-        "| method | " + " | ".join(kinds) + " |",
-        "|---|" + "--:|" * len(kinds),
-    ]
-    for row in report["facts_by_place"]:
-        lines.append(f"| {row['method']} | " + " | ".join(cell(row[k]) for k in kinds) + " |")
-    windows = [str(w) for w in report["windows"]]
-    labels = [f"{int(w) // 1024}K" for w in windows]
-    lines += [
-        "",
-        f"**Growing sessions** ({report['growth_turns']} compressed turns per window; LiteLLM "
-        f"{LITELLM_TURNS_PAST_32K} past 32K, as it is slow there): prefix kept = share of "
-        "consecutive compressed requests where the earlier one is a byte-identical prefix of the "
-        "later one (what a provider's prompt cache needs); newest kept = share of those requests "
-        "that end with the client's newest item whole. The ceiling is the most any method "
-        "keeping the newest turn whole can reach on these sessions (`prefix_ceiling`).",
-        "",
-        "| method | API | "
-        + " | ".join(f"prefix kept {label}" for label in labels)
-        + " | newest kept "
-        + " · ".join(labels)
-        + " |",
-        "|---|---|" + "--:|" * (len(windows) + 1),
-    ]
-    for row in report["growth"]:
-        api = API_LABELS[row["api"]] + (" (others n/a)" if row["method"] in BASELINES else "")
-        prefix = " | ".join(cell(row[w]["prefix_kept_pct"]) if w in row else "—" for w in windows)
-        newest = cells([row[w]["newest_kept_pct"] if w in row else None for w in windows])
-        lines.append(f"| {row['method']} | {api} | {prefix} | {newest} |")
-    lines += [
-        "",
-        "**Summarizer calls** (brim + summarize, growing sessions): on the first compressed turn, "
-        "per later turn (mean), and for an identical resend of the last request.",
-        "",
-        "| API | " + " | ".join(f"{label} first · later · resend" for label in labels) + " |",
-        "|---|" + "--:|" * len(windows),
-    ]
-    for row in report["growth"]:
-        if row["method"] != BRIM_SUMMARIZE:
-            continue
-        figures = []
-        for w in windows:
-            f = row.get(w)
-            figures.append(
-                "—"
-                if f is None
-                else f"{f['summarizer_calls_first_turn']} · "
-                f"{cell(f['summarizer_calls_per_later_turn'])} · {f['resend_calls']}"
-            )
-        lines.append(f"| {API_LABELS[row['api']]} | " + " | ".join(figures) + " |")
-    return "\n".join(lines)
+def quick_pick(subjects: Sequence[Subject], counter: TokenCounter) -> list[Subject]:
+    """For the quick run: the shortest session of each family."""
+    shortest: dict[str, Subject] = {}
+    for subject in subjects:
+        size = counter.request(CHAT, subject.request("openai.chat"), "o200k_base").total
+        best = shortest.get(subject.family)
+        if (
+            best is None
+            or size < counter.request(CHAT, best.request("openai.chat"), "o200k_base").total
+        ):
+            shortest[subject.family] = subject
+    return list(shortest.values())
 
 
 def main(argv: list[str] | None = None) -> int:
+    from bench import fidelity_report as report_of
+
     parser = argparse.ArgumentParser(
         prog="python -m bench.fidelity",
         description=__doc__,
@@ -1083,6 +1319,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="a small run (what the test runs)")
     parser.add_argument("--out", default="bench/results/fidelity.json", help="where the JSON goes")
+    parser.add_argument(
+        "--sessions",
+        action="append",
+        type=Path,
+        help="a folder of session files (bench.corpus); repeatable; default: bench/corpus",
+    )
+    parser.add_argument(
+        "--families",
+        help="only these families, comma-separated (e.g. generated,real-cli, or a held-out set's)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm: no fetch at import
     use_bundled_tiktoken_files()
@@ -1090,32 +1336,28 @@ def main(argv: list[str] | None = None) -> int:
     counter.warm()
     check = checkers()
     started = time.perf_counter()
+    families = set(args.families.split(",")) if args.families else None
+    try:
+        files = session_files(args.sessions or ([CORPUS] if CORPUS.is_dir() else []), families)
+    except corpus.SessionFileError as exc:
+        parser.error(str(exc))
 
     seeds, tokens = ((1,), 24_000) if args.quick else ((1, 2, 3, 4, 5), 60_000)
     windows = WINDOWS[:2] if args.quick else WINDOWS
     turns = 6 if args.quick else 24
+    generated = families is None or GENERATED in families
+    subjects = [generated_subject(seed, tokens) for seed in seeds] if generated else []
+    if args.quick:
+        files = quick_pick(files, counter)
+    subjects += files
     cases: list[Case] = []
-    described = []
-    places: dict[tuple[int, str], str] = {}
-    for seed in seeds:
-        session = sessions.generate(seed, tokens)
-        for fact, kind in sessions.fact_places(session).items():
-            places[(seed, fact.split()[0])] = kind
-        chat = sessions.chat_body(session)
-        facts = facts_of(session)
-        described.append(
-            {
-                "seed": seed,
-                "tokens": counter.request(CHAT, chat, "o200k_base").total,
-                "messages": len(chat["messages"]),
-                "facts": len(facts.older) + len(facts.recent),
-                "lookalike_facts": len(facts.lookalike),
-                "places": dict(Counter(sessions.fact_places(session).values())),
-            }
-        )
-        cases += fidelity_cases(session, counter, check)
+    places: dict[tuple[str, str], str] = {}
+    for subject in subjects:
+        places |= {(subject.name, fact_id(f)): kind for f, kind in subject.places.items()}
+        cases += fidelity_cases(subject, counter, check)
     fidelity_s = time.perf_counter() - started
-    runs = growth_runs(windows, turns, counter, check)
+    runs = growth_runs(windows, turns, counter, check) if generated else []
+    runs += replay_runs(files, counter, check, 6 if args.quick else None)
     report: dict[str, Any] = {
         "machine": {
             "python": sys.version.split()[0],
@@ -1125,11 +1367,14 @@ def main(argv: list[str] | None = None) -> int:
         "quick": args.quick,
         "factors": FACTORS,
         "windows": windows,
+        "bands": BANDS,
         "growth_turns": turns,
-        "sessions": described,
-        "fidelity": summarize_cases(cases),
-        "facts_by_place": summarize_places(cases, places),
-        "growth": summarize_growth(runs),
+        "sessions": [describe(subject, counter) for subject in subjects],
+        "fidelity": report_of.summarize_cases(cases),
+        "facts_by_place": report_of.summarize_places(cases, places),
+        "evidence": report_of.summarize_evidence(runs),
+        "budget": report_of.summarize_budget(cases, runs),
+        "growth": report_of.summarize_growth(runs),
         "cases": [dataclasses.asdict(c) for c in cases],
         "growth_runs": [dataclasses.asdict(g) for g in runs],
         "seconds": {
@@ -1137,12 +1382,11 @@ def main(argv: list[str] | None = None) -> int:
             "total": round(time.perf_counter() - started, 1),
         },
     }
+    report["targets"] = [dataclasses.asdict(t) for t in report_of.targets(report)]
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(report, option=orjson.OPT_INDENT_2))
-    print(render_summary(report))
-    print("\n\nIn detail\n")
-    print(render(report))
+    print(report_of.render(report))
     print(f"\nrun in {report['seconds']['total']} s; full results: {out}")
     return 0
 

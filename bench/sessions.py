@@ -14,6 +14,12 @@ deploy key rotates on tuesdays" — are planted inside JSON values, log lines, f
 user messages, all along the session and in its last messages too. Everything is deterministic
 given the seed.
 
+About a third of the tool steps are followed by a step that acts on what an earlier result said
+(`Generator.follow_up`: the file of a grep hit or a build error, an item's URL from an API
+listing, the failing test alone, the callers of a function a file defines), so that the
+session's assistant turns use ids, numbers and paths first seen in tool results — its
+next-action evidence (`bench.evidence`). They come from a random stream of their own.
+
 Those facts are easy to keep for a compressor that keeps a result's rare lines (brim's digest
 scores a line by how rare its words are within the result, `policies.information`): "fact" is a
 word no other line of the result has. So a session also holds look-alike facts, planted where
@@ -587,6 +593,8 @@ class Generator:
     def __init__(self, seed: int, fact_start: int = 1) -> None:
         self.rng = random.Random(seed)
         self.lookalike_rng = random.Random(seed * 7919 + 1)
+        self.follow_rng = random.Random(seed * 104_729 + 7)  # follow-up steps: `follow_up`
+        self.observed: list[Call] = []  # the tool calls made so far (listings aside)
         self.seed = seed
         self.next_fact = fact_start
         self.next_lookalike = LOOKALIKE_FIRST
@@ -860,6 +868,92 @@ class Generator:
             said = rng.choice(LISTING_CHATTER).format(team=team)
         return Turn("assistant", said, (Call(call_id, "run_command", arguments, result),))
 
+    # -- follow-up steps: the next call built from what an earlier result said
+
+    def follow_up(self) -> Turn | None:
+        """Now and then (a third of the tool steps), a step that acts on what an earlier result
+        said: the file of a grep hit or of a build error, the URL of an item an API listed, the
+        test that failed, a function a file defines. Its source is the latest result half the
+        time, else any earlier one. All from `follow_rng`, with no fact of its own, so that the
+        session's other turns draw the same choices whatever follows them."""
+        rng = self.follow_rng
+        if not self.observed or rng.random() >= 0.35:
+            return None
+        source = self.observed[-1] if rng.random() < 0.5 else rng.choice(self.observed)
+        made = self._follow(source)
+        if made is None:
+            return None
+        said, name, arguments, result = made
+        alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+        call_id = "call_" + "".join(rng.choice(alphabet) for _ in range(22))
+        call = Call(call_id, name, arguments, result)
+        self.observed.append(call)
+        return Turn("assistant", said if rng.random() < 0.7 else None, (call,))
+
+    def _follow(self, source: Call) -> tuple[str, str, dict[str, Any], str] | None:
+        rng = self.follow_rng
+        if source.name in ("grep", "run_build"):
+            hits = re.findall(r"(src/[\w/]+\.py):(\d+)", source.result)
+            if not hits:
+                return None
+            path, line = rng.choice(hits)
+            said = f"{path}:{line} is the spot; reading {path}."
+            return said, "read_file", {"path": path}, self._file_text(path)
+        if source.name == "http_get":
+            urls = re.findall(
+                r'"url":"(https://[^"]+/(\d+))"', source.result.replace('": "', '":"')
+            )
+            if not urls:
+                return None
+            url, ident = rng.choice(urls)
+            status = rng.choice(["active", "pending", "failed", "archived"])
+            record = {
+                "id": int(ident),
+                "status": status,
+                "url": url,
+                "events": rng.randrange(1, 40),
+            }
+            return (
+                f"Fetching item {ident} on its own.",
+                "http_get",
+                {"url": url},
+                orjson.dumps(record).decode(),
+            )
+        if source.name == "run_tests":
+            failing = re.search(r"^(\S+::\S+) FAILED", source.result, re.MULTILINE)
+            if failing is None:
+                return None
+            node = failing.group(1)
+            tail = source.result.split("= FAILURES =", 1)[-1].strip("= \n")
+            result = f"{node} FAILED\n{tail}"
+            return f"Running {node} alone.", "run_tests", {"selector": node}, result
+        if source.name == "read_file":
+            names = re.findall(r"^def (\w+)\(", source.result, re.MULTILINE)
+            if not names:
+                return None
+            name = rng.choice(names)
+            hits = [
+                f"{path}:{n + 1}:{line}"
+                for path, lines in sorted(self.files.items())
+                for n, line in enumerate(lines)
+                if name in line
+            ][:30]
+            said = f"{source.arguments['path']} defines {name}; looking for its callers."
+            return said, "grep", {"pattern": name, "path": "src"}, "\n".join(hits)
+        return None
+
+    def _file_text(self, path: str) -> str:
+        """A file's text for a follow-up read: as last read, or made now from `follow_rng` (with
+        no fact), without drawing from the session's own stream."""
+        if path not in self.files:
+            own, self.rng = self.rng, self.follow_rng
+            try:
+                self.files[path] = self.source_file(path, None)
+            finally:
+                self.rng = own
+        self.read.append(path)
+        return "\n".join(self.files[path]) + "\n"
+
     # -- turns
 
     def tool_call(self, fact_chance: float, small: bool = False) -> Call:
@@ -902,6 +996,7 @@ class Generator:
         said = None
         if rng.random() < 0.35:
             said = self.words(rng.choice(CHATTER))
+        self.observed += calls
         return Turn("assistant", said, calls)
 
     def user_message(self, fact_chance: float) -> str:
@@ -962,6 +1057,10 @@ def generate(
         step = gen.tool_step(0.6)
         session.turns.append(step)
         used += _size(step)
+        followed = gen.follow_up()
+        if followed is not None:
+            session.turns.append(followed)
+            used += _size(followed)
     session.turns += [gen.lookalike_step() for _ in marks]  # any the loop ended before
     session.lookalikes.update(gen.lookalikes)
     # The last stretch: small steps, each with a fact, then the ending.

@@ -72,18 +72,34 @@ class RestoringSession(ScriptedProvider):
     async def _reply_instead(self, request: web.Request, call: Call) -> web.StreamResponse | None:
         if call.reply != "restore" or self.asked is None:
             return None
-        prefix = "toolu" if call.api == "messages" else "call"
-        segments: list[shapes.Segment] = [shapes.Say(self.lead)] if self.lead else []
-        segments.append(
-            shapes.Call(f"{prefix}_restore_1", RESTORE_TOOL.name, {"key": self.asked.key})
+        arguments = {"key": self.asked.key}
+        return await call_reply(
+            request, call, len(self.calls), self.lead, "restore_1", RESTORE_TOOL.name, arguments
         )
-        turn = shapes.Turn(tuple(segments), Usage(call.tokens, OUTPUT_TOKENS, 0))
-        shape = SHAPE_OF[WIRE_OF[call.api]]
-        streamed = (
-            request.match_info["target"].endswith(":streamGenerateContent")
-            if call.api == "gemini"
-            else bool(call.body.get("stream"))
-        )
-        if not streamed:
-            return web.json_response(shape.reply(turn))
-        return await stream_in_pieces(request, shapes.round_stream(shape, turn, len(self.calls)))
+
+
+async def call_reply(
+    request: web.Request,
+    call: Call,
+    count: int,
+    said: str | None,
+    call_id: str,
+    tool: str,
+    arguments: dict[str, Any],
+) -> web.StreamResponse:
+    """A reply to `call` (the provider's `count`th) in its own wire API that says `said` (if
+    anything) and calls `tool` (its id `toolu_<call_id>` for Anthropic, `call_<call_id>`
+    elsewhere): streamed, in pieces, if the request asked for a stream."""
+    prefix = "toolu" if call.api == "messages" else "call"
+    segments: list[shapes.Segment] = [shapes.Say(said)] if said else []
+    segments.append(shapes.Call(f"{prefix}_{call_id}", tool, arguments))
+    turn = shapes.Turn(tuple(segments), Usage(call.tokens, OUTPUT_TOKENS, 0))
+    shape = SHAPE_OF[WIRE_OF[call.api]]
+    streamed = (
+        request.match_info["target"].endswith(":streamGenerateContent")
+        if call.api == "gemini"
+        else bool(call.body.get("stream"))
+    )
+    if not streamed:
+        return web.json_response(shape.reply(turn))
+    return await stream_in_pieces(request, shapes.round_stream(shape, turn, count))

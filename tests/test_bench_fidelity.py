@@ -1,5 +1,7 @@
 """The fidelity bench, at its quick size, so it cannot rot (the real run is
-`python -m bench.fidelity`); and its session generator, rendered in every wire API."""
+`python -m bench.fidelity`); and its session generator, rendered in every wire API.
+Its other parts have tests of their own: tests/test_bench_corpus.py (session files, the
+measures' arithmetic: evidence, oldest-first, prompt-cache billing, targets)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import orjson
 import pytest
 
 from adapters.exchange import ANONYMOUS
-from bench import fidelity, sessions
+from bench import fidelity, fidelity_report, sessions
 from middleware.restore import RESTORE_TOOL
 from middleware.store import MemoryStore
 from policies.clear import placeholder
@@ -36,9 +38,13 @@ COLUMNS = (
     "look-alike facts recoverable",
     "tokens / budget",
     "refused",
-    "prefix kept 8K",
-    "prefix kept 32K",
+    "prefix kept",
+    "billed / turn",
+    "× ceiling",
+    "Next-action evidence kept (recoverable)",
+    "Budget used by brim's compressed requests",
     "first · later · resend",
+    *fidelity.BANDS,
 )
 
 
@@ -61,27 +67,41 @@ def test_brim_sends_valid_requests_within_budget_on_every_api(
     quick: tuple[dict[str, Any], str],
 ) -> None:
     report, _ = quick
+    families = {s["family"] for s in report["sessions"]}
+    assert {"generated", "real-text", "real-cli"} <= families  # the committed session files too
     brim_rows = [
         r for r in report["fidelity"] if r["method"] in (fidelity.BRIM, fidelity.BRIM_SUMMARIZE)
     ]
-    assert {(r["factor"], r["method"], r["api"]) for r in brim_rows} == {
-        (f, m, a)
+    assert {(r["family"], r["factor"], r["method"], r["api"]) for r in brim_rows} == {
+        (family, f, m, a)
+        for family in families
         for f in fidelity.FACTORS
-        for m in (fidelity.BRIM, fidelity.BRIM_SUMMARIZE)
+        for m in fidelity.methods_for(family, "openai.chat")
+        if m in fidelity.BRIMS
         for a in fidelity.APIS
     }
     for row in brim_rows:
-        assert row["refused"] == 0, row
-        assert row["valid_pct"] == 100 and row["within_budget_pct"] == 100, row
-        assert row["system_kept_pct"] == 100, row
+        assert row["refused"] == 0, row  # the cases nothing can fit are left out
+        if row["cases"]:
+            assert row["valid_pct"] == 100 and row["within_budget_pct"] == 100, row
+        if row["family"] == "generated":  # on real CLI traffic, a target (it misses at 10×)
+            assert row["system_kept_pct"] == 100, row
     brim_cases = [c for c in report["cases"] if c["method"].startswith("brim")]
     assert brim_cases
     for case in brim_cases:
-        assert case["tokens_out"] <= case["budget"], case
+        assert case["impossible"] or case["tokens_out"] <= case["budget"], case
     brim_growth = [r for r in report["growth"] if r["method"].startswith("brim")]
-    assert {r["method"] for r in brim_growth} == {fidelity.BRIM, fidelity.BRIM_SUMMARIZE}
+    assert {(r["family"], r["method"]) for r in brim_growth} == {
+        ("generated", fidelity.BRIM),
+        ("generated", fidelity.BRIM_SUMMARIZE),
+        ("real-text", fidelity.BRIM),
+        ("real-cli", fidelity.BRIM),
+    }
     for row in brim_growth:
-        for window in map(str, report["windows"]):
+        windows = [w for w in row if w.isdigit()]
+        if row["family"] == "generated":
+            assert windows == list(map(str, report["windows"]))
+        for window in windows:
             assert row[window]["refused"] == 0, row  # valid_pct leaves refused turns out
             assert row[window]["valid_pct"] == 100 and row[window]["within_budget_pct"] == 100
             assert row[window]["pairs"] > 0
@@ -96,17 +116,32 @@ def test_every_method_and_column_is_reported(quick: tuple[dict[str, Any], str]) 
             fidelity.FACTORS
         )
         assert any(r["method"] == method for r in report["growth"])
+        assert any(r["method"] == method for r in report["evidence"])
     for column in COLUMNS:
         assert column in table, column
     assert "n/a" in table  # baselines only take Chat Completions messages
     for row in report["fidelity"]:
-        if row["method"] in fidelity.BASELINES:
+        if row["method"] in fidelity.CHAT_ONLY:
             assert row["api"] == "openai.chat"
-        for kind in ("older", "recent", "lookalike"):
+        if not row["cases"]:  # every cut of it was one nothing can fit (n/a)
+            assert row["impossible"] > 0 and row["facts_older_kept_pct"] is None, row
+            continue
+        kinds = ("older", "recent", "lookalike") if row["family"] == "generated" else ("older",)
+        for kind in kinds:
             for key in (f"facts_{kind}_kept_pct", f"facts_{kind}_recoverable_pct"):
                 assert row[key] is not None and 0 <= row[key] <= 100, row
             assert row[f"facts_{kind}_recoverable_pct"] >= row[f"facts_{kind}_kept_pct"], row
-    assert all(s["facts"] > 0 and s["lookalike_facts"] > 0 for s in report["sessions"])
+    oldest = {r["api"] for r in report["fidelity"] if r["method"] == fidelity.OLDEST_FIRST}
+    assert oldest == set(fidelity.APIS)  # the one baseline on every API
+    generated = [s for s in report["sessions"] if s["family"] == "generated"]
+    assert all(s["facts"] > 0 and s["lookalike_facts"] > 0 for s in generated)
+    assert all(s["facts"] > 0 and s["evidence_tokens"] > 0 for s in report["sessions"])
+    # One PASS/MISS line per target, in the output and the JSON.
+    assert len(report["targets"]) == 10
+    for target in report["targets"]:
+        assert target["passed"] in (True, False, None)
+        line = fidelity_report.Target(**target).line()
+        assert line.startswith(("PASS  ", "MISS  ", "—     ")) and line in table
 
 
 @pytest.mark.timeout(300)
@@ -117,7 +152,9 @@ def test_litellm_trim_messages_breaks_tool_pairing_or_budget(
     so a tool result can lose its call; it counts tool calls low and appends trailing tool
     messages without counting them, so it ends over budget."""
     report, _ = quick
-    litellm = [c for c in report["cases"] if c["method"] == fidelity.LITELLM]
+    litellm = [
+        c for c in report["cases"] if c["method"] == fidelity.LITELLM and c["family"] == "generated"
+    ]
     assert litellm
     assert any(not c["valid"] for c in litellm)
     assert any("answered by" in e for c in litellm for e in c["errors"])
@@ -209,16 +246,16 @@ def judge_with(
     """`sent` (None: refused) judged as what was sent for `session`'s Chat request, with `store`
     as brim's content store (None: a baseline's, which has none)."""
     use_bundled_tiktoken_files()
+    subject = fidelity.Subject("s", "generated", session, fidelity.facts_of(session))
     return fidelity.judge(
         "m",
         "openai.chat",
         1.0,
-        session,
+        subject,
         sessions.chat_body(session),
         sent,
         10**6,
         TokenCounter(),
-        fidelity.facts_of(session),
         fidelity.checkers()["openai.chat"],
         0.1,
         store=store,
@@ -249,6 +286,7 @@ def test_recoverable_is_kept_for_baselines_and_reaches_brims_store(
     report, _ = quick
     kinds = ("older", "recent", "lookalike")
     baselines = [c for c in report["cases"] if c["method"] in fidelity.BASELINES]
+    assert {c["family"] for c in baselines} == {s["family"] for s in report["sessions"]}
     assert baselines
     for case in baselines:
         assert not case["restore_offered"] and case["recovered"] == [], case["method"]
@@ -393,15 +431,20 @@ def test_no_method_keeps_its_prefix_more_often_than_the_ceiling(
     """The ceiling row bounds every method that keeps the newest turn whole and stays within
     budget: brim, with and without a summarizer, on every API and window."""
     report, table = quick
-    rows = {(r["method"], r["api"]): r for r in report["growth"]}
+    rows = {(r["family"], r["method"], r["api"]): r for r in report["growth"]}
     assert f"| {fidelity.CEILING} |" in table
-    for api in fidelity.APIS:
-        ceiling = rows[fidelity.CEILING, api]
-        for method in (fidelity.BRIM, fidelity.BRIM_SUMMARIZE):
-            for window in map(str, report["windows"]):
-                mine, best = rows[method, api][window], ceiling[window]
-                assert mine["pairs"] == best["pairs"] > 0
-                assert mine["prefix_kept_pct"] <= best["prefix_kept_pct"], (method, api, window)
+    compared = 0
+    for (family, method, api), row in rows.items():
+        if method not in fidelity.BRIMS:
+            continue
+        ceiling = rows[family, fidelity.CEILING, api]
+        for window in (w for w in row if w.isdigit()):
+            mine, best = row[window], ceiling[window]
+            assert mine["pairs"] == best["pairs"] > 0
+            assert mine["prefix_kept_pct"] <= best["prefix_kept_pct"], (family, method, api, window)
+            assert mine["billed_per_turn"] > 0 and best["billed_vs_ceiling"] == 1
+            compared += 1
+    assert compared >= 2 * 4 * 2 + 2 * 4  # generated: 2 methods, 4 APIs, 2 windows; two files
 
 
 def test_the_ceiling_keeps_every_prefix_when_the_turns_fit_and_not_when_they_are_large() -> None:
