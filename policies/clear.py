@@ -27,21 +27,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
-    STALE,
     Conversation,
-    Facts,
     FidelityRecord,
     Goal,
     Meter,
-    ResultKey,
     archive_key,
-    facts,
-    is_placeholder,
-    result_values,
     snapped_count,
 )
+from policies.facts import STALE, Facts, ResultKey, facts, result_values
 from policies.information import CutFrom, cut_from, gist
 from policies.remembered import Remembered
+from policies.text import is_placeholder
 
 
 class ClearSettings(BaseModel):

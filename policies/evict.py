@@ -48,22 +48,18 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
-    STALE,
     Conversation,
     FidelityRecord,
     Goal,
     Meter,
     Unit,
     archive_key,
-    facts,
-    is_placeholder,
-    last_request,
-    pointed_at,
-    result_values,
     snapped_count,
     text_tokens_for,
 )
+from policies.facts import STALE, facts, last_request, pointed_at, result_values
 from policies.information import cut_from, gist
+from policies.text import is_placeholder
 from policies.wires.base import NOTICE_PREFIX
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests.

@@ -27,8 +27,10 @@ from typing import Any
 
 import orjson
 
-from policies.conversation import Conversation, ResultKey, strings_of
+from policies.conversation import Conversation
+from policies.facts import ResultKey
 from policies.remembered import Remembered
+from policies.text import strings_of
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")

@@ -7,7 +7,7 @@ unless a user request came after it) are never touched:
    nulls by default).
 2. Nearly lossless, on every result: an exact copy of a later result (a file read twice with the
    same content, the same command output again) becomes a one-line pointer to the next copy,
-   with the sha256 under which the archive keeps the copy (`policies.conversation.pointer`).
+   with the sha256 under which the archive keeps the copy (`policies.text.pointer`).
 3. Lossy, only while the request is still over its target, oldest result first, in batches of at
    least `cut_at_least` tokens (by default the budget's slack): a text result over
    `max_text_tokens` keeps its head and tail and, in between, the lines that report an anomaly
@@ -15,7 +15,7 @@ unless a user request came after it) are never touched:
    that mention a task term, with a count of what went; a long JSON array keeps head, tail and
    the items with a task term, an anomaly or a field few other items fill. The task terms are
    those of the task the result was fetched for: the user's first and last request before it
-   and the arguments of the calls that fetched it (`policies.conversation.requests`,
+   and the arguments of the calls that fetched it (`policies.facts.requests`,
    `call_terms`).
 4. Lossier, only once step 3 has cut every result and the request is still over its target,
    oldest first and in the same batches — but past the oldest results that the next policy
@@ -49,24 +49,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
     Conversation,
-    Facts,
     FidelityRecord,
     Goal,
     Meter,
     ToolResult,
     Unit,
     archive_key,
-    copies,
-    facts,
-    is_anomaly,
-    keys_in,
-    keys_of,
-    mentions,
-    pointer,
     snapped_count,
-    strings_of,
     text_tokens_for,
 )
+from policies.facts import Facts, copies, facts
 from policies.information import (
     SHORTENED,
     CutFrom,
@@ -77,6 +69,7 @@ from policies.information import (
 )
 from policies.nesting import SAFE_DEPTH, nests_deeper_than
 from policies.remembered import Remembered
+from policies.text import is_anomaly, keys_in, keys_of, mentions, pointer, strings_of
 
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
 _MARKER_TOKENS = 20  # what one "[… N lines … omitted by brim …]" line costs, about

@@ -23,10 +23,9 @@ from policies.conversation import (
     Goal,
     Meter,
     archive_key,
-    facts,
-    last_request,
     text_tokens_for,
 )
+from policies.facts import facts, last_request
 from policies.prune import cut_middle
 
 MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split

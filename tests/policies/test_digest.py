@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from policies.clear import ClearSettings, ClearToolResults, placeholder
-from policies.conversation import Goal, archive_key, is_anomaly, keys_of
+from policies.conversation import Goal, archive_key
 from policies.information import (
     SHORTENED,
     CutFrom,
@@ -38,6 +38,7 @@ from policies.prune import (
     relevant_lines,
     shortened,
 )
+from policies.text import is_anomaly, keys_of
 from policies.tokens import CounterMeter, TokenCounter
 from policies.wires import WIRES
 from policies.wires.chat import CHAT

@@ -15,14 +15,9 @@ from hypothesis import strategies as st
 import policies.evict
 from policies.clear import placeholder
 from policies.compress import DEFAULT_ORDER, build_policies, compress
-from policies.conversation import (
-    Conversation,
-    FidelityRecord,
-    Goal,
-    archive_key,
-    facts,
-)
+from policies.conversation import Conversation, FidelityRecord, Goal, archive_key
 from policies.evict import GISTS_HEADER, LAST_RESORT, Evict, EvictSettings, _Dumped
+from policies.facts import facts
 from policies.wires import WIRES
 from policies.wires.base import NOTICE_PREFIX
 from tests.policies.test_compress import conversations

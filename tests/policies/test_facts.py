@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.conversation import Conversation, Facts, facts
+from policies.conversation import Conversation
+from policies.facts import Facts, facts
 from policies.wires import WIRES
 from tests.policies.test_information import BUILDERS, EDITED, NOISE, SOURCE, Builder, session
 

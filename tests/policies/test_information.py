@@ -16,22 +16,11 @@ from hypothesis import strategies as st
 
 from policies.clear import ClearSettings, ClearToolResults
 from policies.compress import DEFAULT_ORDER, build_policies, compress
-from policies.conversation import (
-    SAME_AS_PREFIX,
-    STALE,
-    Conversation,
-    Goal,
-    archive_key,
-    call_terms,
-    has_evidence,
-    is_anomaly,
-    requests,
-    result_values,
-    stale_results,
-    terms_of,
-)
+from policies.conversation import Conversation, Goal, archive_key
 from policies.evict import Evict, EvictSettings
+from policies.facts import STALE, call_terms, requests, result_values, stale_results
 from policies.prune import PruneSettings, PruneToolResults
+from policies.text import SAME_AS_PREFIX, has_evidence, is_anomaly, terms_of
 from policies.tokens import CounterMeter, TokenCounter
 from policies.truncate import Truncate
 from policies.wires import WIRES
