@@ -20,7 +20,7 @@ from adapters.errors import ContextTooLarge, NothingLeftToSend
 from adapters.exchange import Exchange
 from middleware.archive import ContentArchive
 from middleware.base import CallNext
-from middleware.restore import restorable, restore_offer
+from middleware.restore import keep_originals, restorable, restore_offer
 from middleware.sessions import SessionMemory
 from middleware.store import ContentStore
 from middleware.summarize import LEVELS, Summarizer, Summary
@@ -503,20 +503,3 @@ class Guard:
         changed = exchange.with_body(exchange.wire.with_conversation(body, outcome.messages))
         context = dataclasses.replace(exchange.context, outcome=outcome)
         return await call_next(dataclasses.replace(changed, context=context))
-
-
-async def keep_originals(
-    archive: ContentArchive | None,
-    store: ContentStore | None,
-    outcome: Outcome,
-    exchange: Exchange,
-) -> None:
-    """Keep what the policies removed, under the keys their records name, before it goes: in
-    the archive (for people) and the content store (for `brim_restore`), both the exchange's
-    owner's."""
-    items = [(r.archive_key, r.original) for r in outcome.records if r.archive_key and r.original]
-    exchange.report.archive_keys += tuple(key for key, _ in items)
-    if archive is not None and items:
-        await asyncio.to_thread(archive.put_many, exchange.owner, items)
-    if store is not None and items:
-        await store.put_many(exchange.owner, items)

@@ -131,7 +131,13 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
         )
     if services.store is not None:
         stages.append(
-            RestoreRounds(services.store, services.counter, max_rounds=config.restore.max_rounds)
+            RestoreRounds(
+                services.store,
+                services.counter,
+                max_rounds=config.restore.max_rounds,
+                policies=policies,
+                archive=services.archive,
+            )
         )
     if config.retry.enabled:
         stages.append(

@@ -35,7 +35,7 @@ from adapters.exchange import Exchange
 from adapters.registry import Upstreams
 from middleware.shared import RedisLink, Unavailable
 from policies.limits import LimitsRegistry
-from policies.prune import cut_middle
+from policies.lines import cut_middle
 from policies.tokens import CounterMeter
 from policies.wires import WIRES
 from policies.wires.chat import CHAT

@@ -243,14 +243,26 @@ class Conversation:
 class Goal:
     """Where a policy should take the request: `target` is the low-water mark that reversible
     cuts made in batches aim for; `limit` is the budget that must not be exceeded — what the
-    last-resort steps (evict's protected units, truncate's cuts into text) aim for, going no
-    further than it needs. `grid`: the batch snapped cuts move by when none is configured —
-    by default the slack between limit and target; a target lowered to leave a growing session
-    room keeps the low-water mark's grid, so its batches (and their summaries) stay the same."""
+    last resorts (cuts into text: prune's cuts of results, truncate; evict's protected units)
+    aim for, going no further than it needs. `grid`: the batch snapped cuts move by when none
+    is configured — by default the slack between limit and target; a target lowered to leave a
+    growing session room keeps the low-water mark's grid, so its batches (and their summaries)
+    stay the same. `reversible_only`: this pass asks for the reversible cuts alone (lossless
+    rewrites, placeholders, evictions of unprotected units); the last resorts wait for a pass
+    that needs them (`policies.compress`). `text_cuts`: whether the last resorts may cut into
+    text (off: only evictions of the protected units, as when making room for a restored
+    original that must go out whole)."""
 
     target: int
     limit: int
     grid: int = 0
+    reversible_only: bool = False
+    text_cuts: bool = True
+
+    @property
+    def cuts_text(self) -> bool:
+        """Whether a policy may cut into text in this pass."""
+        return self.text_cuts and not self.reversible_only
 
     def step(self, configured: int | None) -> int:
         """The batch a snapped cut moves by: `configured`, or the grid."""

@@ -20,6 +20,8 @@ from policies.text import (
     SAME_AS_PREFIX,
     canonical,
     has_evidence,
+    identifiers,
+    identifiers_of,
     is_placeholder,
     strings_of,
     terms_of,
@@ -254,6 +256,29 @@ class Facts(Lasting):
         return named
 
     @_Once
+    def last_use(self) -> tuple[int, ...]:
+        """For each message, where what its results said was last used: the last assistant
+        message whose text or call arguments name an identifier (`identifiers`: a path, a
+        name, a number, a hash) that this message's results were the latest to print before
+        it — or the message itself, if none did. A result the agent keeps acting on is as
+        recent as its latest use."""
+        dialect = self.dialect
+        latest: dict[str, int] = {}  # identifier → the latest message whose results printed it
+        used = list(range(len(self.messages)))
+        for index, message in enumerate(self.messages):
+            if dialect.role(message) == "assistant":
+                said = [dialect.text(message)]
+                said += [s for _, arguments in self.arguments[index] for s in strings_of(arguments)]
+                for name in identifiers("\n".join(said)):
+                    holder = latest.get(name)
+                    if holder is not None:
+                        used[holder] = index
+            for result in self.results[index]:
+                for name in identifiers_of(result.text):
+                    latest[name] = index
+        return tuple(used)
+
+    @_Once
     def values(self) -> tuple[tuple[int, ...], ...]:
         stale, request = self.stale, self.requests
         values: list[tuple[int, ...]] = []
@@ -342,6 +367,12 @@ def result_values(conversation: Conversation) -> tuple[tuple[int, ...], ...]:
     `stale_results`), EVIDENCE — it mentions a term of the request it was fetched for or
     reports an anomaly — or PLAIN."""
     return facts(conversation).values
+
+
+def last_use(conversation: Conversation) -> tuple[int, ...]:
+    """Where what each message's results said was last used (`Facts.last_use`): the last
+    assistant message that acted on an identifier they printed, or the message itself."""
+    return facts(conversation).last_use
 
 
 def pointed_at(conversation: Conversation) -> dict[ResultKey, list[ResultKey]]:

@@ -29,6 +29,8 @@ POINTER = re.compile(
     r"for call (?P<call>.*?)(?: in message (?P<at>\d+))?; see there; sha256:[0-9a-f]{16}\]\Z",
     re.DOTALL,
 )
+_IDENTIFIER = re.compile(r"[\w][\w.\-/]*[\w]")
+_CAMEL = re.compile(r"[a-z][A-Z]")
 _BRIM_MARKER = re.compile(r"\[… [^\]\n]*?by brim[^\]\n]*?…\]")  # of what a cut left out
 _ANOMALY_WORDS = (  # found in lower-cased text, inside words too: KeyError, FAILED, UserWarning
     "error",
@@ -102,13 +104,21 @@ def _keys(text: str) -> frozenset[str]:
 
 
 class _TextFacts:
-    """What is known of one text: whether it reports an anomaly, and its keys once asked for."""
+    """What is known of one text: whether it reports an anomaly, and its keys and identifiers
+    once asked for."""
 
-    __slots__ = ("anomaly", "keys")
+    __slots__ = ("anomaly", "ids", "keys")
 
     def __init__(self, anomaly: bool) -> None:
         self.anomaly = anomaly
         self.keys: frozenset[str] | None = None
+        self.ids: frozenset[str] | None = None
+
+    def ids_of(self, text: str) -> frozenset[str]:
+        """The identifiers of `text`, the text these are the facts of (`identifiers`)."""
+        if self.ids is None:
+            self.ids = identifiers(text)  # a race computes the same ones twice
+        return self.ids
 
     def keys_of(self, text: str) -> frozenset[str]:
         """The keys of `text`, the text these are the facts of: worked out when first asked."""
@@ -133,6 +143,12 @@ def keys_of(text: str) -> frozenset[str]:
     is matched against (`parse_config`, `config`, `prune.py`, `prune` from `policies/prune.py`).
     Remembered by content: meant for whole results, which come back every turn."""
     return _text_facts(text).keys_of(text)
+
+
+def identifiers_of(text: str) -> frozenset[str]:
+    """`identifiers`, remembered by content: meant for whole results, which come back every
+    turn."""
+    return _text_facts(text).ids_of(text)
 
 
 def keys_in(text: str) -> frozenset[str]:
@@ -211,3 +227,24 @@ def canonical(value: Any) -> str:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
     except TypeError:
         return repr(value)
+
+
+def identifiers(text: str) -> frozenset[str]:
+    """The identifiers and numbers in `text`, as they are written: tokens of three or more
+    characters with a digit in them (a number, a hash, a version, an id) or a path separator,
+    a dot, an underscore or a change of case inside (`src/app.py`, `parse_config`,
+    `ContextTooLarge`). Ordinary words are not: `words` has those."""
+    found = set()
+    for token in _IDENTIFIER.findall(text):
+        if len(token) < 3:
+            continue
+        inner = token[1:-1]
+        if (
+            any(c.isdigit() for c in token)
+            or "/" in token
+            or "." in inner
+            or "_" in inner
+            or _CAMEL.search(token)
+        ):
+            found.add(token)
+    return frozenset(found)
