@@ -188,11 +188,12 @@ def gist(text: str, count: int, width: int = GIST_WIDTH) -> tuple[str, ...]:
 
 def _gist(text: str, count: int, width: int) -> tuple[str, ...]:
     lines = _json_lines(text)
+    parsed: Parsed = {}
     if lines is None:
         lines = text.split("\n")
-        scores = LineStats.of([text]).scores(lines)
+        scores = LineStats.of([text], parsed).scores(lines, parsed)
     else:
-        scores = LineStats.of(["\n".join(lines)]).scores(lines)
+        scores = LineStats.of(["\n".join(lines)], parsed).scores(lines, parsed)
     lines = [line.strip() for line in lines]
     ranked = sorted(
         (index for index, line in enumerate(lines) if scores[index] > 0 and line),
@@ -248,8 +249,21 @@ class _TextTerms:
 
 _TERMS: Remembered[tuple[int, int], _TextTerms] = Remembered(maxsize=4_096)
 
+# A line's words (numbers masked) and identifiers, by the line: what `LineStats` counts and
+# scores, worked out once where one caller does both.
+Parsed = dict[str, tuple[tuple[str, ...], frozenset[str]]]
 
-def _text_terms(text: str) -> _TextTerms:
+
+def _parsed(line: str, parsed: Parsed | None) -> tuple[tuple[str, ...], frozenset[str]]:
+    if parsed is None:
+        return tuple(words(line)), identifiers(line)
+    found = parsed.get(line)
+    if found is None:
+        found = parsed[line] = (tuple(words(line)), identifiers(line))
+    return found
+
+
+def _text_terms(text: str, parsed: Parsed | None = None) -> _TextTerms:
     key = (len(text), hash(text))
     with _LOCK:
         known = _TERMS.get(key)
@@ -260,11 +274,11 @@ def _text_terms(text: str) -> _TextTerms:
         for line in dict.fromkeys(text.split("\n")):
             if is_marker(line):
                 continue
-            signature = tuple(words(line))
+            signature, named = _parsed(line, parsed)
             if signature not in signatures:
                 signatures.add(signature)
                 counted.update(set(signature))
-            ids.update(identifiers(line))
+            ids.update(named)
         known = _TextTerms(len(signatures), counted, ids)
         with _LOCK:
             _TERMS[key] = known
@@ -284,18 +298,20 @@ class LineStats:
     ids: Counter[str]
 
     @classmethod
-    def of(cls, texts: Iterable[str]) -> LineStats:
+    def of(cls, texts: Iterable[str], parsed: Parsed | None = None) -> LineStats:
+        """The stats of `texts`; `parsed`, where given, keeps each line's words and identifiers
+        for `scores` of the same lines."""
         lines = 0
         counted: Counter[str] = Counter()
         ids: Counter[str] = Counter()
         for text in texts:
-            part = _text_terms(text)
+            part = _text_terms(text, parsed)
             lines += part.lines
             counted.update(part.words)
             ids.update(part.ids)
         return cls(lines, counted, ids)
 
-    def scores(self, lines: Sequence[str]) -> list[float]:
+    def scores(self, lines: Sequence[str], parsed: Parsed | None = None) -> list[float]:
         """How informative each of `lines` (one text's) is: the rarity across the session of
         its distinct words and identifiers — log(distinct lines ÷ lines that have it, at least
         0) — over their number plus a small constant. Words are counted among the distinct
@@ -311,9 +327,8 @@ class LineStats:
             if is_marker(line):
                 out.append(-1.0)
                 continue
-            signature = tuple(words(line))
+            signature, ids = _parsed(line, parsed)
             found = set(signature)
-            ids = identifiers(line)
             said = 0.0
             if signature not in seen:
                 seen.add(signature)

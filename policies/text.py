@@ -31,6 +31,7 @@ POINTER = re.compile(
 )
 _IDENTIFIER = re.compile(r"[\w][\w.\-/]*[\w]")
 _CAMEL = re.compile(r"[a-z][A-Z]")
+_DIGIT = re.compile(r"\d")
 _BRIM_MARKER = re.compile(r"\[… [^\]\n]*?by brim[^\]\n]*?…\]")  # of what a cut left out
 _ANOMALY_WORDS = (  # found in lower-cased text, inside words too: KeyError, FAILED, UserWarning
     "error",
@@ -234,17 +235,18 @@ def identifiers(text: str) -> frozenset[str]:
     characters with a digit in them (a number, a hash, a version, an id) or a path separator,
     a dot, an underscore or a change of case inside (`src/app.py`, `parse_config`,
     `ContextTooLarge`). Ordinary words are not: `words` has those."""
-    found = set()
-    for token in _IDENTIFIER.findall(text):
-        if len(token) < 3:
-            continue
-        inner = token[1:-1]
-        if (
-            any(c.isdigit() for c in token)
-            or "/" in token
-            or "." in inner
-            or "_" in inner
-            or _CAMEL.search(token)
-        ):
-            found.add(token)
-    return frozenset(found)
+    return frozenset(token for token in set(_IDENTIFIER.findall(text)) if _is_identifier(token))
+
+
+def _is_identifier(token: str) -> bool:
+    if len(token) < 3:
+        return False
+    if token.isalpha():  # letters alone: only a change of case makes a name of it
+        return not (token.islower() or token.isupper()) and bool(_CAMEL.search(token))
+    return (
+        "/" in token
+        or "." in token  # never at either end: a token starts and ends with a word character
+        or "_" in token[1:-1]
+        or _DIGIT.search(token) is not None
+        or _CAMEL.search(token) is not None
+    )

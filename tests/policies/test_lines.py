@@ -343,3 +343,25 @@ def test_identifiers_are_numbers_names_and_paths_as_written() -> None:
     found = identifiers("see src/app.py:42 and parse_config() in ContextTooLarge, v2.1.0, ok 7")
     assert {"src/app.py", "parse_config", "ContextTooLarge", "v2.1.0"} <= found
     assert "see" not in found and "ok" not in found and "7" not in found  # words, short numbers
+
+
+def _plain_identifiers(text: str) -> frozenset[str]:
+    """`identifiers` as its docstring defines it, a token at a time."""
+    found = set()
+    for token in re.findall(r"[\w][\w.\-/]*[\w]", text):
+        inner = token[1:-1]
+        if len(token) >= 3 and (
+            re.search(r"\d", token)
+            or "/" in token
+            or "." in inner
+            or "_" in inner
+            or re.search(r"[a-z][A-Z]", token)
+        ):
+            found.add(token)
+    return frozenset(found)
+
+
+@given(st.text(alphabet="aZbQ_./-09 x\nYé²", max_size=80))
+@settings(max_examples=300, deadline=None)
+def test_identifiers_are_the_plain_definitions(text: str) -> None:
+    assert identifiers(text) == _plain_identifiers(text)
