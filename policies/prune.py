@@ -46,6 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from policies.conversation import (
     Conversation,
+    Dialect,
     FidelityRecord,
     Goal,
     Meter,
@@ -85,6 +86,8 @@ from policies.text import (
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
 _NOTE_TOKENS = 24  # what a cut's markers and the note naming its whole add, about
 CUT_DETAIL = "cut to its most informative lines and items"  # the records' detail
+_ATTEMPTS = 3  # cuts of one message, each deeper by what the one before left over the limit
+_OVERSHOOT_SLACK = 10  # tokens: and a little more, where head, markers and tail meet
 
 
 class PruneSettings(BaseModel):
@@ -441,6 +444,37 @@ class PruneToolResults:
             shrunk = informative_lines(text, keep, matched, meter, lines, total=size)
         return _naming(text, shrunk, named)
 
+    def _cut_message(
+        self,
+        dialect: Dialect,
+        index: int,
+        message: Any,
+        found: Sequence[ToolResult],
+        texts: Mapping[Key, str],
+        pointed: Mapping[Key, str],
+        stats: _Stats,
+        meter: Meter,
+        terms: frozenset[str],
+        excess: int,
+    ) -> tuple[Any, set[str]]:
+        """`message` with its results cut into (`cut_text`) by about `excess` tokens of text
+        between them, each by what the ones before it left; and the calls whose results were
+        cut."""
+        updated, calls = message, set()
+        for result in found:
+            key = (index, result.call_id)
+            text = texts.get(key, result.text)
+            if excess <= 0 or key in pointed or is_placeholder(text):
+                continue
+            cut_to = self.cut_text(
+                text, meter, terms, excess, named=archive_key(result.text), stats=stats
+            )
+            if cut_to != text:
+                updated = dialect.with_tool_result(updated, result.call_id, cut_to)
+                calls.add(result.call_id)
+                excess -= meter.text_tokens(text) - meter.text_tokens(cut_to)
+        return updated, calls
+
     def apply(
         self, conversation: Conversation, goal: Goal, meter: Meter
     ) -> tuple[Conversation, list[FidelityRecord]]:
@@ -494,32 +528,35 @@ class PruneToolResults:
                 if needed <= 0:
                     break
                 message, size = pruned.messages[index], pruned.sizes[index]
-                updated = message
-                excess = text_tokens_for(needed, meter)
-                for result in results[index]:
-                    text = texts.get((index, result.call_id), result.text)
-                    if excess <= 0 or (index, result.call_id) in pointed or is_placeholder(text):
-                        continue
-                    cut_to = self.cut_text(
-                        text,
+                # The cut's markers and the tokens where its pieces meet can take a message
+                # past what was asked: then again from the whole, by that much (and a little)
+                # more, so that a cut into text brings the request within the limit.
+                extra = 0
+                for _ in range(_ATTEMPTS):
+                    updated, calls = self._cut_message(
+                        dialect,
+                        index,
+                        message,
+                        results[index],
+                        texts,
+                        pointed,
+                        stats,
                         meter,
                         terms(index),
-                        excess,
-                        named=archive_key(result.text),
-                        stats=stats,
+                        text_tokens_for(needed, meter) + extra,
                     )
-                    if cut_to != text:
-                        updated = dialect.with_tool_result(updated, result.call_id, cut_to)
-                        cut.setdefault(index, set()).add(result.call_id)
-                        excess -= meter.text_tokens(text) - meter.text_tokens(cut_to)
-                if updated is message:
+                    if updated is message:
+                        break
+                    smaller = meter.message(updated)
+                    over = needed - (size - smaller)
+                    if over <= 0 or smaller >= size:
+                        break
+                    extra += text_tokens_for(over, meter) + _OVERSHOOT_SLACK
+                if updated is message or smaller >= size:
                     continue
-                smaller = meter.message(updated)
-                if smaller < size:
-                    edited[index] = (updated, smaller)
-                    needed -= size - smaller
-                else:
-                    cut.pop(index, None)
+                edited[index] = (updated, smaller)
+                cut[index] = calls
+                needed -= size - smaller
 
         records: list[FidelityRecord] = []
         for index in sorted(changes.keys() | edited.keys()):
