@@ -373,7 +373,7 @@ def targets(report: Mapping[str, Any]) -> list[Target]:
         for case in report["cases"]:
             if case["method"] != BRIM or case["family"] not in real or case["impossible"]:
                 continue
-            if column == "recent" and case["newest_too_big"]:
+            if column == "recent" and case.get("newest_too_big", False):
                 continue  # the newest turn alone does not fit beside the system prompt
             if band_names and case["band"] not in band_names:
                 continue
