@@ -387,7 +387,7 @@ def drive(
                 os.killpg(process.pid, signal.SIGKILL)
         seconds = time.monotonic() - started
         wait_for(lambda: len(answered) == len(received))  # brim has counted every request
-        metrics = httpx.get(f"{base}/metrics").text
+        metrics = httpx.get(f"{base}/metrics", headers={"x-brim-admin-key": ADMIN}).text
         status = httpx.get(f"{base}/admin/status", headers={"x-brim-admin-key": ADMIN}).json()
         loop_thread.run(runners.pop().cleanup())  # brim: every request done and audited
         events = (
