@@ -344,7 +344,7 @@ def build_services(config: BrimConfig, providers: Providers | None = None) -> Se
         archive = ContentArchive(config.archive.dir, config.archive.ttl_hours)
     upstreams = Upstreams(config.upstreams, config.routes)
     counter = TokenCounter(claude_factor=config.guard.claude_token_factor)
-    status = StatusBoard(labels=model_labels(config))
+    status = StatusBoard(labels=model_labels(config), response_labels=model_labels(config))
     link = build_link(config)
     rates: RateCounts | None = None
     if config.server.rate_limited:

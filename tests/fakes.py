@@ -553,6 +553,7 @@ class FakeProvider:
                 "candidatesTokenCount": 3,
                 "totalTokenCount": tokens + 3,
             },
+            "modelVersion": model,
         }
         if method != "streamGenerateContent":
             return web.json_response(reply)

@@ -302,8 +302,8 @@ def test_two_workers_serve_the_sdk_from_both_and_every_scrape_reports_all_of_the
         for pid in workers:
             figures = scraped(pid)
             assert figures["brim_requests_total"] == requests
-            assert figures["brim_latency_added_milliseconds_count"] == requests
-            assert figures["brim_latency_upstream_milliseconds_count"] == requests
+            assert figures["brim_latency_added_seconds_count"] == requests
+            assert figures["brim_latency_upstream_seconds_count"] == requests
             assert figures["target_info"] == 1  # one series for the group, not one per worker
     for connection in connections.values():
         connection.close()
