@@ -14,12 +14,18 @@ from proxy.telemetry import Providers, build_providers
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of an exposition, by name and labels (the per-process instance id aside)."""
+    """Every sample of an exposition, by name and labels (the per-process instance id aside).
+    A bucket's bound is read as the number it is: the merge writes it as Go does
+    (`1.048576e+06`), OpenTelemetry's exporter as Python does (`1048576.0`)."""
     found = {}
     for family in text_string_to_metric_families(text.decode()):
         for sample in family.samples:
             labels = tuple(
-                sorted((k, v) for k, v in sample.labels.items() if k != "service_instance_id")
+                sorted(
+                    (k, repr(float(v)) if k == "le" else v)
+                    for k, v in sample.labels.items()
+                    if k != "service_instance_id"
+                )
             )
             found[(sample.name, labels)] = sample.value
     return found
@@ -38,6 +44,10 @@ def traffic(
         telemetry.requests.add(1, labels)
         telemetry.added_latency.record(latency, {"model": model})
         telemetry.tokens_removed.add(int(latency * 1000) * 10, {"policy": "evict"})
+        genai = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
+        telemetry.operation_duration.record(latency * 100, genai)
+        for kind, tokens in (("input", 4000 * latency), ("output", 90)):
+            telemetry.token_usage.record(int(tokens), {**genai, "gen_ai.token.type": kind})
     if learned is not None:
         telemetry.watch_learned_limits(lambda: learned)
 
@@ -72,6 +82,11 @@ def test_merged_metrics_are_those_of_one_process_that_saw_everything(tmp_path: P
         ]
         == 3
     )
+    durations = (
+        "gen_ai_client_operation_duration_seconds_count",
+        (("gen_ai_operation_name", "chat"), ("gen_ai_request_model", "claude")),
+    )
+    assert merged[durations] == 2
     assert samples(two.exposition()) == expected  # whichever worker answers
     one.close()
     two.close()
