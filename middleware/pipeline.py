@@ -23,7 +23,7 @@ from middleware.restore import RestoreRounds
 from middleware.retry import RetryOnOverflow
 from middleware.sessions import SessionMemory
 from middleware.settings import GuardConfig, RestoreConfig, RetryConfig, SummarizeConfig
-from middleware.shared import SharedState
+from middleware.shared import RedisLink, SharedState
 from middleware.store import ContentStore
 from middleware.summarize import Summarizer
 from middleware.telemetry import StatusBoard, Telemetry
@@ -56,7 +56,9 @@ class PipelineConfig(Protocol):
 class Services:
     """Long-lived objects the stages share: upstream connections, limits (with what was learned
     from provider errors), the token counter with its cache, what reports on it all, and the
-    state shared with other processes and instances."""
+    state shared with other processes and instances. The stages themselves hold only their
+    settings: a reload builds new stages around the same services (and replaces the services
+    its changes touch: upstreams, `[models]`, the summarizer)."""
 
     upstreams: Upstreams
     limits: LimitsRegistry
@@ -69,6 +71,8 @@ class Services:
     summarizer: Summarizer | None = None
     store: ContentStore | None = None  # originals the model may fetch back (`[restore]`)
     rates: RateCounts | None = None  # per-key rate windows, when `[server]` sets any limit
+    sessions: SessionMemory | None = None  # the guard's last cut per session (`carry_forward`)
+    link: RedisLink | None = None  # the one Redis connection (`[cache] url`), for whoever needs it
 
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
@@ -111,9 +115,7 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 archive=services.archive,
                 summarizer=services.summarizer,
                 summary_deadline_s=config.summarize.deadline_s,
-                sessions=SessionMemory(int(guard.session_memory_mb * 2**20))
-                if guard.carry_forward
-                else None,
+                sessions=services.sessions if guard.carry_forward else None,
                 room_for_turns=guard.room_for_turns,
                 store=services.store,
                 clients=config.clients,

@@ -421,6 +421,10 @@ class ModelLabels:
         self._unknown += not known
         return model
 
+    def configure(self, configured: Iterable[str]) -> None:
+        """Label these (newly configured) ids always, too."""
+        self._labels.update(configured)
+
     def __len__(self) -> int:
         return len(self._labels)
 

@@ -1,6 +1,6 @@
 """The `brim` command: `brim serve`, `brim check-config`, `brim inspect`, `brim models`,
 `brim archive get`, `brim init`, `brim --version`, `brim run` (proxy/launcher.py),
-`brim status`."""
+`brim status`, `brim reload`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from policies.wires import WIRES
-from proxy.config import BrimConfig, ConfigError, describe_config, load_config, parse_workers
+from proxy.config import (
+    BrimConfig,
+    ConfigError,
+    describe_config,
+    load_config,
+    parse_workers,
+    refuse_open_without_keys,
+)
 from proxy.inspect import (
     InspectError,
     inspect_request,
@@ -25,24 +32,29 @@ from proxy.inspect import (
 from proxy.launcher import add_command as add_run_command
 from proxy.listen import CannotListen, listen_error
 from proxy.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, chosen, configure_logging
+from proxy.reload import ConfigSource
 
 DEFAULT_CONFIG = "proxy.toml"
 
 
 def _load(path: str | None) -> BrimConfig:
     config, warnings = load_config(path)
-    for warning in warnings:
-        print(f"brim: warning: {warning}", file=sys.stderr)
+    _warn(warnings)
     return config
 
 
-async def _serve(config: BrimConfig) -> None:
+def _warn(warnings: list[str]) -> None:
+    for warning in warnings:
+        print(f"brim: warning: {warning}", file=sys.stderr)
+
+
+async def _serve(config: BrimConfig, source: ConfigSource) -> None:
     """One process serving the port (`workers = 1`)."""
     from proxy.app import bound_port, run_until_stopped, start
 
     host, port = config.server.host, config.server.port
     try:
-        runner = await start(config, host, port)
+        runner = await start(config, host, port, source=source)
     except OSError as exc:
         error = listen_error(exc, host, port)
         if error is None:
@@ -53,17 +65,15 @@ async def _serve(config: BrimConfig) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    server = config.server.model_copy(
-        update={
-            key: value
-            for key, value in (("host", args.host), ("port", args.port), ("workers", args.workers))
-            if value is not None
-        }
-    )
-    config = config.model_copy(update={"server": server})
-    refuse_open_without_keys(config)
-    workers = server.worker_count
+    overrides = {
+        key: value
+        for key, value in (("host", args.host), ("port", args.port), ("workers", args.workers))
+        if value is not None
+    }
+    source = ConfigSource(args.config, overrides)  # read again, the same way, on a reload
+    config, warnings = source.load()
+    _warn(warnings)
+    workers = config.server.worker_count
     configure_logging(
         chosen(args.log_level, LEVEL_ENV, LEVELS, "info"),
         chosen(args.log_format, FORMAT_ENV, FORMATS, "text"),
@@ -72,28 +82,12 @@ def serve(args: argparse.Namespace) -> int:
     if workers > 1:
         from proxy.workers import serve_workers
 
-        return serve_workers(config, workers)
+        return serve_workers(config, workers, source)
     from proxy.app import loop_factory
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(config))
+        runner.run(_serve(config, source))
     return 0
-
-
-LOOPBACK = ("127.", "::1", "localhost")
-
-
-def refuse_open_without_keys(config: BrimConfig) -> None:
-    """Bound beyond loopback, anyone who can reach brim spends your provider keys: require
-    `api_keys_env`, or an explicit `allow_unauthenticated = true`."""
-    server = config.server
-    if server.host.startswith(LOOPBACK) or server.api_keys or server.allow_unauthenticated:
-        return
-    raise ConfigError(
-        f"server.host: {server.host!r} is reachable from other machines and no api_keys are "
-        "set; set server.api_keys_env (or BRIM_SERVER__API_KEYS_ENV), or "
-        "server.allow_unauthenticated = true if that is really what you want"
-    )
 
 
 def check_config(args: argparse.Namespace) -> int:
@@ -194,23 +188,55 @@ def version() -> str:
         return "unknown"
 
 
-def status(args: argparse.Namespace) -> int:
-    from proxy.status_view import ADMIN_KEY_ENV, StatusError, fetch_status, local_url, render_status
+def _admin(args: argparse.Namespace) -> tuple[str, str] | None:
+    """The running brim's URL and the admin key, as `brim status` and `brim reload` find them
+    (None, said on stderr, without a key)."""
+    from proxy.status_view import ADMIN_KEY_ENV, local_url
 
     key = args.admin_key or os.environ.get(ADMIN_KEY_ENV)
     if not key:
         print(f"brim: give the admin key with --admin-key or ${ADMIN_KEY_ENV}", file=sys.stderr)
-        return 2
+        return None
     url = args.url
     if url is None:
         server = _load(args.config).server
         url = local_url(server.host, server.port)
+    return url, key
+
+
+def status(args: argparse.Namespace) -> int:
+    from proxy.status_view import StatusError, fetch_status, render_status
+
+    found = _admin(args)
+    if found is None:
+        return 2
+    url, key = found
     try:
         snapshot = fetch_status(url, key)
     except StatusError as exc:
         print(f"brim: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(snapshot, indent=2) if args.json else render_status(snapshot, url))
+    return 0
+
+
+def reload(args: argparse.Namespace) -> int:
+    """Ask the running brim to reload its configuration file (`POST /admin/reload`)."""
+    from proxy.status_view import StatusError, admin_call
+
+    found = _admin(args)
+    if found is None:
+        return 2
+    url, key = found
+    try:
+        answer = admin_call(url, "/admin/reload", key, method="POST")
+    except StatusError as exc:
+        print(f"brim: {exc}", file=sys.stderr)
+        return 1
+    changes = ", ".join(answer.get("changes") or ()) or "nothing"
+    print(f"brim: reloading {answer.get('config')}: changes {changes}", file=sys.stderr)
+    for key_name in answer.get("needs_restart") or ():
+        print(f"brim: {key_name} changed; that takes effect at the next restart", file=sys.stderr)
     return 0
 
 
@@ -334,6 +360,16 @@ def parser() -> argparse.ArgumentParser:
     board.add_argument("--config", help="proxy.toml to use (default as for serve)")
     board.add_argument("--json", action="store_true", help="the status as JSON")
     board.set_defaults(func=status)
+
+    again = commands.add_parser(
+        "reload",
+        help="make a running brim read its configuration file again, as SIGHUP does "
+        "(POST /admin/reload)",
+    )
+    again.add_argument("--url", help="brim's base URL (default: [server] host and port)")
+    again.add_argument("--admin-key", help="an admin key (default: $BRIM_ADMIN_KEY)")
+    again.add_argument("--config", help="proxy.toml to find brim by (default as for serve)")
+    again.set_defaults(func=reload)
     return root
 
 

@@ -32,8 +32,16 @@ class StatusError(Exception):
 
 def fetch_status(url: str, admin_key: str, *, timeout_s: float = 10.0) -> dict[str, Any]:
     """`GET {url}/admin/status` with the admin key in the `x-brim-admin-key` header."""
+    return admin_call(url, "/admin/status", admin_key, timeout_s=timeout_s)
+
+
+def admin_call(
+    url: str, path: str, admin_key: str, *, method: str = "GET", timeout_s: float = 10.0
+) -> dict[str, Any]:
+    """`{method} {url}{path}` with the admin key in the `x-brim-admin-key` header: the JSON
+    object it answers, or `StatusError` saying why not (brim's own error message, if any)."""
     request = urllib.request.Request(
-        f"{url.rstrip('/')}/admin/status", headers={"x-brim-admin-key": admin_key}
+        f"{url.rstrip('/')}{path}", headers={"x-brim-admin-key": admin_key}, method=method
     )
     try:
         with open_direct(request, timeout_s) as reply:
@@ -48,9 +56,9 @@ def fetch_status(url: str, admin_key: str, *, timeout_s: float = 10.0) -> dict[s
         reason = getattr(error, "reason", error)
         raise StatusError(f"cannot reach brim at {url}: {reason}") from None
     except ValueError:
-        raise StatusError(f"{url}/admin/status did not answer JSON") from None
+        raise StatusError(f"{url}{path} did not answer JSON") from None
     if not isinstance(value, dict):
-        raise StatusError(f"{url}/admin/status did not answer a JSON object")
+        raise StatusError(f"{url}{path} did not answer a JSON object")
     return value
 
 

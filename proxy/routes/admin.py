@@ -1,13 +1,16 @@
 """`GET /metrics` (Prometheus), and the admin endpoints: `GET /admin/status` (the figures the
 `/ui` dashboard and `brim status` show), `GET /admin/archive/{key}` (the full sha256 key or a
-unique prefix of at least 8 hex digits, `sha256:` optional). The admin endpoints need a key
-from `[server] admin_keys_env` (`Authorization: Bearer <key>` or `x-brim-admin-key`) and are off
-when none is configured."""
+unique prefix of at least 8 hex digits, `sha256:` optional), `POST /admin/reload` (reload the
+configuration file, as SIGHUP does: `proxy.reload`; `brim reload`). The admin endpoints need a
+key from `[server] admin_keys_env` (`Authorization: Bearer <key>` or `x-brim-admin-key`) and are
+off when none is configured."""
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import os
+import signal
 import time
 
 from aiohttp import web
@@ -15,21 +18,22 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from adapters.errors import AdminDisabled, InvalidRequest, Unauthorized, UnknownEndpoint
 from middleware.loops import loop_status
-from proxy.keys import CONFIG, PROVIDERS, SERVICES, WORKER_METRICS, FrontDoor
+from proxy.config import ConfigError
+from proxy.keys import PROVIDERS, RELOADER, SERVING, WORKER_METRICS, FrontDoor
 
 ADMIN_KEY_HEADER = "x-brim-admin-key"
 
 
 def require_admin_keys(request: web.Request) -> None:
     """Refuse (403 `admin_disabled`) when no admin key is configured."""
-    if not request.app[CONFIG].server.admin_keys:
+    if not request[SERVING].config.server.admin_keys:
         raise AdminDisabled("The admin endpoints are off: set [server] admin_keys_env to use them.")
 
 
 def require_admin(request: web.Request) -> None:
     """Refuse unless the request presents one of the admin keys (401), or none is set (403)."""
     require_admin_keys(request)
-    keys = request.app[CONFIG].server.admin_keys
+    keys = request[SERVING].config.server.admin_keys
     presented = request.headers.get(ADMIN_KEY_HEADER, "")
     auth = request.headers.get("Authorization", "")
     if not presented and auth.lower().startswith("bearer "):
@@ -56,7 +60,8 @@ async def metrics(request: web.Request) -> web.Response:
 
 async def status(request: web.Request) -> web.Response:
     require_admin(request)
-    services = request.app[SERVICES]
+    serving = request[SERVING]
+    services = serving.services
     snapshot = await services.shared.status()  # every instance's, with [cache] url
     snapshot["learned_limits"] = services.limits.learned
     now = time.time()
@@ -69,7 +74,7 @@ async def status(request: web.Request) -> web.Response:
         }
         for fact in sorted(services.limits.learned_facts(), key=lambda f: (f.model, f.kind))
     ]
-    guard = request.app[CONFIG].guard
+    guard = serving.config.guard
     snapshot["loop_guard"] = loop_status(
         services.shared.loops, limit=guard.loop_limit, window_s=guard.loop_window_s
     )
@@ -78,7 +83,7 @@ async def status(request: web.Request) -> web.Response:
 
 async def archived(request: web.Request) -> web.Response:
     require_admin(request)
-    archive = request.app[SERVICES].archive
+    archive = request[SERVING].services.archive
     if archive is None:
         raise UnknownEndpoint("The content archive is off ([archive] enabled = false).")
     key = request.match_info["key"]
@@ -92,7 +97,32 @@ async def archived(request: web.Request) -> web.Response:
     return web.Response(text=content, content_type="text/plain")
 
 
+async def reload(request: web.Request) -> web.Response:
+    """Reload the configuration file, as SIGHUP does, in every worker: 202 with what changes
+    and what waits for a restart, once the file is found usable; 400 with why, if not (and
+    nothing changes)."""
+    require_admin(request)
+    reloader = request.app.get(RELOADER)
+    if reloader is None:
+        raise UnknownEndpoint("This brim was not started by `brim serve`: nothing to reload.")
+    try:
+        plan = await reloader.plan()
+    except ConfigError as exc:
+        raise InvalidRequest(f"{reloader.source.name} cannot be used: {exc}") from None
+    if reloader.supervisor is not None:  # the supervisor reloads, and signals every worker
+        os.kill(reloader.supervisor, signal.SIGHUP)
+    else:
+        reloader.request()
+    body = {
+        "config": reloader.source.name,
+        "changes": list(plan.changed),
+        "needs_restart": list(plan.needs_restart),
+    }
+    return web.json_response(body, status=202)
+
+
 def add_routes(app: web.Application, door: FrontDoor) -> None:
     app.router.add_get("/metrics", door(metrics))
     app.router.add_get("/admin/status", door(status))
     app.router.add_get("/admin/archive/{key}", door(archived))
+    app.router.add_post("/admin/reload", door(reload))

@@ -19,7 +19,7 @@ async def models(request: web.Request) -> web.StreamResponse:
     model, _, method = request.match_info["target"].rpartition(":")
     if method not in METHODS or not model:
         raise UnknownEndpoint(f"Unknown method {method!r}; brim serves {', '.join(METHODS)}.")
-    serving = request.app[SERVING]
+    serving = request[SERVING]
     raw, body = await read_json(request, serving)
     checked(GEMINI.check, body)
     api: ClientApi = "gemini.count_tokens" if method == "countTokens" else GEMINI.name

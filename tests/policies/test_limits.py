@@ -302,3 +302,14 @@ def test_remembered_ids_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
         registry.resolve(f"made-up-{n}")
     assert len(registry._resolved) <= 8 and len(registry._normalized) <= 8
     assert registry.resolve("made-up-49").source is LimitSource.DEFAULT
+
+
+def test_the_registry_of_a_new_configuration_keeps_what_was_learned() -> None:
+    running = LimitsRegistry({"m": ModelFacts(context_window=60_000)})
+    assert running.learn("other", 9_000)
+    reloaded = running.reconfigured({"m": ModelFacts(context_window=30_000)})
+    assert reloaded.resolve("m").limits.context_window == 30_000
+    assert running.resolve("m").limits.context_window == 60_000  # a request in flight's
+    assert reloaded.resolve("other").limits.context_window == 9_000
+    assert reloaded.learn("m", 20_000)  # learned through the new one: known to both
+    assert running.resolve("m").limits.context_window == 20_000

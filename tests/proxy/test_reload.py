@@ -1,0 +1,333 @@
+"""Reloading proxy.toml while brim runs: `kill -HUP`, `brim reload` (`POST /admin/reload`), in
+one process and under `brim serve --workers 2`, with a stream in flight; and what a reload may
+change (`plan_reload`)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from bench.procs import children
+from proxy.app import bound_port, start
+from proxy.config import BrimConfig
+from proxy.keys import GENERATIONS, RELOADER
+from proxy.reload import ConfigSource, plan_reload
+from tests.fakes import FakeProvider, LoopThread, wait_for
+from tests.proxy.test_workers import alive, owner
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+
+REPO = Path(__file__).parents[2]
+PYTHONPATH = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+ADMIN = "reload-admin-key-0123456789"
+HELLO = [{"role": "user", "content": "ping"}]
+RESTART = "takes effect at the next restart"
+
+
+# -- what a reload changes ---------------------------------------------------------------------
+
+
+def test_a_reload_applies_what_can_change_live_and_keeps_the_rest_until_a_restart() -> None:
+    running = BrimConfig.model_validate(
+        {"server": {"port": 8787, "workers": 2}, "models": {"m": {"context_window": 60_000}}}
+    )
+    loaded = BrimConfig.model_validate(
+        {
+            "server": {"port": 9000, "workers": 4, "max_json_depth": 20},
+            "models": {"m": {"context_window": 30_000}},
+            "routes": {"*": "openai"},
+            "guard": {"low_water": 0.7, "loop_limit": 9},
+            "telemetry": {"traces": "console"},
+        }
+    )
+    plan = plan_reload(running, loaded)
+    assert plan.changed == ("server", "routes", "models", "guard")
+    assert plan.needs_restart == ("server.port", "server.workers", "guard.loop_limit", "telemetry")
+    config = plan.config
+    assert (config.server.port, config.server.workers, config.server.max_json_depth) == (
+        8787,
+        2,
+        20,
+    )
+    assert config.models["m"].context_window == 30_000 and config.routes == {"*": "openai"}
+    assert (config.guard.low_water, config.guard.loop_limit) == (0.7, running.guard.loop_limit)
+    assert config.telemetry == running.telemetry
+
+    assert plan_reload(running, running).changed == ()
+    only_later = plan_reload(running, running.model_copy(update={"telemetry": loaded.telemetry}))
+    assert (only_later.changed, only_later.needs_restart) == ((), ("telemetry",))
+
+
+def test_the_command_lines_server_keys_are_applied_to_what_is_reloaded(tmp_path: Path) -> None:
+    path = tmp_path / "proxy.toml"
+    path.write_text("[server]\nport = 9000\nworkers = 3\n")
+    config, _ = ConfigSource(str(path), {"port": 0, "workers": 2}).load()
+    assert (config.server.port, config.server.workers) == (0, 2)
+
+
+def config_text(provider: FakeProvider, window: int) -> str:
+    return (
+        f'[upstreams.fake]\napi = "openai"\nbase_url = "{provider.url}/v1"\n'
+        f'[models."m-window"]\ncontext_window = {window}\nmax_output = 1000\n'
+        '[server]\nadmin_keys_env = "RELOAD_ADMIN_KEYS"\n'
+    )
+
+
+# -- in one process: the adapters a reload replaces -------------------------------------------
+
+
+def test_an_upstream_changed_under_a_stream_keeps_its_connection_until_the_stream_ends(
+    tmp_path: Path, loop_thread: LoopThread, provider: FakeProvider
+) -> None:
+    """The stream goes on over the adapter it started with; the next request gets the new one;
+    the old one closes once the stream is done (not before, which would cut it)."""
+    path = tmp_path / "proxy.toml"
+    upstream = f'[upstreams.fake]\napi = "openai"\nbase_url = "{provider.url}/v1"\n'
+    path.write_text(upstream)
+    source = ConfigSource(str(path))
+    config, _ = source.load()
+    runner = loop_thread.run(start(config, "127.0.0.1", 0, source=source))
+    try:
+        generations = runner.app[GENERATIONS]
+        base = f"http://127.0.0.1:{bound_port(runner)}"
+        oa = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+        before = generations.current.upstreams["fake"]
+        stream = oa.chat.completions.create(model="gated-stream", messages=HELLO, stream=True)
+        parts = [next(iter(stream)).choices[0].delta.content]
+
+        path.write_text(upstream + "timeout_s = 300\n")
+        assert loop_thread.run(runner.app[RELOADER].reload()) is not None
+        after = generations.current.upstreams["fake"]
+        assert after is not before
+        oa.chat.completions.create(model="fake-model", messages=HELLO)  # on the new adapter
+        assert before._session is not None and not before._session.closed  # type: ignore[attr-defined]
+
+        provider.gate.set()
+        parts += [chunk.choices[0].delta.content for chunk in stream if chunk.choices]
+        assert "".join(p for p in parts if p) == "Hello world"
+        assert wait_for(lambda: before._session is None)  # type: ignore[attr-defined]
+        assert after._session is not None  # type: ignore[attr-defined]
+    finally:
+        provider.gate.set()
+        loop_thread.run(runner.cleanup())
+
+
+def test_a_bad_file_is_logged_and_the_running_configuration_kept(
+    tmp_path: Path,
+    loop_thread: LoopThread,
+    provider: FakeProvider,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("RELOAD_ADMIN_KEYS", ADMIN)
+    path = tmp_path / "proxy.toml"
+    path.write_text(config_text(provider, 60_000))
+    source = ConfigSource(str(path))
+    config, _ = source.load()
+    runner = loop_thread.run(start(config, "127.0.0.1", 0, source=source))
+    try:
+        running = runner.app[GENERATIONS].current
+        for bad in ("[models.\n", config_text(provider, -1)):  # not TOML; a bad value
+            path.write_text(bad)
+            assert loop_thread.run(runner.app[RELOADER].reload()) is None
+            assert runner.app[GENERATIONS].current is running
+        refusals = [r.getMessage() for r in caplog.records if r.name == "brim.reload"]
+        assert len(refusals) == 2 and all("cannot be used" in line for line in refusals)
+        assert "not valid TOML" in refusals[0] and "context_window" in refusals[1]
+    finally:
+        loop_thread.run(runner.cleanup())
+
+
+# -- brim serve, as a user runs it ------------------------------------------------------------
+
+
+@dataclass
+class Served:
+    process: subprocess.Popen[str]
+    port: int
+    config: Path
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def servers(self) -> list[int]:
+        """The processes that serve requests: the workers, or brim itself."""
+        return children(self.process.pid) or [self.process.pid]
+
+    def connection_to_each(self) -> list[http.client.HTTPConnection]:
+        """One open keep-alive connection to each serving process."""
+        servers = self.servers()
+        reached: dict[int, http.client.HTTPConnection] = {}
+        for _ in range(64):
+            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+            connection.connect()
+            assert connection.sock is not None
+            local = connection.sock.getsockname()[1]
+            pid = None
+            for _ in range(250):  # until one of them has accepted it
+                pid = owner(self.port, local, servers)
+                if pid is not None:
+                    break
+                time.sleep(0.02)
+            if pid is None or pid in reached:
+                connection.close()
+            else:
+                reached[pid] = connection
+            if len(reached) == len(servers):
+                return list(reached.values())
+        raise AssertionError(f"64 connections did not reach every one of {servers}")
+
+
+@pytest.fixture
+def launched() -> Iterator[list[Served]]:
+    started: list[Served] = []
+    yield started
+    for served in started:
+        if served.process.poll() is None:
+            pids = children(served.process.pid)
+            served.process.kill()
+            served.process.wait(10)
+            for pid in pids:
+                if alive(pid):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def serve(launched: list[Served], tmp_path: Path, provider: FakeProvider, workers: int) -> Served:
+    """`python -m proxy serve` from this checkout, with a 60 000-token window for m-window."""
+    config = tmp_path / "proxy.toml"
+    config.write_text(config_text(provider, 60_000))
+    log_path = tmp_path / "brim.log"
+    argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0"]
+    process = subprocess.Popen(
+        [*argv, "--workers", str(workers)],
+        stdout=subprocess.PIPE,
+        stderr=log_path.open("w"),
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "RELOAD_ADMIN_KEYS": ADMIN},
+    )
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    port = re.search(r"http://127\.0\.0\.1:(\d+)", line)
+    assert port, (line, log_path.read_text())
+    served = Served(process, int(port.group(1)), config, log_path)
+    launched.append(served)
+    assert len(served.servers()) == workers
+    return served
+
+
+def budget(connection: http.client.HTTPConnection) -> int:
+    """The budget brim gives m-window, on this connection's process."""
+    body = json.dumps({"model": "m-window", "messages": HELLO})
+    connection.request("POST", "/v1/chat/completions", body, {"content-type": "application/json"})
+    reply = connection.getresponse()
+    reply.read()
+    assert reply.status == 200
+    return int(reply.getheader("x-brim-budget") or 0)
+
+
+def budgets(connections: list[http.client.HTTPConnection]) -> list[int]:
+    return [budget(connection) for connection in connections]
+
+
+def reload_command(served: Served) -> subprocess.CompletedProcess[str]:
+    """`brim reload`, finding brim by the URL and the admin key in the environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "proxy", "reload", "--url", served.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=served.config.parent,
+        env={**os.environ, "PYTHONPATH": PYTHONPATH, "BRIM_ADMIN_KEY": ADMIN},
+    )
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sighup_applies_a_changed_window_to_the_next_request_with_a_stream_in_flight_unharmed(
+    workers: int, launched: list[Served], tmp_path: Path, provider: FakeProvider
+) -> None:
+    served = serve(launched, tmp_path, provider, workers)
+    processes = served.servers()
+    connections = served.connection_to_each()
+    before = budgets(connections)
+    assert len(set(before)) == 1 and before[0] > 30_000
+
+    provider.gate_timeout_s = 30  # the stream waits in the middle until the gate opens
+    client = openai.OpenAI(base_url=f"{served.url}/v1", api_key="sk-test", max_retries=0)
+    stream = client.chat.completions.create(model="gated-stream", messages=HELLO, stream=True)
+    parts = [next(iter(stream)).choices[0].delta.content]  # the stream has started
+
+    served.config.write_text(config_text(provider, 30_000))
+    served.process.send_signal(signal.SIGHUP)
+    assert wait_for(lambda: max(budgets(connections)) < 30_000, timeout=20), served.log()
+    after = budgets(connections)  # every process's next request has the new window
+    assert len(set(after)) == 1 and after[0] < 30_000
+    assert provider.gate_timed_out is None  # the stream is still waiting in the middle
+
+    provider.gate.set()
+    parts += [chunk.choices[0].delta.content for chunk in stream if chunk.choices]
+    assert "".join(p for p in parts if p) == "Hello world"
+    assert provider.gate_timed_out is False
+    assert served.process.poll() is None and served.servers() == processes  # none restarted
+    assert RESTART not in served.log()  # the command line's --port and --workers still hold
+
+
+def test_a_bad_file_is_refused_and_the_running_configuration_kept_then_brim_reload_applies_a_good_one(
+    launched: list[Served], tmp_path: Path, provider: FakeProvider
+) -> None:
+    """With workers: the supervisor refuses the file (and the workers never see it), `brim
+    reload` says why; a good file then reaches every worker."""
+    served = serve(launched, tmp_path, provider, 2)
+    processes = served.servers()
+    connections = served.connection_to_each()
+    before = budgets(connections)
+
+    bad = config_text(provider, 30_000).replace("max_output = 1000", "max_output = -5")
+    served.config.write_text(bad)
+    refused = reload_command(served)
+    assert refused.returncode == 1
+    assert "answered 400" in refused.stderr and "max_output" in refused.stderr
+    served.process.send_signal(signal.SIGHUP)  # the same file, by signal: said in the log
+    assert wait_for(lambda: "cannot be used" in served.log(), timeout=20), served.log()
+    assert "max_output" in served.log()
+    assert budgets(connections) == before
+    assert served.process.poll() is None and served.servers() == processes
+
+    served.config.write_text(config_text(provider, 30_000))
+    applied = reload_command(served)
+    assert applied.returncode == 0, applied.stderr
+    assert "changes models" in applied.stderr
+    assert wait_for(lambda: max(budgets(connections)) < 30_000, timeout=20), served.log()
+    assert served.servers() == processes
+
+
+def test_the_reload_endpoint_needs_the_admin_key(
+    launched: list[Served], tmp_path: Path, provider: FakeProvider
+) -> None:
+    served = serve(launched, tmp_path, provider, 1)
+    refused = httpx.post(f"{served.url}/admin/reload", headers={"x-brim-admin-key": "wrong"})
+    assert refused.status_code == 401
+    answer: dict[str, Any] = httpx.post(
+        f"{served.url}/admin/reload", headers={"x-brim-admin-key": ADMIN}
+    ).json()
+    assert answer == {"config": str(served.config), "changes": [], "needs_restart": []}
+    assert wait_for(lambda: "nothing to change" in served.log(), timeout=20), served.log()
