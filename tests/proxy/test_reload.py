@@ -7,13 +7,9 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,13 +17,13 @@ import httpx
 import openai
 import pytest
 
-from bench.procs import children
 from proxy.app import bound_port, start
 from proxy.config import BrimConfig
 from proxy.keys import GENERATIONS, RELOADER
 from proxy.reload import ConfigSource, plan_reload
 from tests.fakes import FakeProvider, LoopThread, wait_for
-from tests.proxy.test_workers import alive, owner
+from tests.proxy import test_workers
+from tests.proxy.test_workers import Served, Upstream
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -155,84 +151,25 @@ def test_a_bad_file_is_logged_and_the_running_configuration_kept(
 # -- brim serve, as a user runs it ------------------------------------------------------------
 
 
-@dataclass
-class Served:
-    process: subprocess.Popen[str]
-    port: int
-    config: Path
-    log_path: Path
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def servers(self) -> list[int]:
-        """The processes that serve requests: the workers, or brim itself."""
-        return children(self.process.pid) or [self.process.pid]
-
-    def connection_to_each(self) -> list[http.client.HTTPConnection]:
-        """One open keep-alive connection to each serving process."""
-        servers = self.servers()
-        reached: dict[int, http.client.HTTPConnection] = {}
-        for _ in range(64):
-            connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-            connection.connect()
-            assert connection.sock is not None
-            local = connection.sock.getsockname()[1]
-            pid = None
-            for _ in range(250):  # until one of them has accepted it
-                pid = owner(self.port, local, servers)
-                if pid is not None:
-                    break
-                time.sleep(0.02)
-            if pid is None or pid in reached:
-                connection.close()
-            else:
-                reached[pid] = connection
-            if len(reached) == len(servers):
-                return list(reached.values())
-        raise AssertionError(f"64 connections did not reach every one of {servers}")
-
-
-@pytest.fixture
-def launched() -> Iterator[list[Served]]:
-    started: list[Served] = []
-    yield started
-    for served in started:
-        if served.process.poll() is None:
-            pids = children(served.process.pid)
-            served.process.kill()
-            served.process.wait(10)
-            for pid in pids:
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
-
-
 def serve(launched: list[Served], tmp_path: Path, provider: FakeProvider, workers: int) -> Served:
     """`python -m proxy serve` from this checkout, with a 60 000-token window for m-window."""
-    config = tmp_path / "proxy.toml"
-    config.write_text(config_text(provider, 60_000))
-    log_path = tmp_path / "brim.log"
-    argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0"]
-    process = subprocess.Popen(
-        [*argv, "--workers", str(workers)],
-        stdout=subprocess.PIPE,
-        stderr=log_path.open("w"),
-        text=True,
-        cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": PYTHONPATH, "RELOAD_ADMIN_KEYS": ADMIN},
+    return test_workers.start(
+        launched,
+        tmp_path,
+        Upstream(provider),
+        workers=workers,
+        config_text=config_text(provider, 60_000),
+        env={"RELOAD_ADMIN_KEYS": ADMIN},
     )
-    assert process.stdout is not None
-    line = process.stdout.readline()
-    port = re.search(r"http://127\.0\.0\.1:(\d+)", line)
-    assert port, (line, log_path.read_text())
-    served = Served(process, int(port.group(1)), config, log_path)
-    launched.append(served)
-    assert len(served.servers()) == workers
-    return served
+
+
+def connections(served: Served) -> list[http.client.HTTPConnection]:
+    """One open keep-alive connection to each process that serves."""
+    return list(served.connection_to_each_worker().values())
+
+
+def config_of(served: Served) -> Path:
+    return served.log_path.parent / "proxy.toml"
 
 
 def budget(connection: http.client.HTTPConnection) -> int:
@@ -256,7 +193,7 @@ def reload_command(served: Served) -> subprocess.CompletedProcess[str]:
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=served.config.parent,
+        cwd=config_of(served).parent,
         env={**os.environ, "PYTHONPATH": PYTHONPATH, "BRIM_ADMIN_KEY": ADMIN},
     )
 
@@ -266,9 +203,9 @@ def test_sighup_applies_a_changed_window_to_the_next_request_with_a_stream_in_fl
     workers: int, launched: list[Served], tmp_path: Path, provider: FakeProvider
 ) -> None:
     served = serve(launched, tmp_path, provider, workers)
-    processes = served.servers()
-    connections = served.connection_to_each()
-    before = budgets(connections)
+    processes = served.workers()
+    open_to_each = connections(served)
+    before = budgets(open_to_each)
     assert len(set(before)) == 1 and before[0] > 30_000
 
     provider.gate_timeout_s = 30  # the stream waits in the middle until the gate opens
@@ -276,10 +213,10 @@ def test_sighup_applies_a_changed_window_to_the_next_request_with_a_stream_in_fl
     stream = client.chat.completions.create(model="gated-stream", messages=HELLO, stream=True)
     parts = [next(iter(stream)).choices[0].delta.content]  # the stream has started
 
-    served.config.write_text(config_text(provider, 30_000))
+    config_of(served).write_text(config_text(provider, 30_000))
     served.process.send_signal(signal.SIGHUP)
-    assert wait_for(lambda: max(budgets(connections)) < 30_000, timeout=20), served.log()
-    after = budgets(connections)  # every process's next request has the new window
+    assert wait_for(lambda: max(budgets(open_to_each)) < 30_000, timeout=20), served.log()
+    after = budgets(open_to_each)  # every process's next request has the new window
     assert len(set(after)) == 1 and after[0] < 30_000
     assert provider.gate_timed_out is None  # the stream is still waiting in the middle
 
@@ -287,7 +224,7 @@ def test_sighup_applies_a_changed_window_to_the_next_request_with_a_stream_in_fl
     parts += [chunk.choices[0].delta.content for chunk in stream if chunk.choices]
     assert "".join(p for p in parts if p) == "Hello world"
     assert provider.gate_timed_out is False
-    assert served.process.poll() is None and served.servers() == processes  # none restarted
+    assert served.process.poll() is None and served.workers() == processes  # none restarted
     assert RESTART not in served.log()  # the command line's --port and --workers still hold
 
 
@@ -297,27 +234,27 @@ def test_a_bad_file_is_refused_and_the_running_configuration_kept_then_brim_relo
     """With workers: the supervisor refuses the file (and the workers never see it), `brim
     reload` says why; a good file then reaches every worker."""
     served = serve(launched, tmp_path, provider, 2)
-    processes = served.servers()
-    connections = served.connection_to_each()
-    before = budgets(connections)
+    processes = served.workers()
+    open_to_each = connections(served)
+    before = budgets(open_to_each)
 
     bad = config_text(provider, 30_000).replace("max_output = 1000", "max_output = -5")
-    served.config.write_text(bad)
+    config_of(served).write_text(bad)
     refused = reload_command(served)
     assert refused.returncode == 1
     assert "answered 400" in refused.stderr and "max_output" in refused.stderr
     served.process.send_signal(signal.SIGHUP)  # the same file, by signal: said in the log
     assert wait_for(lambda: "cannot be used" in served.log(), timeout=20), served.log()
     assert "max_output" in served.log()
-    assert budgets(connections) == before
-    assert served.process.poll() is None and served.servers() == processes
+    assert budgets(open_to_each) == before
+    assert served.process.poll() is None and served.workers() == processes
 
-    served.config.write_text(config_text(provider, 30_000))
+    config_of(served).write_text(config_text(provider, 30_000))
     applied = reload_command(served)
     assert applied.returncode == 0, applied.stderr
     assert "changes models" in applied.stderr
-    assert wait_for(lambda: max(budgets(connections)) < 30_000, timeout=20), served.log()
-    assert served.servers() == processes
+    assert wait_for(lambda: max(budgets(open_to_each)) < 30_000, timeout=20), served.log()
+    assert served.workers() == processes
 
 
 def test_the_reload_endpoint_needs_the_admin_key(
@@ -329,5 +266,5 @@ def test_the_reload_endpoint_needs_the_admin_key(
     answer: dict[str, Any] = httpx.post(
         f"{served.url}/admin/reload", headers={"x-brim-admin-key": ADMIN}
     ).json()
-    assert answer == {"config": str(served.config), "changes": [], "needs_restart": []}
+    assert answer == {"config": str(config_of(served)), "changes": [], "needs_restart": []}
     assert wait_for(lambda: "nothing to change" in served.log(), timeout=20), served.log()
