@@ -1,5 +1,5 @@
 """`brim status`: fetch a running brim's `GET /admin/status` and print the figures the `/ui`
-dashboard shows, as plain-text tables."""
+dashboard shows, as plain-text tables. (`admin_call` also serves `brim reload`.)"""
 
 from __future__ import annotations
 
