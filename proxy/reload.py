@@ -101,7 +101,9 @@ class ReloadPlan:
 
 
 def plan_reload(running: BrimConfig, loaded: BrimConfig) -> ReloadPlan:
-    """Apply `loaded` over `running`, but what cannot change live (`RESTART_ONLY`)."""
+    """Apply `loaded` over `running`, but what cannot change live (`RESTART_ONLY`).
+    `ConfigError` if the result would be refused at start (`refuse_open_without_keys`: a file
+    that moves `host` to loopback and drops the keys leaves brim where it listens, keyless)."""
     update: dict[str, Any] = {}
     changed: list[str] = []
     needs_restart: list[str] = []
@@ -120,7 +122,9 @@ def plan_reload(running: BrimConfig, loaded: BrimConfig) -> ReloadPlan:
         if new != now:
             update[section] = new
             changed.append(section)
-    return ReloadPlan(running.model_copy(update=update), tuple(changed), tuple(needs_restart))
+    config = running.model_copy(update=update)
+    refuse_open_without_keys(config)
+    return ReloadPlan(config, tuple(changed), tuple(needs_restart))
 
 
 class Generations:
@@ -210,8 +214,10 @@ class Reloader:
     async def reload(self) -> ReloadPlan | None:
         """Read the file and apply it; None (and a log line saying why) if nothing was."""
         async with self._lock:  # one at a time: each applies over what the last one made
+            running = self.generations.current
             try:
                 loaded, warnings = await asyncio.to_thread(self.source.load)
+                plan = plan_reload(running.config, loaded)
             except ConfigError as exc:
                 log.error(
                     "reload: %s cannot be used, the running configuration stays: %s",
@@ -221,8 +227,6 @@ class Reloader:
                 return None
             for warning in warnings:
                 log.warning("reload: %s", warning)
-            running = self.generations.current
-            plan = plan_reload(running.config, loaded)
             for key in plan.needs_restart:
                 log.warning("reload: %s changed; that takes effect at the next restart", key)
             if not plan.changed:

@@ -217,6 +217,7 @@ class Supervisor:
             return
         try:
             loaded, _ = self.source.load()  # (each worker logs the warnings)
+            planned = plan_reload(self.config, loaded).config
         except ConfigError as exc:
             log.error(
                 "reload: %s cannot be used, the workers keep the running configuration: %s",
@@ -224,7 +225,7 @@ class Supervisor:
                 exc,
             )
             return
-        self.config = plan_reload(self.config, loaded).config
+        self.config = planned
         running = [slot.process for slot in self.slots if slot.process is not None]
         log.info("reload: %s: reloading %d workers", self.source.name, len(running))
         for process in running:

@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from proxy.app import bound_port, start
-from proxy.config import BrimConfig
+from proxy.config import BrimConfig, ConfigError
 from proxy.keys import GENERATIONS, RELOADER
 from proxy.reload import ConfigSource, plan_reload
 from tests.fakes import FakeProvider, LoopThread, wait_for
@@ -91,6 +91,18 @@ def test_the_edge_owners_and_fallbacks_are_live_the_admission_gate_and_shared_ra
     assert server.allowed_hosts == ("brim.internal",) and server.metrics_public is True
     assert server.max_decompression_ratio == running.server.max_decompression_ratio
     assert guard.prefer_fallback is False and guard.learn_token_ratios is True
+
+
+def test_a_reload_that_would_leave_brim_open_beyond_loopback_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`host` waits for a restart: a file that moves it to loopback and drops the keys would
+    leave brim keyless where it listens now."""
+    monkeypatch.setenv("RELOAD_API_KEYS", "client-key-0123456789")
+    running = BrimConfig(server={"host": "0.0.0.0", "api_keys_env": "RELOAD_API_KEYS"})
+    with pytest.raises(ConfigError, match="api_keys"):
+        plan_reload(running, BrimConfig(server={"host": "127.0.0.1"}))
+    assert plan_reload(running, running.model_copy()).changed == ()
 
 
 def test_the_command_lines_server_keys_are_applied_to_what_is_reloaded(tmp_path: Path) -> None:
