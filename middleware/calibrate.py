@@ -7,7 +7,9 @@ the reply states the request's input tokens — a whole reply's usage, or a stre
 tokens, Responses `usage.input_tokens`, Gemini `usageMetadata.promptTokenCount`) — brim counts
 the body it sent in its encoding (from the counter's cache: the request was counted already)
 and `TokenRatios.observe` learns from the pair. All of it after the reply is on its way: a reply
-never waits for the learning, and a stream is only watched for its usage event.
+never waits for the learning, and a stream is only watched for its usage event. What the reply
+said of itself is left on it (`UpstreamResponse.reported`, `middleware.usage`): `Observe` takes
+the usage for its metrics and spans from there instead of reading the reply a second time.
 
 Nothing is learned from a CLI-backed upstream (its usage includes the CLI's own prompt), from a
 reply without an input count, or from a request brim could not count; `TokenRatios` decides
@@ -25,7 +27,7 @@ from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
 from adapters.config import UpstreamConfig
 from adapters.exchange import Exchange
 from middleware.base import CallNext
-from middleware.usage import StreamUsage, body_usage
+from middleware.usage import StreamUsage, whole_reported
 from policies.ratios import TokenRatios, may_be_evidence
 from policies.tokens import RAW, TokenCounter
 from policies.wires import conversation_wire
@@ -52,13 +54,15 @@ class LearnRatios:
         reply = await call_next(exchange)
         if not self._teaches(exchange):
             return reply
+        # What the reply says of itself is left on it (`reported`): `Observe` reads it there.
         if reply.chunks is None:
-            usage = exchange.wire.usage(reply.payload) if reply.payload is not None else None
-            if usage is None and reply.body:
-                usage = body_usage(exchange.wire, reply.body)
-            self._learn_soon(exchange, usage)
-            return reply
-        return dataclasses.replace(reply, chunks=self._watch(reply.chunks, exchange))
+            reported = whole_reported(exchange.wire, reply)
+            self._learn_soon(exchange, reported.usage)
+            return dataclasses.replace(reply, reported=reported)
+        watching = StreamUsage(exchange.wire)
+        return dataclasses.replace(
+            reply, chunks=self._watch(reply.chunks, exchange, watching), reported=watching.reported
+        )
 
     def _teaches(self, exchange: Exchange) -> bool:
         """Whether a reply to this call can teach a ratio: a conversation brim measured, sent
@@ -73,13 +77,13 @@ class LearnRatios:
         )
 
     async def _watch(
-        self, chunks: AsyncIterator[bytes], exchange: Exchange
+        self, chunks: AsyncIterator[bytes], exchange: Exchange, watching: StreamUsage
     ) -> AsyncIterator[bytes]:
-        watching = StreamUsage(exchange.wire)
         async for chunk in chunks:
             watching.feed(chunk)
             yield chunk
-        self._learn_soon(exchange, watching.usage)  # the whole stream was read: its usage stands
+        # the whole stream was read: its usage stands
+        self._learn_soon(exchange, watching.reported.usage)
 
     def _learn_soon(self, exchange: Exchange, usage: Usage | None) -> None:
         """Learn from the reply once the loop has written it (a large body is counted off the

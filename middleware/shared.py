@@ -803,6 +803,10 @@ class SharedState(Protocol):
         """Forget what was learned of `model` (None: of every model), here and everywhere the
         learned limits are shared."""
 
+    def follow(self, registry: LimitsRegistry, upstreams: Iterable[str]) -> None:
+        """A reload's configuration: `registry` (`LimitsRegistry.reconfigured`: the same facts,
+        another `[models]`) and these upstreams are what the records read are checked against."""
+
     async def aclose(self) -> None: ...
 
 
@@ -878,6 +882,12 @@ class LocalState:
         if self.limits is not None:
             return await self.limits.forget(model)
         return Forgotten([] if self.registry is None else self.registry.forget(model), True)
+
+    def follow(self, registry: LimitsRegistry, upstreams: Iterable[str]) -> None:
+        if self.registry is not None:
+            self.registry = registry
+        if self.limits is not None:
+            self.limits.registry = registry
 
     async def aclose(self) -> None:
         if self._refresher is not None:
@@ -962,6 +972,12 @@ class RedisState:
 
     async def forget(self, model: str | None) -> Forgotten:
         return await self.limits.forget(model)
+
+    def follow(self, registry: LimitsRegistry, upstreams: Iterable[str]) -> None:
+        self.local.follow(registry, upstreams)
+        self.limits.registry = registry
+        if self.ratios is not None:
+            self.ratios.upstreams = frozenset(upstreams)
 
     async def aclose(self) -> None:
         if self._task is not None:

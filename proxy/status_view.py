@@ -1,5 +1,6 @@
 """`brim status`: fetch a running brim's `GET /admin/status` and print the figures the `/ui`
-dashboard shows, as plain-text tables."""
+dashboard shows, as plain-text tables. (`admin_call` also serves `brim limits` and
+`brim reload`.)"""
 
 from __future__ import annotations
 
