@@ -1,8 +1,9 @@
 """brim learns each model's token ratio from the usage in its provider's replies, on every wire
 API, streamed or not, through the clients' own SDKs: after five replies from a provider whose
 tokenizer counts 1.5 × o200k_base, brim's count of the next request is within 3 % of the
-provider's. An upstream that reports absurd usage teaches nothing; one that reports the most
-the bounds allow cannot take the ratio past them; a model brim counts exactly stays at 1."""
+provider's — for the client that taught it, and for another client (the median of the one that
+settled). An upstream that reports absurd usage teaches nothing; one that reports the most the
+bounds allow cannot take the ratio past them; a model brim counts exactly stays at 1."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from policies.ratios import BOUNDS
+from policies.ratios import BOUNDS, MIN_REPLIES
 from tests.conftest import BrimFactory, RedisServer
 from tests.fakes import LoopThread, start_app, wait_for
 from tests.usage_provider import UsageProvider, send
@@ -54,6 +55,7 @@ def usage_provider(loop_thread: LoopThread) -> Iterator[UsageProvider]:
 def counting(usage_provider: UsageProvider) -> UsageProvider:
     usage_provider.ratio, usage_provider.absurd = 1.5, None
     usage_provider.reported.clear()
+    usage_provider.by_key.clear()
     return usage_provider
 
 
@@ -77,9 +79,10 @@ def text(seed: int, words: int = 3_000) -> str:
     return " ".join(f"{rng.choice(WORDS)}{rng.randint(0, 99)}" for _ in range(words))
 
 
-def ask(api: str, base: str, model: str, content: str, stream: bool) -> int:
-    """brim's count of one request (`x-brim-tokens-in`), sent through the API's own client."""
-    return int(send(api, base, model, content, stream=stream)["x-brim-tokens-in"])
+def ask(api: str, base: str, model: str, content: str, stream: bool, key: str | None = None) -> int:
+    """brim's count of one request (`x-brim-tokens-in`), sent through the API's own client
+    with the provider key `key` (else the one client's of `send`)."""
+    return int(send(api, base, model, content, stream=stream, key=key)["x-brim-tokens-in"])
 
 
 def token_ratios(base: str) -> list[dict[str, Any]]:
@@ -112,9 +115,14 @@ def test_five_replies_bring_brims_count_within_3_percent_of_the_providers(
     assert wait_for(lambda: learned() == 5)
     counted = ask(api, base, model, text(99, 2_500), stream=False)
     assert abs(counted / counting.reported[-1] - 1) <= 0.03, (counted, counting.reported[-1])
+    # Another client, which taught nothing: counted at the median of the one that settled.
+    other = ask(api, base, model, text(98, 2_500), stream=True, key="another-client-key")
+    assert abs(other / counting.reported[-1] - 1) <= 0.03, (other, counting.reported[-1])
+    assert wait_for(lambda: learned() == 7)
     (shown,) = token_ratios(base)
     assert shown["upstream"] == api.split(".")[0]
     assert abs(shown["ratio"] - 1.5) <= 0.03 and shown["ratio"] != prior
+    assert (shown["clients"], shown["settled"], shown["replies"]) == (2, 1, 7)
 
 
 @pytest.mark.parametrize("api", sorted(MODELS))
@@ -149,7 +157,7 @@ def test_the_ratio_stays_within_its_bounds_however_high_an_upstream_reports(
         ask("openai.chat", base, model, text(n), stream=False)
         assert wait_for(lambda n=n: learned() == n + 1)  # type: ignore[misc]
         (shown,) = token_ratios(base)
-        assert BOUNDS[0] <= shown["ratio"] <= BOUNDS[1]
+        assert shown["ratio"] is None if n + 1 < MIN_REPLIES else shown["ratio"] <= BOUNDS[1]
     assert shown["ratio"] > 2.8
 
 
