@@ -87,6 +87,12 @@ class UsageProvider:
     reported: list[int] = field(default_factory=list)
     url: str = ""
 
+    def reset(self, ratio: float = 1.5) -> None:
+        """Report `ratio` × brim's count for every client again, and forget what it reported."""
+        self.ratio, self.absurd = ratio, None
+        self.by_key.clear()
+        self.reported.clear()
+
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self.chat)

@@ -17,7 +17,6 @@ model's honest 1.2 × for everyone else.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -25,7 +24,7 @@ import pytest
 from policies.ratios import MIN_REPLIES
 from policies.wires import WIRES
 from tests.conftest import BrimFactory
-from tests.fakes import LoopThread, start_app, wait_for
+from tests.fakes import wait_for
 from tests.usage_provider import UsageProvider, send
 
 ADMIN = "ratio-poisoning-admin-key-0123"
@@ -40,31 +39,21 @@ MODELS = {  # a model each API serves: a 20 K window, so 3 × an honest request 
 }
 
 
-@pytest.fixture(scope="module")
-def usage_provider(loop_thread: LoopThread) -> Iterator[UsageProvider]:
-    provider = UsageProvider()
-    runner, provider.url = loop_thread.run(start_app(provider.app()))
-    yield provider
-    loop_thread.run(runner.cleanup())
-
-
 @pytest.fixture
-def provider(usage_provider: UsageProvider) -> UsageProvider:
-    usage_provider.ratio, usage_provider.absurd = HONEST, None
-    usage_provider.by_key.clear()
+def reporting(usage_provider: UsageProvider) -> UsageProvider:
+    usage_provider.reset(HONEST)
     usage_provider.by_key[HOSTILE] = 3.0
-    usage_provider.reported.clear()
     return usage_provider
 
 
 @pytest.fixture
-def base(brim: BrimFactory, provider: UsageProvider, monkeypatch: pytest.MonkeyPatch) -> str:
+def base(brim: BrimFactory, reporting: UsageProvider, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv(ADMIN_ENV, ADMIN)
     return brim(
         upstreams={
-            "openai": {"api": "openai", "base_url": f"{provider.url}/v1"},
-            "anthropic": {"api": "anthropic", "base_url": provider.url, "native_count": False},
-            "gemini": {"api": "gemini", "base_url": provider.url, "native_count": False},
+            "openai": {"api": "openai", "base_url": f"{reporting.url}/v1"},
+            "anthropic": {"api": "anthropic", "base_url": reporting.url, "native_count": False},
+            "gemini": {"api": "gemini", "base_url": reporting.url, "native_count": False},
         },
         routes={"claude-*": "anthropic", "gemini-*": "gemini", "*": "openai"},
         models={
@@ -108,7 +97,7 @@ def teach(api: str, base: str, key: str, times: int, words: int, seed: int) -> N
 
 @pytest.mark.parametrize("api", sorted(WIRES))
 def test_a_hostile_client_does_not_change_how_another_is_counted(
-    api: str, base: str, provider: UsageProvider
+    api: str, base: str, reporting: UsageProvider
 ) -> None:
     """B settles its ratio (the honest 1.2); A's replies then say 3 × brim's count, again and
     again. B's request is counted the same as before, within 3 % of what the provider counts,
@@ -116,10 +105,10 @@ def test_a_hostile_client_does_not_change_how_another_is_counted(
     teach(api, base, "client-b-key", MIN_REPLIES, 4_700, seed=0)
     probe = text(999, 4_700)  # about 8 K tokens: fits the 20 K window at 1.2, not at 3
     before = ask(api, base, probe, "client-b-key")
-    assert abs(int(before["x-brim-tokens-in"]) / provider.reported[-1] - 1) <= 0.03
+    assert abs(int(before["x-brim-tokens-in"]) / reporting.reported[-1] - 1) <= 0.03
     teach(api, base, HOSTILE, 6, 2_500, seed=100)  # about 4.2 K tokens: fits even at 3 ×
     after = ask(api, base, probe, "client-b-key")
-    assert abs(int(after["x-brim-tokens-in"]) / provider.reported[-1] - 1) <= 0.03
+    assert abs(int(after["x-brim-tokens-in"]) / reporting.reported[-1] - 1) <= 0.03
     # the same count, but for what B's own replies still teach (its ratio settles on 1.2)
     assert abs(int(after["x-brim-tokens-in"]) / int(before["x-brim-tokens-in"]) - 1) <= 0.01
     assert after["x-brim-budget"] == before["x-brim-budget"]
@@ -127,11 +116,11 @@ def test_a_hostile_client_does_not_change_how_another_is_counted(
     assert after["x-brim-actions"] == "none"
     # A is counted at its own ratio (near 3, not the honest 1.2): its requests, its business.
     hostile = ask(api, base, text(200, 2_500), HOSTILE)
-    assert int(hostile["x-brim-tokens-in"]) >= 0.85 * provider.reported[-1]
+    assert int(hostile["x-brim-tokens-in"]) >= 0.85 * reporting.reported[-1]
 
 
 def test_of_three_clients_one_hostile_the_others_are_counted_at_the_honest_twos(
-    base: str, provider: UsageProvider
+    base: str, reporting: UsageProvider
 ) -> None:
     """Two honest clients and one reporting 3 × settle their ratios; a fourth client, which
     taught nothing, is counted at the median — the honest ratio — and the status shows the
@@ -143,7 +132,7 @@ def test_of_three_clients_one_hostile_the_others_are_counted_at_the_honest_twos(
     teach(api, base, HOSTILE, 4, 2_500, seed=300)  # the last word is the hostile one's
     taught = replies(base)
     newcomer = ask(api, base, text(999, 4_700), "newcomer-key")
-    assert abs(int(newcomer["x-brim-tokens-in"]) / provider.reported[-1] - 1) <= 0.03
+    assert abs(int(newcomer["x-brim-tokens-in"]) / reporting.reported[-1] - 1) <= 0.03
     assert newcomer["x-brim-actions"] == "none"
     assert wait_for(lambda: replies(base) == taught + 1)  # the newcomer's first reply
     reply = status(base)
