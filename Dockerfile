@@ -1,10 +1,18 @@
-FROM python:3.11-slim
+# brim in a virtualenv (/opt/brim) on a Python 3.11+ base, run as an unprivileged user.
+#   docker build -t brim .                         # on the official python:3.11-slim
+#   deploy/build-image.sh                          # where no image registry is reachable: a local
+#                                                  # Debian base (debootstrap), built with podman
+# Any base with python3 (3.11 or newer), its venv module and useradd will do (--build-arg BASE=…).
+ARG BASE=python:3.11-slim
+FROM ${BASE}
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    LITELLM_LOCAL_MODEL_COST_MAP=True
+    LITELLM_LOCAL_MODEL_COST_MAP=True \
+    VIRTUAL_ENV=/opt/brim \
+    PATH=/opt/brim/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 RUN useradd --create-home --uid 10001 brim
 WORKDIR /app
@@ -13,7 +21,7 @@ COPY proxy ./proxy
 COPY middleware ./middleware
 COPY adapters ./adapters
 COPY policies ./policies
-RUN pip install . && rm -rf /root/.cache
+RUN python3 -m venv /opt/brim && /opt/brim/bin/pip install . && rm -rf /app/build /root/.cache
 COPY proxy.toml /etc/brim/proxy.toml
 
 USER brim

@@ -7,10 +7,22 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from adapters.exchange import Exchange
+from policies.wires.base import Usage
 
 # Work on a request body larger than this (serializing it, say) runs in a worker thread rather
 # than on the event loop, where it would hold up every other request.
 OFF_LOOP_BYTES = 256 * 1024
+
+
+@dataclass(slots=True)
+class Reported:
+    """What a reply says of itself: the usage its provider reported and the model that
+    answered (None where it does not say), as the stage that read it found them
+    (`middleware.usage`); a stream's are complete once it has passed to its end. The stages
+    outside take them from here rather than read the reply again."""
+
+    usage: Usage | None = None
+    model: str | None = None
 
 
 @dataclass(slots=True)
@@ -27,6 +39,9 @@ class UpstreamResponse:
     payload: Any = None  # `body` parsed, where the adapter parsed it (so no one parses it again)
     chunks: AsyncIterator[bytes] | None = None
     closer: Callable[[], Awaitable[None]] | None = None
+    # What the reply says of itself, where a stage read it as it passed (this very reply: a
+    # stage that makes another reply of it, as restore rounds do, leaves this None).
+    reported: Reported | None = None
 
     async def aclose(self) -> None:
         chunks, self.chunks = self.chunks, None

@@ -146,6 +146,7 @@ class RequestReport:
     fallbacks: tuple[str, ...] = ()
     archive_keys: tuple[str, ...] = ()
     usage: Usage = NO_USAGE  # what the provider's reply reported
+    response_model: str | None = None  # the model the provider's reply said answered
     restore_offered: bool = False  # brim added `brim_restore` to the request's tools
     restored: tuple[str, ...] = ()  # keys the model fetched back
     restore_missing: tuple[str, ...] = ()  # asked for, unknown or expired

@@ -64,18 +64,42 @@ class Upstreams:
         upstreams: Mapping[str, UpstreamConfig],
         routes: Mapping[str, str | Sequence[str]],
         child_env: ChildEnv = BRIM_SETTINGS_ONLY,
+        *,
+        adapters: Mapping[str, Adapter] | None = None,
     ) -> None:
+        """`adapters`: some upstreams' adapters, already built (by `reconfigured`)."""
         self.configs = dict(upstreams)
+        self.child_env = child_env
         self.routes = [
             (pattern, name)
             for pattern, names in routes.items()
             for name in ([names] if isinstance(names, str) else names)
         ]
+        built = adapters or {}
         self.adapters: dict[str, Adapter] = {
-            name: build_adapter(name, config, child_env) for name, config in upstreams.items()
+            name: built.get(name) or build_adapter(name, config, child_env)
+            for name, config in upstreams.items()
         }
         # The upstream chosen per (model, api): routes are fixed, models are client input.
         self._routed: Remembered[tuple[str, str], str] = Remembered(ROUTES_REMEMBERED)
+
+    def reconfigured(
+        self,
+        upstreams: Mapping[str, UpstreamConfig],
+        routes: Mapping[str, str | Sequence[str]],
+        child_env: ChildEnv = BRIM_SETTINGS_ONLY,
+    ) -> Upstreams:
+        """The upstreams and routes of a changed configuration. An upstream whose settings did
+        not change keeps its adapter, pooled connections and all (a CLI upstream's, if its
+        children's environment did not change either); the others get new ones (the caller
+        closes the adapters left behind once no request uses them)."""
+        kept = {
+            name: adapter
+            for name, adapter in self.adapters.items()
+            if upstreams.get(name) == (config := self.configs[name])
+            and (config.api != "cli" or child_env == self.child_env)
+        }
+        return Upstreams(upstreams, routes, child_env, adapters=kept)
 
     def __getitem__(self, name: str) -> Adapter:
         return self.adapters[name]

@@ -6,8 +6,12 @@ the reply states the request's input tokens — a whole reply's usage, or a stre
 (Chat `usage.prompt_tokens`, Messages `usage.input_tokens` plus the cache's read and written
 tokens, Responses `usage.input_tokens`, Gemini `usageMetadata.promptTokenCount`) — brim counts
 the body it sent in its encoding (from the counter's cache: the request was counted already)
-and `TokenRatios.observe` learns from the pair. All of it after the reply is on its way: a reply
-never waits for the learning, and a stream is only watched for its usage event.
+and `TokenRatios.observe` learns from the pair — for the request's owner (`Exchange.owner`):
+what one client's replies teach counts its own requests, and others' only as one vote among
+their settled clients (`policies.ratios`). All of it after the reply is on its way: a reply
+never waits for the learning, and a stream is only watched for its usage event. What the reply
+said of itself is left on it (`UpstreamResponse.reported`, `middleware.usage`): `Observe` takes
+the usage for its metrics and spans from there instead of reading the reply a second time.
 
 Nothing is learned from a CLI-backed upstream (its usage includes the CLI's own prompt), from a
 reply without an input count, or from a request brim could not count; `TokenRatios` decides
@@ -25,7 +29,7 @@ from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
 from adapters.config import UpstreamConfig
 from adapters.exchange import Exchange
 from middleware.base import CallNext
-from middleware.usage import StreamUsage, body_usage
+from middleware.usage import StreamUsage, whole_reported
 from policies.ratios import TokenRatios, may_be_evidence
 from policies.tokens import RAW, TokenCounter
 from policies.wires import conversation_wire
@@ -52,13 +56,15 @@ class LearnRatios:
         reply = await call_next(exchange)
         if not self._teaches(exchange):
             return reply
+        # What the reply says of itself is left on it (`reported`): `Observe` reads it there.
         if reply.chunks is None:
-            usage = exchange.wire.usage(reply.payload) if reply.payload is not None else None
-            if usage is None and reply.body:
-                usage = body_usage(exchange.wire, reply.body)
-            self._learn_soon(exchange, usage)
-            return reply
-        return dataclasses.replace(reply, chunks=self._watch(reply.chunks, exchange))
+            reported = whole_reported(exchange.wire, reply)
+            self._learn_soon(exchange, reported.usage)
+            return dataclasses.replace(reply, reported=reported)
+        watching = StreamUsage(exchange.wire)
+        return dataclasses.replace(
+            reply, chunks=self._watch(reply.chunks, exchange, watching), reported=watching.reported
+        )
 
     def _teaches(self, exchange: Exchange) -> bool:
         """Whether a reply to this call can teach a ratio: a conversation brim measured, sent
@@ -73,13 +79,13 @@ class LearnRatios:
         )
 
     async def _watch(
-        self, chunks: AsyncIterator[bytes], exchange: Exchange
+        self, chunks: AsyncIterator[bytes], exchange: Exchange, watching: StreamUsage
     ) -> AsyncIterator[bytes]:
-        watching = StreamUsage(exchange.wire)
         async for chunk in chunks:
             watching.feed(chunk)
             yield chunk
-        self._learn_soon(exchange, watching.usage)  # the whole stream was read: its usage stands
+        # the whole stream was read: its usage stands
+        self._learn_soon(exchange, watching.reported.usage)
 
     def _learn_soon(self, exchange: Exchange, usage: Usage | None) -> None:
         """Learn from the reply once the loop has written it (a large body is counted off the
@@ -122,14 +128,18 @@ class LearnRatios:
         assert exchange.context is not None
         limits = exchange.context.limits.limits
         prior = self.counter.prior(limits.tokenizer)
-        learned = self.ratios.observe(exchange.upstream, limits.model, prior, counted, reported)
+        learned = self.ratios.observe(
+            exchange.owner, exchange.upstream, limits.model, prior, counted, reported
+        )
         if learned is not None:
             log.debug(
-                "request %s: upstream %r counted %d input tokens, brim %d: %r's ratio is %.3f",
+                "request %s: upstream %r counted %d input tokens, brim %d: %r's ratio for its "
+                "client is %.3f (%d replies)",
                 exchange.request_id,
                 exchange.upstream,
                 reported,
                 counted,
                 limits.model,
                 learned.value,
+                learned.replies,
             )

@@ -27,16 +27,20 @@ from opentelemetry.semconv._incubating.attributes.gen_ai_attributes import (
     GEN_AI_PROVIDER_NAME,
     GEN_AI_REQUEST_MAX_TOKENS,
     GEN_AI_REQUEST_MODEL,
+    GEN_AI_RESPONSE_MODEL,
     GEN_AI_SYSTEM_INSTRUCTIONS,
+    GEN_AI_TOKEN_TYPE,
     GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
     GEN_AI_USAGE_INPUT_TOKENS,
     GEN_AI_USAGE_OUTPUT_TOKENS,
     GenAiProviderNameValues,
+    GenAiTokenTypeValues,
 )
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from adapters.base import UpstreamResponse
+from adapters.base import Reported, UpstreamResponse
 from adapters.config import UpstreamConfig
 from adapters.errors import (
     BrimError,
@@ -51,11 +55,10 @@ from middleware.base import CallNext
 from middleware.headers import actions
 from middleware.store import PREFIX_DIGITS, normalize_key
 from middleware.telemetry import StatusBoard, Telemetry, bind, client_product
-from middleware.usage import USAGE_MARK, EventData, body_usage, event_usage
+from middleware.usage import StreamUsage, body_reported, whole_reported
 from policies.budget import requested_output
 from policies.compress import Outcome
 from policies.limits import LimitSource
-from policies.wires.base import Wire
 
 log = logging.getLogger("brim.observe")
 # One line per request: at INFO for a request brim changed, retried or refused, at DEBUG for the
@@ -70,6 +73,9 @@ CONTENT_LIMIT = 64 * 1024  # characters of captured content per attribute
 # A request's count, upstream latency and added latency, each bound to its series.
 BoundSeries = tuple[Callable[[float], None], Callable[[float], None], Callable[[float], None]]
 BOUND_SERIES = 4096  # metric series an `Observe` keeps bound (labels are bounded: a backstop)
+# The GenAI client metrics' series of a request: its duration, its input and its output tokens,
+# by (operation, provider, request model label, response model label, error type).
+GenAiKey = tuple[str, str, str, str | None, str | None]
 
 
 # The provider, as the GenAI conventions name it (`gen_ai.provider.name`), by the provider name
@@ -149,10 +155,20 @@ def _recording(span: Span) -> bool:
     return span is not INVALID_SPAN and span.is_recording()
 
 
-def _usage_of(wire: Wire, data: bytes, report: RequestReport) -> None:
-    found = event_usage(wire, data)
-    if found is not None:
-        report.usage = report.usage.merged(found)
+def _report(found: Reported, report: RequestReport) -> None:
+    """What the reply said of itself, onto the request's report."""
+    if found.usage is not None:
+        report.usage = report.usage.merged(found.usage)
+    if found.model is not None:
+        report.response_model = found.model
+
+
+def error_type(error: BaseException) -> str:
+    """`error.type` of a request that failed: brim's code for the error where it has one
+    (`context_length_exceeded`, `upstream_timeout`, …), else the exception's class (`RateLimited`,
+    `CancelledError`): a small, fixed set of values, never text from a client or a provider."""
+    code = error.code if isinstance(error, BrimError) else None
+    return code or type(error).__name__
 
 
 class Observe:
@@ -171,6 +187,7 @@ class Observe:
         self.tracing = not isinstance(telemetry.tracer, trace.NoOpTracer)
         # the metric series of each (route, model label, outcome), found once (`_bind`)
         self._bound: dict[tuple[str, str, str], BoundSeries] = {}
+        self._genai: dict[GenAiKey, BoundSeries] = {}  # likewise (`_bind_genai`)
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         if self.tracing:
@@ -190,20 +207,29 @@ class Observe:
                 if isinstance(error, RateLimitExceeded)
                 else "upstream_error"
             )
-            self._finish_soon(span, exchange, outcome, error, time.perf_counter())
+            failed = time.perf_counter()
+            self._finish_soon(span, exchange, outcome, error, failed, failed)
             raise
         except BaseException as error:
-            self._finish_soon(span, exchange, "error", error, time.perf_counter())
+            failed = time.perf_counter()
+            self._finish_soon(span, exchange, "error", error, failed, failed)
             raise
         finally:
             if token is not None:
                 otel_context.detach(token)
         outcome = self._outcome(exchange.report)
         if reply.chunks is None:
-            self._finish_soon(span, exchange, outcome, None, answered, reply)
+            self._finish_soon(span, exchange, outcome, None, answered, answered, reply)
             return reply
+        # A stream's usage: as a stage inside read it (`LearnRatios`), else read here.
+        reported, watching = reply.reported, None
+        if reported is None:
+            watching = StreamUsage(exchange.wire)
+            reported = watching.reported
         return dataclasses.replace(
-            reply, chunks=self._watch(reply.chunks, span, exchange, outcome, answered)
+            reply,
+            chunks=self._watch(reply.chunks, span, exchange, outcome, answered, watching, reported),
+            reported=reported,
         )
 
     def _open_span(self, exchange: Exchange) -> tuple[Span, Token[Context]]:
@@ -241,24 +267,24 @@ class Observe:
         exchange: Exchange,
         outcome: str,
         answered: float,
+        watching: StreamUsage | None,
+        reported: Reported,
     ) -> AsyncIterator[bytes]:
+        """The stream, as it passes: what it says of itself read by `watching` (None: a stage
+        inside reads it into `reported`)."""
         error: BaseException | None = None
-        # the provider's usage, for the span (nothing else reports it)
-        events = EventData() if _recording(span) else None
-        wire = exchange.wire
-        report = exchange.report
         try:
             async for chunk in chunks:
-                if events is not None:
-                    for data in events.feed(chunk, USAGE_MARK):
-                        _usage_of(wire, data, report)
+                if watching is not None:
+                    watching.feed(chunk)
                 yield chunk
         except BaseException as exc:
             error = exc
             raise
         finally:
             outcome = outcome if error is None else "error"
-            self._finish_soon(span, exchange, outcome, error, answered)
+            ended = time.perf_counter()
+            self._finish_soon(span, exchange, outcome, error, answered, ended, None, reported)
 
     @staticmethod
     def _outcome(report: RequestReport) -> str:
@@ -277,7 +303,9 @@ class Observe:
         outcome: str,
         error: BaseException | None,
         answered: float,
+        ended: float,
         reply: UpstreamResponse | None = None,
+        reported: Reported | None = None,
     ) -> None:
         """Publish the request once its reply (or error) is on its way: on the event loop's next
         turn, so the client's reply is written first (the handler runs on to the write without
@@ -287,9 +315,11 @@ class Observe:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
-            self._finish(span, exchange, outcome, error, answered, reply)
+            self._finish(span, exchange, outcome, error, answered, ended, reply, reported)
         else:
-            loop.call_soon(self._finish, span, exchange, outcome, error, answered, reply)
+            loop.call_soon(
+                self._finish, span, exchange, outcome, error, answered, ended, reply, reported
+            )
 
     def _finish(
         self,
@@ -298,25 +328,24 @@ class Observe:
         outcome: str,
         error: BaseException | None,
         answered: float,
+        ended: float,
         reply: UpstreamResponse | None,
+        reported: Reported | None,
     ) -> None:
-        """Publish the request; for its span (where it records: nothing else reports it), the
-        provider's usage from a whole `reply` or the error's body first. `answered`: when the
-        pipeline returned the reply (its headers, for a stream) or the error."""
+        """Publish the request, with what a whole `reply` says of itself (its usage, the model
+        that answered: read once, `middleware.usage`), or a stream's (`reported`, read as it
+        passed). `answered`: when the pipeline returned the reply (its headers, for a stream)
+        or the error; `ended`: when the reply's last byte went (or the error)."""
         report = exchange.report
         recording = _recording(span)
         try:
-            if recording:
-                if reply is not None:
-                    if reply.payload is not None:
-                        found = exchange.wire.usage(reply.payload)
-                        if found is not None:
-                            report.usage = report.usage.merged(found)
-                    else:
-                        _usage_from_body(exchange.wire, reply.body or b"", report)
-                elif isinstance(error, UpstreamError):
-                    _usage_from_body(exchange.wire, error.body, report)
-            self._publish(span, recording, exchange, report, outcome, error, answered)
+            if reply is not None:
+                _report(whole_reported(exchange.wire, reply), report)
+            elif reported is not None:
+                _report(reported, report)
+            elif recording and isinstance(error, UpstreamError):
+                _report(body_reported(exchange.wire, error.body), report)
+            self._publish(span, recording, exchange, report, outcome, error, answered, ended)
         except Exception:  # telemetry must never break a request
             log.exception("could not publish telemetry for request %s", exchange.request_id)
         finally:
@@ -332,6 +361,7 @@ class Observe:
         outcome: str,
         error: BaseException | None,
         answered: float,
+        ended: float,
     ) -> None:
         context = report.context
         tokens_in = report.tokens_received()
@@ -375,11 +405,11 @@ class Observe:
             series = self._bind(exchange.api, label, outcome)
         count_request, record_upstream, record_added = series
         count_request(1)
-        total_ms = (answered - report.started) * 1000
-        upstream_ms = report.upstream_seconds * 1000
-        added_ms = max(0.0, total_ms - upstream_ms)
-        record_upstream(upstream_ms)
-        record_added(added_ms)
+        added_s = max(0.0, answered - report.started - report.upstream_seconds)
+        record_upstream(report.upstream_seconds)
+        record_added(added_s)
+        added_ms = added_s * 1000
+        self._record_genai(exchange, report, label, error, ended)
         if prevented or report.retries or removed or report.restore_offered or restores:
             self._count_changes(report, label, prevented, survived, removed, restores)
 
@@ -428,6 +458,73 @@ class Observe:
             telemetry.requests.bind({"route": route, "model": label, "outcome": outcome}),
             bind(telemetry.upstream_latency, model),
             bind(telemetry.added_latency, model),
+        )
+        return series
+
+    def _record_genai(
+        self,
+        exchange: Exchange,
+        report: RequestReport,
+        label: str,
+        error: BaseException | None,
+        ended: float,
+    ) -> None:
+        """The GenAI conventions' client metrics of a request: how long it took, to its reply's
+        last byte, and the input and output tokens its provider reported. Model names are
+        labelled as in every metric: `label` is the request's; the reply's own, a provider's
+        text, has labels of its own (`StatusBoard.response_labels`)."""
+        context = report.context
+        provider = provider_name(
+            context.limits.limits.provider if context is not None else "unknown",
+            self.upstreams.get(exchange.upstream),
+        )
+        answered_by = report.response_model
+        response = (
+            None
+            if answered_by is None
+            else label
+            if answered_by == exchange.model
+            else self.status.response_labels(answered_by)
+        )
+        key = (
+            exchange.wire.operation,
+            provider,
+            label,
+            response,
+            None if error is None else error_type(error),
+        )
+        series = self._genai.get(key)
+        if series is None:
+            series = self._bind_genai(key)
+        record_duration, record_input, record_output = series
+        record_duration(max(0.0, ended - report.started))
+        usage = report.usage
+        if usage.input is not None:
+            record_input(usage.input)
+        if usage.output is not None:
+            record_output(usage.output)
+
+    def _bind_genai(self, key: GenAiKey) -> BoundSeries:
+        telemetry = self.telemetry
+        if len(self._genai) >= BOUND_SERIES:
+            self._genai.clear()
+        operation, provider, label, response, failure = key
+        attributes = {
+            GEN_AI_OPERATION_NAME: operation,
+            GEN_AI_PROVIDER_NAME: provider,
+            GEN_AI_REQUEST_MODEL: label,
+        }
+        if response is not None:
+            attributes[GEN_AI_RESPONSE_MODEL] = response
+        usage = dict(attributes)  # the token metric has no error.type
+        if failure is not None:
+            attributes[ERROR_TYPE] = failure
+        input_type = GenAiTokenTypeValues.INPUT.value
+        output_type = GenAiTokenTypeValues.COMPLETION.value  # "output"
+        series = self._genai[key] = (
+            bind(telemetry.operation_duration, attributes),
+            bind(telemetry.token_usage, {**usage, GEN_AI_TOKEN_TYPE: input_type}),
+            bind(telemetry.token_usage, {**usage, GEN_AI_TOKEN_TYPE: output_type}),
         )
         return series
 
@@ -566,8 +663,7 @@ class Observe:
         span.set_attributes(attributes)
         if error is not None:
             span.set_status(Status(StatusCode.ERROR, type(error).__name__))
-            if isinstance(error, BrimError):
-                span.set_attribute("error.type", error.code or type(error).__name__)
+            span.set_attribute(ERROR_TYPE, error_type(error))
 
 
 def _overflows(prevented: bool, survived: bool, outcome: str) -> list[str]:
@@ -643,10 +739,3 @@ def log_word(text: str, limit: int = 200) -> str:
     """Client input as one printable word for a log line: `-` when there is none."""
     word = "".join(c if c.isprintable() and not c.isspace() else "?" for c in text[:limit])
     return word or "-"
-
-
-def _usage_from_body(wire: Wire, body: bytes, report: RequestReport) -> None:
-    """Usage in a whole reply: one JSON object, or a stream's events read in one piece."""
-    found = body_usage(wire, body)
-    if found is not None:
-        report.usage = report.usage.merged(found)

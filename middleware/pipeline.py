@@ -26,7 +26,7 @@ from middleware.restore import RestoreRounds
 from middleware.retry import RetryOnOverflow
 from middleware.sessions import SessionMemory
 from middleware.settings import GuardConfig, RestoreConfig, RetryConfig, SummarizeConfig
-from middleware.shared import SharedState
+from middleware.shared import RedisLink, SharedState
 from middleware.store import ContentStore
 from middleware.summarize import Summarizer
 from middleware.telemetry import StatusBoard, Telemetry
@@ -61,7 +61,9 @@ class Services:
     """Long-lived objects the stages share: upstream connections, limits (with what was learned
     from provider errors), the token counter with its cache and the token ratios learned from
     the providers' usage, what reports on it all, and the state shared with other processes and
-    instances."""
+    instances. The stages themselves hold only their settings: a reload builds new stages
+    around the same services (and replaces the services its changes touch: upstreams,
+    `[models]`, the token counter, the summarizer, the session memory)."""
 
     upstreams: Upstreams
     limits: LimitsRegistry
@@ -75,6 +77,8 @@ class Services:
     store: ContentStore | None = None  # originals the model may fetch back (`[restore]`)
     rates: RateCounts | None = None  # per-key rate windows, when `[server]` sets any limit
     ratios: TokenRatios = field(default_factory=TokenRatios)
+    sessions: SessionMemory | None = None  # the guard's last cut per session (`carry_forward`)
+    link: RedisLink | None = None  # the one Redis connection (`[cache] url`), for whoever needs it
 
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
@@ -121,9 +125,7 @@ def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
                 archive=services.archive,
                 summarizer=services.summarizer,
                 summary_deadline_s=config.summarize.deadline_s,
-                sessions=SessionMemory(int(guard.session_memory_mb * 2**20))
-                if guard.carry_forward
-                else None,
+                sessions=services.sessions if guard.carry_forward else None,
                 room_for_turns=guard.room_for_turns,
                 store=services.store,
                 clients=config.clients,

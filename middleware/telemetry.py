@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.metrics import CallbackOptions, Histogram, Meter, Observation
+from opentelemetry.semconv._incubating.metrics.gen_ai_metrics import (
+    GEN_AI_CLIENT_OPERATION_DURATION,
+    GEN_AI_CLIENT_TOKEN_USAGE,
+)
 from opentelemetry.trace import Tracer
 from opentelemetry.util.types import AttributeValue
 
@@ -133,6 +137,18 @@ class Tally(_Series):
 
 # OpenTelemetry's default bucket boundaries for an explicit-bucket histogram.
 DEFAULT_BOUNDS = (0, 5, 10, 25, 50, 75, 100, 250, 500, 750, 1000, 2500, 5000, 7500, 10000)
+# brim's latencies, in seconds: the default boundaries, read as milliseconds.
+LATENCY_BOUNDS = (
+    0.0, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0
+)  # fmt: skip
+# The boundaries the GenAI semantic conventions give for `gen_ai.client.token.usage` and for
+# `gen_ai.client.operation.duration` (seconds).
+TOKEN_BOUNDS = (
+    1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864
+)  # fmt: skip
+DURATION_BOUNDS = (
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92
+)  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,9 +232,9 @@ _FIRST_BUCKET = 5
 
 @dataclass
 class Telemetry:
-    """What brim reports through. `local_histograms`: the latency histograms are `Spread`s,
-    kept here and handed to the Prometheus reader (`proxy.telemetry`), not the meter's own
-    histograms (which every other reader gets)."""
+    """What brim reports through. `local_histograms`: the histograms are `Spread`s, kept here
+    and handed to the Prometheus reader (`proxy.telemetry`), not the meter's own histograms
+    (which every other reader gets)."""
 
     tracer: Tracer
     meter: Meter
@@ -270,12 +286,22 @@ class Telemetry:
             unit="{record}",
             description="Records read from Redis and not used, by record kind and reason",
         )
-        histogram = Spread if self.local_histograms else meter.create_histogram
-        self.added_latency: Histogram | Spread = histogram(
-            "brim.latency.added", unit="ms", description="Time spent in brim, not the provider"
+        self.added_latency = self._histogram(
+            "brim.latency.added", "s", "Time spent in brim, not the provider", LATENCY_BOUNDS
         )
-        self.upstream_latency: Histogram | Spread = histogram(
-            "brim.latency.upstream", unit="ms", description="Time waiting for the provider"
+        self.upstream_latency = self._histogram(
+            "brim.latency.upstream", "s", "Time waiting for the provider", LATENCY_BOUNDS
+        )
+        # The GenAI conventions' client metrics (brim is the provider's client), for the
+        # dashboards made for them: the tokens of each request, and how long it took.
+        self.token_usage = self._histogram(
+            GEN_AI_CLIENT_TOKEN_USAGE,
+            "{token}",
+            "Number of input and output tokens used",
+            TOKEN_BOUNDS,
+        )
+        self.operation_duration = self._histogram(
+            GEN_AI_CLIENT_OPERATION_DURATION, "s", "GenAI operation duration", DURATION_BOUNDS
         )
         self.connections_closed = Tally(
             meter,
@@ -312,9 +338,27 @@ class Telemetry:
             "skipped as malformed or implausible, by record: learned, forgotten, status, event",
         )
 
+    def _histogram(
+        self, name: str, unit: str, description: str, bounds: Sequence[float]
+    ) -> Histogram | Spread:
+        if self.local_histograms:
+            return Spread(name, unit=unit, description=description, bounds=bounds)
+        return self.meter.create_histogram(
+            name,
+            unit=unit,
+            description=description,
+            explicit_bucket_boundaries_advisory=[float(bound) for bound in bounds],  # as `Spread`
+        )
+
     def spreads(self) -> list[Spread]:
         """The histograms kept here (`local_histograms`), for the reader to collect."""
-        return [h for h in (self.added_latency, self.upstream_latency) if isinstance(h, Spread)]
+        histograms = (
+            self.added_latency,
+            self.upstream_latency,
+            self.token_usage,
+            self.operation_duration,
+        )
+        return [h for h in histograms if isinstance(h, Spread)]
 
     def watch_load(self, connections: Callable[[], int], in_flight: Callable[[], int]) -> None:
         """Gauges of open client connections and requests being handled."""
@@ -397,6 +441,10 @@ class ModelLabels:
         self._given += 1
         self._unknown += not known
         return model
+
+    def configure(self, configured: Iterable[str]) -> None:
+        """Label these (newly configured) ids always, too."""
+        self._labels.update(configured)
 
     def __len__(self) -> int:
         return len(self._labels)
@@ -567,6 +615,9 @@ class StatusBoard:
     recent: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=RECENT_EVENTS))
     labels: ModelLabels = field(default_factory=ModelLabels)
     client_labels: ModelLabels = field(default_factory=lambda: ModelLabels(cap=CLIENT_LABELS))
+    # The models providers' replies say answered (`gen_ai.response.model`): their own labels,
+    # so that what providers send cannot take the labels of the models clients ask for.
+    response_labels: ModelLabels = field(default_factory=ModelLabels)
     series: Series = field(default_factory=Series)
     events: int = 0  # overflow events recorded since start (`recent` holds the last of them)
 

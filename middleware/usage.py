@@ -1,14 +1,19 @@
-"""Reading the usage a provider reports in a reply: in a whole reply's body, or in the events of
-a stream as they pass (each wire API says where, `Wire.usage`). What `Observe` puts on spans and
-`LearnRatios` learns token ratios from."""
+"""Reading what a provider's reply says of itself: the usage it reports and the model that
+answered, in a whole reply's body or in a stream's events as they pass (each wire API says
+where: `Wire.usage`, `Wire.response_model`). One reading per reply: the stage that reads it
+leaves it on the reply (`UpstreamResponse.reported`), where the stages outside find it.
+`LearnRatios` learns token ratios from it; `Observe` puts it on spans and in the GenAI
+metrics (`gen_ai.client.token.usage`, `gen_ai.response.model`)."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import orjson
 
-from policies.wires.base import Usage, Wire, sse_data
+from adapters.base import Reported, UpstreamResponse
+from policies.wires.base import Wire, sse_data
 
 MAX_PENDING = 4 * 1024 * 1024  # a usage-bearing event is small; a longer line is not one
 # Where a reply or event can carry usage: a "usage" or "usageMetadata" key with an object (not
@@ -22,53 +27,82 @@ class EventData:
     reads (an event's end may arrive in a later read than its start)."""
 
     def __init__(self) -> None:
-        self._pending = b""
+        self.pending = b""  # the unfinished line
 
     def feed(self, chunk: bytes, marker: bytes = b"") -> list[bytes]:
         """The complete events' payloads so far; with `marker`, none unless it is among the
         bytes read (an unfinished line is kept until its end is read, so a marker split
         across reads is found once its line is complete)."""
-        data = self._pending + chunk if self._pending else chunk
-        self._pending = data[data.rfind(b"\n") + 1 :][-MAX_PENDING:]  # the unfinished line
+        data = self.pending + chunk if self.pending else chunk
+        self.pending = data[data.rfind(b"\n") + 1 :][-MAX_PENDING:]
         return sse_data(data) if marker in data else []
 
 
-def event_usage(wire: Wire, data: bytes) -> Usage | None:
-    """The usage one event's `data:` payload reports, if it reports any."""
+def take(wire: Wire, payload: Any, found: Reported) -> None:
+    """What one reply body or stream event says, into `found`: its usage (merged over what
+    earlier events said, later ones winning field by field) and the model that answered."""
+    usage = wire.usage(payload)
+    if usage is not None:
+        found.usage = usage if found.usage is None else found.usage.merged(usage)
+    model = wire.response_model(payload)
+    if model is not None:
+        found.model = model
+
+
+def take_event(wire: Wire, data: bytes, found: Reported) -> None:
+    """What one event's `data:` payload says, if it carries usage (the events that carry usage
+    name the model too)."""
     if USAGE_MARK not in data or USAGE_OBJECT.search(data) is None:
-        return None
+        return
     try:
-        return wire.usage(orjson.loads(data))
+        payload = orjson.loads(data)
     except orjson.JSONDecodeError:
-        return None
+        return
+    take(wire, payload, found)
 
 
-def body_usage(wire: Wire, body: bytes) -> Usage | None:
-    """The usage in a whole reply: one JSON object, or a stream's events read in one piece
-    (their reports merged, later ones winning field by field)."""
-    if USAGE_MARK not in body[:65536] and USAGE_MARK not in body[-8192:]:
-        return None
-    try:
-        return wire.usage(orjson.loads(body))
-    except orjson.JSONDecodeError:
-        found = None
-        for data in EventData().feed(body + b"\n", USAGE_MARK):
-            usage = event_usage(wire, data)
-            if usage is not None:
-                found = usage if found is None else found.merged(usage)
+def body_reported(wire: Wire, body: bytes) -> Reported:
+    """What a whole reply's body says: one JSON object, or a stream's events read in one piece.
+    Nothing is parsed unless the body's head or tail names usage."""
+    found = Reported()
+    if body.find(USAGE_MARK, 0, 65536) < 0 and body.find(USAGE_MARK, len(body) - 8192) < 0:
         return found
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        for data in EventData().feed(body + b"\n", USAGE_MARK):
+            take_event(wire, data, found)
+        return found
+    take(wire, payload, found)
+    return found
+
+
+def whole_reported(wire: Wire, reply: UpstreamResponse) -> Reported:
+    """What a whole reply says of itself: read once (`reply.reported`, where a stage inside
+    read it already), from its payload where the adapter parsed it, else from its body."""
+    if reply.reported is not None:
+        return reply.reported
+    if reply.payload is not None:
+        found = Reported()
+        take(wire, reply.payload, found)
+        return found
+    return body_reported(wire, reply.body or b"")
 
 
 class StreamUsage:
-    """The usage a stream reports, gathered chunk by chunk as it passes (`feed`)."""
+    """What a stream says of itself, gathered into `reported` chunk by chunk as it passes
+    (`feed`)."""
+
+    __slots__ = ("_events", "reported", "wire")
 
     def __init__(self, wire: Wire) -> None:
         self.wire = wire
-        self.usage: Usage | None = None
+        self.reported = Reported()
         self._events = EventData()
 
     def feed(self, chunk: bytes) -> None:
-        for data in self._events.feed(chunk, USAGE_MARK):
-            found = event_usage(self.wire, data)
-            if found is not None:
-                self.usage = found if self.usage is None else self.usage.merged(found)
+        # Most reads are whole lines without usage: nothing to keep and nothing to parse (the
+        # test is the same `EventData.feed` would make, without its copies).
+        if USAGE_MARK in chunk or self._events.pending or not chunk.endswith(b"\n"):
+            for data in self._events.feed(chunk, USAGE_MARK):
+                take_event(self.wire, data, self.reported)

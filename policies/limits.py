@@ -212,6 +212,24 @@ def _until(key: str, value: tuple[int, float], now: float) -> float:
     return value[1]
 
 
+class Learning:
+    """What providers told brim, shared by every request, and by the registries of successive
+    configurations (`LimitsRegistry.reconfigured`): bounded, and forgotten after a day in case
+    the provider raised the limit since. By kind: model → (value, until). Windows; and models
+    whose provider said the request's output limit shares the window (Anthropic's "input length
+    and `max_tokens` exceed context limit")."""
+
+    def __init__(self, ttl_s: float, timer: Callable[[], float]) -> None:
+        self.ttl_s = ttl_s
+        self.timer = timer
+        self.facts: dict[LearnedKind, TLRUCache[str, tuple[int, float]]] = {
+            kind: TLRUCache(maxsize=LEARNED_MAX, ttu=_until, timer=timer) for kind in LEARNED_KINDS
+        }
+        self.generation = 0  # moves on with every fact learned or adopted
+        # Told of every fact learned here (not of those adopted from elsewhere).
+        self.listeners: list[Callable[[Learned], None]] = []
+
+
 class LimitsRegistry:
     """Resolves a model id to its limits. Holds the config's facts, litellm's map and what was
     learned from provider errors; looking up does no I/O."""
@@ -223,6 +241,7 @@ class LimitsRegistry:
         *,
         learned_ttl_s: float = LEARNED_TTL_S,
         timer: Callable[[], float] = time.time,
+        learning: Learning | None = None,
     ) -> None:
         # `[models."[cli]gemini:flash"]` is the id without its marker, as ids are looked up.
         self.configured = {
@@ -232,25 +251,25 @@ class LimitsRegistry:
             alias.lower(): key for key, facts in self.configured.items() for alias in facts.aliases
         }
         self.model_map = model_map if model_map is not None else ModelMap.empty()
-        # What providers told us, shared by all requests; bounded, and forgotten after a day in
-        # case the provider raised the limit since. By kind: model → (value, until). Windows;
-        # and models whose provider said the request's output limit shares the window
-        # (Anthropic's "input length and `max_tokens` exceed context limit").
-        self.learned_ttl_s = learned_ttl_s
-        self._timer = timer
-        self._learned: dict[LearnedKind, TLRUCache[str, tuple[int, float]]] = {
-            kind: TLRUCache(maxsize=LEARNED_MAX, ttu=_until, timer=timer) for kind in LEARNED_KINDS
-        }
-        # Told of every fact learned here (not of those adopted from elsewhere).
-        self.listeners: list[Callable[[Learned], None]] = []
+        self.learning = learning or Learning(learned_ttl_s, timer)
+        self.learned_ttl_s = self.learning.ttl_s
+        self._timer = self.learning.timer
+        self._learned = self.learning.facts
+        self.listeners = self.learning.listeners
         # Resolutions remembered per (raw id, long_context): the config and the model map never
-        # change, so an entry holds until a fact is learned or adopted (`_generation` moves on)
-        # or a learned fact it rests on expires (its `until`). Ids are client input: bounded.
-        self._generation = 0
+        # change, so an entry holds until a fact is learned or adopted (the learning's
+        # `generation` moves on) or a learned fact it rests on expires (its `until`). Ids are
+        # client input: bounded.
         self._normalized: Remembered[str, ModelId] = Remembered(MEMO_MAX)
         self._resolved: Remembered[tuple[str, bool], tuple[int, float, ResolvedLimits]] = (
             Remembered(MEMO_MAX)
         )
+
+    def reconfigured(self, configured: Mapping[str, ModelFacts]) -> LimitsRegistry:
+        """A registry of other `[models]`, with the same model map and the same learning: a
+        fact learned through either is in force in both (a reload's new configuration takes
+        over what the running one learned)."""
+        return LimitsRegistry(configured, self.model_map, learning=self.learning)
 
     @property
     def learned(self) -> dict[str, int]:
@@ -305,7 +324,7 @@ class LimitsRegistry:
         before = cache.get(key)
         fact = Learned(kind, key, value, self._timer() + self.learned_ttl_s)
         cache[key] = (value, fact.until)
-        self._generation += 1
+        self.learning.generation += 1
         for listener in self.listeners:
             listener(fact)
         return before is None or before[0] != value
@@ -332,7 +351,7 @@ class LimitsRegistry:
         if fact.until <= self._timer() or (held is not None and held[1] >= fact.until):
             return False
         cache[fact.model] = (fact.value, fact.until)
-        self._generation += 1
+        self.learning.generation += 1
         return held is None or held[0] != fact.value
 
     def rejects(self, fact: Learned) -> str | None:
@@ -361,7 +380,7 @@ class LimitsRegistry:
                 cache.pop(model, None)
                 dropped.append(fact)
         if dropped:
-            self._generation += 1
+            self.learning.generation += 1
         return dropped
 
     def fallbacks(self, raw: str) -> tuple[str, ...]:
@@ -378,11 +397,11 @@ class LimitsRegistry:
         memo = self._resolved.get(key)
         if (
             memo is not None
-            and memo[0] == self._generation
+            and memo[0] == self.learning.generation
             and (memo[1] == math.inf or self._timer() < memo[1])
         ):
             return memo[2]
-        generation = self._generation
+        generation = self.learning.generation
         resolved, until = self._resolve(raw, long_context)
         self._resolved[key] = (generation, until, resolved)
         return resolved

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import hmac
 import logging
@@ -36,6 +37,7 @@ from middleware.base import Pipeline
 from middleware.learned import WorkerGroup
 from middleware.pipeline import Services, default_pipeline
 from middleware.ratelimit import LocalRates, RateCounts, RedisRates
+from middleware.sessions import SessionMemory
 from middleware.shared import LocalState, RedisLink, RedisState, SharedState
 from middleware.store import ContentStore, MemoryStore, RedisStore
 from middleware.summarize import (
@@ -68,11 +70,11 @@ from proxy.errors import error_response
 from proxy.keys import (
     BRIM_KEY_HEADER,
     BRIM_KEY_OWNER,
-    CONFIG,
+    GENERATIONS,
     PROVIDERS,
     READINESS,
+    RELOADER,
     REQUEST_ID,
-    SERVICES,
     SERVING,
     WORKER_METRICS,
     FrontDoor,
@@ -82,6 +84,7 @@ from proxy.keys import (
 from proxy.listen import BACKLOG
 from proxy.multiproc import PUBLISH_INTERVAL_S, MetricsShare, WorkerMetrics
 from proxy.owners import Owners
+from proxy.reload import ConfigSource, Generations, Reloader
 from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
 from proxy.routes import admin, anthropic, dashboard, gemini, health, openai
 from proxy.routes.dashboard import UI_PATHS
@@ -94,7 +97,7 @@ PARSER_LINE_CAP = 1024 * 1024
 
 def _aiohttp_error(exc: web.HTTPException, request: web.Request) -> BrimError:
     if exc.status == 413:
-        limit = request.app[CONFIG].server.max_body_bytes
+        limit = request.app[GENERATIONS].current.config.server.max_body_bytes
         return PayloadTooLarge(f"The request body exceeds this brim's limit of {limit} bytes.")
     if exc.status == 405:
         refused = MethodNotAllowed(f"{request.method} is not allowed on {request.path}.")
@@ -207,22 +210,25 @@ def check_brim_key(request: web.Request, server: ServerConfig, owners: Owners) -
         request[QUOTA_HOLDER] = holder("key", value)
 
 
-def front_door(serving: Serving) -> FrontDoor:
+def front_door(generations: Generations, gate: Admission) -> FrontDoor:
     """What brim does around every handler, wrapped around each as its route is added (a
     closure, not an aiohttp middleware: no middleware chain to find and call per request). In
-    order: a request id (`proxy.edge.request_id`); every error answered in the client's wire
-    format, nothing escaping as a traceback; a foreign web page's request refused, a listed
-    origin's CORS preflight answered (`proxy.edge.Edge`); `max_in_flight` (`admit`; `/`,
-    `/healthz`, `/readyz` and `/metrics` are answered even when saturated); the header limits
-    (`check_header_limits`); the brim key, when keys are configured (`check_brim_key`), decided
-    here, once. A URL no route serves comes through it too (`unmatched`, the last route)."""
-    server, gate, keyed = serving.config.server, serving.admission, serving.keyed
-    owners = serving.owners
-    edge = serving.edge
+    order: a request id (`proxy.edge.request_id`), and the configuration that serves it to its
+    end (`SERVING`: the current generation, `proxy.reload`); every error answered in the
+    client's wire format, nothing escaping as a traceback; a foreign web page's request
+    refused, a listed origin's CORS preflight answered (`proxy.edge.Edge`); `max_in_flight`
+    (`admit`; `/`, `/healthz`, `/readyz` and `/metrics` are answered even when saturated); the
+    header limits (`check_header_limits`); the brim key, when keys are configured
+    (`check_brim_key`), decided here, once. A URL no route serves comes through it too
+    (`unmatched`, the last route)."""
 
     def door(handler: Handler) -> Handler:
         async def front(request: web.Request) -> web.StreamResponse:
             request[REQUEST_ID] = request_id = edge_request_id(request)
+            serving = generations.current
+            request[SERVING] = serving
+            serving.in_use += 1
+            server, edge = serving.config.server, serving.edge
             admitted = request.path not in UNGUARDED
             try:
                 edge.check(request)
@@ -232,8 +238,8 @@ def front_door(serving: Serving) -> FrontDoor:
                     admit(request, gate)
                 try:
                     check_header_limits(request, server)
-                    if keyed:
-                        check_brim_key(request, server, owners)
+                    if serving.keyed:
+                        check_brim_key(request, server, serving.owners)
                     return await handler(request)
                 finally:
                     if admitted:
@@ -253,10 +259,20 @@ def front_door(serving: Serving) -> FrontDoor:
                 if reply is None:
                     raise
                 return reply
+            finally:
+                generations.left(serving)
 
         return front
 
     return door
+
+
+async def allow_origin(request: web.BaseRequest, response: web.StreamResponse) -> None:
+    """An `on_response_prepare` hook: a reply to an origin `[server] allowed_origins` lists
+    says so (`proxy.edge.Edge.allow_origin`), by the request's own configuration."""
+    serving = request.get(SERVING)
+    if serving is not None and serving.edge.origins and "Origin" in request.headers:
+        await serving.edge.allow_origin(request, response)
 
 
 async def unmatched(request: web.Request) -> web.StreamResponse:
@@ -306,35 +322,102 @@ def create_app(
     span_processors: Sequence[SpanProcessor] = (),
     metrics_share: MetricsShare | None = None,
     group: WorkerGroup | None = None,
+    source: ConfigSource | None = None,
+    supervisor: int | None = None,
 ) -> web.Application:
     """The brim application. `span_processors` add trace exporters (tests use an in-memory one);
     `metrics_share` makes it one of several workers whose `/metrics` each report them all;
-    `group`, one of several workers that share learned limits through files."""
+    `group`, one of several workers that share learned limits through files. `source`: where
+    `config` came from, to reload it from (SIGHUP, `POST /admin/reload`); `supervisor`: the pid
+    of the supervisor of workers this app is one of."""
     app = web.Application(
         client_max_size=config.server.max_body_bytes,
     )
     providers = build_providers(config.telemetry, span_processors)
     services = build_services(config, providers, group)
     gate = Admission(config.server, providers.telemetry)
-    app[CONFIG] = config
-    app[SERVICES] = services
     app[PROVIDERS] = providers
-    pipeline = Pipeline(default_pipeline(config, services), providers.telemetry.tracer)
     app[READINESS] = Readiness()
     app[ADMISSION] = gate
-    app[SERVING] = serving = Serving(config, services.upstreams, pipeline, gate)
+    app[GENERATIONS] = generations = Generations(serving_for(config, services, gate))
+    if source is not None:
+        app[RELOADER] = Reloader(source, generations, reconfigured, supervisor=supervisor)
     if metrics_share is not None and providers.registry is not None:
         app[WORKER_METRICS] = WorkerMetrics(
             metrics_share.directory, metrics_share.token, providers.registry
         )
     app.cleanup_ctx.append(_lifecycle)
-    if config.server.allowed_origins:
-        app.on_response_prepare.append(serving.edge.allow_origin)
-    door = front_door(serving)
+    # Replies to a listed origin say so (`[server] allowed_origins`, live: a reload may list one).
+    app.on_response_prepare.append(allow_origin)
+    door = front_door(generations, gate)
     for routes in (health, openai, anthropic, gemini, admin, dashboard):
         routes.add_routes(app, door)
     app.router.add_route("*", "/{path:.*}", door(unmatched))  # last: what no route serves
     return app
+
+
+def serving_for(config: BrimConfig, services: Services, gate: Admission) -> Serving:
+    """What requests of `config` are served with: its pipeline, around `services`."""
+    pipeline = Pipeline(default_pipeline(config, services), services.telemetry.tracer)
+    return Serving(config, services, pipeline, gate)
+
+
+def reconfigured(config: BrimConfig, running: Serving) -> Serving:
+    """What the requests after a reload to `config` are served with: new stages; the running
+    services where their settings did not change, else rebuilt from them (what they learned
+    and hold carried over: see `reconfigured_services`)."""
+    return serving_for(
+        config, reconfigured_services(running.services, running.config, config), running.admission
+    )
+
+
+def reconfigured_services(services: Services, running: BrimConfig, config: BrimConfig) -> Services:
+    """`services` for `config`, from those of the `running` configuration: upstreams whose
+    settings (and the CLI children's environment, `cli_child_env`) are unchanged keep their
+    adapters; a new `[models]` keeps what was learned, and the shared state checks what it
+    reads against it; the token counter, the summarizer (with its cache) and the guard's
+    session memory are new only when their own settings (or what they are built on) changed.
+    Status, learned limits and token ratios, shared state, stores and rate windows are the same
+    objects."""
+    upstreams = services.upstreams
+    child_env = cli_child_env(config)
+    if (config.upstreams, config.routes, child_env) != (
+        running.upstreams,
+        running.routes,
+        upstreams.child_env,
+    ):
+        upstreams = upstreams.reconfigured(config.upstreams, config.routes, child_env)
+    limits = services.limits
+    if config.models != running.models:
+        limits = limits.reconfigured(config.models)
+        configured = model_ids(config)
+        services.status.labels.configure(configured)
+        services.status.response_labels.configure(configured)
+    if limits is not services.limits or config.upstreams != running.upstreams:
+        services.shared.follow(limits, config.upstreams)
+    counter = services.counter
+    if config.guard.claude_token_factor != running.guard.claude_token_factor:
+        counter = TokenCounter(claude_factor=config.guard.claude_token_factor)
+    summarizer = services.summarizer
+    if (
+        config.summarize != running.summarize
+        or upstreams is not services.upstreams
+        or limits is not services.limits
+        or counter is not services.counter
+    ):
+        kept = summarizer.cache if summarizer is not None else None
+        rejected = services.telemetry.shared_rejected
+        summarizer = build_summarizer(
+            config, upstreams, counter, limits, services.link, rejected, kept
+        )
+    return dataclasses.replace(
+        services,
+        upstreams=upstreams,
+        limits=limits,
+        counter=counter,
+        summarizer=summarizer,
+        sessions=build_sessions(config, services.sessions),
+    )
 
 
 def build_limits(config: BrimConfig) -> LimitsRegistry:
@@ -365,7 +448,7 @@ def build_services(
         archive = ContentArchive(config.archive.dir, config.archive.ttl_hours)
     upstreams = Upstreams(config.upstreams, config.routes, cli_child_env(config))
     counter = TokenCounter(claude_factor=config.guard.claude_token_factor)
-    status = StatusBoard(labels=model_labels(config))
+    status = StatusBoard(labels=model_labels(config), response_labels=model_labels(config))
     link = build_link(config)
     rates: RateCounts | None = None
     if config.server.rate_limited:
@@ -394,6 +477,8 @@ def build_services(
         ),
         store=build_store(config, link, providers.telemetry.shared_rejected),
         rates=rates,
+        sessions=build_sessions(config),
+        link=link,
     )
 
 
@@ -410,6 +495,16 @@ def cli_child_env(config: BrimConfig) -> ChildEnv:
         if len(password) >= SHORTEST_SECRET:
             values.append(password)
     return ChildEnv(names=secret_variables(config), values=tuple(values))
+
+
+def build_sessions(config: BrimConfig, kept: SessionMemory | None = None) -> SessionMemory | None:
+    """The guard's session memory, with `[guard] carry_forward`: `kept` if it has the size
+    `session_memory_mb` asks for."""
+    guard = config.guard
+    if not guard.carry_forward:
+        return None
+    size = int(guard.session_memory_mb * 2**20)
+    return kept if kept is not None and kept.max_bytes == size else SessionMemory(size)
 
 
 def build_link(config: BrimConfig) -> RedisLink | None:
@@ -457,8 +552,12 @@ def build_shared(
 def model_labels(config: BrimConfig) -> ModelLabels:
     """Metric and status-board labels for models: the configured ones (and their aliases) are
     always labelled; other ids, being client input, share a bounded set of labels."""
-    configured = [*config.models, *(a for facts in config.models.values() for a in facts.aliases)]
-    return ModelLabels(configured)
+    return ModelLabels(model_ids(config))
+
+
+def model_ids(config: BrimConfig) -> list[str]:
+    """The configured models' ids and aliases."""
+    return [*config.models, *(a for facts in config.models.values() for a in facts.aliases)]
 
 
 def build_summarizer(
@@ -468,14 +567,15 @@ def build_summarizer(
     limits: LimitsRegistry,
     link: RedisLink | None = None,
     rejected: Tally | None = None,
+    cache: SummaryCache | None = None,
 ) -> Summarizer | None:
-    """The summarizer, with its cache: in process, and shared through `link` when there is one
-    (records it does not use counted in `rejected`)."""
+    """The summarizer `[summarize]` asks for, if any: with `cache`, else a new one (in
+    process, and shared through `link` when there is one, records it does not use counted in
+    `rejected`)."""
     settings = config.summarize
     if not settings.enabled:
         return None
-    cache: SummaryCache | None = None
-    if settings.cache:
+    if cache is None and settings.cache:
         local = MemoryCache(settings.cache_ttl_hours)
         cache = local
         if link is not None:
@@ -551,12 +651,13 @@ async def _publish_metrics(metrics: WorkerMetrics) -> None:
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    services = app[SERVICES]
+    generations = app[GENERATIONS]
+    services = generations.current.services  # (a reload keeps these: see `reconfigured`)
     # The encodings take a moment to load: do it beside the event loop, not on a first request.
     warming = asyncio.get_running_loop().run_in_executor(None, _warm, services.counter)
     background = []
     if services.archive is not None:
-        interval = app[CONFIG].archive.cleanup_interval_s
+        interval = generations.current.config.archive.cleanup_interval_s
         background.append(asyncio.create_task(_expire_archive(services.archive, interval)))
     metrics = app.get(WORKER_METRICS)
     if metrics is not None:
@@ -568,9 +669,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     for task in background:
         task.cancel()
     await warming
+    reloader = app.get(RELOADER)
+    if reloader is not None:
+        await reloader.aclose()
     if metrics is not None:  # what the requests that finished while draining counted, too
         await asyncio.to_thread(metrics.close)
-    await services.upstreams.aclose()
+    await generations.aclose()
     if services.audit is not None:
         services.audit.close()
     if services.store is not None:
@@ -589,18 +693,27 @@ async def start(
     reuse_port: bool = False,
     metrics_share: MetricsShare | None = None,
     group: WorkerGroup | None = None,
+    source: ConfigSource | None = None,
+    supervisor: int | None = None,
 ) -> web.AppRunner:
     """Start brim on `host:port` (0 for any free port) and return the running runner.
 
     A worker of `brim serve --workers` serves the listening `sockets` its supervisor shares
     instead, or binds `host:port` with SO_REUSEPORT (`reuse_port`) beside the other workers.
+    `group`, `source` and `supervisor`: see `create_app`.
     """
     line_cap = max(PARSER_LINE_CAP, 2 * config.server.max_header_kb * 1024)
     raise_descriptor_limit(config.server.max_connections)
+    app = create_app(
+        config,
+        span_processors=span_processors,
+        metrics_share=metrics_share,
+        group=group,
+        source=source,
+        supervisor=supervisor,
+    )
     runner = BrimRunner(
-        create_app(
-            config, span_processors=span_processors, metrics_share=metrics_share, group=group
-        ),
+        app,
         handler_cancellation=True,
         access_log_class=AccessLogger,
         shutdown_timeout=config.server.shutdown_timeout_s,
@@ -626,20 +739,25 @@ async def start(
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+RELOAD_SIGNAL = signal.SIGHUP
+SERVING_SIGNALS = (*STOP_SIGNALS, RELOAD_SIGNAL)  # what a serving process handles
 
 
 async def run_until_stopped(runner: web.AppRunner, *, lifeline: int | None = None) -> None:
     """Serve until SIGINT or SIGTERM (or, for a worker, until the read end `lifeline` of a pipe
     only its supervisor writes to reaches its end: the supervisor is gone), then stop: no new
     connections, `/readyz` 503 at once, in-flight requests finish within
-    `[server] shutdown_timeout_s`."""
+    `[server] shutdown_timeout_s`. SIGHUP reloads the configuration (`proxy.reload`), where the
+    app knows where it came from; elsewhere it is ignored (it never stops brim)."""
     settle_startup_objects()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in STOP_SIGNALS:
         loop.add_signal_handler(signum, stop.set)
+    reloader = runner.app.get(RELOADER)
+    loop.add_signal_handler(RELOAD_SIGNAL, reloader.request if reloader else _no_reload)
     # A worker is forked with these blocked, so that none is lost before the handlers above.
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SERVING_SIGNALS)
     if lifeline is not None:
 
         def orphaned() -> None:
@@ -652,7 +770,12 @@ async def run_until_stopped(runner: web.AppRunner, *, lifeline: int | None = Non
         await stop.wait()
     finally:
         runner.app[READINESS].ready = False
+        loop.add_signal_handler(RELOAD_SIGNAL, _no_reload)  # stopping: nothing new to build
         await runner.cleanup()
+
+
+def _no_reload() -> None:
+    log.warning("SIGHUP: this brim has no configuration source to reload, or is stopping")
 
 
 YOUNG_COLLECTION_AT = 10_000

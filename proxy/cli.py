@@ -1,6 +1,6 @@
 """The `brim` command: `brim serve`, `brim check-config`, `brim inspect`, `brim models`,
 `brim archive get`, `brim init`, `brim --version`, `brim run` (proxy/launcher.py),
-`brim status`, `brim limits`."""
+`brim status`, `brim limits`, `brim reload`."""
 
 from __future__ import annotations
 
@@ -14,7 +14,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from policies.wires import WIRES
-from proxy.config import BrimConfig, ConfigError, describe_config, load_config, parse_workers
+from proxy.config import (
+    BrimConfig,
+    ConfigError,
+    describe_config,
+    load_config,
+    parse_workers,
+    refuse_open_without_keys,
+)
 from proxy.inspect import (
     InspectError,
     inspect_request,
@@ -27,6 +34,7 @@ from proxy.inspect import (
 from proxy.launcher import add_command as add_run_command
 from proxy.listen import CannotListen, listen_error
 from proxy.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, chosen, configure_logging
+from proxy.reload import ConfigSource
 
 if TYPE_CHECKING:
     from policies.ratios import TokenRatios
@@ -36,18 +44,22 @@ DEFAULT_CONFIG = "proxy.toml"
 
 def _load(path: str | None) -> BrimConfig:
     config, warnings = load_config(path)
-    for warning in warnings:
-        print(f"brim: warning: {warning}", file=sys.stderr)
+    _warn(warnings)
     return config
 
 
-async def _serve(config: BrimConfig) -> None:
+def _warn(warnings: list[str]) -> None:
+    for warning in warnings:
+        print(f"brim: warning: {warning}", file=sys.stderr)
+
+
+async def _serve(config: BrimConfig, source: ConfigSource) -> None:
     """One process serving the port (`workers = 1`)."""
     from proxy.app import bound_port, run_until_stopped, start
 
     host, port = config.server.host, config.server.port
     try:
-        runner = await start(config, host, port)
+        runner = await start(config, host, port, source=source)
     except OSError as exc:
         error = listen_error(exc, host, port)
         if error is None:
@@ -58,17 +70,15 @@ async def _serve(config: BrimConfig) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    config = _load(args.config)
-    server = config.server.model_copy(
-        update={
-            key: value
-            for key, value in (("host", args.host), ("port", args.port), ("workers", args.workers))
-            if value is not None
-        }
-    )
-    config = config.model_copy(update={"server": server})
-    refuse_open_without_keys(config)
-    workers = server.worker_count
+    overrides = {
+        key: value
+        for key, value in (("host", args.host), ("port", args.port), ("workers", args.workers))
+        if value is not None
+    }
+    source = ConfigSource(args.config, overrides)  # read again, the same way, on a reload
+    config, warnings = source.load()
+    _warn(warnings)
+    workers = config.server.worker_count
     configure_logging(
         chosen(args.log_level, LEVEL_ENV, LEVELS, "info"),
         chosen(args.log_format, FORMAT_ENV, FORMATS, "text"),
@@ -77,25 +87,12 @@ def serve(args: argparse.Namespace) -> int:
     if workers > 1:
         from proxy.workers import serve_workers
 
-        return serve_workers(config, workers)
+        return serve_workers(config, workers, source)
     from proxy.app import loop_factory
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(config))
+        runner.run(_serve(config, source))
     return 0
-
-
-def refuse_open_without_keys(config: BrimConfig) -> None:
-    """Bound beyond loopback, anyone who can reach brim spends your provider keys: require
-    `api_keys_env`, or an explicit `allow_unauthenticated = true`."""
-    server = config.server
-    if server.loopback or server.api_keys or server.allow_unauthenticated:
-        return
-    raise ConfigError(
-        f"server.host: {server.host!r} is reachable from other machines and no api_keys are "
-        "set; set server.api_keys_env (or BRIM_SERVER__API_KEYS_ENV), or "
-        "server.allow_unauthenticated = true if that is really what you want"
-    )
 
 
 def check_config(args: argparse.Namespace) -> int:
@@ -303,6 +300,29 @@ def _admin_options(command: argparse.ArgumentParser, *, sub: bool = False) -> No
     command.add_argument("--json", action="store_true", help="the answer as JSON", **default)
 
 
+def reload(args: argparse.Namespace) -> int:
+    """Ask the running brim to reload its configuration file (`POST /admin/reload`)."""
+    from proxy.status_view import StatusError, admin_call
+
+    target = _admin_target(args)
+    if target is None:
+        return 2
+    url, key = target
+    try:
+        answer = admin_call(url, key, "/admin/reload", method="POST")
+    except StatusError as exc:
+        print(f"brim: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    changes = ", ".join(answer.get("changes") or ()) or "nothing"
+    print(f"brim: reloading {answer.get('config')}: changes {changes}", file=sys.stderr)
+    for key_name in answer.get("needs_restart") or ():
+        print(f"brim: {key_name} changed; that takes effect at the next restart", file=sys.stderr)
+    return 0
+
+
 def _port(text: str) -> int:
     port = int(text)
     if not 0 <= port <= 65535:
@@ -437,6 +457,14 @@ def parser() -> argparse.ArgumentParser:
     forget.add_argument("model", nargs="?", metavar="MODEL", help="the model id, as listed")
     forget.add_argument("--all", action="store_true", help="forget every model's")
     _admin_options(forget, sub=True)
+
+    again = commands.add_parser(
+        "reload",
+        help="make a running brim read its configuration file again, as SIGHUP does "
+        "(POST /admin/reload)",
+    )
+    _admin_options(again)
+    again.set_defaults(func=reload)
     return root
 
 

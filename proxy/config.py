@@ -489,6 +489,19 @@ def secret_variables(config: BrimConfig) -> frozenset[str]:
     return frozenset(_named_variables(config.model_dump()))
 
 
+def refuse_open_without_keys(config: BrimConfig) -> None:
+    """Bound beyond loopback, anyone who can reach brim spends your provider keys: require
+    `api_keys_env`, or an explicit `allow_unauthenticated = true`."""
+    server = config.server
+    if server.loopback or server.api_keys or server.allow_unauthenticated:
+        return
+    raise ConfigError(
+        f"server.host: {server.host!r} is reachable from other machines and no api_keys are "
+        "set; set server.api_keys_env (or BRIM_SERVER__API_KEYS_ENV), or "
+        "server.allow_unauthenticated = true if that is really what you want"
+    )
+
+
 def mask_secret(secret: SecretStr | None) -> str | None:
     if secret is None:
         return None

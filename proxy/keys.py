@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from adapters.registry import Upstreams
 from middleware.base import Pipeline
 from middleware.pipeline import Services
 from proxy.admission import Admission
@@ -16,6 +15,7 @@ from proxy.config import BrimConfig
 from proxy.edge import Edge
 from proxy.multiproc import WorkerMetrics
 from proxy.owners import Owners
+from proxy.reload import Generations, Reloader
 from proxy.telemetry import Providers
 
 
@@ -25,30 +25,36 @@ class Readiness:
 
 
 class Serving:
-    """What a proxied request uses, found with one look-up (`request.app[SERVING]`) instead of
-    one per resource (each `request.app[...]` is three Python calls), with the settings every
-    request reads worked out once."""
+    """What a request uses, found with one look-up (`request[SERVING]`) instead of one per
+    resource, with the settings every request reads worked out once: one configuration's
+    (`proxy.reload`: a reload makes a new one, and a request keeps the one it started with):
+    its pipeline, its browser edge (`[server] allowed_origins`, `allowed_hosts`), how it names
+    owners (`[server] owner_secret_env`). `in_use` counts the requests that hold it."""
 
     __slots__ = (
         "admission",
         "config",
         "edge",
+        "in_use",
         "keyed",
         "max_body_bytes",
         "max_json_depth",
         "owners",
         "pipeline",
+        "services",
         "upstreams",
         "warn_at",
     )
 
     def __init__(
-        self, config: BrimConfig, upstreams: Upstreams, pipeline: Pipeline, admission: Admission
+        self, config: BrimConfig, services: Services, pipeline: Pipeline, admission: Admission
     ) -> None:
         self.config = config
-        self.upstreams = upstreams
+        self.services = services
+        self.upstreams = services.upstreams
         self.pipeline = pipeline
         self.admission = admission
+        self.in_use = 0
         server = config.server
         self.max_body_bytes = server.max_body_bytes
         self.max_json_depth = server.max_json_depth
@@ -62,16 +68,17 @@ class Serving:
 # error in the client's wire format). Each routes module's `add_routes` wraps its handlers in it.
 FrontDoor = Callable[[Handler], Handler]
 
-CONFIG = web.AppKey("config", BrimConfig)
-SERVICES = web.AppKey("services", Services)
 PROVIDERS = web.AppKey("providers", Providers)
 READINESS = web.AppKey("readiness", Readiness)
-SERVING = web.AppKey("serving", Serving)
+GENERATIONS = web.AppKey("generations", Generations)  # the `Serving` a new request gets
+RELOADER = web.AppKey("reloader", Reloader)  # set when the app was started from a config source
 # Set in a worker of `brim serve --workers N` only: its share of the group's metrics.
 WORKER_METRICS = web.AppKey("worker_metrics", WorkerMetrics)
 
-# Per request: brim's request id, and which header (if any) carried the client's brim key.
+# Per request: brim's request id, what serves it (its configuration's generation), and which
+# header (if any) carried the client's brim key.
 REQUEST_ID = web.RequestKey("request_id", str)
+SERVING = web.RequestKey("serving", Serving)
 BRIM_KEY_HEADER = web.RequestKey("brim_key_header", str)
 # Set where the brim key was checked: the owner of what brim keeps from the request.
 BRIM_KEY_OWNER = web.RequestKey("brim_key_owner", str)

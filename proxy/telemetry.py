@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry
 from middleware.settings import TelemetryConfig
 from middleware.telemetry import Spread, Telemetry
 
-METER = "brim"  # the meter's name: the `otel_scope_name` of brim's metrics
+METER = "brim"  # the meter's name (its instrumentation scope)
 
 
 @dataclass
@@ -131,7 +131,8 @@ def build_providers(
     prometheus = None
     if config.prometheus:
         registry = CollectorRegistry()
-        prometheus = PrometheusReader(resource, registry=registry)
+        # Without the `otel_scope_*` labels on every series: every metric here is brim's own.
+        prometheus = PrometheusReader(resource, registry=registry, scope_info_enabled=False)
         readers.append(prometheus)
     if config.otlp_metrics:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter

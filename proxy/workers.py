@@ -14,6 +14,10 @@ is set up, so a connection never reaches one that cannot serve it yet.
   stops taking connections and lets its requests finish within `[server] shutdown_timeout_s`;
   a worker still running `STOP_GRACE_S` after that is killed. No worker outlives the
   supervisor: each watches a pipe only the supervisor holds open, and stops when it closes.
+- SIGHUP to the supervisor (or `POST /admin/reload` to any worker, which sends it): it reads
+  the configuration file again; if it is usable, it keeps it for the workers it starts from
+  then on and passes SIGHUP to every worker, which reloads it (`proxy.reload`). If not, it
+  says why and changes nothing.
 - Metrics: the workers write theirs to one directory, `PROMETHEUS_MULTIPROC_DIR` or a private
   one for the run, and every worker's `/metrics` reports all of them (see `proxy.multiproc`).
 - Learned limits: without `[cache] url` the workers share them through files in a directory
@@ -42,10 +46,17 @@ from types import FrameType
 from middleware.learned import WorkerGroup
 
 # Loaded here, before the workers are forked: they share it instead of each importing it.
-from proxy.app import STOP_SIGNALS, loop_factory, run_until_stopped, start
+from proxy.app import (
+    RELOAD_SIGNAL,
+    SERVING_SIGNALS,
+    loop_factory,
+    run_until_stopped,
+    start,
+)
 from proxy.config import BrimConfig, ConfigError
 from proxy.listen import Listener, open_listener, socket_mode
 from proxy.multiproc import MetricsShare, forget_worker, prepare_directory
+from proxy.reload import ConfigSource, plan_reload
 
 log = logging.getLogger("brim.workers")
 
@@ -146,8 +157,10 @@ class Supervisor:
         listener: Listener,
         metrics_dir: Path | None,
         group_dir: Path,
+        source: ConfigSource | None = None,
     ) -> None:
         self.config = config
+        self.source = source
         self.listener = listener
         self.metrics_dir = metrics_dir
         self.group_dir = group_dir
@@ -156,13 +169,14 @@ class Supervisor:
         self.context = multiprocessing.get_context("fork")
         self.spawned = 0
         self.stop_signal: int | None = None
+        self.reload_asked = False
 
     # -- the supervisor's loop --------------------------------------------------------------
 
     def run(self) -> int:
         """Start the workers, keep them running until SIGTERM or SIGINT, stop them; the exit
         status of `brim serve`."""
-        previous = {signum: signal.signal(signum, self._on_signal) for signum in STOP_SIGNALS}
+        previous = {signum: signal.signal(signum, self._on_signal) for signum in SERVING_SIGNALS}
         previous_wakeup = signal.set_wakeup_fd(self.pipes.wake_w)
         try:
             failed = self._start_all()
@@ -177,6 +191,9 @@ class Supervisor:
             while self.stop_signal is None:
                 self._watch(self._next_restart_in())
                 self._restart_due()
+                if self.reload_asked and self.stop_signal is None:
+                    self.reload_asked = False
+                    self._reload()
             log.info("%s: stopping the workers", signal.Signals(self.stop_signal).name)
             return self._stop_all()
         finally:
@@ -187,8 +204,34 @@ class Supervisor:
             self.pipes.close()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self.stop_signal is None:
+        if signum == RELOAD_SIGNAL:
+            self.reload_asked = True
+        elif self.stop_signal is None:
             self.stop_signal = signum
+
+    def _reload(self) -> None:
+        """Read the configuration again; if it is usable, keep it for the workers started
+        from now on and pass SIGHUP to the running ones (each reloads it itself)."""
+        if self.source is None:
+            log.warning("SIGHUP: no configuration source to reload from")
+            return
+        try:
+            loaded, _ = self.source.load()  # (each worker logs the warnings)
+            planned = plan_reload(self.config, loaded).config
+        except ConfigError as exc:
+            log.error(
+                "reload: %s cannot be used, the workers keep the running configuration: %s",
+                self.source.name,
+                exc,
+            )
+            return
+        self.config = planned
+        running = [slot.process for slot in self.slots if slot.process is not None]
+        log.info("reload: %s: reloading %d workers", self.source.name, len(running))
+        for process in running:
+            if process.pid is not None and process.exitcode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, RELOAD_SIGNAL)
 
     def _start_all(self) -> int | None:
         """Start every worker and wait until all are serving (None). If one ends first (or they
@@ -298,11 +341,12 @@ class Supervisor:
                 self.metrics_dir,
                 self.group_dir,
                 self.pipes,
+                Supervision(os.getpid(), self.source),
             ),
             name=f"brim-worker-{slot.index}",
         )
         # Blocked across the fork: the worker installs its own handlers, then takes them.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SERVING_SIGNALS)
         try:
             process.start()
         finally:
@@ -351,6 +395,15 @@ def _metrics_token(pid: int, generation: int) -> str:
     return f"{pid}-{generation}"
 
 
+@dataclass(frozen=True)
+class Supervision:
+    """What a worker knows of its supervisor: its pid (a reload asked of the worker goes there)
+    and where the configuration is reloaded from."""
+
+    pid: int
+    source: ConfigSource | None
+
+
 def _worker(
     config: BrimConfig,
     index: int,
@@ -359,12 +412,13 @@ def _worker(
     metrics_dir: Path | None,
     group_dir: Path,
     pipes: Pipes,
+    supervision: Supervision,
 ) -> None:
     """A worker's life, in the forked child: serve until told to stop."""
     for fd in pipes.supervisor_only():
         os.close(fd)
     signal.set_wakeup_fd(-1)
-    for signum in STOP_SIGNALS:  # still blocked: `run_until_stopped` takes them
+    for signum in SERVING_SIGNALS:  # still blocked: `run_until_stopped` takes them
         signal.signal(signum, signal.SIG_DFL)
     if listener.mode == "reuse_port":
         listener.close()  # the supervisor's reservation: this worker binds its own socket
@@ -372,7 +426,7 @@ def _worker(
     share = None if metrics_dir is None else MetricsShare(metrics_dir, token)
     group = WorkerGroup(group_dir, token)
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        runner.run(_serve(config, index, listener, share, group, pipes))
+        runner.run(_serve(config, index, listener, share, group, pipes, supervision))
 
 
 async def _serve(
@@ -382,6 +436,7 @@ async def _serve(
     share: MetricsShare | None,
     group: WorkerGroup,
     pipes: Pipes,
+    supervision: Supervision,
 ) -> None:
     shared = listener.sockets if listener.mode == "shared" else ()
     runner = await start(
@@ -392,14 +447,17 @@ async def _serve(
         reuse_port=listener.mode == "reuse_port",
         metrics_share=share,
         group=group,
+        source=supervision.source,
+        supervisor=supervision.pid,
     )
     os.write(pipes.ready_w, f"{index} {os.getpid()}\n".encode())
     os.close(pipes.ready_w)
     await run_until_stopped(runner, lifeline=pipes.lifeline_r)
 
 
-def serve_workers(config: BrimConfig, count: int) -> int:
-    """`brim serve` with `count` (≥ 2) workers; returns its exit status."""
+def serve_workers(config: BrimConfig, count: int, source: ConfigSource | None = None) -> int:
+    """`brim serve` with `count` (≥ 2) workers; returns its exit status. `source`: where the
+    configuration is reloaded from on SIGHUP."""
     server = config.server
     listener = open_listener(server.host, server.port, socket_mode(server.worker_socket))
     metrics_dir, private = None, False
@@ -408,7 +466,7 @@ def serve_workers(config: BrimConfig, count: int) -> int:
     try:
         if config.telemetry.prometheus:
             metrics_dir, private = _metrics_directory()
-        return Supervisor(config, count, listener, metrics_dir, group_dir).run()
+        return Supervisor(config, count, listener, metrics_dir, group_dir, source).run()
     finally:
         listener.close()
         shutil.rmtree(group_dir, ignore_errors=True)

@@ -169,6 +169,7 @@ class FakeProvider:
     # (system prompt, text) of each summarizer call: the prompt names the level asked
     summarized: list[tuple[str, str]] = field(default_factory=list)
     gate: threading.Event = field(default_factory=threading.Event)
+    gate_timeout_s: float = 5.0  # how long "gated-stream" waits for `gate`
     gate_timed_out: bool | None = None
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
     error_bodies: dict[int, bytes] = field(default_factory=dict)
@@ -180,6 +181,7 @@ class FakeProvider:
         self.requests.clear()
         self.count_requests.clear()
         self.gate.clear()
+        self.gate_timeout_s = 5.0
         self.gate_timed_out = None
         self.stream_closed_by_peer.clear()
         self.error_bodies.clear()
@@ -618,6 +620,7 @@ class FakeProvider:
                 "candidatesTokenCount": 3,
                 "totalTokenCount": tokens + 3,
             },
+            "modelVersion": model,
         }
         if method != "streamGenerateContent":
             return web.json_response(reply)
@@ -868,7 +871,7 @@ class FakeProvider:
                 await response.write(self._text(wire, model, part))
                 if model == "gated-stream" and index == 0:
                     opened = await asyncio.get_running_loop().run_in_executor(
-                        None, self.gate.wait, 5.0
+                        None, self.gate.wait, self.gate_timeout_s
                     )
                     self.gate_timed_out = not opened
             await response.write(self._closing(wire, model, body))

@@ -13,6 +13,7 @@ import os
 import re
 import shlex
 import tempfile
+import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -323,6 +324,26 @@ def test_the_image_runs_brim_serve() -> None:
         assert service.get("command") in (None, image().command), "compose overrides brim serve"
     container = brim_container()
     assert "command" not in container or container["command"][:2] == ["brim", "serve"]
+
+
+def test_both_examples_run_the_image_the_build_script_makes() -> None:
+    """deploy/build-image.sh tags `brim:<version>`; compose builds and names that tag, and the
+    Deployment runs it."""
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "version"
+    ]
+    script = (DEPLOY / "build-image.sh").read_text(encoding="utf-8")
+    default = re.search(r'tag="\$\{BRIM_IMAGE:-(?P<tag>[^}]+)\}"', script)
+    assert default is not None, "build-image.sh names no default tag"
+    tag = default["tag"].replace("$version", version)
+    assert tag == f"brim:{version}"
+    assert os.access(DEPLOY / "build-image.sh", os.X_OK)
+    services = brim_services(compose())
+    assert services and {service["image"] for service in services.values()} == {tag}
+    assert brim_container()["image"] == tag
+    # The image's base is a build argument, the official python image by default.
+    dockerfile = (ROOT / "Dockerfile").read_text(encoding="utf-8")
+    assert "ARG BASE=python:3.11-slim" in dockerfile and "FROM ${BASE}" in dockerfile
 
 
 @pytest.mark.parametrize("where", CONTAINERS)

@@ -50,7 +50,7 @@ from tests.fakes import LoopThread, Seen, record, start_app, wait_for
 from tests.real_clis import PINS, InstallError, install
 from tests.restoring import restored
 from tests.restoring_cli import RestoringSession
-from tests.scripted_provider import ScriptedProvider, tool_names, tool_uses
+from tests.scripted_provider import OUTPUT_TOKENS, ScriptedProvider, tool_names, tool_uses
 
 # The first test may install the CLIs (about 20 s on a fast link, 1.1 GB on disk); the runs
 # themselves take seconds, and each has its own CLI_TIMEOUT_S.
@@ -387,8 +387,9 @@ def drive(
                 os.killpg(process.pid, signal.SIGKILL)
         seconds = time.monotonic() - started
         wait_for(lambda: len(answered) == len(received))  # brim has counted every request
-        metrics = httpx.get(f"{base}/metrics", headers={"x-brim-admin-key": ADMIN}).text
-        status = httpx.get(f"{base}/admin/status", headers={"x-brim-admin-key": ADMIN}).json()
+        admin = {"x-brim-admin-key": ADMIN}  # /metrics too: this brim has admin keys
+        metrics = httpx.get(f"{base}/metrics", headers=admin).raise_for_status().text
+        status = httpx.get(f"{base}/admin/status", headers=admin).json()
         loop_thread.run(runners.pop().cleanup())  # brim: every request done and audited
         events = (
             [json.loads(line) for line in audit.read_text().splitlines()] if audit.exists() else []
@@ -462,10 +463,27 @@ def check_session(cli: Cli, run: Run) -> None:
     low, high = (1.15, 1.2) if cli.api == "messages" else (1.0, 1.0)
     assert low <= ratio["ratio"] <= high, (ratio, report)
 
+    # brim's GenAI client metrics hold the tokens the provider reported for each answer it gave
+    # (read from the CLI's streams as they passed).
+    answered = [c for c in run.fake.calls if c.reply not in ("overflow", "invalid")]
+    expected = {"input": sum(c.tokens for c in answered), "output": OUTPUT_TOKENS * len(answered)}
+    assert tokens_used(run.metrics) == expected, report
+
 
 def holding(home: Path, needle: str) -> list[Path]:
     """The files under `home` (the CLI's own: transcripts, session stores) that hold `needle`."""
     return [p for p in home.rglob("*") if p.is_file() and needle.encode() in p.read_bytes()]
+
+
+def tokens_used(metrics: str) -> dict[str, float]:
+    """gen_ai.client.token.usage at /metrics: the sum of each token type over all series."""
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics):
+        for sample in family.samples:
+            if sample.name == "gen_ai_client_token_usage_sum":
+                kind = sample.labels["gen_ai_token_type"]
+                sums[kind] = sums.get(kind, 0) + sample.value
+    return sums
 
 
 def restores_counted(metrics: str) -> dict[str, float]:

@@ -368,6 +368,11 @@ class Wire(Protocol):
         """Usage in a reply body or in one stream event's data, if it carries any."""
         ...
 
+    def response_model(self, payload: Any) -> str | None:
+        """The model that answered, as a reply body or one stream event's data names it (the
+        events that carry usage name it too), if it does."""
+        ...
+
     def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
         """Conversation items in the GenAI conventions' shape (for traces and transcripts)."""
         ...
@@ -498,6 +503,16 @@ def image_part(url: str) -> dict[str, Any]:
 def whole_number(value: Any) -> int | None:
     """`value` if it is an int (and not a bool), else None: usage figures as providers send them."""
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+MODEL_NAME_MAX = 256  # characters: a longer "model" field is not a model's name
+
+
+def model_name(payload: Any, key: str = "model") -> str | None:
+    """`payload[key]` if it is a model's name (a non-empty string of at most `MODEL_NAME_MAX`
+    characters), else None: the model a reply says answered."""
+    value = payload.get(key) if isinstance(payload, Mapping) else None
+    return value if isinstance(value, str) and 0 < len(value) <= MODEL_NAME_MAX else None
 
 
 def body_check(shape: type) -> Callable[[Any], Any]:

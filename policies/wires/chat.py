@@ -62,6 +62,7 @@ from policies.wires.base import (
     largest_part_text,
     lenient_json,
     listed,
+    model_name,
     param_path,
     repeats,
     role_of,
@@ -680,6 +681,9 @@ class ChatWire(FieldConversation, ModelInBody):
 
     def usage(self, payload: Any) -> Usage | None:
         return openai_usage(payload.get("usage")) if isinstance(payload, Mapping) else None
+
+    def response_model(self, payload: Any) -> str | None:
+        return model_name(payload)
 
     def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
         out: list[GenAiMessage] = []

@@ -39,6 +39,7 @@ from policies.wires.base import (
     json_object,
     largest_part_text,
     listed,
+    model_name,
     text_part,
     whole_number,
     with_part_text,
@@ -585,6 +586,9 @@ class GeminiWire(FieldConversation):
             output=output,
             cached_input=whole_number(metadata.get("cachedContentTokenCount")),
         )
+
+    def response_model(self, payload: Any) -> str | None:
+        return model_name(payload, "modelVersion")
 
     def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
         out: list[GenAiMessage] = []

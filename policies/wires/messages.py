@@ -48,6 +48,7 @@ from policies.wires.base import (
     first_of_each,
     json_object,
     listed,
+    model_name,
     named_tools,
     repeats,
     role_of,
@@ -858,6 +859,12 @@ class MessagesWire(FieldConversation, ModelInBody):
         if isinstance(message, Mapping) and isinstance(message.get("usage"), Mapping):
             return _usage(message["usage"])
         return _usage(payload.get("usage"))
+
+    def response_model(self, payload: Any) -> str | None:
+        if not isinstance(payload, Mapping):
+            return None
+        message = payload.get("message")  # message_start
+        return model_name(message if isinstance(message, Mapping) else payload)
 
     def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
         out: list[GenAiMessage] = []

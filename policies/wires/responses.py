@@ -41,6 +41,7 @@ from policies.wires.base import (
     largest_part_text,
     lenient_json,
     listed,
+    model_name,
     named_tools,
     text_of,
     text_part,
@@ -622,6 +623,12 @@ class ResponsesWire(FieldConversation, ModelInBody):
         if isinstance(response, Mapping):
             return openai_usage(response.get("usage"))
         return openai_usage(payload.get("usage"))
+
+    def response_model(self, payload: Any) -> str | None:
+        if not isinstance(payload, Mapping):
+            return None
+        response = payload.get("response")
+        return model_name(response if isinstance(response, Mapping) else payload)
 
     def genai_messages(self, items: Sequence[Any]) -> list[GenAiMessage]:
         return [m for item in items if isinstance(item, Mapping) and (m := _genai_item(item))]

@@ -3,7 +3,8 @@
 unique prefix of at least 8 hex digits, `sha256:` optional), `GET /admin/limits` (the facts
 learned from providers' overflow errors, as `brim limits` lists them), `DELETE
 /admin/limits/{model}` and `DELETE /admin/limits` (forget them, for one model or all, on every
-instance and worker that shares them). The admin endpoints need a key from `[server]
+instance and worker that shares them), `POST /admin/reload` (reload the configuration file, as
+SIGHUP does: `proxy.reload`; `brim reload`). The admin endpoints need a key from `[server]
 admin_keys_env` (`Authorization: Bearer <key>` or `x-brim-admin-key`) and are off when none is
 configured; so does `/metrics` unless `[server] metrics_public`."""
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import os
+import signal
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -22,21 +25,23 @@ from adapters.errors import AdminDisabled, InvalidRequest, Unauthorized, Unknown
 from middleware.learned import ALL_MODELS, MODEL_ID_MAX
 from middleware.loops import loop_status
 from policies.limits import Learned, LimitsRegistry
-from proxy.keys import CONFIG, PROVIDERS, SERVICES, WORKER_METRICS, FrontDoor
+from proxy.config import ConfigError
+from proxy.inspect import shared_ratios
+from proxy.keys import PROVIDERS, RELOADER, SERVING, WORKER_METRICS, FrontDoor
 
 ADMIN_KEY_HEADER = "x-brim-admin-key"
 
 
 def require_admin_keys(request: web.Request) -> None:
     """Refuse (403 `admin_disabled`) when no admin key is configured."""
-    if not request.app[CONFIG].server.admin_keys:
+    if not request[SERVING].config.server.admin_keys:
         raise AdminDisabled("The admin endpoints are off: set [server] admin_keys_env to use them.")
 
 
 def require_admin(request: web.Request) -> None:
     """Refuse unless the request presents one of the admin keys (401), or none is set (403)."""
     require_admin_keys(request)
-    keys = request.app[CONFIG].server.admin_keys
+    keys = request[SERVING].config.server.admin_keys
     presented = request.headers.get(ADMIN_KEY_HEADER, "")
     auth = request.headers.get("Authorization", "")
     if not presented and auth.lower().startswith("bearer "):
@@ -51,7 +56,7 @@ async def metrics(request: web.Request) -> web.Response:
     """This process's metrics; in a worker of `brim serve --workers N`, those of every worker
     (see `proxy.multiproc`). Unless `[server] metrics_public` (by default: bound to loopback
     with no keys at all), only for the admin key, as for the admin endpoints."""
-    server = request.app[CONFIG].server
+    server = request[SERVING].config.server
     if not server.metrics_open:
         if not server.admin_keys:
             raise AdminDisabled(
@@ -93,23 +98,18 @@ def learned_rows(registry: LimitsRegistry, facts: Iterable[Learned]) -> list[dic
 
 async def status(request: web.Request) -> web.Response:
     require_admin(request)
-    services = request.app[SERVICES]
+    serving = request[SERVING]
+    services = serving.services
     snapshot = await services.shared.status()  # every instance's, with [cache] url
     snapshot["learned_limits"] = services.limits.learned
     now = time.time()
     snapshot["learned"] = learned_rows(services.limits, services.limits.learned_facts())
-    # Each model's ratio of its provider's input tokens to brim's count, learned from usage.
-    snapshot["token_ratios"] = [
-        {
-            "upstream": upstream,
-            "model": model,
-            "ratio": round(ratio.value, 4),
-            "replies": ratio.replies,
-            "updated_s_ago": round(max(0.0, now - ratio.updated)),
-        }
-        for (upstream, model), ratio in sorted(services.ratios.learned().items())
-    ]
-    guard = request.app[CONFIG].guard
+    # Each model's ratio of its provider's input tokens to brim's count, learned from usage:
+    # the shared value and how many clients taught it (never which).
+    snapshot["token_ratios"] = shared_ratios(
+        services.ratios, services.limits, services.counter, now
+    )
+    guard = serving.config.guard
     snapshot["loop_guard"] = loop_status(
         services.shared.loops, limit=guard.loop_limit, window_s=guard.loop_window_s
     )
@@ -118,7 +118,7 @@ async def status(request: web.Request) -> web.Response:
 
 async def archived(request: web.Request) -> web.Response:
     require_admin(request)
-    archive = request.app[SERVICES].archive
+    archive = request[SERVING].services.archive
     if archive is None:
         raise UnknownEndpoint("The content archive is off ([archive] enabled = false).")
     key = request.match_info["key"]
@@ -136,7 +136,7 @@ async def limits(request: web.Request) -> web.Response:
     """What this process learned or adopted (with Redis or in a `--workers` group, what the
     others learned too, as of its last refresh)."""
     require_admin(request)
-    services = request.app[SERVICES]
+    services = request[SERVING].services
     shared = services.shared
     return web.json_response(
         {
@@ -159,7 +159,7 @@ async def forget(request: web.Request) -> web.Response:
             "DELETE /admin/limits forgets every model).",
             param="model",
         )
-    services = request.app[SERVICES]
+    services = request[SERVING].services
     shared = services.shared
     done = await shared.forget(model)
     return web.json_response(
@@ -173,6 +173,30 @@ async def forget(request: web.Request) -> web.Response:
     )
 
 
+async def reload(request: web.Request) -> web.Response:
+    """Reload the configuration file, as SIGHUP does, in every worker: 202 with what changes
+    and what waits for a restart, once the file is found usable; 400 with why, if not (and
+    nothing changes)."""
+    require_admin(request)
+    reloader = request.app.get(RELOADER)
+    if reloader is None:
+        raise UnknownEndpoint("This brim was not started by `brim serve`: nothing to reload.")
+    try:
+        plan = await reloader.plan()
+    except ConfigError as exc:
+        raise InvalidRequest(f"{reloader.source.name} cannot be used: {exc}") from None
+    if reloader.supervisor is not None:  # the supervisor reloads, and signals every worker
+        os.kill(reloader.supervisor, signal.SIGHUP)
+    else:
+        reloader.request()
+    body = {
+        "config": reloader.source.name,
+        "changes": list(plan.changed),
+        "needs_restart": list(plan.needs_restart),
+    }
+    return web.json_response(body, status=202)
+
+
 def add_routes(app: web.Application, door: FrontDoor) -> None:
     app.router.add_get("/metrics", door(metrics))
     app.router.add_get("/admin/status", door(status))
@@ -181,3 +205,4 @@ def add_routes(app: web.Application, door: FrontDoor) -> None:
     app.router.add_delete("/admin/limits", door(forget))
     # Model ids hold slashes ("openai/gpt-4.1"): the rest of the path, percent-decoded.
     app.router.add_delete("/admin/limits/{model:.+}", door(forget))
+    app.router.add_post("/admin/reload", door(reload))

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from adapters.errors import UpstreamError
 from policies.wires.messages import MESSAGES, check_count_tokens
-from proxy.keys import SERVICES, SERVING, FrontDoor
+from proxy.keys import SERVING, FrontDoor
 from proxy.routes.common import (
     checked,
     make_exchange,
@@ -23,7 +23,7 @@ from proxy.routes.common import (
 
 
 async def messages(request: web.Request) -> web.StreamResponse:
-    serving = request.app[SERVING]
+    serving = request[SERVING]
     raw, body = await read_json(request, serving)
     facts = checked(MESSAGES.check, body)
     return await proxied(
@@ -40,7 +40,7 @@ async def messages(request: web.Request) -> web.StreamResponse:
 
 async def count_tokens(request: web.Request) -> web.StreamResponse:
     """The upstream's own count; brim's count where the upstream has no such endpoint."""
-    serving = request.app[SERVING]
+    serving = request[SERVING]
     raw, body = await read_json(request, serving)
     model = checked(check_count_tokens, body).model or ""
     upstreams = serving.upstreams
@@ -62,10 +62,11 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         except UpstreamError as error:
             if error.status not in (404, 405):
                 raise
-    services = request.app[SERVICES]
+    services = serving.services
     limits = services.limits.resolve(model, long_context=exchange.long_context).limits
-    # at the ratio learned for the model on this upstream, as the guard would count it
-    ratio = services.ratios.ratio(name, limits.model, services.counter.prior(limits.tokenizer))
+    # at the ratio the guard would count this client's request at (`TokenRatios.ratio`)
+    prior = services.counter.prior(limits.tokenizer)
+    ratio = services.ratios.ratio(exchange.owner, name, limits.model, prior)
     total = services.counter.request(MESSAGES, body, limits.tokenizer, model, ratio).total
     return web.Response(
         body=orjson.dumps({"input_tokens": total}),

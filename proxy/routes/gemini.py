@@ -31,7 +31,7 @@ async def models(request: web.Request) -> web.StreamResponse:
             "'.', '_', '-', ':', '@', '[', ']', at most 128).",
             param="model",
         )
-    serving = request.app[SERVING]
+    serving = request[SERVING]
     raw, body = await read_json(request, serving)
     checked(GEMINI.check, body)
     api: ClientApi = "gemini.count_tokens" if method == "countTokens" else GEMINI.name

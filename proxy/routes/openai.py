@@ -7,12 +7,12 @@ from aiohttp import web
 from adapters.errors import UpstreamError, UpstreamFailure
 from policies.wires.chat import CHAT
 from policies.wires.responses import RESPONSES
-from proxy.keys import CONFIG, SERVING, FrontDoor
+from proxy.keys import SERVING, FrontDoor
 from proxy.routes.common import checked, make_exchange, proxied, read_json, send_direct
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    serving = request.app[SERVING]
+    serving = request[SERVING]
     raw, body = await read_json(request, serving)
     facts = checked(CHAT.check, body)
     return await proxied(
@@ -30,7 +30,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def responses(request: web.Request) -> web.StreamResponse:
     """OpenAI Responses (Codex CLI). With `previous_response_id` the provider holds the earlier
     turns: brim counts and guards only what the request itself carries."""
-    serving = request.app[SERVING]
+    serving = request[SERVING]
     raw, body = await read_json(request, serving)
     facts = checked(RESPONSES.check, body)
     return await proxied(
@@ -47,7 +47,7 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 async def input_tokens(request: web.Request) -> web.StreamResponse:
     """Forwarded: the provider's own count of a Responses request."""
-    serving = request.app[SERVING]
+    serving = request[SERVING]
     raw, body = await read_json(request, serving)
     facts = checked(RESPONSES.check, body)
     return await proxied(
@@ -65,14 +65,14 @@ async def input_tokens(request: web.Request) -> web.StreamResponse:
 def _configured_models(request: web.Request) -> web.Response:
     data = [
         {"id": model_id, "object": "model", "created": 0, "owned_by": "brim"}
-        for model_id in request.app[CONFIG].models
+        for model_id in request[SERVING].config.models
     ]
     return web.json_response({"object": "list", "data": data})
 
 
 async def list_models(request: web.Request) -> web.StreamResponse:
     """The upstream's own list; the `[models]` table when no upstream can give one."""
-    serving = request.app[SERVING]
+    serving = request[SERVING]
     upstreams = serving.upstreams
     name = upstreams.first_serving("openai.models")
     if name is None:
@@ -93,7 +93,7 @@ async def list_models(request: web.Request) -> web.StreamResponse:
     except UpstreamError:
         raise
     except UpstreamFailure:
-        if request.app[CONFIG].models:
+        if request[SERVING].config.models:
             return _configured_models(request)
         raise
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from adapters import registry as registry_module
+from adapters.cli import ChildEnv, CliAdapter
 from adapters.config import UpstreamConfig
 from adapters.errors import NoRoute
 from adapters.registry import Upstreams, route_matches
@@ -71,3 +72,18 @@ def test_remembered_routes_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     for n in range(20):
         assert upstreams.route(f"model-{n}", "openai.chat") == "o"
     assert len(upstreams._routed) <= 4
+
+
+def test_a_reloaded_configuration_keeps_the_adapters_of_upstreams_that_did_not_change() -> None:
+    cli = UpstreamConfig(api="cli", command="gemini")
+    running = Upstreams({"o": OPENAI, "a": ANTHROPIC, "c": cli}, {})
+    moved = UpstreamConfig(api="anthropic", base_url="http://b.test")
+    reloaded = running.reconfigured({"o": OPENAI, "a": moved, "c": cli}, {})
+    assert reloaded["o"] is running["o"] and reloaded["c"] is running["c"]
+    assert reloaded["a"] is not running["a"]
+    # A configuration that names other secrets: a CLI's runs must not inherit them either.
+    secrets = ChildEnv(names=frozenset({"NEW_SECRET"}))
+    rebuilt = reloaded.reconfigured(reloaded.configs, {}, secrets)
+    assert rebuilt["o"] is reloaded["o"] and rebuilt["a"] is reloaded["a"]
+    assert isinstance(rebuilt["c"], CliAdapter) and rebuilt["c"] is not reloaded["c"]
+    assert rebuilt["c"].child_env == secrets

@@ -19,6 +19,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import orjson
@@ -31,10 +32,18 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from adapters.exchange import ANONYMOUS
-from middleware.telemetry import MODEL_LABELS, OTHER_MODELS, ModelLabels, StatusBoard
+from middleware.telemetry import (
+    DURATION_BOUNDS,
+    LATENCY_BOUNDS,
+    MODEL_LABELS,
+    OTHER_MODELS,
+    TOKEN_BOUNDS,
+    ModelLabels,
+    StatusBoard,
+)
 from tests import builders
 from tests.builders import tool_session
-from tests.conftest import BrimFactory, fake_upstream
+from tests.conftest import BrimFactory, every_api, fake_upstream
 from tests.fakes import FakeProvider, LoopThread, wait_for
 
 HELLO = [{"role": "user", "content": "ping"}]
@@ -257,10 +266,192 @@ def test_metrics_are_served_for_prometheus(traced: str) -> None:
         if s.name.endswith("_total")
     }
     assert removed.get("clear_tool_results", 0) > 0 and removed.get("evict", 0) > 0
-    added = [s for s in families["brim_latency_added_milliseconds"] if s.name.endswith("_count")]
+    added = [s for s in families["brim_latency_added_seconds"] if s.name.endswith("_count")]
     assert sum(s.value for s in added) == 3
     learned = {s.labels["model"]: s.value for s in families["brim_limits_learned"]}
     assert learned == {"tight-3000": 3000}
+
+    # Every metric brim reported is in the metrics reference, named as Prometheus shows it.
+    reference = (Path(__file__).parents[2] / "docs" / "observability.md").read_text()
+    reported = metric_names(traced)
+    assert {"brim_requests_total", "gen_ai_client_operation_duration_seconds"} <= reported
+    assert [name for name in reported if not re.search(rf"`{name}[`{{]", reference)] == []
+
+
+def metric_names(base: str) -> set[str]:
+    """brim's and the GenAI metrics' names at /metrics (a counter's with its `_total`)."""
+    reply = httpx.get(f"{base}/metrics", headers={"Authorization": f"Bearer {ADMIN}"})
+    return {
+        family.name + ("_total" if family.type == "counter" else "")
+        for family in text_string_to_metric_families(reply.text)
+        if family.name.startswith(("brim_", "gen_ai_"))
+    }
+
+
+# What a client of each wire API sends for the GenAI metrics' test: the model, and how the
+# fakes' provider is named in `gen_ai.provider.name`.
+GENAI_CLIENTS = {
+    "chat": ("fake-model", "chat", "openai"),
+    "responses": ("fake-model", "chat", "openai"),
+    "messages": ("claude-x", "chat", "anthropic"),
+    "gemini": ("gem-x", "generate_content", "gcp.gemini"),
+}
+
+
+def sdk_request(base: str, api: str, model: str, stream: bool) -> tuple[int, int]:
+    """One request as each API's client sends it (the official SDK for Chat, Responses and
+    Messages; plain HTTP for Gemini, whose SDK is not among the test tools), read to its end:
+    the input and output tokens the reply told the client."""
+    if api == "chat":
+        oa = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+        if not stream:
+            usage = oa.chat.completions.create(model=model, messages=HELLO).usage
+        else:
+            chunks = oa.chat.completions.create(
+                model=model, messages=HELLO, stream=True, stream_options={"include_usage": True}
+            )
+            usage = [chunk.usage for chunk in chunks if chunk.usage][-1]
+        assert usage is not None
+        return usage.prompt_tokens, usage.completion_tokens
+    if api == "responses":
+        oa = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+        if not stream:
+            done = oa.responses.create(model=model, input="ping")
+        else:
+            events = oa.responses.create(model=model, input="ping", stream=True)
+            done = [e.response for e in events if e.type == "response.completed"][-1]
+        assert done.usage is not None
+        return done.usage.input_tokens, done.usage.output_tokens
+    if api == "messages":
+        ant = anthropic.Anthropic(base_url=base, api_key="sk-ant-test", max_retries=0)
+        if not stream:
+            message = ant.messages.create(model=model, max_tokens=10, messages=HELLO)
+        else:
+            with ant.messages.stream(model=model, max_tokens=10, messages=HELLO) as events:
+                message = events.get_final_message()
+        return message.usage.input_tokens, message.usage.output_tokens
+    body = {"contents": [{"role": "user", "parts": [{"text": "ping"}]}]}
+    method = "streamGenerateContent?alt=sse" if stream else "generateContent"
+    reply = httpx.post(f"{base}/v1beta/models/{model}:{method}", json=body, timeout=30)
+    assert reply.status_code == 200, reply.text
+    payload = orjson.loads(reply.text.split("data: ")[-1]) if stream else reply.json()
+    metadata = payload["usageMetadata"]
+    return metadata["promptTokenCount"], metadata["candidatesTokenCount"]
+
+
+def bounds_of(samples: list[Any], labels: dict[str, str]) -> list[float]:
+    """The bucket boundaries of one histogram series (without +Inf)."""
+    return sorted(
+        float(s.labels["le"])
+        for s in samples
+        if s.name.endswith("_bucket")
+        and s.labels["le"] != "+Inf"
+        and labels.items() <= s.labels.items()
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("api", sorted(GENAI_CLIENTS))
+def test_genai_client_metrics_follow_the_semantic_conventions(
+    api: str, stream: bool, brim: BrimFactory, provider: FakeProvider
+) -> None:
+    """/metrics has the GenAI conventions' client metrics, as GenAI dashboards read them:
+    `gen_ai.client.token.usage` (by `gen_ai.token.type`, the tokens the provider reported) and
+    `gen_ai.client.operation.duration` (seconds), with the conventions' attributes and bucket
+    boundaries; brim's own durations are in seconds too, and no series carries otel_scope_*."""
+    model, operation, provider_name = GENAI_CLIENTS[api]
+    base = brim(**every_api(provider))
+    tokens_in, tokens_out = sdk_request(base, api, model, stream)
+    families = scrape(base)
+
+    genai = {
+        "gen_ai_operation_name": operation,
+        "gen_ai_provider_name": provider_name,
+        "gen_ai_request_model": model,
+        "gen_ai_response_model": model,
+    }
+    usage = families["gen_ai_client_token_usage"]
+    sums = {
+        s.labels["gen_ai_token_type"]: s.value
+        for s in usage
+        if s.name.endswith("_sum") and genai.items() <= s.labels.items()
+    }
+    assert sums == {"input": tokens_in, "output": tokens_out}
+    assert bounds_of(usage, {**genai, "gen_ai_token_type": "input"}) == list(TOKEN_BOUNDS)
+
+    duration = families["gen_ai_client_operation_duration_seconds"]
+    counted = [s for s in duration if s.name.endswith("_count")]
+    assert [s.labels for s in counted] == [genai] and counted[0].value == 1
+    spent = next(s.value for s in duration if s.name.endswith("_sum"))
+    assert 0 < spent < 10  # seconds
+    assert bounds_of(duration, genai) == list(DURATION_BOUNDS)
+
+    for name in ("brim_latency_added_seconds", "brim_latency_upstream_seconds"):
+        assert sum(s.value for s in families[name] if s.name.endswith("_count")) == 1
+        assert bounds_of(families[name], {"model": model}) == list(LATENCY_BOUNDS)
+    assert not [name for name in families if "milliseconds" in name]
+    scoped = {k for samples in families.values() for s in samples for k in s.labels}
+    assert not {k for k in scoped if k.startswith("otel_scope")}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_a_reply_is_read_once_for_the_token_ratios_and_the_metrics(
+    api: str,
+    stream: bool,
+    brim: BrimFactory,
+    provider: FakeProvider,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`LearnRatios` reads what a reply says of itself and leaves it on the reply; `Observe`
+    takes it from there: as many payloads read with the ratios learned as without them."""
+    import middleware.usage
+
+    model = GENAI_CLIENTS[api][0]
+    read = middleware.usage.take
+    payloads: list[object] = []
+
+    def counted(wire: Any, payload: Any, found: Any) -> None:
+        payloads.append(payload)
+        read(wire, payload, found)
+
+    monkeypatch.setattr(middleware.usage, "take", counted)
+    reads = []
+    for learning in (True, False):
+        base = brim(**every_api(provider), guard={"learn_token_ratios": learning})
+        payloads.clear()
+        tokens_in, tokens_out = sdk_request(base, api, model, stream)
+        reported = {"input": tokens_in, "output": tokens_out}  # in the metrics all the same
+        assert wait_for(lambda: token_sums(base, model) == reported)  # noqa: B023
+        reads.append(len(payloads))
+    assert reads[0] == reads[1] >= 1
+
+
+def token_sums(base: str, model: str) -> dict[str, float]:
+    """gen_ai.client.token.usage's sums for `model`, by token type."""
+    return {
+        s.labels["gen_ai_token_type"]: s.value
+        for s in scrape(base).get("gen_ai_client_token_usage", [])
+        if s.name.endswith("_sum") and s.labels["gen_ai_request_model"] == model
+    }
+
+
+@pytest.mark.parametrize("api", ["chat", "messages"])
+def test_a_failed_operation_is_counted_with_its_error_type(
+    api: str, brim: BrimFactory, provider: FakeProvider
+) -> None:
+    upstream = fake_upstream(provider)
+    if api == "messages":
+        upstream = {"api": "anthropic", "base_url": provider.url}
+    base = brim(upstreams={"fake": upstream})
+    with pytest.raises((openai.InternalServerError, anthropic.InternalServerError)):
+        sdk_request(base, api, "error-500", False)
+    duration = scrape(base)["gen_ai_client_operation_duration_seconds"]
+    failed = [s.labels for s in duration if s.name.endswith("_count")]
+    assert [labels.get("error_type") for labels in failed] == ["UpstreamError"]
+    assert "gen_ai_response_model" not in failed[0]  # no reply named one
+    usage = scrape(base).get("gen_ai_client_token_usage", [])
+    assert [s for s in usage if s.name.endswith("_count")] == []  # no tokens reported
 
 
 def test_admin_endpoints_are_off_without_admin_keys(brim: BrimFactory) -> None:
@@ -608,9 +799,11 @@ async def test_a_flood_of_made_up_model_names_cannot_grow_metrics_status_or_memo
     assert {"house-model", "gpt-4o-mini", OTHER_MODELS} <= labelled
     assert made_up <= set(names) and len(made_up) == MODEL_LABELS // 2
     assert len(labelled) <= MODEL_LABELS + 2  # the cap, the configured model, "other"
-    # 103 models × (a counter and two 16-bucket histograms): ~0.64 MB. Unbounded, the 2 000
-    # series OpenTelemetry keeps per instrument before it folds the rest together made 14 MB.
-    assert len(metrics) < 1_000_000
+    # 103 models × (a counter and two 16-bucket histograms, and the GenAI conventions' duration
+    # and input and output token histograms of 15 buckets, with their longer label names):
+    # ~1.5 MB. Unbounded, the 2 000 series OpenTelemetry keeps per instrument before it folds
+    # the rest together made 14 MB of brim's own metrics alone.
+    assert len(metrics) < 2_000_000
 
     assert set(status["models"]) == labelled
     assert status["models"][OTHER_MODELS]["requests"] == FLOOD - MODEL_LABELS // 2
@@ -836,5 +1029,5 @@ def test_a_request_is_published_after_its_reply_is_written_and_exactly_once(
         if s.name.endswith("_total")
     }
     assert counted == {(model, outcome): 1}
-    added = [s for s in families["brim_latency_added_milliseconds"] if s.name.endswith("_sum")]
-    assert len(added) == 1 and added[0].value < 1_000
+    added = [s for s in families["brim_latency_added_seconds"] if s.name.endswith("_sum")]
+    assert len(added) == 1 and added[0].value < 1

@@ -420,11 +420,11 @@ def test_the_store_follows_restore_and_cache_url() -> None:
 def test_the_app_has_one_store_and_closes_it_on_cleanup() -> None:
     from aiohttp import web
 
-    from proxy.keys import SERVICES
+    from proxy.keys import GENERATIONS
 
     async def scenario() -> tuple[Any, ...]:
         app = create_app(BrimConfig.model_validate({"restore": {"enabled": True, "store_mb": 1}}))
-        store = app[SERVICES].store
+        store = app[GENERATIONS].current.services.store
         assert isinstance(store, MemoryStore)
         runner = web.AppRunner(app)
         await runner.setup()

@@ -397,3 +397,17 @@ def test_forgetting_takes_any_spelling_or_every_model_and_spares_what_came_later
     assert [f.model for f in dropped] == ["claude-haiku-4-5"]
     assert registry.learned == {"gemini-2.5-flash": 500_000}
     assert registry.forget(None) and registry.learned_facts() == []
+
+
+def test_the_registry_of_a_new_configuration_keeps_what_was_learned() -> None:
+    running = LimitsRegistry({"m": ModelFacts(context_window=60_000)})
+    assert running.learn("other", 9_000)
+    reloaded = running.reconfigured({"m": ModelFacts(context_window=30_000)})
+    assert reloaded.resolve("m").limits.context_window == 30_000
+    assert running.resolve("m").limits.context_window == 60_000  # a request in flight's
+    assert reloaded.resolve("other").limits.context_window == 9_000
+    assert reloaded.learn("m", 20_000)  # learned through the new one: known to both
+    assert running.resolve("m").limits.context_window == 20_000
+    assert [fact.model for fact in running.forget("m")] == ["m"]  # forgotten in both, too
+    assert reloaded.resolve("m").limits.context_window == 30_000
+    assert running.resolve("m").limits.context_window == 60_000

@@ -14,12 +14,18 @@ from proxy.telemetry import Providers, build_providers
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of an exposition, by name and labels (the per-process instance id aside)."""
+    """Every sample of an exposition, by name and labels (the per-process instance id aside).
+    A bucket's bound is read as the number it is: the merge writes it as Go does
+    (`1.048576e+06`), OpenTelemetry's exporter as Python does (`1048576.0`)."""
     found = {}
     for family in text_string_to_metric_families(text.decode()):
         for sample in family.samples:
             labels = tuple(
-                sorted((k, v) for k, v in sample.labels.items() if k != "service_instance_id")
+                sorted(
+                    (k, repr(float(v)) if k == "le" else v)
+                    for k, v in sample.labels.items()
+                    if k != "service_instance_id"
+                )
             )
             found[(sample.name, labels)] = sample.value
     return found
@@ -30,21 +36,25 @@ def traffic(
     requests: list[tuple[str, str, float]],
     learned: dict[str, int] | None = None,
 ) -> None:
-    """Record requests (model, outcome, latency in ms) on `providers`, as brim's pipeline does,
+    """Record requests (model, outcome, latency in s) on `providers`, as brim's pipeline does,
     and (once per provider) the windows it has `learned`."""
     telemetry = providers.telemetry
     for model, outcome, latency in requests:
         labels = {"route": "openai.chat", "model": model, "outcome": outcome}
         telemetry.requests.add(1, labels)
         telemetry.added_latency.record(latency, {"model": model})
-        telemetry.tokens_removed.add(int(latency) * 10, {"policy": "evict"})
+        telemetry.tokens_removed.add(int(latency * 1000) * 10, {"policy": "evict"})
+        genai = {"gen_ai.operation.name": "chat", "gen_ai.request.model": model}
+        telemetry.operation_duration.record(latency * 100, genai)
+        for kind, tokens in (("input", 4000 * latency), ("output", 90)):
+            telemetry.token_usage.record(int(tokens), {**genai, "gen_ai.token.type": kind})
     if learned is not None:
         telemetry.watch_learned_limits(lambda: learned)
 
 
 def test_merged_metrics_are_those_of_one_process_that_saw_everything(tmp_path: Path) -> None:
-    first_requests = [("gpt-4o", "ok", 3.0), ("gpt-4o", "ok", 12.0), ("claude", "refused", 80.0)]
-    second_requests = [("gpt-4o", "ok", 7.0), ("claude", "ok", 600.0), ("gpt-4o", "error", 0.2)]
+    first_requests = [("gpt-4o", "ok", 0.003), ("gpt-4o", "ok", 0.012), ("claude", "refused", 0.08)]
+    second_requests = [("gpt-4o", "ok", 0.007), ("claude", "ok", 0.6), ("gpt-4o", "error", 0.0002)]
     config = TelemetryConfig()
     first, second, whole = build_providers(config), build_providers(config), build_providers(config)
     traffic(first, first_requests, {"claude": 9000})
@@ -65,9 +75,6 @@ def test_merged_metrics_are_those_of_one_process_that_saw_everything(tmp_path: P
                 "brim_requests_total",
                 (
                     ("model", "gpt-4o"),
-                    ("otel_scope_name", "brim"),
-                    ("otel_scope_schema_url", ""),
-                    ("otel_scope_version", ""),
                     ("outcome", "ok"),
                     ("route", "openai.chat"),
                 ),
@@ -75,6 +82,11 @@ def test_merged_metrics_are_those_of_one_process_that_saw_everything(tmp_path: P
         ]
         == 3
     )
+    durations = (
+        "gen_ai_client_operation_duration_seconds_count",
+        (("gen_ai_operation_name", "chat"), ("gen_ai_request_model", "claude")),
+    )
+    assert merged[durations] == 2
     assert samples(two.exposition()) == expected  # whichever worker answers
     one.close()
     two.close()

@@ -9,12 +9,12 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from middleware.settings import TelemetryConfig
-from middleware.telemetry import Spread, Tally, bind
+from middleware.telemetry import LATENCY_BOUNDS, Spread, Tally, bind
 from proxy.telemetry import build_providers
 
-# across every bucket, on the boundaries and just beside them, and past the last one
-LATENCIES = [0.0, 0.3, 4.99, 5.0, 5.000001, 10.0, 74.0, 9_999.0, 10_000.0, 10_000.5, 123_456.0]
-LATENCIES += [random.Random(7).random() * 3_000 for _ in range(200)]
+# across every bucket, on the boundaries and just beside them, and past the last one (seconds)
+LATENCIES = [0.0, 0.0003, 0.00499, 0.005, 0.005000001, 0.01, 0.074, 9.999, 10.0, 10.0005, 123.456]
+LATENCIES += [random.Random(7).random() * 3 for _ in range(200)]
 Samples = dict[str, list[tuple[str, tuple[tuple[str, str], ...], float]]]
 
 
@@ -31,7 +31,10 @@ def exposition(local: bool, bound: bool = False) -> Samples:
         counter = Tally(meter, "brim.counted", **described)
     else:
         latency = meter.create_histogram(
-            "brim.latency.added", unit="ms", description=telemetry.added_latency.description
+            "brim.latency.added",
+            unit="s",
+            description=telemetry.added_latency.description,
+            explicit_bucket_boundaries_advisory=LATENCY_BOUNDS,
         )
         counter = meter.create_counter("brim.counted", **described)
     for i, value in enumerate(LATENCIES):
@@ -69,8 +72,8 @@ def exposition(local: bool, bound: bool = False) -> Samples:
 
 def test_local_counters_and_histograms_read_as_the_sdks_would() -> None:
     local = exposition(local=True)
-    assert set(local) == {"brim_counted", "brim_latency_added_milliseconds"}
-    assert len(local["brim_latency_added_milliseconds"]) == 3 * (16 + 2)  # buckets, count, sum
+    assert set(local) == {"brim_counted", "brim_latency_added_seconds"}
+    assert len(local["brim_latency_added_seconds"]) == 3 * (16 + 2)  # buckets, count, sum
     assert local == exposition(local=False)
     assert exposition(local=True, bound=True) == local
     assert exposition(local=False, bound=True) == local

@@ -139,7 +139,8 @@ class Served:
         return f"http://127.0.0.1:{self.port}"
 
     def workers(self) -> list[int]:
-        return children(self.process.pid)
+        """The processes that serve: the workers, or brim itself when it is one process."""
+        return children(self.process.pid) or [self.process.pid]
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
@@ -184,12 +185,15 @@ def serve(
     workers: int = 2,
     server: str = "",
     env: dict[str, str] | None = None,
+    config_text: str | None = None,
 ) -> Served:
-    """`python -m proxy serve --workers N` on a free port, in front of `fake`, from this
-    checkout; returns once it says it is listening."""
+    """`python -m proxy serve --workers N` on a free port, in front of `fake` (or with
+    `config_text` as its proxy.toml, in tmp_path), from this checkout; returns once it says it
+    is listening."""
     config = tmp_path / "proxy.toml"
     config.write_text(
-        f'[upstreams.fake]\napi = "openai"\nbase_url = "{fake.provider.url}/v1"\n'
+        config_text
+        or f'[upstreams.fake]\napi = "openai"\nbase_url = "{fake.provider.url}/v1"\n'
         '[models."fake-model"]\ncontext_window = 128000\nmax_output = 4096\n'
         f"[server]\n{server}\n"
     )
@@ -207,25 +211,10 @@ def serve(
     )
     assert process.stdout is not None
     line = process.stdout.readline()
-    match = re.search(r"http://127\.0\.0\.1:(\d+) \((\d+) workers", line)
+    match = re.search(r"http://127\.0\.0\.1:(\d+)(?: \((\d+) workers)?", line)
     assert match, (line, log_path.read_text())
-    assert int(match.group(2)) == workers
+    assert int(match.group(2) or 1) == workers
     return Served(process, int(match.group(1)), log_path)
-
-
-@pytest.fixture
-def launched() -> Iterator[list[Served]]:
-    """The brims a test started: whatever is left of them is killed after it."""
-    started: list[Served] = []
-    yield started
-    for served in started:
-        if served.process.poll() is None:
-            pids = served.workers()
-            served.process.kill()
-            served.process.wait(10)
-            for pid in pids:
-                if alive(pid):
-                    os.kill(pid, signal.SIGKILL)
 
 
 def start(launched: list[Served], tmp_path: Path, fake: Upstream, **options: Any) -> Served:
@@ -302,8 +291,8 @@ def test_two_workers_serve_the_sdk_from_both_and_every_scrape_reports_all_of_the
         for pid in workers:
             figures = scraped(pid)
             assert figures["brim_requests_total"] == requests
-            assert figures["brim_latency_added_milliseconds_count"] == requests
-            assert figures["brim_latency_upstream_milliseconds_count"] == requests
+            assert figures["brim_latency_added_seconds_count"] == requests
+            assert figures["brim_latency_upstream_seconds_count"] == requests
             assert figures["target_info"] == 1  # one series for the group, not one per worker
     for connection in connections.values():
         connection.close()

@@ -17,7 +17,8 @@ from typing import Any
 import pytest
 
 from tests.fakes import LoopThread, start_app, wait_for
-from tests.proxy.test_workers import Served, Upstream, alive, launched, start  # noqa: F401
+from tests.proxy.conftest import launched  # noqa: F401
+from tests.proxy.test_workers import Served, Upstream, start
 from tests.security.test_learned_limits import REAL_WINDOW, Echoing, long_conversation
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
