@@ -6,8 +6,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from adapters.exchange import Exchange
-from policies.wires.base import Usage
+from brim.adapters.exchange import Exchange
+from brim.policies.wires.base import Usage
 
 # Work on a request body larger than this (serializing it, say) runs in a worker thread rather
 # than on the event loop, where it would hold up every other request.
@@ -18,7 +18,7 @@ OFF_LOOP_BYTES = 256 * 1024
 class Reported:
     """What a reply says of itself: the usage its provider reported and the model that
     answered (None where it does not say), as the stage that read it found them
-    (`middleware.usage`); a stream's are complete once it has passed to its end. The stages
+    (`middleware.services.usage`); a stream's are complete once it has passed to its end. The stages
     outside take them from here rather than read the reply again."""
 
     usage: Usage | None = None

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-from adapters.native import NATIVE_COUNTS
+from brim.adapters.native import NATIVE_COUNTS
 
 WireApi = Literal["openai", "anthropic", "gemini", "litellm", "cli"]
 # The coding CLIs an `api = "cli"` upstream can run (`adapters.cli` has one entry for each).

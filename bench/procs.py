@@ -197,7 +197,7 @@ def start_brim(
     server: Mapping[str, float] | None = None,
     extra: str = "",
 ) -> Process:
-    """brim (`python -m proxy serve`) running the code in `root` (this checkout unless told),
+    """brim (`python -m brim.proxy serve`) running the code in `root` (this checkout unless told),
     with `workers` processes, `server` as its `[server]` settings and `extra` appended to its
     configuration (TOML)."""
     port = free_port()
@@ -210,7 +210,16 @@ def start_brim(
         text += '[upstreams.other]\napi = "litellm"\nmodel_prefix = "openai/"\n'
     config.write_text(text + extra)
     base = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "brim.proxy",
+        "serve",
+        "--config",
+        str(config),
+        "--port",
+        str(port),
+    ]
     argv += ["--log-level", "warning", "--workers", str(workers)]
     return start(
         "brim", argv, f"{base}/readyz", f"{base}/v1", ready_line="brim listening", root=root

@@ -20,8 +20,8 @@ import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from adapters.exchange import OWNER_PATTERN
-from policies.conversation import parse_key
+from brim.adapters.exchange import OWNER_PATTERN
+from brim.policies.conversation import parse_key
 
 log = logging.getLogger("brim.archive")
 MIN_PREFIX = 8

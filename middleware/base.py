@@ -7,8 +7,8 @@ from typing import Protocol
 
 from opentelemetry.trace import NoOpTracer, Tracer
 
-from adapters.base import UpstreamResponse
-from adapters.exchange import Exchange
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.exchange import Exchange
 
 CallNext = Callable[[Exchange], Awaitable[UpstreamResponse]]
 

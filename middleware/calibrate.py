@@ -10,8 +10,8 @@ and `TokenRatios.observe` learns from the pair — for the request's owner (`Exc
 what one client's replies teach counts its own requests, and others' only as one vote among
 their settled clients (`policies.ratios`). All of it after the reply is on its way: a reply
 never waits for the learning, and a stream is only watched for its usage event. What the reply
-said of itself is left on it (`UpstreamResponse.reported`, `middleware.usage`): `Observe` takes
-the usage for its metrics and spans from there instead of reading the reply a second time.
+said of itself is left on it (`UpstreamResponse.reported`, `middleware.services.usage`): `Observe`
+takes the usage for its metrics and spans from there instead of reading the reply a second time.
 
 Nothing is learned from a CLI-backed upstream (its usage includes the CLI's own prompt), from a
 reply without an input count, or from a request brim could not count; `TokenRatios` decides
@@ -25,15 +25,15 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
 
-from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
-from adapters.config import UpstreamConfig
-from adapters.exchange import Exchange
-from middleware.base import CallNext
-from middleware.usage import StreamUsage, whole_reported
-from policies.ratios import TokenRatios, may_be_evidence
-from policies.tokens import RAW, TokenCounter
-from policies.wires import conversation_wire
-from policies.wires.base import Usage
+from brim.adapters.adapter import OFF_LOOP_BYTES, UpstreamResponse
+from brim.adapters.exchange import Exchange
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.middleware.services.usage import StreamUsage, whole_reported
+from brim.middleware.stage import CallNext
+from brim.policies.ratios import TokenRatios, may_be_evidence
+from brim.policies.tokens import RAW, TokenCounter
+from brim.policies.wires import conversation_wire
+from brim.policies.wires.base import Usage
 
 log = logging.getLogger("brim.calibrate")
 

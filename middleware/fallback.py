@@ -17,15 +17,15 @@ from __future__ import annotations
 
 import logging
 
-from adapters.base import UpstreamResponse
-from adapters.credentials import caller_of, may_call, withhold
-from adapters.errors import NoRoute
-from adapters.exchange import Exchange
-from adapters.registry import Upstreams
-from middleware.base import CallNext
-from middleware.limits import ResolveLimits
-from policies.limits import LimitsRegistry
-from policies.wires import conversation_wire
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.credentials import caller_of, may_call, withhold
+from brim.adapters.errors import NoRoute
+from brim.adapters.exchange import Exchange
+from brim.adapters.registry import Upstreams
+from brim.middleware.stage import CallNext
+from brim.middleware.stages.resolve_limits import ResolveLimits
+from brim.policies.limits import LimitsRegistry
+from brim.policies.wires import conversation_wire
 
 log = logging.getLogger("brim.fallback")
 

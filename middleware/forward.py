@@ -11,10 +11,10 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from adapters.base import Adapter, UpstreamResponse
-from adapters.exchange import Exchange
-from adapters.registry import Upstreams
-from middleware.base import CallNext
+from brim.adapters.adapter import Adapter, UpstreamResponse
+from brim.adapters.exchange import Exchange
+from brim.adapters.registry import Upstreams
+from brim.middleware.stage import CallNext
 
 PROPAGATOR = TraceContextTextMapPropagator()
 

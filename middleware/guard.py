@@ -14,24 +14,24 @@ from typing import Any
 
 import orjson
 
-from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
-from adapters.credentials import Caller, caller_of
-from adapters.errors import ContextTooLarge, NothingLeftToSend
-from adapters.exchange import Exchange
-from middleware.archive import ContentArchive
-from middleware.base import CallNext
-from middleware.restore import keep_originals, restorable, restore_offer
-from middleware.sessions import SessionMemory
-from middleware.store import ContentStore
-from middleware.summarize import LEVELS, Summarizer, Summary
-from policies.carry import carried_from, carry, growth, prefix_digests
-from policies.clients import ClientRule
-from policies.compress import Outcome, compress_request
-from policies.conversation import FidelityRecord, Policy, archive_key, text_tokens_for
-from policies.evict import GISTS_HEADER
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires import conversation_wire
-from policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
+from brim.adapters.adapter import OFF_LOOP_BYTES, UpstreamResponse
+from brim.adapters.credentials import Caller, caller_of
+from brim.adapters.errors import ContextTooLarge, NothingLeftToSend
+from brim.adapters.exchange import Exchange
+from brim.middleware.services.archive import ContentArchive
+from brim.middleware.services.sessions import SessionMemory
+from brim.middleware.services.store import ContentStore
+from brim.middleware.services.summarize import LEVELS, Summarizer, Summary
+from brim.middleware.stage import CallNext
+from brim.middleware.stages.restore import keep_originals, restorable, restore_offer
+from brim.policies.carry import carried_from, carry, growth, prefix_digests
+from brim.policies.clients import ClientRule
+from brim.policies.compress import Outcome, compress_request
+from brim.policies.conversation import FidelityRecord, Policy, archive_key, text_tokens_for
+from brim.policies.evict import GISTS_HEADER
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires import conversation_wire
+from brim.policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
 
 log = logging.getLogger("brim.guard")
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from adapters.exchange import RequestReport
-from policies.compress import SHORT
+from brim.adapters.exchange import RequestReport
+from brim.policies.compress import SHORT
 
 
 def actions(report: RequestReport) -> str:

@@ -2,7 +2,7 @@
 asks (`brim limits forget`).
 
 `SharedLimits` keeps a `LimitsRegistry`'s learned facts in step with a `FactStore`: the Redis
-hashes of `[cache] url` (`middleware.shared.RedisFacts`), or, for the workers of one
+hashes of `[cache] url` (`middleware.services.shared.RedisFacts`), or, for the workers of one
 `brim serve --workers N` without Redis, files in a private directory of the group
 (`WorkerFiles`). A fact learned here is written at once (off the request path); every refresh
 each process reads the store back, adopts what is newer than its own and writes what the store
@@ -35,7 +35,7 @@ from typing import Any, Protocol
 import orjson
 from cachetools import LRUCache
 
-from policies.limits import LEARNED_KINDS, LEARNED_MAX, Learned, LearnedKind, LimitsRegistry
+from brim.policies.limits import LEARNED_KINDS, LEARNED_MAX, Learned, LearnedKind, LimitsRegistry
 
 log = logging.getLogger("brim.shared")
 

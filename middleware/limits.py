@@ -30,27 +30,27 @@ from typing import Any
 
 from cachetools import LRUCache, TTLCache
 
-from adapters.base import OFF_LOOP_BYTES, NativeCounter, UpstreamResponse
-from adapters.config import UpstreamConfig
-from adapters.credentials import caller_of, may_call, withhold
-from adapters.errors import UpstreamError, UpstreamFailure
-from adapters.exchange import Exchange, RequestContext, RequestTokens
-from adapters.native import native_count_for
-from adapters.registry import Upstreams
-from middleware.base import CallNext
-from policies.budget import (
+from brim.adapters.adapter import OFF_LOOP_BYTES, NativeCounter, UpstreamResponse
+from brim.adapters.credentials import caller_of, may_call, withhold
+from brim.adapters.errors import UpstreamError, UpstreamFailure
+from brim.adapters.exchange import Exchange, RequestContext, RequestTokens
+from brim.adapters.native import native_count_for
+from brim.adapters.registry import Upstreams
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.middleware.stage import CallNext
+from brim.policies.budget import (
     TokenBudget,
     budget_for,
     estimate_band,
     requested_output,
     undecided,
 )
-from policies.clients import ClientRule, match_client
-from policies.limits import LimitSource, LimitsRegistry, ResolvedLimits
-from policies.ratios import TokenRatios
-from policies.remembered import Remembered
-from policies.tokens import TokenCounter
-from policies.wires.base import Wire
+from brim.policies.clients import ClientRule, match_client
+from brim.policies.limits import LimitSource, LimitsRegistry, ResolvedLimits
+from brim.policies.ratios import TokenRatios
+from brim.policies.remembered import Remembered
+from brim.policies.tokens import TokenCounter
+from brim.policies.wires.base import Wire
 
 log = logging.getLogger("brim.limits")
 

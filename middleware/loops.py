@@ -7,7 +7,7 @@ client's wire format, with `retry-after` set to when the block lifts — instead
 provider again. The block lifts `window_s` after the last real failure; one success clears it.
 
 The counts live in `counts`: this process's own (`LocalLoops`), or shared by every instance on
-one Redis (`middleware.shared.RedisLoops`, whose docstring says exactly how they add up).
+one Redis (`middleware.services.shared.RedisLoops`, whose docstring says exactly how they add up).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ import hashlib
 import math
 from typing import Any
 
-from adapters.base import UpstreamResponse
-from adapters.errors import BrimError, RepeatedFailure
-from adapters.exchange import Exchange
-from adapters.headers import CREDENTIAL_HEADERS
-from middleware.base import CallNext
-from middleware.shared import LocalLoops, LoopCounts
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.errors import BrimError, RepeatedFailure
+from brim.adapters.exchange import Exchange
+from brim.adapters.forwarded_headers import CREDENTIAL_HEADERS
+from brim.middleware.services.shared import LocalLoops, LoopCounts
+from brim.middleware.stage import CallNext
 
 KEY_SHOWN = 12  # hex digits of a request's hash that status shows (it is a hash: no content)
 # The headers whose values are part of the hash: the client's provider credentials, and the

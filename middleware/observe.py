@@ -40,25 +40,25 @@ from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 from opentelemetry.trace import INVALID_SPAN, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from adapters.base import Reported, UpstreamResponse
-from adapters.config import UpstreamConfig
-from adapters.errors import (
+from brim.adapters.adapter import Reported, UpstreamResponse
+from brim.adapters.errors import (
     BrimError,
     ContextTooLarge,
     RateLimitExceeded,
     RepeatedFailure,
     UpstreamError,
 )
-from adapters.exchange import Exchange, RequestReport
-from middleware.audit import AuditLog
-from middleware.base import CallNext
-from middleware.headers import actions
-from middleware.store import PREFIX_DIGITS, normalize_key
-from middleware.telemetry import StatusBoard, Telemetry, bind, client_product
-from middleware.usage import StreamUsage, body_reported, whole_reported
-from policies.budget import requested_output
-from policies.compress import Outcome
-from policies.limits import LimitSource
+from brim.adapters.exchange import Exchange, RequestReport
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.middleware.services.audit import AuditLog
+from brim.middleware.services.instruments import StatusBoard, Telemetry, bind, client_product
+from brim.middleware.services.reply_headers import actions
+from brim.middleware.services.store import PREFIX_DIGITS, normalize_key
+from brim.middleware.services.usage import StreamUsage, body_reported, whole_reported
+from brim.middleware.stage import CallNext
+from brim.policies.budget import requested_output
+from brim.policies.compress import Outcome
+from brim.policies.limits import LimitSource
 
 log = logging.getLogger("brim.observe")
 # One line per request: at INFO for a request brim changed, retried or refused, at DEBUG for the
@@ -333,8 +333,8 @@ class Observe:
         reported: Reported | None,
     ) -> None:
         """Publish the request, with what a whole `reply` says of itself (its usage, the model
-        that answered: read once, `middleware.usage`), or a stream's (`reported`, read as it
-        passed). `answered`: when the pipeline returned the reply (its headers, for a stream)
+        that answered: read once, `middleware.services.usage`), or a stream's (`reported`, read as
+        it passed). `answered`: when the pipeline returned the reply (its headers, for a stream)
         or the error; `ended`: when the reply's last byte went (or the error)."""
         report = exchange.report
         recording = _recording(span)
@@ -375,7 +375,7 @@ class Observe:
             for by_policy in compressed:
                 for policy, (before, after, _) in by_policy.items():
                     removed[policy] = removed.get(policy, 0) + max(0, before - after)
-        # the model's brim_restore calls brim answered (`middleware.restore`)
+        # the model's brim_restore calls brim answered (`middleware.stages.restore`)
         restores: list[tuple[str, bool]] = []
         if report.restored or report.restore_missing:
             restores += [(restore_label(key), True) for key in report.restored]
@@ -667,7 +667,7 @@ class Observe:
 
 
 def _overflows(prevented: bool, survived: bool, outcome: str) -> list[str]:
-    """What a request counts as (`middleware.telemetry.OVERFLOWS`)."""
+    """What a request counts as (`middleware.services.instruments.OVERFLOWS`)."""
     return [
         name
         for name, happened in (

@@ -27,11 +27,11 @@ from typing import Any, Protocol
 
 from cachetools import TTLCache
 
-from adapters.base import UpstreamResponse
-from adapters.errors import RateLimitExceeded
-from adapters.exchange import Exchange
-from middleware.base import CallNext
-from middleware.shared import RedisLink, Unavailable
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.errors import RateLimitExceeded
+from brim.adapters.exchange import Exchange
+from brim.middleware.services.shared import RedisLink, Unavailable
+from brim.middleware.stage import CallNext
 
 WINDOW_S = 60.0
 RATE_KEY = "brim:rate:"  # + the holder (a hash)

@@ -51,18 +51,18 @@ from typing import Any
 
 import orjson
 
-from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
-from adapters.errors import BrimError, UpstreamFailure, UpstreamProtocolError
-from adapters.exchange import Exchange
-from middleware.archive import ContentArchive
-from middleware.base import CallNext
-from middleware.store import ContentStore
-from policies.clients import ClientRule
-from policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress_request
-from policies.conversation import Policy, text_tokens_for
-from policies.lines import cut_middle
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.base import (
+from brim.adapters.adapter import OFF_LOOP_BYTES, UpstreamResponse
+from brim.adapters.errors import BrimError, UpstreamFailure, UpstreamProtocolError
+from brim.adapters.exchange import Exchange
+from brim.middleware.services.archive import ContentArchive
+from brim.middleware.services.store import ContentStore
+from brim.middleware.stage import CallNext
+from brim.policies.clients import ClientRule
+from brim.policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress_request
+from brim.policies.conversation import Policy, text_tokens_for
+from brim.policies.lines import cut_middle
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires.base import (
     Splice,
     SseEvent,
     SseEvents,

@@ -13,7 +13,7 @@ On a `ContextOverflow` this stage:
    (logged, counted in `brim.learned.refused`) and not cut to either: the cut takes the steps;
 2. tries the model's `fallbacks` (larger windows) first, if `[models."ID"]` lists any — one
    on another upstream than the client addressed only if that upstream has its own key
-   (`middleware.fallback.fallback_upstream`);
+   (`middleware.stages.fallback.fallback_upstream`);
 3. otherwise cuts the request — the same pair-safe policies as the guard, newest content and
    the system prompt kept — straight to the stated limit (minus the margin, scaled by how far
    brim's count was from the provider's), or by `steps` of the first attempt's tokens
@@ -39,24 +39,24 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
-from adapters.errors import ContextOverflow
-from adapters.exchange import Exchange, RequestContext
-from adapters.overflow import Overflow
-from adapters.registry import Upstreams
-from middleware.archive import ContentArchive
-from middleware.base import CallNext
-from middleware.fallback import fallback_upstream
-from middleware.restore import keep_originals, restorable, restore_offer
-from middleware.store import ContentStore
-from policies.budget import budget_for, requested_output
-from policies.clients import ClientRule
-from policies.compress import Outcome, compress_request
-from policies.conversation import Policy
-from policies.evidence import Sent, output_counts_unproven, window_unproven
-from policies.limits import LimitsRegistry
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires import conversation_wire
+from brim.adapters.adapter import OFF_LOOP_BYTES, UpstreamResponse
+from brim.adapters.errors import ContextOverflow
+from brim.adapters.exchange import Exchange, RequestContext
+from brim.adapters.overflow import Overflow
+from brim.adapters.registry import Upstreams
+from brim.middleware.services.archive import ContentArchive
+from brim.middleware.services.store import ContentStore
+from brim.middleware.stage import CallNext
+from brim.middleware.stages.fallback import fallback_upstream
+from brim.middleware.stages.restore import keep_originals, restorable, restore_offer
+from brim.policies.budget import budget_for, requested_output
+from brim.policies.clients import ClientRule
+from brim.policies.compress import Outcome, compress_request
+from brim.policies.conversation import Policy
+from brim.policies.evidence import Sent, output_counts_unproven, window_unproven
+from brim.policies.limits import LimitsRegistry
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires import conversation_wire
 
 log = logging.getLogger("brim.retry")
 

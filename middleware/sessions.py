@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from policies.carry import Carried
+from brim.policies.carry import Carried
 
 # (owner, wire API, tokenizer, digest of the client's items covered)
 Key = tuple[str, str, str, bytes]

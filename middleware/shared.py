@@ -6,15 +6,15 @@ fails marks Redis down and raises `Unavailable` (never anything else); while it 
 raise `Unavailable` at once, without waiting, and one call in `retry_s` tries it again (only one
 at a time); the first failure of an outage logs one warning and the first success after it one
 line at info, then runs the recovery hooks (the restore store writes what it kept meanwhile).
-The restore store (`middleware.store.RedisStore`) and the summary cache
-(`middleware.summarize.RedisCache`) use it too.
+The restore store (`middleware.services.store.RedisStore`) and the summary cache
+(`middleware.services.summarize.RedisCache`) use it too.
 
 `SharedState` is what the pipeline and `/admin/status` share. `LocalState` is one process on
 its own, exactly as brim runs without Redis; `RedisState` shares through Redis and keeps a
 `LocalState` that serves whenever Redis does not answer:
 
-- learned limits (`LimitsRegistry`, kept in step by `middleware.learned.SharedLimits`): a fact
-  learned here is written at once (off the request path) to `brim:learned:{window,
+- learned limits (`LimitsRegistry`, kept in step by `middleware.services.learned.SharedLimits`): a
+  fact learned here is written at once (off the request path) to `brim:learned:{window,
   output_counts}` (hashes: normalised model id → "value until"), and every `refresh_s` each
   process reads them back, adopts what is newer than its own (`LimitsRegistry.adopt`; a record
   that is malformed or that the registry rejects is skipped, removed and counted) and writes
@@ -58,8 +58,9 @@ from typing import Any, Protocol, TypeVar
 import orjson
 from cachetools import TTLCache
 
-from adapters.exchange import OWNER_PATTERN
-from middleware.learned import (
+from brim.adapters.exchange import OWNER_PATTERN
+from brim.middleware.services.instruments import RECENT_EVENTS, StatusBoard, merge_series
+from brim.middleware.services.learned import (
     ALL_MODELS,
     MODEL_ID_MAX,
     WORKER_REFRESH_S,
@@ -71,9 +72,8 @@ from middleware.learned import (
     encode,
     warn_once,
 )
-from middleware.telemetry import RECENT_EVENTS, StatusBoard, merge_series
-from policies.limits import LEARNED_KINDS, Learned, LearnedKind, LimitsRegistry
-from policies.ratios import RATIOS_MAX, TTL_S, OwnedKey, Ratio, TokenRatios
+from brim.policies.limits import LEARNED_KINDS, Learned, LearnedKind, LimitsRegistry
+from brim.policies.ratios import RATIOS_MAX, TTL_S, OwnedKey, Ratio, TokenRatios
 
 log = logging.getLogger("brim.shared")
 T = TypeVar("T")
@@ -445,8 +445,8 @@ class RedisLoops:
 
 
 class RedisFacts:
-    """The learned facts of every instance on the Redis (`middleware.learned` says how they are
-    kept in step): `brim:learned:{window,output_counts}` (hashes: model id → "value until") and
+    """The learned facts of every instance on the Redis (`middleware.services.learned` says how they
+    are kept in step): `brim:learned:{window,output_counts}` (hashes: model id → "value until") and
     the tombstones `brim:learned:forgotten` (model id or "*" → when forgotten)."""
 
     shared_with = "instances"

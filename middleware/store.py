@@ -17,8 +17,8 @@ out first) and by age. `RedisStore` writes to Redis (`brim:store:<owner>:<first 
 the full key then the text's bytes) and to a local `MemoryStore`, so that every brim instance on
 the same Redis can hand back what any of them removed; when Redis is down it keeps serving from
 the local store (the link's outage policy: one warning per outage, a retry now and then,
-`middleware.shared.RedisLink`), and when Redis is back it writes what was stored meanwhile. What
-it reads from Redis is checked: a record whose text does not hash to its key, or that is not a
+`middleware.services.shared.RedisLink`), and when Redis is back it writes what was stored meanwhile.
+What it reads from Redis is checked: a record whose text does not hash to its key, or that is not a
 record at all, is treated as missing and reported (`on_rejected`, the first one logged, never
 its content). Neither store raises into a request.
 """
@@ -35,9 +35,9 @@ from typing import Any, Protocol
 
 from cachetools import TTLCache
 
-from adapters.exchange import OWNER_PATTERN
-from middleware.shared import RedisLink, Unavailable
-from policies.conversation import parse_key
+from brim.adapters.exchange import OWNER_PATTERN
+from brim.middleware.services.shared import RedisLink, Unavailable
+from brim.policies.conversation import parse_key
 
 log = logging.getLogger("brim.store")
 PREFIX_DIGITS = 16  # what placeholders show, and what both stores index by
@@ -137,7 +137,7 @@ class MemoryStore:
 
 class RedisStore:
     """Shared by every brim instance on the same Redis, with `fallback` as the local copy. The
-    link (and its outage policy, `middleware.shared.RedisLink`) belongs to the caller.
+    link (and its outage policy, `middleware.services.shared.RedisLink`) belongs to the caller.
     `on_rejected` hears of every record read from Redis that is not served: "mismatch" (its
     text does not hash to its key) or "malformed" (not a record of this store)."""
 

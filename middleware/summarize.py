@@ -30,15 +30,15 @@ import orjson
 from cachetools import TTLCache
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from adapters.credentials import Caller, CredentialWithheld, brings_own_key, may_call, withhold
-from adapters.exchange import Exchange
-from adapters.registry import Upstreams
-from middleware.shared import RedisLink, Unavailable
-from policies.limits import LimitsRegistry
-from policies.lines import cut_middle
-from policies.tokens import CounterMeter
-from policies.wires import WIRES
-from policies.wires.chat import CHAT
+from brim.adapters.credentials import Caller, CredentialWithheld, brings_own_key, may_call, withhold
+from brim.adapters.exchange import Exchange
+from brim.adapters.registry import Upstreams
+from brim.middleware.services.shared import RedisLink, Unavailable
+from brim.policies.limits import LimitsRegistry
+from brim.policies.lines import cut_middle
+from brim.policies.tokens import CounterMeter
+from brim.policies.wires import WIRES
+from brim.policies.wires.chat import CHAT
 
 log = logging.getLogger("brim.summarize")
 
@@ -80,7 +80,7 @@ class MemoryCache:
 
 class RedisCache:
     """Shared by every brim instance that points at the same Redis, through `link` (its outage
-    policy: `middleware.shared.RedisLink`); `local` answers first, and alone while Redis is
+    policy: `middleware.services.shared.RedisLink`); `local` answers first, and alone while Redis is
     down. Keys: `brim:summary:` + the summary's key (owner, digests, level, provider, prompt
     version). A value that is not UTF-8 text is not used, and reported (`on_rejected`)."""
 

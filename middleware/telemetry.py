@@ -1,5 +1,5 @@
 """The instruments brim reports through (OpenTelemetry API), and the in-process status board
-(summed over every process and instance by `middleware.shared` when they share a Redis)."""
+(summed over every process and instance by `middleware.services.shared` when they share a Redis)."""
 
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ class Spread(_Series):
     """A histogram kept in this process: explicit buckets (`bounds`), sum, min and max per
     attribute set, exactly as OpenTelemetry's default histogram aggregation keeps them, for a
     fraction of the cost of a synchronous histogram's `record`. It reaches no reader by itself:
-    `proxy.telemetry` adds its `points` to what the Prometheus reader collects (and keeps a
+    `proxy.otel_setup` adds its `points` to what the Prometheus reader collects (and keeps a
     synchronous histogram where another reader needs one: see `Telemetry.local_histograms`)."""
 
     def __init__(
@@ -233,7 +233,7 @@ _FIRST_BUCKET = 5
 @dataclass
 class Telemetry:
     """What brim reports through. `local_histograms`: the histograms are `Spread`s, kept here
-    and handed to the Prometheus reader (`proxy.telemetry`), not the meter's own histograms
+    and handed to the Prometheus reader (`proxy.otel_setup`), not the meter's own histograms
     (which every other reader gets)."""
 
     tracer: Tracer

@@ -12,8 +12,8 @@ from typing import Any
 
 import orjson
 
-from adapters.base import Reported, UpstreamResponse
-from policies.wires.base import Wire, sse_data
+from brim.adapters.adapter import Reported, UpstreamResponse
+from brim.policies.wires.base import Wire, sse_data
 
 MAX_PENDING = 4 * 1024 * 1024  # a usage-bearing event is small; a longer line is not one
 # Where a reply or event can carry usage: a "usage" or "usageMetadata" key with an object (not

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import (
+from brim.policies.conversation import (
     Conversation,
     FidelityRecord,
     Goal,
@@ -37,10 +37,10 @@ from policies.conversation import (
     archive_key,
     snapped_count,
 )
-from policies.facts import STALE, Facts, ResultKey, facts, last_use, result_values
-from policies.information import CutFrom, cut_from, gist
-from policies.remembered import Remembered
-from policies.text import is_placeholder
+from brim.policies.facts import STALE, Facts, ResultKey, facts, last_use, result_values
+from brim.policies.information import CutFrom, cut_from, gist
+from brim.policies.remembered import Remembered
+from brim.policies.text import is_placeholder
 
 
 class ClearSettings(BaseModel):

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from policies.remembered import Remembered
+from brim.policies.remembered import Remembered
 
 UnitKind = Literal["system", "user", "assistant", "tools", "orphan"]
 

@@ -51,7 +51,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import (
+from brim.policies.conversation import (
     Conversation,
     FidelityRecord,
     Goal,
@@ -61,10 +61,10 @@ from policies.conversation import (
     snapped_count,
     text_tokens_for,
 )
-from policies.facts import STALE, facts, last_request, last_use, pointed_at, result_values
-from policies.information import cut_from, gist
-from policies.text import is_placeholder
-from policies.wires.base import NOTICE_PREFIX
+from brim.policies.facts import STALE, facts, last_request, last_use, pointed_at, result_values
+from brim.policies.information import cut_from, gist
+from brim.policies.text import is_placeholder
+from brim.policies.wires.base import NOTICE_PREFIX
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests;
 # least recently used first within each. (System units are never evicted: they have none.)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
-from policies.conversation import Conversation, Lasting, ToolResult, Unit
-from policies.text import (
+from brim.policies.conversation import Conversation, Lasting, ToolResult, Unit
+from brim.policies.text import (
     POINTER,
     SAME_AS_PREFIX,
     canonical,

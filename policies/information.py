@@ -27,10 +27,10 @@ from typing import Any
 
 import orjson
 
-from policies.conversation import Conversation
-from policies.facts import ResultKey
-from policies.remembered import Remembered
-from policies.text import identifiers, strings_of
+from brim.policies.conversation import Conversation
+from brim.policies.facts import ResultKey
+from brim.policies.remembered import Remembered
+from brim.policies.text import identifiers, strings_of
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")

@@ -2,8 +2,8 @@
 
 Used where brim cuts into text — a tool result cut to its most informative lines
 (`prune_tool_results`), a message cut in the middle (`truncate`), a restored original that
-still does not fit (`middleware.restore`). Each run of dropped lines becomes one marker with its
-count, so what was left out is said.
+still does not fit (`middleware.stages.restore`). Each run of dropped lines becomes one marker with
+its count, so what was left out is said.
 
 - `cut_middle`: by tokens, head and tail kept (a single huge line, a text of few lines);
 - `relevant_lines`: head and tail, every anomaly, the lines that stand out and those with a
@@ -20,9 +20,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Sequence
 
-from policies.conversation import Meter
-from policies.information import LineStats, scores_of, words
-from policies.text import is_anomaly, mentions
+from brim.policies.conversation import Meter
+from brim.policies.information import LineStats, scores_of, words
+from brim.policies.text import is_anomaly, mentions
 
 MARKER_TOKENS = 20  # what one "[… N lines … omitted by brim …]" line costs, about
 DIGEST_MARKER_TOKENS = 12  # …and one "[… N lines omitted by brim …]", a digest's

@@ -44,7 +44,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import (
+from brim.policies.conversation import (
     Conversation,
     Dialect,
     FidelityRecord,
@@ -55,8 +55,8 @@ from policies.conversation import (
     archive_key,
     text_tokens_for,
 )
-from policies.facts import Facts, copies, facts
-from policies.information import (
+from brim.policies.facts import Facts, copies, facts
+from brim.policies.information import (
     SHORTENED,
     CutFrom,
     LineStats,
@@ -64,16 +64,16 @@ from policies.information import (
     rare_keys,
     remember_cut,
 )
-from policies.lines import (
+from brim.policies.lines import (
     MIN_LINES,
     cut_middle,
     digest_lines,
     informative_lines,
     relevant_lines,
 )
-from policies.nesting import SAFE_DEPTH, nests_deeper_than
-from policies.remembered import Remembered
-from policies.text import (
+from brim.policies.nesting import SAFE_DEPTH, nests_deeper_than
+from brim.policies.remembered import Remembered
+from brim.policies.text import (
     is_anomaly,
     is_placeholder,
     keys_in,

@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from policies.remembered import Remembered
+from brim.policies.remembered import Remembered
 
 NO_RESULT = "[no result was recorded for this tool call]"  # what repair answers a lost call with
 SAME_AS_PREFIX = "[brim: same content as "  # an older copy `prune_tool_results` points onward

@@ -21,7 +21,7 @@ import functools
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import (
+from brim.policies.conversation import (
     Conversation,
     FidelityRecord,
     Goal,
@@ -29,8 +29,8 @@ from policies.conversation import (
     archive_key,
     text_tokens_for,
 )
-from policies.facts import facts, last_request
-from policies.lines import cut_middle
+from brim.policies.facts import facts, last_request
+from brim.policies.lines import cut_middle
 
 MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split
 

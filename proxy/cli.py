@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from policies.wires import WIRES
-from proxy.config import (
+from brim.policies.wires import WIRES
+from brim.proxy.config import (
     BrimConfig,
     ConfigError,
     describe_config,
@@ -22,7 +22,7 @@ from proxy.config import (
     parse_workers,
     refuse_open_without_keys,
 )
-from proxy.inspect import (
+from brim.proxy.inspect import (
     InspectError,
     inspect_request,
     model_rows,
@@ -31,13 +31,13 @@ from proxy.inspect import (
     render_models,
     wire_named,
 )
-from proxy.launcher import add_command as add_run_command
-from proxy.listen import CannotListen, listen_error
-from proxy.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, chosen, configure_logging
-from proxy.reload import ConfigSource
+from brim.proxy.launcher import add_command as add_run_command
+from brim.proxy.listen import CannotListen, listen_error
+from brim.proxy.logs import FORMAT_ENV, FORMATS, LEVEL_ENV, LEVELS, chosen, configure_logging
+from brim.proxy.reload import ConfigSource
 
 if TYPE_CHECKING:
-    from policies.ratios import TokenRatios
+    from brim.policies.ratios import TokenRatios
 
 DEFAULT_CONFIG = "proxy.toml"
 
@@ -55,7 +55,7 @@ def _warn(warnings: list[str]) -> None:
 
 async def _serve(config: BrimConfig, source: ConfigSource) -> None:
     """One process serving the port (`workers = 1`)."""
-    from proxy.app import bound_port, run_until_stopped, start
+    from brim.proxy.app import bound_port, run_until_stopped, start
 
     host, port = config.server.host, config.server.port
     try:
@@ -85,10 +85,10 @@ def serve(args: argparse.Namespace) -> int:
         process_ids=workers > 1,  # with several workers, each line says which process wrote it
     )
     if workers > 1:
-        from proxy.workers import serve_workers
+        from brim.proxy.workers import serve_workers
 
         return serve_workers(config, workers, source)
-    from proxy.app import loop_factory
+    from brim.proxy.app import loop_factory
 
     with asyncio.Runner(loop_factory=loop_factory()) as runner:
         runner.run(_serve(config, source))
@@ -116,8 +116,8 @@ def find_config(explicit: str | None) -> str | None:
 def shared_ratios(config: BrimConfig) -> TokenRatios:
     """The token ratios the brims on `[cache] url` learned (checked as a running brim checks
     them); none without a url, or when Redis does not answer (said on stderr)."""
-    from middleware.shared import RedisLink, SharedRatios, Unavailable
-    from policies.ratios import TokenRatios
+    from brim.middleware.services.shared import RedisLink, SharedRatios, Unavailable
+    from brim.policies.ratios import TokenRatios
 
     ratios = TokenRatios()
     cache = config.cache
@@ -138,8 +138,8 @@ def shared_ratios(config: BrimConfig) -> TokenRatios:
 
 
 def inspect(args: argparse.Namespace) -> int:
-    from adapters.errors import NoRoute
-    from proxy.app import build_services
+    from brim.adapters.errors import NoRoute
+    from brim.proxy.app import build_services
 
     config = _load(args.config)
     services = build_services(config)
@@ -169,8 +169,8 @@ def inspect(args: argparse.Namespace) -> int:
 
 
 def models(args: argparse.Namespace) -> int:
-    from policies.tokens import TokenCounter
-    from proxy.app import build_limits
+    from brim.policies.tokens import TokenCounter
+    from brim.proxy.app import build_limits
 
     config = _load(args.config)
     counter = TokenCounter(claude_factor=config.guard.claude_token_factor)
@@ -180,7 +180,7 @@ def models(args: argparse.Namespace) -> int:
 
 
 def archive(args: argparse.Namespace) -> int:
-    from middleware.archive import ContentArchive
+    from brim.middleware.services.archive import ContentArchive
 
     config = _load(args.config)
     store = ContentArchive(config.archive.dir, config.archive.ttl_hours)
@@ -199,7 +199,7 @@ def archive(args: argparse.Namespace) -> int:
 
 def init(args: argparse.Namespace) -> int:
     """Write the commented default proxy.toml (every key at its default, each explained)."""
-    from proxy.resources import default_config_text
+    from brim.proxy.resources import default_config_text
 
     path = Path(args.path)
     if path.is_dir():
@@ -232,7 +232,7 @@ def version() -> str:
 def _admin_target(args: argparse.Namespace) -> tuple[str, str] | None:
     """The running brim's URL and an admin key, for the commands that ask it; None (said on
     stderr) without a key."""
-    from proxy.status_view import ADMIN_KEY_ENV, local_url
+    from brim.proxy.status_view import ADMIN_KEY_ENV, local_url
 
     key = args.admin_key or os.environ.get(ADMIN_KEY_ENV)
     if not key:
@@ -246,7 +246,7 @@ def _admin_target(args: argparse.Namespace) -> tuple[str, str] | None:
 
 
 def status(args: argparse.Namespace) -> int:
-    from proxy.status_view import StatusError, fetch_status, render_status
+    from brim.proxy.status_view import StatusError, fetch_status, render_status
 
     target = _admin_target(args)
     if target is None:
@@ -262,8 +262,8 @@ def status(args: argparse.Namespace) -> int:
 
 
 def limits(args: argparse.Namespace) -> int:
-    from proxy.limits_view import fetch_limits, forget_limits, render_forgotten, render_limits
-    from proxy.status_view import StatusError
+    from brim.proxy.limits_view import fetch_limits, forget_limits, render_forgotten, render_limits
+    from brim.proxy.status_view import StatusError
 
     forgetting = args.limits_command == "forget"
     if forgetting and (args.model is None) == (not args.all):
@@ -302,7 +302,7 @@ def _admin_options(command: argparse.ArgumentParser, *, sub: bool = False) -> No
 
 def reload(args: argparse.Namespace) -> int:
     """Ask the running brim to reload its configuration file (`POST /admin/reload`)."""
-    from proxy.status_view import StatusError, admin_call
+    from brim.proxy.status_view import StatusError, admin_call
 
     target = _admin_target(args)
     if target is None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from adapters.errors import BrimError, ContextOverflow, UpstreamError, UpstreamProtocolError
-from adapters.headers import client_response_headers
-from policies.wires.base import Wire
+from brim.adapters.errors import BrimError, ContextOverflow, UpstreamError, UpstreamProtocolError
+from brim.adapters.forwarded_headers import client_response_headers
+from brim.policies.wires.base import Wire
 
 
 def _empty_stream(exc: ContextOverflow) -> UpstreamProtocolError:

@@ -34,8 +34,8 @@ from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry
 
-from middleware.settings import TelemetryConfig
-from middleware.telemetry import Spread, Telemetry
+from brim.middleware.services.instruments import Spread, Telemetry
+from brim.middleware.settings import TelemetryConfig
 
 METER = "brim"  # the meter's name (its instrumentation scope)
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import load_config
-from proxy.resources import default_config_text
+from brim.proxy.config import load_config
+from brim.proxy.resources import default_config_text
 
 ROOT = Path(__file__).parents[1]
 BRIM = str(Path(sys.executable).with_name("brim"))
@@ -138,7 +138,7 @@ def test_a_wheel_has_the_metadata_and_files_and_its_brim_runs(tmp_path: Path) ->
     assert not any(name.startswith(("tests/", "bench/")) for name in names)
     ui = {path.name for path in (ROOT / "proxy" / "ui").iterdir() if not path.name.startswith(".")}
     assert ui and {f"proxy/ui/{name}" for name in ui} <= names  # /ui works from a wheel
-    assert "brim = proxy.cli:main" in entry_points
+    assert "brim = brim.proxy.commands:main" in entry_points
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)

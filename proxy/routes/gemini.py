@@ -8,11 +8,11 @@ import re
 
 from aiohttp import web
 
-from adapters.errors import InvalidRequest, UnknownEndpoint
-from adapters.exchange import ClientApi
-from policies.wires.gemini import GEMINI
-from proxy.keys import SERVING, FrontDoor
-from proxy.routes.common import checked, proxied, read_json
+from brim.adapters.errors import InvalidRequest, UnknownEndpoint
+from brim.adapters.exchange import ClientApi
+from brim.policies.wires.gemini import GEMINI
+from brim.proxy.keys import SERVING, FrontDoor
+from brim.proxy.routes.common import checked, proxied, read_json
 
 METHODS = ("generateContent", "streamGenerateContent", "countTokens")
 # A model id as it may stand in the URL (brim's own ids too: `[cli]gemini:flash`): the path

@@ -2,7 +2,11 @@ from __future__ import annotations
 
 from multidict import CIMultiDict
 
-from adapters.headers import client_response_headers, end_to_end, upstream_request_headers
+from brim.adapters.forwarded_headers import (
+    client_response_headers,
+    end_to_end,
+    upstream_request_headers,
+)
 
 
 def test_hop_by_hop_and_connection_named_headers_are_dropped() -> None:

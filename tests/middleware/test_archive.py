@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from adapters.exchange import ANONYMOUS
-from middleware.archive import ContentArchive
-from policies.clear import placeholder
-from policies.conversation import archive_key
+from brim.adapters.exchange import ANONYMOUS
+from brim.middleware.services.archive import ContentArchive
+from brim.policies.clear import placeholder
+from brim.policies.conversation import archive_key
 from tests.builders import tool_session
 from tests.conftest import BrimFactory
 from tests.fakes import FakeProvider

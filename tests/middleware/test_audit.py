@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
-from middleware.audit import AuditLog
+from brim.middleware.services.audit import AuditLog
 from tests.builders import tool_session
 from tests.conftest import BrimFactory
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from policies.ratios import BOUNDS, MIN_REPLIES
+from brim.policies.ratios import BOUNDS, MIN_REPLIES
 from tests.conftest import BrimFactory, RedisServer
 from tests.fakes import wait_for
 from tests.usage_provider import UsageProvider, send

@@ -14,7 +14,7 @@ import openai
 import orjson
 import pytest
 
-from policies.wires import WIRES
+from brim.policies.wires import WIRES
 from tests.conftest import BrimFactory, every_api
 from tests.fakes import FakeProvider
 from tests.test_wire_contract import CASES, Case, session

@@ -11,10 +11,10 @@ import openai
 import orjson
 import pytest
 
-from middleware.guard import summary_batches
-from policies.conversation import FidelityRecord
-from policies.tokens import TokenCounter
-from policies.wires.chat import CHAT
+from brim.middleware.stages.guard import summary_batches
+from brim.policies.conversation import FidelityRecord
+from brim.policies.tokens import TokenCounter
+from brim.policies.wires.chat import CHAT
 from tests.conftest import BrimFactory
 from tests.fakes import STRICT_WINDOW, FakeProvider, pairing_errors
 

@@ -13,23 +13,23 @@ from typing import Any
 import orjson
 import pytest
 
-from adapters.base import UpstreamResponse
-from adapters.credentials import Caller
-from adapters.exchange import ANONYMOUS, Exchange
-from middleware.guard import Guard
-from middleware.limits import ResolveLimits
-from middleware.store import MemoryStore
-from middleware.summarize import MemoryCache, Summarizer
-from policies.compress import Outcome
-from policies.conversation import Policy
-from policies.evict import GISTS_HEADER, Evict
-from policies.limits import LimitsRegistry, ModelFacts
-from policies.tokens import CounterMeter, TokenCounter
-from policies.truncate import Truncate
-from policies.wires import WIRES
-from policies.wires.base import NOTICE_PREFIX
-from policies.wires.chat import CHAT
-from proxy.resources import use_bundled_tiktoken_files
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.credentials import Caller
+from brim.adapters.exchange import ANONYMOUS, Exchange
+from brim.middleware.services.store import MemoryStore
+from brim.middleware.services.summarize import MemoryCache, Summarizer
+from brim.middleware.stages.guard import Guard
+from brim.middleware.stages.resolve_limits import ResolveLimits
+from brim.policies.compress import Outcome
+from brim.policies.conversation import Policy
+from brim.policies.evict import GISTS_HEADER, Evict
+from brim.policies.limits import LimitsRegistry, ModelFacts
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.truncate import Truncate
+from brim.policies.wires import WIRES
+from brim.policies.wires.base import NOTICE_PREFIX
+from brim.policies.wires.chat import CHAT
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.builders import exchange
 from tests.policies.test_evict import LEADING
 from tests.policies.test_information import BUILDERS, Builder

@@ -1,5 +1,5 @@
 """Learned limits kept in step through a store: here the files a `--workers` group shares (the
-Redis store is driven in tests/middleware/test_shared.py and tests/security)."""
+Redis store is driven in tests/middleware/services/test_shared.py and tests/security)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import orjson
 
-from middleware.learned import SharedLimits, WorkerFiles, WorkerGroup
-from policies.limits import LimitsRegistry, ModelFacts
+from brim.middleware.services.learned import SharedLimits, WorkerFiles, WorkerGroup
+from brim.policies.limits import LimitsRegistry, ModelFacts
 
 MODELS = {"house": ModelFacts(context_window=64_000)}
 

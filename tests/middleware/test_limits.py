@@ -13,16 +13,16 @@ import openai
 import orjson
 import pytest
 
-from adapters.base import UpstreamResponse
-from adapters.exchange import Exchange, RequestContext, RequestTokens
-from middleware.headers import brim_headers
-from middleware.limits import ResolveLimits
-from policies.budget import TokenBudget
-from policies.clients import ClientRule
-from policies.limits import LimitSource, LimitsRegistry, ModelFacts
-from policies.tokens import ChatCount, TokenCounter
-from policies.wires.chat import CHAT
-from proxy.resources import use_bundled_tiktoken_files
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.exchange import Exchange, RequestContext, RequestTokens
+from brim.middleware.services.reply_headers import brim_headers
+from brim.middleware.stages.resolve_limits import ResolveLimits
+from brim.policies.budget import TokenBudget
+from brim.policies.clients import ClientRule
+from brim.policies.limits import LimitSource, LimitsRegistry, ModelFacts
+from brim.policies.tokens import ChatCount, TokenCounter
+from brim.policies.wires.chat import CHAT
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests import builders
 from tests.conftest import BrimFactory
 from tests.fake_anthropic import FakeAnthropic, token_count

@@ -14,13 +14,13 @@ import httpx
 import orjson
 import pytest
 
-from adapters.config import UpstreamConfig
-from adapters.exchange import RequestTokens
-from adapters.registry import Upstreams
-from middleware.limits import ResolveLimits
-from policies.budget import ESTIMATE_BANDS, estimate_band, undecided
-from policies.limits import LimitsRegistry, ModelFacts
-from policies.tokens import TokenCounter
+from brim.adapters.exchange import RequestTokens
+from brim.adapters.registry import Upstreams
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.middleware.stages.resolve_limits import ResolveLimits
+from brim.policies.budget import ESTIMATE_BANDS, estimate_band, undecided
+from brim.policies.limits import LimitsRegistry, ModelFacts
+from brim.policies.tokens import TokenCounter
 from tests import builders
 from tests.conftest import BrimFactory, fake_upstream
 from tests.fake_anthropic import SLOW_COUNT_S, FakeAnthropic, provider_count, token_count

@@ -31,8 +31,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from adapters.exchange import ANONYMOUS
-from middleware.telemetry import (
+from brim.adapters.exchange import ANONYMOUS
+from brim.middleware.services.instruments import (
     DURATION_BOUNDS,
     LATENCY_BOUNDS,
     MODEL_LABELS,
@@ -405,17 +405,17 @@ def test_a_reply_is_read_once_for_the_token_ratios_and_the_metrics(
 ) -> None:
     """`LearnRatios` reads what a reply says of itself and leaves it on the reply; `Observe`
     takes it from there: as many payloads read with the ratios learned as without them."""
-    import middleware.usage
+    import brim.middleware.services.usage
 
     model = GENAI_CLIENTS[api][0]
-    read = middleware.usage.take
+    read = brim.middleware.services.usage.take
     payloads: list[object] = []
 
     def counted(wire: Any, payload: Any, found: Any) -> None:
         payloads.append(payload)
         read(wire, payload, found)
 
-    monkeypatch.setattr(middleware.usage, "take", counted)
+    monkeypatch.setattr(brim.middleware.services.usage, "take", counted)
     reads = []
     for learning in (True, False):
         base = brim(**every_api(provider), guard={"learn_token_ratios": learning})
@@ -463,8 +463,8 @@ def test_admin_endpoints_are_off_without_admin_keys(brim: BrimFactory) -> None:
 def test_the_archive_expires_and_skips_corrupt_files(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from middleware.archive import ContentArchive
-    from policies.conversation import archive_key
+    from brim.middleware.services.archive import ContentArchive
+    from brim.policies.conversation import archive_key
 
     archive = ContentArchive(tmp_path / "a", ttl_hours=1)
     old, fresh, bad = "old content", "fresh content", "will be corrupted"
@@ -482,8 +482,8 @@ def test_the_archive_expires_and_skips_corrupt_files(
 
 
 def test_brim_archive_get_prints_the_original(tmp_path: Path) -> None:
-    from middleware.archive import ContentArchive
-    from policies.conversation import archive_key
+    from brim.middleware.services.archive import ContentArchive
+    from brim.policies.conversation import archive_key
 
     archive = ContentArchive(tmp_path / "arch", ttl_hours=1)
     archive.put(ANONYMOUS, archive_key("the original"), "the original")
@@ -716,7 +716,7 @@ def brim_process(tmp_path: Path, fast_provider: str) -> Iterator[tuple[str, int]
     # At log level error: brim warns once per unknown model, 20 000 lines here.
     serve = ["serve", "--config", str(config), "--port", "0", "--log-level", "error"]
     process = subprocess.Popen(
-        [sys.executable, "-m", "proxy", *serve],
+        [sys.executable, "-m", "brim.proxy", *serve],
         cwd=Path(__file__).parents[2],
         env={**os.environ, "TEST_ADMIN_KEYS": ADMIN},
         stdout=subprocess.PIPE,
@@ -874,10 +874,10 @@ def test_stream_usage_is_read_however_the_events_are_split(api: str, cuts: list[
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.trace import TracerProvider
 
-    from adapters.base import UpstreamResponse
-    from adapters.exchange import Exchange
-    from middleware.observe import Observe
-    from middleware.telemetry import Telemetry
+    from brim.adapters.adapter import UpstreamResponse
+    from brim.adapters.exchange import Exchange
+    from brim.middleware.services.instruments import Telemetry
+    from brim.middleware.stages.observe import Observe
 
     events, expected = USAGE_STREAMS[api]
     stream = b"".join(events)
@@ -923,10 +923,10 @@ def test_restores_found_and_missing_are_named_by_their_keys_only() -> None:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
 
-    from adapters.base import UpstreamResponse
-    from adapters.exchange import Exchange
-    from middleware.observe import Observe
-    from middleware.telemetry import Telemetry
+    from brim.adapters.adapter import UpstreamResponse
+    from brim.adapters.exchange import Exchange
+    from brim.middleware.services.instruments import Telemetry
+    from brim.middleware.stages.observe import Observe
 
     spans = InMemorySpanExporter()
     tracing = TracerProvider()

@@ -19,7 +19,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.logs import TEXT_FORMAT, JsonFormatter
+from brim.proxy.logs import TEXT_FORMAT, JsonFormatter
 from tests.conftest import BrimFactory, every_api
 from tests.fake_anthropic import FakeAnthropic
 from tests.fakes import FakeProvider, wait_for

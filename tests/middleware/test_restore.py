@@ -20,19 +20,19 @@ import openai
 import orjson
 import pytest
 
-from adapters.base import UpstreamResponse
-from adapters.errors import UpstreamProtocolError
-from adapters.exchange import ANONYMOUS, Exchange
-from middleware.limits import ResolveLimits
-from middleware.restore import RESTORE_TOOL, RestoreRounds
-from middleware.store import MemoryStore
-from policies.compress import compress_request
-from policies.conversation import archive_key
-from policies.limits import LimitsRegistry, ModelFacts
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.base import Usage, json_event, sse_data
-from proxy.app import bound_port, start
-from proxy.resources import use_bundled_tiktoken_files
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.errors import UpstreamProtocolError
+from brim.adapters.exchange import ANONYMOUS, Exchange
+from brim.middleware.services.store import MemoryStore
+from brim.middleware.stages.resolve_limits import ResolveLimits
+from brim.middleware.stages.restore import RESTORE_TOOL, RestoreRounds
+from brim.policies.compress import compress_request
+from brim.policies.conversation import archive_key
+from brim.policies.limits import LimitsRegistry, ModelFacts
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires.base import Usage, json_event, sse_data
+from brim.proxy.app import bound_port, start
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.builders import exchange
 from tests.fakes import LoopThread, start_app
 from tests.policies.wires.test_restore_shapes import (

@@ -11,10 +11,10 @@ from typing import Any
 import orjson
 import pytest
 
-from middleware.sessions import SessionMemory
-from policies.carry import Carried, carried_from, prefix_digests
-from policies.compress import Outcome, compress
-from policies.conversation import FidelityRecord
+from brim.middleware.services.sessions import SessionMemory
+from brim.policies.carry import Carried, carried_from, prefix_digests
+from brim.policies.compress import Outcome, compress
+from brim.policies.conversation import FidelityRecord
 from tests.builders import tool_session
 from tests.policies.test_carry import DIALECT, METER, POLICIES
 

@@ -12,7 +12,8 @@ from typing import Any
 import orjson
 import pytest
 
-from middleware.shared import (
+from brim.middleware.services.instruments import StatusBoard
+from brim.middleware.services.shared import (
     BLOCKED_KEY,
     LEARNED_KEY,
     RATIOS_KEY,
@@ -23,9 +24,8 @@ from middleware.shared import (
     SharedStatus,
     Unavailable,
 )
-from middleware.telemetry import StatusBoard
-from policies.limits import Learned, LimitSource, LimitsRegistry
-from policies.ratios import MIN_REPLIES, TokenRatios
+from brim.policies.limits import Learned, LimitSource, LimitsRegistry
+from brim.policies.ratios import MIN_REPLIES, TokenRatios
 from tests.conftest import RedisServer
 from tests.fakes import free_port
 

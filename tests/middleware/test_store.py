@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from middleware.archive import ContentArchive
-from middleware.shared import RedisLink
-from middleware.store import MemoryStore, RedisStore, normalize_key
-from policies.conversation import archive_key
-from proxy.app import build_link, build_store, create_app
-from proxy.config import BrimConfig, ConfigError, load_config
+from brim.middleware.services.archive import ContentArchive
+from brim.middleware.services.shared import RedisLink
+from brim.middleware.services.store import MemoryStore, RedisStore, normalize_key
+from brim.policies.conversation import archive_key
+from brim.proxy.app import build_link, build_store, create_app
+from brim.proxy.config import BrimConfig, ConfigError, load_config
 from tests.conftest import RedisServer
 from tests.fakes import free_port
 
@@ -420,7 +420,7 @@ def test_the_store_follows_restore_and_cache_url() -> None:
 def test_the_app_has_one_store_and_closes_it_on_cleanup() -> None:
     from aiohttp import web
 
-    from proxy.keys import GENERATIONS
+    from brim.proxy.keys import GENERATIONS
 
     async def scenario() -> tuple[Any, ...]:
         app = create_app(BrimConfig.model_validate({"restore": {"enabled": True, "store_mb": 1}}))

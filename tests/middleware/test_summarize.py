@@ -14,20 +14,20 @@ import openai
 import orjson
 import pytest
 
-from adapters.credentials import Caller
-from adapters.headers import CREDENTIAL_HEADERS
-from middleware import summarize as summarize_module
-from middleware.shared import RedisLink
-from middleware.summarize import Job, MemoryCache, RedisCache, Summarizer
-from policies.evict import GISTS_HEADER
-from policies.limits import LimitsRegistry, ModelFacts
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.chat import CHAT
-from proxy.resources import use_bundled_tiktoken_files
+from brim.adapters.credentials import Caller
+from brim.adapters.forwarded_headers import CREDENTIAL_HEADERS
+from brim.middleware.services import summarize as summarize_module
+from brim.middleware.services.shared import RedisLink
+from brim.middleware.services.summarize import Job, MemoryCache, RedisCache, Summarizer
+from brim.policies.evict import GISTS_HEADER
+from brim.policies.limits import LimitsRegistry, ModelFacts
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires.chat import CHAT
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn
 from tests.conftest import BrimFactory, every_api
 from tests.fakes import FakeProvider, Seen
-from tests.middleware.test_fallback import CLIENTS
+from tests.middleware.stages.test_fallback import CLIENTS
 from tests.test_wire_contract import FACT, session
 
 use_bundled_tiktoken_files()

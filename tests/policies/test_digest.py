@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.clear import ClearSettings, ClearToolResults, placeholder
-from policies.conversation import Goal, archive_key
-from policies.information import (
+from brim.policies.clear import ClearSettings, ClearToolResults, placeholder
+from brim.policies.conversation import Goal, archive_key
+from brim.policies.information import (
     SHORTENED,
     CutFrom,
     cut_from,
@@ -26,18 +26,18 @@ from policies.information import (
     remember_cut,
     words,
 )
-from policies.prune import (
+from brim.policies.prune import (
     CUT_DETAIL,
     PruneSettings,
     PruneToolResults,
     matched_terms,
     shortened,
 )
-from policies.text import keys_of
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires import WIRES
-from policies.wires.chat import CHAT
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.text import keys_of
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires import WIRES
+from brim.policies.wires.chat import CHAT
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.policies.test_information import BUILDERS, Item, result_of, valid
 from tests.policies.test_lines import UNUSUAL, repetitive_log
 

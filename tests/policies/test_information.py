@@ -14,17 +14,17 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from policies.clear import ClearSettings, ClearToolResults
-from policies.compress import DEFAULT_ORDER, build_policies, compress
-from policies.conversation import Conversation, Goal, archive_key
-from policies.evict import Evict, EvictSettings
-from policies.facts import STALE, call_terms, requests, result_values, stale_results
-from policies.prune import PruneSettings, PruneToolResults
-from policies.text import SAME_AS_PREFIX, has_evidence, is_anomaly, terms_of
-from policies.tokens import CounterMeter, TokenCounter
-from policies.truncate import Truncate
-from policies.wires import WIRES
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.clear import ClearSettings, ClearToolResults
+from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
+from brim.policies.conversation import Conversation, Goal, archive_key
+from brim.policies.evict import Evict, EvictSettings
+from brim.policies.facts import STALE, call_terms, requests, result_values, stale_results
+from brim.policies.prune import PruneSettings, PruneToolResults
+from brim.policies.text import SAME_AS_PREFIX, has_evidence, is_anomaly, terms_of
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.truncate import Truncate
+from brim.policies.wires import WIRES
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.builders import without_named_whole
 
 use_bundled_tiktoken_files()

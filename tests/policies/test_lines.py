@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from policies.information import LineStats
-from policies.lines import (
+from brim.policies.information import LineStats
+from brim.policies.lines import (
     DIGEST_MARKER_TOKENS,
     FEW_ANOMALIES,
     cut_middle,
@@ -19,10 +19,10 @@ from policies.lines import (
     informative_lines,
     relevant_lines,
 )
-from policies.text import identifiers, is_anomaly
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.chat import CHAT
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.text import identifiers, is_anomaly
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires.chat import CHAT
+from brim.proxy.resources import use_bundled_tiktoken_files
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)

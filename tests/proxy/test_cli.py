@@ -18,8 +18,8 @@ import httpx
 import openai
 import pytest
 
-from proxy.cli import refuse_open_without_keys
-from proxy.config import BrimConfig, ConfigError
+from brim.proxy.commands import refuse_open_without_keys
+from brim.proxy.config import BrimConfig, ConfigError
 from tests.fakes import FakeProvider, wait_for
 
 BRIM = str(Path(sys.executable).with_name("brim"))

@@ -19,10 +19,10 @@ import openai
 import pytest
 from aiohttp import web
 
-from proxy.app import bound_port, start
-from proxy.config import BrimConfig, ConfigError
-from proxy.keys import GENERATIONS, RELOADER
-from proxy.reload import ConfigSource, plan_reload
+from brim.proxy.app import bound_port, start
+from brim.proxy.config import BrimConfig, ConfigError
+from brim.proxy.keys import GENERATIONS, RELOADER
+from brim.proxy.reload import ConfigSource, plan_reload
 from tests.fakes import FakeProvider, LoopThread, wait_for
 from tests.proxy import test_workers
 from tests.proxy.test_workers import Served, Upstream
@@ -261,7 +261,7 @@ def test_a_model_alias_added_by_a_reload_names_what_was_learned_before(
 
 
 def serve(launched: list[Served], tmp_path: Path, provider: FakeProvider, workers: int) -> Served:
-    """`python -m proxy serve` from this checkout, with a 60 000-token window for m-window."""
+    """`python -m brim.proxy serve` from this checkout, with a 60 000-token window for m-window."""
     return test_workers.start(
         launched,
         tmp_path,
@@ -298,7 +298,7 @@ def budgets(connections: list[http.client.HTTPConnection]) -> list[int]:
 def reload_command(served: Served) -> subprocess.CompletedProcess[str]:
     """`brim reload`, finding brim by the URL and the admin key in the environment."""
     return subprocess.run(
-        [sys.executable, "-m", "proxy", "reload", "--url", served.url],
+        [sys.executable, "-m", "brim.proxy", "reload", "--url", served.url],
         capture_output=True,
         text=True,
         timeout=60,

@@ -8,9 +8,9 @@ import random
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from middleware.settings import TelemetryConfig
-from middleware.telemetry import LATENCY_BOUNDS, Spread, Tally, bind
-from proxy.telemetry import build_providers
+from brim.middleware.services.instruments import LATENCY_BOUNDS, Spread, Tally, bind
+from brim.middleware.settings import TelemetryConfig
+from brim.proxy.otel_setup import build_providers
 
 # across every bucket, on the boundaries and just beside them, and past the last one (seconds)
 LATENCIES = [0.0, 0.0003, 0.00499, 0.005, 0.005000001, 0.01, 0.074, 9.999, 10.0, 10.0005, 123.456]
