@@ -40,9 +40,8 @@ from typing import Any, TypeVar
 import orjson
 from multidict import CIMultiDict
 
-from adapters.base import UpstreamResponse
-from adapters.config import UpstreamConfig
-from adapters.errors import (
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.errors import (
     AuthFailed,
     ContextOverflow,
     InvalidRequest,
@@ -54,11 +53,12 @@ from adapters.errors import (
     UpstreamUnreachable,
     hide_addresses,
 )
-from adapters.exchange import Exchange
-from adapters.overflow import Overflow, classify
-from policies.limits import CLI_MARKER
-from policies.wires.base import ErrorInfo
-from policies.wires.chat import CHAT
+from brim.adapters.exchange import Exchange
+from brim.adapters.overflow import Overflow, classify
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.policies.limits import CLI_MARKER
+from brim.policies.wires.base import ErrorInfo
+from brim.policies.wires.chat import CHAT
 
 log = logging.getLogger("brim.cli")
 T = TypeVar("T")

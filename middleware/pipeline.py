@@ -10,31 +10,31 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from adapters.registry import Upstreams
-from middleware.archive import ContentArchive
-from middleware.audit import AuditLog
-from middleware.base import Stage
-from middleware.calibrate import LearnRatios
-from middleware.fallback import PreferFallback
-from middleware.forward import Forward
-from middleware.guard import Guard
-from middleware.limits import ResolveLimits
-from middleware.loops import LoopBreaker
-from middleware.observe import Observe
-from middleware.ratelimit import RateCounts, RateLimit
-from middleware.restore import RestoreRounds
-from middleware.retry import RetryOnOverflow
-from middleware.sessions import SessionMemory
-from middleware.settings import GuardConfig, RestoreConfig, RetryConfig, SummarizeConfig
-from middleware.shared import RedisLink, SharedState
-from middleware.store import ContentStore
-from middleware.summarize import Summarizer
-from middleware.telemetry import StatusBoard, Telemetry
-from policies.clients import ClientRule
-from policies.compress import build_policies
-from policies.limits import LimitsRegistry
-from policies.ratios import TokenRatios
-from policies.tokens import TokenCounter
+from brim.adapters.registry import Upstreams
+from brim.middleware.services.archive import ContentArchive
+from brim.middleware.services.audit import AuditLog
+from brim.middleware.services.instruments import StatusBoard, Telemetry
+from brim.middleware.services.sessions import SessionMemory
+from brim.middleware.services.shared import RedisLink, SharedState
+from brim.middleware.services.store import ContentStore
+from brim.middleware.services.summarize import Summarizer
+from brim.middleware.settings import GuardConfig, RestoreConfig, RetryConfig, SummarizeConfig
+from brim.middleware.stage import Stage
+from brim.middleware.stages.calibrate import LearnRatios
+from brim.middleware.stages.fallback import PreferFallback
+from brim.middleware.stages.forward import Forward
+from brim.middleware.stages.guard import Guard
+from brim.middleware.stages.loops import LoopBreaker
+from brim.middleware.stages.observe import Observe
+from brim.middleware.stages.ratelimit import RateCounts, RateLimit
+from brim.middleware.stages.resolve_limits import ResolveLimits
+from brim.middleware.stages.restore import RestoreRounds
+from brim.middleware.stages.retry import RetryOnOverflow
+from brim.policies.clients import ClientRule
+from brim.policies.compress import build_policies
+from brim.policies.limits import LimitsRegistry
+from brim.policies.ratios import TokenRatios
+from brim.policies.tokens import TokenCounter
 
 
 class PipelineConfig(Protocol):

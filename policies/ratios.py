@@ -102,8 +102,8 @@ def _until(key: Key, ratio: Ratio, now: float) -> float:
 
 
 class TokenRatios:
-    """The learned ratios of this process (and, through `middleware.shared`, of every brim on
-    the same Redis). Looking up does no I/O; thread-safe enough for its use: each operation is
+    """The learned ratios of this process (and, through `middleware.services.shared`, of every brim
+    on the same Redis). Looking up does no I/O; thread-safe enough for its use: each operation is
     one dictionary read or write on the event loop."""
 
     def __init__(self, *, timer: Callable[[], float] = time.time) -> None:

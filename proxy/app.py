@@ -18,8 +18,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from opentelemetry.sdk.trace import SpanProcessor
 
-from adapters.cli import ChildEnv
-from adapters.errors import (
+from brim.adapters.cli import ChildEnv
+from brim.adapters.errors import (
     BrimError,
     HeadersTooLarge,
     InternalError,
@@ -29,31 +29,31 @@ from adapters.errors import (
     Unauthorized,
     UnknownEndpoint,
 )
-from adapters.headers import BRIM_KEY_HEADER as BRIM_KEY
-from adapters.registry import Upstreams
-from middleware.archive import ContentArchive
-from middleware.audit import AuditLog
-from middleware.base import Pipeline
-from middleware.learned import WorkerGroup
-from middleware.pipeline import Services, default_pipeline
-from middleware.ratelimit import LocalRates, RateCounts, RedisRates
-from middleware.sessions import SessionMemory
-from middleware.shared import LocalState, RedisLink, RedisState, SharedState
-from middleware.store import ContentStore, MemoryStore, RedisStore
-from middleware.summarize import (
+from brim.adapters.forwarded_headers import BRIM_KEY_HEADER as BRIM_KEY
+from brim.adapters.registry import Upstreams
+from brim.middleware.pipeline import Services, default_pipeline
+from brim.middleware.services.archive import ContentArchive
+from brim.middleware.services.audit import AuditLog
+from brim.middleware.services.instruments import ModelLabels, StatusBoard, Tally
+from brim.middleware.services.learned import WorkerGroup
+from brim.middleware.services.sessions import SessionMemory
+from brim.middleware.services.shared import LocalState, RedisLink, RedisState, SharedState
+from brim.middleware.services.store import ContentStore, MemoryStore, RedisStore
+from brim.middleware.services.summarize import (
     MemoryCache,
     RedisCache,
     Summarizer,
     SummaryCache,
     upstream_caller,
 )
-from middleware.telemetry import ModelLabels, StatusBoard, Tally
-from policies.limits import LimitsRegistry
-from policies.ratios import TokenRatios
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires import wire_for_path
-from policies.wires.chat import CHAT
-from proxy.admission import (
+from brim.middleware.stage import Pipeline
+from brim.middleware.stages.ratelimit import LocalRates, RateCounts, RedisRates
+from brim.policies.limits import LimitsRegistry
+from brim.policies.ratios import TokenRatios
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires import wire_for_path
+from brim.policies.wires.chat import CHAT
+from brim.proxy.admission import (
     ADMISSION,
     QUOTA_HOLDER,
     UNGUARDED,
@@ -64,10 +64,10 @@ from proxy.admission import (
     raise_descriptor_limit,
     release,
 )
-from proxy.config import BrimConfig, ServerConfig, secret_variables
-from proxy.edge import request_id as edge_request_id
-from proxy.errors import error_response
-from proxy.keys import (
+from brim.proxy.config import BrimConfig, ServerConfig, secret_variables
+from brim.proxy.edge import request_id as edge_request_id
+from brim.proxy.error_replies import error_response
+from brim.proxy.keys import (
     BRIM_KEY_HEADER,
     BRIM_KEY_OWNER,
     GENERATIONS,
@@ -81,14 +81,15 @@ from proxy.keys import (
     Readiness,
     Serving,
 )
-from proxy.listen import BACKLOG
-from proxy.multiproc import PUBLISH_INTERVAL_S, MetricsShare, WorkerMetrics
-from proxy.owners import Owners
-from proxy.reload import ConfigSource, Generations, Reloader
-from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
-from proxy.routes import admin, anthropic, dashboard, gemini, health, openai
-from proxy.routes.dashboard import UI_PATHS
-from proxy.telemetry import Providers, build_providers
+from brim.proxy.listen import BACKLOG
+from brim.proxy.multiproc import PUBLISH_INTERVAL_S, MetricsShare, WorkerMetrics
+from brim.proxy.otel_setup import Providers, build_providers
+from brim.proxy.owners import Owners
+from brim.proxy.reload import ConfigSource, Generations, Reloader
+from brim.proxy.resources import litellm_model_map, use_bundled_tiktoken_files
+from brim.proxy.routes import admin, anthropic, dashboard, health, openai
+from brim.proxy.routes import gemini_routes as gemini
+from brim.proxy.routes.dashboard import UI_PATHS
 
 log = logging.getLogger("brim")
 PUBLIC_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics"})

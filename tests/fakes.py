@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from policies.tokens import TokenCounter
+    from brim.policies.tokens import TokenCounter
 
 T = TypeVar("T")
 
@@ -886,8 +886,8 @@ class FakeProvider:
 def token_counter() -> TokenCounter:
     """brim's own token counter, built on first use (on the tiktoken files litellm bundles):
     the one every fake provider counts requests with."""
-    from policies.tokens import TokenCounter
-    from proxy.resources import use_bundled_tiktoken_files
+    from brim.policies.tokens import TokenCounter
+    from brim.proxy.resources import use_bundled_tiktoken_files
 
     use_bundled_tiktoken_files()
     return TokenCounter()
@@ -895,7 +895,7 @@ def token_counter() -> TokenCounter:
 
 def counted(api: str, body: dict[str, Any], tokenizer: str = "o200k_base") -> int:
     """A request's tokens by `token_counter`: `api` is the wire API's name ("openai.chat")."""
-    from policies.wires import WIRES
+    from brim.policies.wires import WIRES
 
     return token_counter().request(WIRES[api], body, tokenizer).total
 

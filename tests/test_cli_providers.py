@@ -28,13 +28,13 @@ import openai
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from adapters.cli import CliAdapter, cli_model, render_prompt
-from adapters.config import UpstreamConfig
-from adapters.exchange import Exchange
-from policies.budget import DEFAULT_SAFETY_MARGIN
-from policies.model_table import CLI_OVERHEAD
-from proxy.app import bound_port, start
-from proxy.config import BrimConfig, ConfigError, load_config
+from brim.adapters.cli import CliAdapter, cli_model, render_prompt
+from brim.adapters.exchange import Exchange
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.policies.budget import DEFAULT_SAFETY_MARGIN
+from brim.policies.model_table import CLI_OVERHEAD
+from brim.proxy.app import bound_port, start
+from brim.proxy.config import BrimConfig, ConfigError, load_config
 from tests.fakes import LoopThread, start_app, wait_for
 from tests.scripted_provider import Call, ScriptedProvider, tool_names
 from tests.test_real_clis import (
@@ -118,7 +118,7 @@ def test_a_cli_route_with_the_marker_and_a_summarizer(tmp_path: Path) -> None:
         '[summarize]\nenabled = true\nprovider = "[cli]gemini:flash"\n'
     )
     config, _ = load_config(tmp_path / "proxy.toml")
-    from adapters.registry import Upstreams
+    from brim.adapters.registry import Upstreams
 
     upstreams = Upstreams(config.upstreams, config.routes)
     assert upstreams.route("[cli]gemini:flash", "openai.chat") == "gem"

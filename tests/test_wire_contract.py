@@ -25,10 +25,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from policies.evict import GISTS_HEADER
-from policies.wires import WIRES
-from policies.wires.base import NOTICE_PREFIX, Wire
-from proxy.cli import main
+from brim.policies.evict import GISTS_HEADER
+from brim.policies.wires import WIRES
+from brim.policies.wires.base import NOTICE_PREFIX, Wire
+from brim.proxy.commands import main
 from tests.conftest import BrimFactory, every_api
 from tests.fake_anthropic import FakeAnthropic, anthropic_errors
 from tests.fakes import (

@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from policies.conversation import NO_RESULT as NO_RESULT  # what answers a lost call
-from policies.conversation import Dialect, UnitKind
-from policies.records import record
-from policies.tokens import as_text  # one copy, there: `policies.tokens` imports no wire
+from brim.policies.conversation import NO_RESULT as NO_RESULT  # what answers a lost call
+from brim.policies.conversation import Dialect, UnitKind
+from brim.policies.records import record
+from brim.policies.tokens import as_text  # one copy, there: `policies.tokens` imports no wire
 
 if TYPE_CHECKING:
     import tiktoken
 
-    from policies.tokens import TokenCounter
+    from brim.policies.tokens import TokenCounter
 
 NOTICE_PREFIX = "[brim removed "
 

@@ -26,9 +26,9 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-from policies.conversation import Dialect, ToolResult, Unit
-from policies.images import MAX_IMAGE_TOKENS, image_tokens
-from policies.tokens import (
+from brim.policies.conversation import Dialect, ToolResult, Unit
+from brim.policies.images import MAX_IMAGE_TOKENS, image_tokens
+from brim.policies.tokens import (
     PER_MESSAGE,
     PER_NAME,
     PER_TOOL_CALL,
@@ -37,7 +37,7 @@ from policies.tokens import (
     token_count,
     tool_definitions_bound,
 )
-from policies.wires.base import (
+from brim.policies.wires.base import (
     NO_RESULT,
     UNIT_KINDS,
     BodyError,
@@ -77,7 +77,7 @@ from policies.wires.base import (
 if TYPE_CHECKING:
     import tiktoken
 
-    from policies.tokens import TokenCounter
+    from brim.policies.tokens import TokenCounter
 
 
 def _call_id(call: Any) -> str | None:

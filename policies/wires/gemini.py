@@ -16,10 +16,10 @@ import orjson
 from pydantic import Field, ValidationError
 from typing_extensions import TypedDict
 
-from policies.conversation import Dialect, ToolResult, Unit
-from policies.images import GEMINI_IMAGE_TOKENS
-from policies.tokens import PER_MESSAGE, PER_TOOL_CALL, RAW, as_text, token_count
-from policies.wires.base import (
+from brim.policies.conversation import Dialect, ToolResult, Unit
+from brim.policies.images import GEMINI_IMAGE_TOKENS
+from brim.policies.tokens import PER_MESSAGE, PER_TOOL_CALL, RAW, as_text, token_count
+from brim.policies.wires.base import (
     NO_RESULT,
     BodyError,
     ErrorInfo,
@@ -48,7 +48,7 @@ from policies.wires.base import (
 if TYPE_CHECKING:
     import tiktoken
 
-    from policies.tokens import TokenCounter
+    from brim.policies.tokens import TokenCounter
 
 
 def _parts(item: Any) -> list[Any]:

@@ -9,10 +9,10 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from adapters.errors import UpstreamError
-from policies.wires.messages import MESSAGES, check_count_tokens
-from proxy.keys import SERVING, FrontDoor
-from proxy.routes.common import (
+from brim.adapters.errors import UpstreamError
+from brim.policies.wires.messages import MESSAGES, check_count_tokens
+from brim.proxy.keys import SERVING, FrontDoor
+from brim.proxy.routes.common import (
     checked,
     make_exchange,
     proxied,

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from adapters.errors import UpstreamError, UpstreamFailure
-from policies.wires.chat import CHAT
-from policies.wires.responses import RESPONSES
-from proxy.keys import SERVING, FrontDoor
-from proxy.routes.common import checked, make_exchange, proxied, read_json, send_direct
+from brim.adapters.errors import UpstreamError, UpstreamFailure
+from brim.policies.wires.chat import CHAT
+from brim.policies.wires.responses import RESPONSES
+from brim.proxy.keys import SERVING, FrontDoor
+from brim.proxy.routes.common import checked, make_exchange, proxied, read_json, send_direct
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:

@@ -28,8 +28,8 @@ import pytest
 import redis
 from aiohttp import web
 
-from policies.wires import WIRES
-from proxy.cli import main
+from brim.policies.wires import WIRES
+from brim.proxy.commands import main
 from tests.conftest import BrimFactory, RedisServer, every_api
 from tests.fakes import FakeProvider, LoopThread, counted, start_app, wait_for
 
