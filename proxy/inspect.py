@@ -18,7 +18,7 @@ from brim.policies.budget import budget_for, requested_output
 from brim.policies.clients import match_client
 from brim.policies.compress import build_policies
 from brim.policies.limits import LimitsRegistry, ResolvedLimits
-from brim.policies.ratios import TokenRatios
+from brim.policies.ratios import Shared, TokenRatios
 from brim.policies.tokens import TokenCounter
 from brim.policies.wires import WIRES, wire_of_body
 from brim.policies.wires.base import Wire
@@ -71,18 +71,53 @@ def limits_report(resolved: ResolvedLimits) -> dict[str, Any]:
     }
 
 
+def shared_row(shared: Shared) -> dict[str, Any]:
+    """What is shown of a model's learned ratio on one upstream: the shared value (None until
+    a client settled), how many clients taught it, how many of them settled (their median is
+    the shared value), and their replies — never who they are."""
+    return {
+        "ratio": None if shared.value is None else round(shared.value, 4),
+        "clients": shared.owners,
+        "settled": shared.settled,
+        "replies": shared.replies,
+    }
+
+
+def shared_ratios(
+    ratios: TokenRatios, registry: LimitsRegistry, counter: TokenCounter, now: float
+) -> list[dict[str, Any]]:
+    """Each upstream's model some client taught a ratio of (`GET /admin/status`
+    `token_ratios`), its `shared_row`, and when it was last updated."""
+    rows = []
+    for upstream, model in ratios.models():
+        prior = counter.prior(registry.resolve(model).limits.tokenizer)
+        shared = ratios.shared(upstream, model, prior)
+        if shared is not None:
+            rows.append(
+                {
+                    "upstream": upstream,
+                    "model": model,
+                    **shared_row(shared),
+                    "updated_s_ago": round(max(0.0, now - shared.updated)),
+                }
+            )
+    return rows
+
+
 def ratio_report(
     resolved: ResolvedLimits, counter: TokenCounter, ratios: TokenRatios
 ) -> dict[str, Any]:
-    """How brim scales its counts for the model: the tokenizer's prior, and the ratios learned
-    from each upstream's replies (`policies.ratios`), which replace it for that upstream."""
+    """How brim scales its counts for the model: the tokenizer's prior, and what the clients of
+    each upstream taught (`policies.ratios`): its shared ratio replaces the prior there for a
+    client that has not settled its own."""
     limits = resolved.limits
-    learned = [
-        {"upstream": upstream, "ratio": round(ratio.value, 4), "replies": ratio.replies}
-        for (upstream, model), ratio in sorted(ratios.learned().items())
-        if model == limits.model
-    ]
-    return {"prior": counter.prior(limits.tokenizer), "learned": learned}
+    prior = counter.prior(limits.tokenizer)
+    learned = []
+    for upstream, model in ratios.models():
+        shared = ratios.shared(upstream, model, prior) if model == limits.model else None
+        if shared is not None:
+            learned.append({"upstream": upstream, **shared_row(shared)})
+    return {"prior": prior, "learned": learned}
 
 
 def inspect_request(
@@ -98,9 +133,9 @@ def inspect_request(
     upstream: str | None = None,
 ) -> dict[str, Any]:
     """What brim knows and would do about a request of any wire API (`api`, or guessed from the
-    body's shape); Gemini bodies carry no model, so `model` names it. Counted at the ratio
-    learned for the model on `upstream` (the one the request routes to), if `ratios` has one,
-    else at its tokenizer's prior."""
+    body's shape); Gemini bodies carry no model, so `model` names it. Counted at the shared
+    ratio of the model on `upstream` (the one the request routes to: what a client that has
+    not settled its own is counted at), if `ratios` has one, else at its tokenizer's prior."""
     wire = wire_named(api, body)
     model_id = model or body.get("model")
     if not isinstance(model_id, str) or not model_id:
@@ -117,8 +152,8 @@ def inspect_request(
     prior = counter.prior(tokenizer)
     learned = None
     if ratios is not None and upstream is not None:
-        learned = ratios.get(upstream, resolved.limits.model)
-    ratio = prior if learned is None else learned.value
+        learned = ratios.shared(upstream, resolved.limits.model, prior)
+    ratio = prior if learned is None or learned.value is None else learned.value
     count = counter.request(wire, body, tokenizer, resolved.limits.model, ratio)
     raw = orjson.dumps(body)
     items = [item for item in wire.conversation(body) if isinstance(item, Mapping)]
@@ -149,8 +184,13 @@ def inspect_request(
             "ratio": {
                 "value": round(ratio, 4),
                 "learned_from": None
-                if learned is None
-                else {"upstream": upstream, "replies": learned.replies},
+                if learned is None or learned.value is None
+                else {
+                    "upstream": upstream,
+                    "clients": learned.owners,
+                    "settled": learned.settled,
+                    "replies": learned.replies,
+                },
             },
         },
         "api": wire.name,
@@ -202,6 +242,22 @@ def _n(value: int) -> str:
     return f"{value:,}"
 
 
+def _taught(shown: Mapping[str, Any]) -> str:
+    """Who taught a `shared_row`'s ratio, in words (how many clients, never which)."""
+    clients, settled = shown["clients"], shown["settled"]
+    replies = _plural(shown["replies"], "reply", "replies")
+    if shown["ratio"] is None:
+        return f"being learned from {_plural(clients, 'client', 'clients')} ({replies})"
+    if clients == 1:
+        return f"learned from 1 client ({replies})"
+    of = f"{settled} of {clients}" if settled < clients else f"{clients}"
+    return f"the median of {of} clients ({replies})"
+
+
+def _plural(n: int, one: str, many: str) -> str:
+    return f"{n:,} {one if n == 1 else many}"
+
+
 def render_inspection(report: Mapping[str, Any], source: str) -> str:
     limits, budget, tokens = report["limits"], report["budget"], report["tokens"]
     sources = limits["sources"]
@@ -210,7 +266,7 @@ def render_inspection(report: Mapping[str, Any], source: str) -> str:
     encoding = "o200k_base" if tokenizer == "claude" else tokenizer
     if learned:
         tokenizer += (
-            f" ({encoding} × {ratio:g}, learned from {learned['replies']} replies"
+            f" ({encoding} × {ratio:g}, {_taught({**learned, 'ratio': ratio})}"
             f" of upstream {learned['upstream']})"
         )
     elif ratio != 1:
@@ -288,7 +344,7 @@ def model_rows(
     counts it at (`ratio_report`) and, first, the ids `ratios` learned a ratio for."""
     counter = counter or TokenCounter()
     ratios = ratios or TokenRatios()
-    measured = sorted({model for _, model in ratios.learned()})
+    measured = sorted({model for _, model in ratios.models()})
     if pattern is None:
         ids = [*measured, *registry.configured, *sorted(registry.learned), *model_table.CLI_MODELS]
     else:
@@ -317,9 +373,10 @@ def render_models(rows: list[dict[str, Any]]) -> str:
         overhead = f"; CLI overhead {_n(row['cli_overhead'])}" if row["cli_overhead"] else ""
         ratio = row["token_ratio"]
         learned = ratio["learned"]
-        shown = learned[0]["ratio"] if learned else ratio["prior"]
+        shown = next((each["ratio"] for each in learned if each["ratio"]), ratio["prior"])
         how = "; ".join(
-            f"×{each['ratio']:g} learned from {each['replies']} replies of {each['upstream']}"
+            ("" if each["ratio"] is None else f"×{each['ratio']:g} ")
+            + f"{_taught(each)} of {each['upstream']}"
             for each in learned
         )
         lines.append(

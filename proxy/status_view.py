@@ -63,6 +63,12 @@ def fetch_status(url: str, admin_key: str, *, timeout_s: float = 10.0) -> dict[s
     return admin_call(url, admin_key, "/admin/status", timeout_s=timeout_s)
 
 
+def _clients(ratio: dict[str, Any]) -> str:
+    """How many clients taught a token ratio, and how many of them settled theirs."""
+    clients, settled = ratio.get("clients", 0), ratio.get("settled", 0)
+    return f"{clients:,} ({settled:,} settled)" if settled < clients else f"{clients:,}"
+
+
 def duration(seconds: float) -> str:
     seconds = round(seconds)
     if seconds < 90:
@@ -189,14 +195,16 @@ def render_status(status: dict[str, Any], url: str) -> str:
             empty="nothing learned from providers yet",
         ),
         "",
-        "Token ratios (the provider's input tokens per token of brim's count)",
+        "Token ratios (the provider's input tokens per token of brim's count; shared: the median"
+        " of the clients that settled their own)",
         *table(
-            ("model", "upstream", "ratio", "replies", "updated"),
+            ("model", "upstream", "shared", "clients", "replies", "updated"),
             [
                 (
                     ratio.get("model"),
                     ratio.get("upstream"),
-                    f"× {ratio.get('ratio', 0):.3f}",
+                    "learning" if ratio.get("ratio") is None else f"× {ratio['ratio']:.3f}",
+                    _clients(ratio),
                     f"{ratio.get('replies', 0):,}",
                     f"{duration(ratio.get('updated_s_ago') or 0)} ago",
                 )

@@ -28,6 +28,7 @@ from brim.proxy.app import bound_port, start  # noqa: E402
 from brim.proxy.config import BrimConfig  # noqa: E402
 from tests.fake_anthropic import FakeAnthropic  # noqa: E402
 from tests.fakes import FakeProvider, LoopThread, free_port, start_app  # noqa: E402
+from tests.usage_provider import UsageProvider  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -65,6 +66,21 @@ def _anthropic_fake(loop_thread: LoopThread) -> Iterator[FakeAnthropic]:
 def anthropic_fake(_anthropic_fake: FakeAnthropic) -> FakeAnthropic:
     _anthropic_fake.reset()
     return _anthropic_fake
+
+
+@pytest.fixture(scope="session")
+def _usage_provider(loop_thread: LoopThread) -> Iterator[UsageProvider]:
+    provider = UsageProvider()
+    runner, provider.url = loop_thread.run(start_app(provider.app()))
+    yield provider
+    loop_thread.run(runner.cleanup())
+
+
+@pytest.fixture
+def usage_provider(_usage_provider: UsageProvider) -> UsageProvider:
+    """The fake provider that reports usage at a ratio to brim's count (`UsageProvider`)."""
+    _usage_provider.reset()
+    return _usage_provider
 
 
 def fake_upstream(provider: FakeProvider, **extra: Any) -> dict[str, Any]:

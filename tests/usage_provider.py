@@ -1,6 +1,7 @@
 """A fake provider of all four wire APIs whose tokenizer is not brim's: it answers every request
 with "pong" and reports the request's input tokens as `ratio` × brim's own count of what it
-received in o200k_base (`tests.fakes.counted`) — or, with `absurd` set, that figure instead.
+received in o200k_base (`tests.fakes.counted`) — or, with `absurd` set, that figure instead;
+`by_key` gives some credentials (the key a client sent) a ratio of their own.
 Streamed and whole replies alike (Chat's usage chunk, Messages' `message_start` with part of the
 input as cache reads and writes, Responses' `response.completed`, Gemini's last chunk). It keeps
 each request's reported count in `reported`, in order.
@@ -29,13 +30,15 @@ def send(
     *,
     stream: bool = False,
     headers: dict[str, str] | None = None,
+    key: str | None = None,
 ) -> httpx.Headers:
-    """One user message to brim at `base` through the API's own client (a stream read to its
-    end: its usage comes last); the reply's headers."""
+    """One user message to brim at `base` through the API's own client, with the client's
+    provider key `key` (else a test key of the API's form), a stream read to its end (its
+    usage comes last); the reply's headers."""
     extra = headers or {}
     raw: Any
     if api == "openai.chat":
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key or "sk-test", max_retries=0)
         raw = client.chat.completions.with_raw_response.create(
             model=model,
             messages=[{"role": "user", "content": content}],
@@ -44,13 +47,13 @@ def send(
             **({"stream_options": {"include_usage": True}} if stream else {}),
         )
     elif api == "openai.responses":
-        client = openai.OpenAI(base_url=f"{base}/v1", api_key="sk-test", max_retries=0)
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key=key or "sk-test", max_retries=0)
         raw = client.responses.with_raw_response.create(
             model=model, input=content, stream=stream, extra_headers=extra
         )
     elif api == "anthropic.messages":
         claude = anthropic.Anthropic(
-            base_url=base, api_key="sk-ant-test", max_retries=0, timeout=120
+            base_url=base, api_key=key or "sk-ant-test", max_retries=0, timeout=120
         )
         raw = claude.messages.with_raw_response.create(
             model=model,
@@ -64,7 +67,7 @@ def send(
         reply = httpx.post(
             f"{base}/v1beta/models/{model}:{method}",
             json={"contents": [{"role": "user", "parts": [{"text": content}]}]},
-            headers={"x-goog-api-key": "test-key", **extra},
+            headers={"x-goog-api-key": key or "test-key", **extra},
             timeout=120,
         )
         assert reply.status_code == 200, reply.text
@@ -80,8 +83,15 @@ def send(
 class UsageProvider:
     ratio: float = 1.5
     absurd: int | None = None  # reported whatever was sent
+    by_key: dict[str, float] = field(default_factory=dict)  # a credential's own ratio
     reported: list[int] = field(default_factory=list)
     url: str = ""
+
+    def reset(self, ratio: float = 1.5) -> None:
+        """Report `ratio` × brim's count for every client again, and forget what it reported."""
+        self.ratio, self.absurd = ratio, None
+        self.by_key.clear()
+        self.reported.clear()
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -91,8 +101,12 @@ class UsageProvider:
         app.router.add_post("/v1beta/models/{target}", self.gemini)
         return app
 
-    def _input(self, api: str, body: dict[str, Any]) -> int:
-        tokens = self.absurd if self.absurd is not None else round(self.ratio * counted(api, body))
+    def _input(self, api: str, body: dict[str, Any], request: web.Request) -> int:
+        headers = request.headers
+        bearer = headers.get("Authorization", "").removeprefix("Bearer ")
+        key = headers.get("x-api-key") or headers.get("x-goog-api-key") or bearer
+        ratio = self.by_key.get(key, self.ratio)
+        tokens = self.absurd if self.absurd is not None else round(ratio * counted(api, body))
         self.reported.append(tokens)
         return tokens
 
@@ -107,7 +121,7 @@ class UsageProvider:
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
-        tokens = self._input("openai.chat", body)
+        tokens = self._input("openai.chat", body, request)
         usage = {"prompt_tokens": tokens, "completion_tokens": 1, "total_tokens": tokens + 1}
         head = {"id": "c", "object": "chat.completion", "created": 1, "model": body["model"]}
         if not body.get("stream"):
@@ -127,7 +141,7 @@ class UsageProvider:
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
-        tokens = self._input("anthropic.messages", body)
+        tokens = self._input("anthropic.messages", body, request)
         # Anthropic splits the input three ways; their sum is the request's.
         read, written = tokens // 3, tokens // 4
         usage = {
@@ -169,7 +183,7 @@ class UsageProvider:
 
     async def responses(self, request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
-        tokens = self._input("openai.responses", body)
+        tokens = self._input("openai.responses", body, request)
         text = {"type": "output_text", "text": "pong", "annotations": []}
         item = {"type": "message", "id": "m", "role": "assistant", "content": [text]}
         response = {
@@ -203,7 +217,7 @@ class UsageProvider:
     async def gemini(self, request: web.Request) -> web.StreamResponse:
         _, _, method = request.match_info["target"].rpartition(":")
         body = orjson.loads(await request.read())
-        tokens = self._input("gemini.generate", body)
+        tokens = self._input("gemini.generate", body, request)
         candidate = {"content": {"role": "model", "parts": [{"text": "pong"}]}, "index": 0}
         usage = {"promptTokenCount": tokens, "candidatesTokenCount": 1}
         reply = {"candidates": [{**candidate, "finishReason": "STOP"}], "usageMetadata": usage}

@@ -23,10 +23,12 @@ its own, exactly as brim runs without Redis; `RedisState` shares through Redis a
   (plus one write). Facts expire when learned + a day, everywhere. `brim limits forget` leaves
   a tombstone in `brim:learned:forgotten`: every process drops what it learned by then.
 - token ratios (`TokenRatios`): every `refresh_s` each process reads `brim:ratios` (a hash:
-  `["upstream","model"]` → "ratio replies updated"), adopts each ratio learned later than its own,
-  and writes those it learned later than what Redis holds (`SharedRatios`). What it reads is
-  checked first (`Ratio.valid`: within the bounds, not from the future, not forgotten; an
-  upstream this brim has; a model id of sane length): Redis is no more trusted than a reply.
+  `["owner","upstream","model"]` → "ratio replies updated", one client's estimate), adopts each
+  estimate learned later than its own, and writes those it learned later than what Redis holds
+  (`SharedRatios`). What it reads is checked first (`Ratio.valid`: within the bounds, not from
+  the future, not forgotten; an owner as brim names them; an upstream this brim has; a model id
+  of sane length): Redis is no more trusted than a reply. Each process takes the shared ratio
+  (the median over the settled owners, `policies.ratios`) of what it holds.
 - loop-guard counts (`RedisLoops`): see its docstring for the exact semantics.
 - the status board's numbers: every `refresh_s` each process writes its own totals,
   per-model usage, tokens removed per policy and time series (`brim:status:instance:<id>`,
@@ -56,6 +58,7 @@ from typing import Any, Protocol, TypeVar
 import orjson
 from cachetools import TTLCache
 
+from brim.adapters.exchange import OWNER_PATTERN
 from brim.middleware.services.instruments import RECENT_EVENTS, StatusBoard, merge_series
 from brim.middleware.services.learned import (
     ALL_MODELS,
@@ -70,7 +73,7 @@ from brim.middleware.services.learned import (
     warn_once,
 )
 from brim.policies.limits import LEARNED_KINDS, Learned, LearnedKind, LimitsRegistry
-from brim.policies.ratios import RATIOS_MAX, TTL_S, Ratio, TokenRatios
+from brim.policies.ratios import RATIOS_MAX, TTL_S, OwnedKey, Ratio, TokenRatios
 
 log = logging.getLogger("brim.shared")
 T = TypeVar("T")
@@ -512,44 +515,44 @@ class SharedRatios:
         self.ratios = ratios
         self.upstreams = frozenset(upstreams)
 
-    async def pull(self) -> tuple[dict[tuple[str, str], float], list[bytes]]:
-        """Adopt what Redis holds that is newer. Returns when each ratio Redis holds (for this
-        brim's upstreams) was updated, and the fields that hold no valid ratio."""
+    async def pull(self) -> tuple[dict[OwnedKey, float], list[bytes]]:
+        """Adopt what Redis holds that is newer. Returns when each estimate Redis holds (for
+        this brim's upstreams) was updated, and the fields that hold no valid estimate."""
         table = await self.link.run(lambda client: client.hgetall(RATIOS_KEY))
         now = time.time()
-        held: dict[tuple[str, str], float] = {}
-        found: list[tuple[tuple[str, str], Ratio]] = []
+        held: dict[OwnedKey, float] = {}
+        found: list[tuple[OwnedKey, Ratio]] = []
         stale: list[bytes] = []
         for field, value in table.items():
             parsed = _parsed_ratio(field, value)
             if parsed is None or not parsed[1].valid(now):
                 stale.append(field)
-            elif parsed[0][0] in self.upstreams:  # another configuration's upstream: not ours
+            elif parsed[0][1] in self.upstreams:  # another configuration's upstream: not ours
                 found.append(parsed)
         found.sort(key=lambda pair: pair[1].updated, reverse=True)
-        for (upstream, model), ratio in found[:RATIOS_MAX]:
-            held[(upstream, model)] = ratio.updated
-            self.ratios.adopt(upstream, model, ratio)
+        for key, ratio in found[:RATIOS_MAX]:
+            held[key] = ratio.updated
+            self.ratios.adopt(*key, ratio)
         return held, stale
 
     async def sync(self) -> None:
-        """`pull`; then write what is newer here, and drop what is not a ratio at all, or
+        """`pull`; then write what is newer here, and drop what is not an estimate at all, or
         forgotten."""
         held, stale = await self.pull()
         newer = [
             (key, ratio)
             for key, ratio in self.ratios.learned().items()
-            if held.get(key, 0.0) < ratio.updated and len(key[1]) <= MODEL_ID_MAX
+            if held.get(key, 0.0) < ratio.updated and len(key[2]) <= MODEL_ID_MAX
         ]
         if not newer and not stale:
             return
 
         async def write(client: Any) -> object:
             pipe = client.pipeline(transaction=False)
-            for (upstream, model), ratio in newer:
+            for key, ratio in newer:
                 pipe.hset(
                     RATIOS_KEY,
-                    orjson.dumps([upstream, model]),
+                    orjson.dumps(key),
                     f"{ratio.value!r} {ratio.replies} {ratio.updated!r}",
                 )
             if stale:
@@ -560,8 +563,9 @@ class SharedRatios:
         await self.link.run(write)
 
 
-def _parsed_ratio(field: bytes, value: bytes) -> tuple[tuple[str, str], Ratio] | None:
-    """A `brim:ratios` entry, or None if it is not one brim wrote."""
+def _parsed_ratio(field: bytes, value: bytes) -> tuple[OwnedKey, Ratio] | None:
+    """A `brim:ratios` entry, or None if it is not one brim writes (one of an earlier brim's,
+    keyed by upstream and model alone, included)."""
     try:
         key = orjson.loads(field)
         number, replies, updated = value.decode("ascii").split()
@@ -570,12 +574,13 @@ def _parsed_ratio(field: bytes, value: bytes) -> tuple[tuple[str, str], Ratio] |
         return None
     if (
         not isinstance(key, list)
-        or len(key) != 2
+        or len(key) != 3
         or not all(isinstance(part, str) for part in key)
-        or len(key[1]) > MODEL_ID_MAX
+        or OWNER_PATTERN.fullmatch(key[0]) is None
+        or len(key[2]) > MODEL_ID_MAX
     ):
         return None
-    return (key[0], key[1]), ratio
+    return (key[0], key[1], key[2]), ratio
 
 
 # --- the status board ---------------------------------------------------------------------------

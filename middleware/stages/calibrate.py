@@ -6,7 +6,9 @@ the reply states the request's input tokens — a whole reply's usage, or a stre
 (Chat `usage.prompt_tokens`, Messages `usage.input_tokens` plus the cache's read and written
 tokens, Responses `usage.input_tokens`, Gemini `usageMetadata.promptTokenCount`) — brim counts
 the body it sent in its encoding (from the counter's cache: the request was counted already)
-and `TokenRatios.observe` learns from the pair. All of it after the reply is on its way: a reply
+and `TokenRatios.observe` learns from the pair — for the request's owner (`Exchange.owner`):
+what one client's replies teach counts its own requests, and others' only as one vote among
+their settled clients (`policies.ratios`). All of it after the reply is on its way: a reply
 never waits for the learning, and a stream is only watched for its usage event. What the reply
 said of itself is left on it (`UpstreamResponse.reported`, `middleware.services.usage`): `Observe`
 takes the usage for its metrics and spans from there instead of reading the reply a second time.
@@ -126,14 +128,18 @@ class LearnRatios:
         assert exchange.context is not None
         limits = exchange.context.limits.limits
         prior = self.counter.prior(limits.tokenizer)
-        learned = self.ratios.observe(exchange.upstream, limits.model, prior, counted, reported)
+        learned = self.ratios.observe(
+            exchange.owner, exchange.upstream, limits.model, prior, counted, reported
+        )
         if learned is not None:
             log.debug(
-                "request %s: upstream %r counted %d input tokens, brim %d: %r's ratio is %.3f",
+                "request %s: upstream %r counted %d input tokens, brim %d: %r's ratio for its "
+                "client is %.3f (%d replies)",
                 exchange.request_id,
                 exchange.upstream,
                 reported,
                 counted,
                 limits.model,
                 learned.value,
+                learned.replies,
             )

@@ -227,7 +227,8 @@ class ResolveLimits:
             raise ValueError(f"safety_margin must be in [0, 1), not {safety_margin}")
         self.registry = registry
         self.counter = counter
-        self.ratios = ratios  # learned per upstream and model (None: the tokenizers' priors)
+        # learned per owner, upstream and model (None: the tokenizers' priors)
+        self.ratios = ratios
         self.safety_margin = safety_margin
         self.clients = dict(clients)
         self._warned: LRUCache[str, bool] = LRUCache(
@@ -307,13 +308,14 @@ class ResolveLimits:
             log.exception("token count failed; using the byte bound %d", bound)
             return bound
 
-    def ratio(self, upstream: str, resolved: ResolvedLimits) -> float:
-        """The ratio `upstream`'s counts of the model are scaled by: learned, else the prior."""
+    def ratio(self, owner: str, upstream: str, resolved: ResolvedLimits) -> float:
+        """The ratio `owner`'s counts of the model for `upstream` are scaled by: learned (its
+        own, else the shared one: `TokenRatios.ratio`), else the prior."""
         limits = resolved.limits
         prior = self.counter.prior(limits.tokenizer)
         if self.ratios is None:
             return prior
-        return self.ratios.ratio(upstream, limits.model, prior)
+        return self.ratios.ratio(owner, upstream, limits.model, prior)
 
     async def context_for(self, exchange: Exchange) -> RequestContext:
         # Anthropic's context-1m beta gives this request (an Anthropic model's) a 1M window.
@@ -340,7 +342,7 @@ class ResolveLimits:
             client[1].overhead if client else None,
         )
         tokenizer = resolved.limits.tokenizer
-        ratio = self.ratio(exchange.upstream, resolved)
+        ratio = self.ratio(exchange.owner, exchange.upstream, resolved)
         if len(exchange.raw) <= INLINE_BYTES:
             tokens = self._inline(exchange, budget, tokenizer, ratio)
         else:

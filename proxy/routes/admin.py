@@ -26,6 +26,7 @@ from brim.middleware.services.learned import ALL_MODELS, MODEL_ID_MAX
 from brim.middleware.stages.loops import loop_status
 from brim.policies.limits import Learned, LimitsRegistry
 from brim.proxy.config import ConfigError
+from brim.proxy.inspect import shared_ratios
 from brim.proxy.keys import PROVIDERS, RELOADER, SERVING, WORKER_METRICS, FrontDoor
 
 ADMIN_KEY_HEADER = "x-brim-admin-key"
@@ -103,17 +104,11 @@ async def status(request: web.Request) -> web.Response:
     snapshot["learned_limits"] = services.limits.learned
     now = time.time()
     snapshot["learned"] = learned_rows(services.limits, services.limits.learned_facts())
-    # Each model's ratio of its provider's input tokens to brim's count, learned from usage.
-    snapshot["token_ratios"] = [
-        {
-            "upstream": upstream,
-            "model": model,
-            "ratio": round(ratio.value, 4),
-            "replies": ratio.replies,
-            "updated_s_ago": round(max(0.0, now - ratio.updated)),
-        }
-        for (upstream, model), ratio in sorted(services.ratios.learned().items())
-    ]
+    # Each model's ratio of its provider's input tokens to brim's count, learned from usage:
+    # the shared value and how many clients taught it (never which).
+    snapshot["token_ratios"] = shared_ratios(
+        services.ratios, services.limits, services.counter, now
+    )
     guard = serving.config.guard
     snapshot["loop_guard"] = loop_status(
         services.shared.loops, limit=guard.loop_limit, window_s=guard.loop_window_s

@@ -64,8 +64,9 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
                 raise
     services = serving.services
     limits = services.limits.resolve(model, long_context=exchange.long_context).limits
-    # at the ratio learned for the model on this upstream, as the guard would count it
-    ratio = services.ratios.ratio(name, limits.model, services.counter.prior(limits.tokenizer))
+    # at the ratio the guard would count this client's request at (`TokenRatios.ratio`)
+    prior = services.counter.prior(limits.tokenizer)
+    ratio = services.ratios.ratio(exchange.owner, name, limits.model, prior)
     total = services.counter.request(MESSAGES, body, limits.tokenizer, model, ratio).total
     return web.Response(
         body=orjson.dumps({"input_tokens": total}),

@@ -245,8 +245,11 @@ function renderLearned(learned) {
 }
 
 function renderRatios(ratios) {
+  // The shared ratio (the median of the clients that settled their own) and how many clients
+  // taught it: a client that has not settled its own is counted at it.
+  const clients = (r) => (r.settled < r.clients ? `${number(r.clients)} (${number(r.settled)} settled)` : number(r.clients));
   const rows = ratios.map((r) =>
-    el("tr", { "data-model": r.model }, el("td", {}, r.model), el("td", {}, r.upstream), el("td", { class: "num" }, `× ${r.ratio.toFixed(3)}`), el("td", { class: "num" }, number(r.replies)), el("td", {}, `${duration(r.updated_s_ago)} ago`)),
+    el("tr", { "data-model": r.model }, el("td", {}, r.model), el("td", {}, r.upstream), el("td", { class: "num" }, r.ratio === null ? "learning" : `× ${r.ratio.toFixed(3)}`), el("td", { class: "num" }, clients(r)), el("td", { class: "num" }, number(r.replies)), el("td", {}, `${duration(r.updated_s_ago)} ago`)),
   );
   fillTable("ratios", rows, "no usage reported yet: brim counts with its tokenizers' own factors");
 }

@@ -25,6 +25,7 @@ from brim.middleware.services.instruments import (
     merge_series,
 )
 from brim.middleware.services.shared import LocalLoops
+from brim.policies.ratios import MIN_REPLIES
 from brim.proxy.commands import main
 from brim.proxy.config import load_config
 from brim.proxy.routes.dashboard import FILES
@@ -211,16 +212,19 @@ SCALED = "gemscaled140-900000"  # the fake's tokenizer counts 1.4 × brim's
 
 
 def ratio_learned(base: str) -> None:
-    """Three Gemini replies whose usage says 1.4 × brim's count: brim learns the ratio."""
+    """Five Gemini replies to one client whose usage says 1.4 × brim's count: brim learns the
+    ratio, and the client settles it (it is the shared ratio: the median of one)."""
     text = " ".join(f"{LINES[i % 10]}{i}" for i in range(2_000))
-    for n in range(3):
+    for n in range(MIN_REPLIES):
         reply = httpx.post(
             f"{base}/v1beta/models/{SCALED}:generateContent",
             json={"contents": [{"role": "user", "parts": [{"text": f"{n} {text}"}]}]},
             headers={"x-brim-api-key": "client-key"},
         )
         assert reply.status_code == 200, reply.text
-    assert wait_for(lambda: [r["replies"] for r in admin_status(base)["token_ratios"]] == [3])
+    assert wait_for(
+        lambda: [r["replies"] for r in admin_status(base)["token_ratios"]] == [MIN_REPLIES]
+    )
 
 
 def admin_status(base: str) -> dict[str, Any]:
@@ -236,8 +240,9 @@ def test_the_status_has_the_dashboards_figures(dashboard: str) -> None:
     ratio_learned(dashboard)
     status = admin_status(dashboard)
     ((ratio,),) = [status["token_ratios"]]
-    assert (ratio["upstream"], ratio["model"], ratio["replies"]) == ("gem", SCALED, 3)
-    assert 1.25 < ratio["ratio"] < 1.4 and ratio["updated_s_ago"] < 60
+    assert (ratio["upstream"], ratio["model"], ratio["replies"]) == ("gem", SCALED, MIN_REPLIES)
+    assert (ratio["clients"], ratio["settled"]) == (1, 1)  # how many taught it, never who
+    assert 1.3 < ratio["ratio"] < 1.4 and ratio["updated_s_ago"] < 60
     totals = status["totals"]
     assert (totals["prevented"], totals["survived"], totals["blocked"]) == (1, 1, 1)
     assert status["tokens_removed"].get("clear_tool_results", 0) > 0
@@ -306,7 +311,8 @@ def test_brim_status_prints_the_figures(dashboard: str, capsys: pytest.CaptureFi
     assert [sum(int(row[i]) for row in timeline) for i in range(4)] == [1, 1, 0, 1]
     assert re.search(r"^  clear_tool_results\s+[\d,]+$", out, re.M)
     assert re.search(r"^  tight-3000\s+window 3,000\s+", out, re.M)
-    assert re.search(rf"^  {SCALED}\s+gem\s+× 1\.[23]\d\d\s+3\s+\d+ s ago$", out, re.M)
+    shared = rf"^  {SCALED}\s+gem\s+× 1\.3\d\d\s+1\s+{MIN_REPLIES}\s+\d+ s ago$"
+    assert re.search(shared, out, re.M)
     assert re.search(r"^  [0-9a-f]{12}\s+2\s+\d+ s$", out, re.M)  # the blocked request
     assert re.search(r"^  [\d:]{8}\s+small\s+OpenAI/Python.*\scompressed\s.*sha256:", out, re.M)
 
@@ -388,8 +394,8 @@ def test_the_page_shows_a_prevented_overflow(
     assert "tight-3000" in dom[dom.index('id="learned"') :]
     ratios = dom[dom.index('id="ratios"') : dom.index("</table>", dom.index('id="ratios"'))]
     assert re.search(
-        rf'<tr data-model="{SCALED}"><td>{SCALED}</td><td>gem</td><td class="num">× 1\.[23]\d\d</td>'
-        r'<td class="num">3</td>',
+        rf'<tr data-model="{SCALED}"><td>{SCALED}</td><td>gem</td><td class="num">× 1\.3\d\d</td>'
+        rf'<td class="num">1</td><td class="num">{MIN_REPLIES}</td>',
         ratios,
     ), ratios
     assert '<tr class="blocked"><td><code>' in dom

@@ -175,14 +175,18 @@ def test_inspect_reads_anthropic_messages_requests(tmp_path: Path) -> None:
 def test_models_and_inspect_show_the_ratios_the_brims_on_redis_learned(
     tmp_path: Path, redis_url: str
 ) -> None:
-    """A ratio the running brims share through `[cache] url` is what `brim models` shows for
-    the model and what `brim inspect` counts with; one Redis holds for an upstream this config
-    lacks, or out of its bounds, is not."""
+    """The shared ratio of what the running brims' clients taught through `[cache] url` (the
+    median of the settled clients') is what `brim models` shows for the model, with how many
+    clients taught it but not who, and what `brim inspect` counts with; one Redis holds for an
+    upstream this config lacks, or out of its bounds, is not."""
     now = time.time()
     entries = {
-        orjson.dumps(["gem", "gemini-2.5-flash"]): f"1.48 5 {now!r}",
-        orjson.dumps(["elsewhere", "gemini-2.5-pro"]): f"1.6 9 {now!r}",
-        orjson.dumps(["gem", "gemini-2.0-flash"]): f"7.0 9 {now!r}",
+        orjson.dumps(["cred-a", "gem", "gemini-2.5-flash"]): f"1.48 5 {now!r}",
+        orjson.dumps(["cred-b", "gem", "gemini-2.5-flash"]): f"1.4 6 {now!r}",
+        orjson.dumps(["cred-hostile", "gem", "gemini-2.5-flash"]): f"2.9 9 {now!r}",
+        orjson.dumps(["cred-a", "elsewhere", "gemini-2.5-pro"]): f"1.6 9 {now!r}",
+        orjson.dumps(["cred-a", "gem", "gemini-2.0-flash"]): f"7.0 9 {now!r}",
+        orjson.dumps(["cred-c", "gem", "gemini-2.0-flash-lite"]): f"1.3 2 {now!r}",
     }
     redis.Redis.from_url(redis_url).hset(RATIOS_KEY, mapping=entries)
     (tmp_path / "proxy.toml").write_text(
@@ -191,15 +195,20 @@ def test_models_and_inspect_show_the_ratios_the_brims_on_redis_learned(
     )
     result = brim("models", "gemini-2.", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    flash = next(line for line in result.stdout.splitlines() if line.startswith("gemini-2.5-flash"))
-    assert "×1.48" in flash and "ratio: ×1.48 learned from 5 replies of gem" in flash
+    assert "cred-" not in result.stdout
+    lines = result.stdout.splitlines()
+    flash = next(line for line in lines if line.startswith("gemini-2.5-flash "))
+    assert "×1.48" in flash
+    assert "ratio: ×1.48 the median of 3 clients (20 replies) of gem" in flash
+    lite = next(line for line in lines if line.startswith("gemini-2.0-flash-lite "))
+    assert "×1 " in lite and "ratio: being learned from 1 client (2 replies) of gem" in lite
     for model in ("gemini-2.5-pro ", "gemini-2.0-flash "):
-        line = next(line for line in result.stdout.splitlines() if line.startswith(model))
+        line = next(line for line in lines if line.startswith(model))
         assert "×1 " in line and "ratio: prior" in line
     rows = json.loads(brim("models", "gemini-2.5-flash", "--json", cwd=tmp_path).stdout)
     assert rows[0]["token_ratio"] == {
         "prior": 1.0,
-        "learned": [{"upstream": "gem", "ratio": 1.48, "replies": 5}],
+        "learned": [{"upstream": "gem", "ratio": 1.48, "clients": 3, "settled": 3, "replies": 20}],
     }
     request = tmp_path / "gemini.json"
     contents = [{"role": "user", "parts": [{"text": "word " * 2_000}]}]
@@ -209,7 +218,9 @@ def test_models_and_inspect_show_the_ratios_the_brims_on_redis_learned(
     )
     assert report["tokens"]["ratio"] == {
         "value": 1.48,
-        "learned_from": {"upstream": "gem", "replies": 5},
+        "learned_from": {"upstream": "gem", "clients": 3, "settled": 3, "replies": 20},
     }
+    shown = brim("inspect", str(request), "--model", "gemini-2.5-flash", cwd=tmp_path).stdout
+    assert "× 1.48, the median of 3 clients (20 replies) of upstream gem" in shown
     raw = counted("gemini.generate", {"contents": contents})
     assert abs(report["tokens"]["total"] - 1.48 * raw) <= 3

@@ -25,7 +25,7 @@ from brim.middleware.services.shared import (
     Unavailable,
 )
 from brim.policies.limits import Learned, LimitSource, LimitsRegistry
-from brim.policies.ratios import TokenRatios
+from brim.policies.ratios import MIN_REPLIES, TokenRatios
 from tests.conftest import RedisServer
 from tests.fakes import free_port
 
@@ -241,50 +241,83 @@ async def test_token_ratios_are_shared_and_the_later_learning_wins(
     redis_server: RedisServer,
 ) -> None:
     first, second = state(redis_server.url), state(redis_server.url)
-    for _ in range(3):
-        ratios_of(first).observe("up", "gemini-2.5-flash", 1.0, 5_000, 7_500)
-    learned = ratios_of(first).get("up", "gemini-2.5-flash")
-    assert learned is not None and learned.replies == 3
+    for _ in range(MIN_REPLIES):
+        ratios_of(first).observe("cred-a", "up", "gemini-2.5-flash", 1.0, 5_000, 7_500)
+    learned = ratios_of(first).get("cred-a", "up", "gemini-2.5-flash")
+    assert learned is not None and learned.replies == MIN_REPLIES
     await first.sync()  # written
     await second.sync()  # adopted
-    assert ratios_of(second).get("up", "gemini-2.5-flash") == learned
-    assert ratios_of(second).ratio("up", "gemini-2.5-flash", 1.0) == round(learned.value, 2)
-    ratios_of(second).observe("up", "gemini-2.5-flash", 1.0, 5_000, 7_500)  # later: it wins
+    assert ratios_of(second).get("cred-a", "up", "gemini-2.5-flash") == learned
+    # another client on the second instance is counted at the median of the one that settled
+    assert ratios_of(second).ratio("cred-b", "up", "gemini-2.5-flash", 1.0) == round(
+        learned.value, 2
+    )
+    ratios_of(second).observe("cred-a", "up", "gemini-2.5-flash", 1.0, 5_000, 7_500)  # later
     await second.sync()
     await first.sync()
-    assert ratios_of(first).get("up", "gemini-2.5-flash") == ratios_of(second).get(
-        "up", "gemini-2.5-flash"
+    assert ratios_of(first).get("cred-a", "up", "gemini-2.5-flash") == ratios_of(second).get(
+        "cred-a", "up", "gemini-2.5-flash"
     )
     assert await first.link.run(lambda client: client.ttl(RATIOS_KEY)) > 0
     for each in (first, second):
         await each.aclose()
 
 
+async def test_each_instance_takes_the_median_of_the_clients_it_heard_of(
+    redis_server: RedisServer,
+) -> None:
+    """Three clients taught the model on three instances, one of them hostile: on each, a
+    client of its own that has not settled is counted at the honest two's ratio."""
+    instances = [state(redis_server.url) for _ in range(3)]
+    for shared, (owner, shown) in zip(
+        instances, [("cred-a", 7_500), ("cred-b", 7_400), ("cred-hostile", 14_900)], strict=True
+    ):
+        for _ in range(3 * MIN_REPLIES):
+            ratios_of(shared).observe(owner, "up", "m", 1.0, 5_000, shown)
+        await shared.sync()
+    for shared in instances:
+        await shared.sync()
+        ratios = ratios_of(shared)
+        assert 1.45 <= ratios.ratio("cred-new", "up", "m", 1.0) <= 1.5
+        assert ratios.ratio("cred-hostile", "up", "m", 1.0) > 2.9  # its own, for itself
+        votes = ratios.shared("up", "m", 1.0)
+        assert votes is not None and (votes.owners, votes.settled) == (3, 3)
+    for each in instances:
+        await each.aclose()
+
+
 async def test_token_ratios_read_from_redis_are_checked_first(redis_server: RedisServer) -> None:
-    """Redis is trusted no more than a reply: a ratio out of bounds, from the future, forgotten
-    or malformed is dropped, never adopted; one for an upstream this brim lacks (another
-    configuration's) is left alone."""
+    """Redis is trusted no more than a reply: a ratio out of bounds, from the future, forgotten,
+    malformed, of an owner brim would not name or in an earlier brim's form (no owner) is
+    dropped, never adopted; one for an upstream this brim lacks (another configuration's) is
+    left alone."""
     shared = state(redis_server.url)
     now = time.time()
     entries = {
-        orjson.dumps(["up", "huge"]): f"50.0 3 {now!r}",
-        orjson.dumps(["up", "tiny"]): f"0.01 3 {now!r}",
-        orjson.dumps(["up", "nan"]): f"nan 3 {now!r}",
-        orjson.dumps(["up", "future"]): f"1.4 3 {now + 86_400!r}",
-        orjson.dumps(["up", "forgotten"]): f"1.4 3 {now - 30 * 86_400!r}",
-        orjson.dumps(["up", "no-replies"]): f"1.4 0 {now!r}",
-        orjson.dumps(["up", "x" * 300]): f"1.4 3 {now!r}",
+        orjson.dumps(["cred-a", "up", "huge"]): f"50.0 3 {now!r}",
+        orjson.dumps(["cred-a", "up", "tiny"]): f"0.01 3 {now!r}",
+        orjson.dumps(["cred-a", "up", "nan"]): f"nan 3 {now!r}",
+        orjson.dumps(["cred-a", "up", "future"]): f"1.4 3 {now + 86_400!r}",
+        orjson.dumps(["cred-a", "up", "forgotten"]): f"1.4 3 {now - 30 * 86_400!r}",
+        orjson.dumps(["cred-a", "up", "no-replies"]): f"1.4 0 {now!r}",
+        orjson.dumps(["cred-a", "up", "x" * 300]): f"1.4 3 {now!r}",
+        orjson.dumps(["Cred A!", "up", "owner"]): f"1.4 3 {now!r}",
+        orjson.dumps(["", "up", "no-owner"]): f"1.4 3 {now!r}",
+        orjson.dumps(["up", "unowned"]): f"1.4 3 {now!r}",
         b"not json": f"1.4 3 {now!r}",
-        orjson.dumps(["up", "words"]): "one two three",
-        orjson.dumps(["elsewhere", "claude-x"]): f"1.4 3 {now!r}",
-        orjson.dumps(["up", "good"]): f"1.4 3 {now!r}",
+        orjson.dumps(["cred-a", "up", "words"]): "one two three",
+        orjson.dumps(["cred-a", "elsewhere", "claude-x"]): f"1.4 3 {now!r}",
+        orjson.dumps(["cred-a", "up", "good"]): f"1.4 3 {now!r}",
     }
     await shared.link.run(lambda client: client.hset(RATIOS_KEY, mapping=entries))
     await shared.sync()
-    assert {model for _, model in ratios_of(shared).learned()} == {"good"}
+    assert {model for _, model in ratios_of(shared).models()} == {"good"}
     left = await shared.link.run(lambda client: client.hkeys(RATIOS_KEY))
     assert sorted(left) == sorted(
-        [orjson.dumps(["elsewhere", "claude-x"]), orjson.dumps(["up", "good"])]
+        [
+            orjson.dumps(["cred-a", "elsewhere", "claude-x"]),
+            orjson.dumps(["cred-a", "up", "good"]),
+        ]
     )
     await shared.aclose()
 
