@@ -62,7 +62,7 @@ class Launched:
 
 def brim_run_env(env: Mapping[str, str]) -> dict[str, str]:
     """`env` plus what a `python -m brim.proxy` of this checkout needs."""
-    return {**env, "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    return {**env, "PYTHONPATH": str(ROOT / ".pythonpath"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 def start(

@@ -280,7 +280,7 @@ def test_every_process_compresses_a_request_to_the_same_bytes() -> None:
             text=True,
             check=True,
             cwd=root,
-            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)},
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root / ".pythonpath")},
         ).stdout
         for seed in ("1", "2")
     ]

@@ -451,7 +451,7 @@ def brim_process(provider: FakeProvider, tmp_path: Path) -> Iterator[Any]:
         ]
         config = tmp_path / "proxy.toml"
         config.write_text("\n".join(lines) + "\n")
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / ".pythonpath")}
         process = subprocess.Popen(
             [sys.executable, "-m", "brim.proxy", "serve", "--config", str(config)],
             env=env,

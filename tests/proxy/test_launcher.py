@@ -284,7 +284,7 @@ def test_run_is_a_brim_command() -> None:
         [PY, "-m", "brim.proxy", "run", "--help"],
         capture_output=True,
         text=True,
-        env={**env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env={**env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2] / ".pythonpath")},
         check=False,
     )
     assert done.returncode == 0 and "COMMAND" in done.stdout

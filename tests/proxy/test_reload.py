@@ -30,7 +30,9 @@ from tests.proxy.test_workers import Served, Upstream
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 REPO = Path(__file__).parents[2]
-PYTHONPATH = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+PYTHONPATH = os.pathsep.join(
+    p for p in (str(REPO / ".pythonpath"), os.environ.get("PYTHONPATH")) if p
+)
 ADMIN = "reload-admin-key-0123456789"
 HELLO = [{"role": "user", "content": "ping"}]
 RESTART = "takes effect at the next restart"

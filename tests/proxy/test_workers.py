@@ -35,7 +35,9 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="re
 
 REPO = Path(__file__).parents[2]
 # `python -m brim.proxy` from this checkout, whatever the virtualenv has installed
-PYTHONPATH = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+PYTHONPATH = os.pathsep.join(
+    p for p in (str(REPO / ".pythonpath"), os.environ.get("PYTHONPATH")) if p
+)
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 

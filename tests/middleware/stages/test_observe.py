@@ -272,7 +272,7 @@ def test_metrics_are_served_for_prometheus(traced: str) -> None:
     assert learned == {"tight-3000": 3000}
 
     # Every metric brim reported is in the metrics reference, named as Prometheus shows it.
-    reference = (Path(__file__).parents[2] / "docs" / "observability.md").read_text()
+    reference = (Path(__file__).parents[3] / "docs" / "observability.md").read_text()
     reported = metric_names(traced)
     assert {"brim_requests_total", "gen_ai_client_operation_duration_seconds"} <= reported
     assert [name for name in reported if not re.search(rf"`{name}[`{{]", reference)] == []
@@ -405,17 +405,17 @@ def test_a_reply_is_read_once_for_the_token_ratios_and_the_metrics(
 ) -> None:
     """`LearnRatios` reads what a reply says of itself and leaves it on the reply; `Observe`
     takes it from there: as many payloads read with the ratios learned as without them."""
-    import brim.middleware.services.usage
+    from brim.middleware.services import usage
 
     model = GENAI_CLIENTS[api][0]
-    read = brim.middleware.services.usage.take
+    read = usage.take
     payloads: list[object] = []
 
     def counted(wire: Any, payload: Any, found: Any) -> None:
         payloads.append(payload)
         read(wire, payload, found)
 
-    monkeypatch.setattr(brim.middleware.services.usage, "take", counted)
+    monkeypatch.setattr(usage, "take", counted)
     reads = []
     for learning in (True, False):
         base = brim(**every_api(provider), guard={"learn_token_ratios": learning})
@@ -717,7 +717,7 @@ def brim_process(tmp_path: Path, fast_provider: str) -> Iterator[tuple[str, int]
     serve = ["serve", "--config", str(config), "--port", "0", "--log-level", "error"]
     process = subprocess.Popen(
         [sys.executable, "-m", "brim.proxy", *serve],
-        cwd=Path(__file__).parents[2],
+        cwd=Path(__file__).parents[3],
         env={**os.environ, "TEST_ADMIN_KEYS": ADMIN},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
