@@ -435,7 +435,6 @@ def build_services(
         config.telemetry.model_copy(update={"prometheus": False})
     )
     limits = build_limits(config)
-    skipped = providers.telemetry.shared_skipped
     providers.telemetry.watch_learned_limits(lambda: limits.learned)
     audit = None
     if config.audit.path:
@@ -469,7 +468,7 @@ def build_services(
             status,
             ratios,
             group=group,
-            skipped=lambda record: skipped.add(1, {"record": record}),
+            rejected=rejected_shared(providers.telemetry.shared_rejected),
         ),
         audit=audit,
         archive=archive,
@@ -524,19 +523,19 @@ def build_shared(
     ratios: TokenRatios | None = None,
     *,
     group: WorkerGroup | None = None,
-    skipped: Callable[[str], None] | None = None,
+    rejected: Callable[[str, str], None] | None = None,
 ) -> SharedState:
     """Learned limits and token ratios, loop counts and status: through Redis when there is a
     link (it closes it), else this process's own (the learned limits shared with the other
-    workers of its `group`, if it has one). `skipped(record)` counts shared records left out as
-    malformed."""
+    workers of its `group`, if it has one). `rejected(record, reason)` counts shared records
+    left out as malformed or implausible."""
     if link is None:
         return LocalState(
             status,
             loop_window_s=config.guard.loop_window_s,
             registry=limits,
             group=group,
-            skipped=skipped,
+            rejected=rejected,
         )
     return RedisState(
         link,
@@ -544,7 +543,7 @@ def build_shared(
         limits,
         refresh_s=config.cache.refresh_s,
         loop_limit=config.guard.loop_limit,
-        skipped=skipped,
+        rejected=rejected,
         ratios=ratios if config.guard.learn_token_ratios else None,
         upstreams=config.upstreams,
     )
@@ -617,6 +616,12 @@ def rejected_records(tally: Tally | None, record: str) -> Callable[[str], None]:
     if tally is None:
         return lambda reason: None
     return lambda reason: tally.add(1, {"record": record, "reason": reason})
+
+
+def rejected_shared(tally: Tally) -> Callable[[str, str], None]:
+    """Counts a shared record (learned, forgotten, status, event) that was read and left out,
+    by kind and reason, in the same counter as `rejected_records`."""
+    return lambda record, reason: tally.add(1, {"record": record, "reason": reason})
 
 
 def _warm(counter: TokenCounter) -> None:

@@ -284,7 +284,10 @@ class Telemetry:
             meter,
             "brim.shared.records.rejected",
             unit="{record}",
-            description="Records read from Redis and not used, by record kind and reason",
+            description="Records of shared state (Redis, or the files of a --workers group) read "
+            "and not used, by record (restore, summary, learned, forgotten, status, event) and "
+            "reason (malformed, mismatch: a restore original not hashing to its key, implausible: "
+            "a learned fact outside the registry's bounds)",
         )
         self.added_latency = self._histogram(
             "brim.latency.added", "s", "Time spent in brim, not the provider", LATENCY_BOUNDS
@@ -329,13 +332,6 @@ class Telemetry:
             description="Facts a provider's overflow error stated that brim did not learn, by "
             "kind (window, output_counts) and reason: unproven (brim's own count of the request "
             "does not bear the error out) or implausible (outside the registry's bounds)",
-        )
-        self.shared_skipped = Tally(
-            meter,
-            "brim.shared.skipped",
-            unit="{record}",
-            description="Records of shared state (Redis, or the files of a --workers group) "
-            "skipped as malformed or implausible, by record: learned, forgotten, status, event",
         )
 
     def _histogram(
