@@ -13,9 +13,11 @@ from typing import Protocol
 from brim.adapters.registry import Upstreams
 from brim.middleware.services.archive import ContentArchive
 from brim.middleware.services.audit import AuditLog
-from brim.middleware.services.instruments import StatusBoard, Telemetry
+from brim.middleware.services.instruments import Telemetry
+from brim.middleware.services.rates import RateCounts
 from brim.middleware.services.sessions import SessionMemory
 from brim.middleware.services.shared import RedisLink, SharedState
+from brim.middleware.services.status_board import StatusBoard
 from brim.middleware.services.store import ContentStore
 from brim.middleware.services.summarize import Summarizer
 from brim.middleware.settings import GuardConfig, RestoreConfig, RetryConfig, SummarizeConfig
@@ -26,7 +28,7 @@ from brim.middleware.stages.forward import Forward
 from brim.middleware.stages.guard import Guard
 from brim.middleware.stages.loops import LoopBreaker
 from brim.middleware.stages.observe import Observe
-from brim.middleware.stages.ratelimit import RateCounts, RateLimit
+from brim.middleware.stages.ratelimit import RateLimit
 from brim.middleware.stages.resolve_limits import ResolveLimits
 from brim.middleware.stages.restore import RestoreRounds
 from brim.middleware.stages.retry import RetryOnOverflow

@@ -34,10 +34,12 @@ from brim.adapters.registry import Upstreams
 from brim.middleware.pipeline import Services, default_pipeline
 from brim.middleware.services.archive import ContentArchive
 from brim.middleware.services.audit import AuditLog
-from brim.middleware.services.instruments import ModelLabels, StatusBoard, Tally
+from brim.middleware.services.instruments import Tally
 from brim.middleware.services.learned import WorkerGroup
+from brim.middleware.services.rates import LocalRates, RateCounts, RedisRates
 from brim.middleware.services.sessions import SessionMemory
 from brim.middleware.services.shared import LocalState, RedisLink, RedisState, SharedState
+from brim.middleware.services.status_board import ModelLabels, StatusBoard
 from brim.middleware.services.store import ContentStore, MemoryStore, RedisStore
 from brim.middleware.services.summarize import (
     MemoryCache,
@@ -47,7 +49,6 @@ from brim.middleware.services.summarize import (
     upstream_caller,
 )
 from brim.middleware.stage import Pipeline
-from brim.middleware.stages.ratelimit import LocalRates, RateCounts, RedisRates
 from brim.policies.limits import LimitsRegistry
 from brim.policies.ratios import TokenRatios
 from brim.policies.tokens import CounterMeter, TokenCounter

@@ -59,7 +59,6 @@ import orjson
 from cachetools import TTLCache
 
 from brim.adapters.exchange import OWNER_PATTERN
-from brim.middleware.services.instruments import RECENT_EVENTS, StatusBoard, merge_series
 from brim.middleware.services.learned import (
     ALL_MODELS,
     MODEL_ID_MAX,
@@ -72,6 +71,7 @@ from brim.middleware.services.learned import (
     encode,
     warn_once,
 )
+from brim.middleware.services.status_board import RECENT_EVENTS, StatusBoard, merge_series
 from brim.policies.limits import LEARNED_KINDS, Learned, LearnedKind, LimitsRegistry
 from brim.policies.ratios import RATIOS_MAX, TTL_S, OwnedKey, Ratio, TokenRatios
 

@@ -51,8 +51,9 @@ from brim.adapters.errors import (
 from brim.adapters.exchange import Exchange, RequestReport
 from brim.adapters.upstream_config import UpstreamConfig
 from brim.middleware.services.audit import AuditLog
-from brim.middleware.services.instruments import StatusBoard, Telemetry, bind, client_product
+from brim.middleware.services.instruments import Telemetry, bind
 from brim.middleware.services.reply_headers import actions
+from brim.middleware.services.status_board import StatusBoard, client_product
 from brim.middleware.services.store import PREFIX_DIGITS, normalize_key
 from brim.middleware.services.usage import StreamUsage, body_reported, whole_reported
 from brim.middleware.stage import CallNext
@@ -667,7 +668,7 @@ class Observe:
 
 
 def _overflows(prevented: bool, survived: bool, outcome: str) -> list[str]:
-    """What a request counts as (`middleware.services.instruments.OVERFLOWS`)."""
+    """What a request counts as (`middleware.services.status_board.OVERFLOWS`)."""
     return [
         name
         for name, happened in (
