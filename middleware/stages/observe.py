@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import Token
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from opentelemetry import context as otel_context
@@ -60,6 +60,9 @@ from brim.middleware.stage import CallNext
 from brim.policies.budget import requested_output
 from brim.policies.compress import Outcome
 from brim.policies.limits import LimitSource
+
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
 
 log = logging.getLogger("brim.observe")
 # One line per request: at INFO for a request brim changed, retried or refused, at DEBUG for the
@@ -173,6 +176,15 @@ def error_type(error: BaseException) -> str:
 
 
 class Observe:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> Observe:
+        return cls(
+            services.telemetry,
+            services.status,
+            services.audit,
+            upstreams=services.upstreams.configs,
+        )
+
     def __init__(
         self,
         telemetry: Telemetry,

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from brim.adapters.adapter import UpstreamResponse
 from brim.adapters.errors import RateLimitExceeded
 from brim.adapters.exchange import Exchange
 from brim.middleware.services.rates import RateCounts, Window
 from brim.middleware.stage import CallNext
+
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
 
 
 def reset_text(seconds: float) -> str:
@@ -55,6 +59,14 @@ def rate_headers(
 class RateLimit:
     """Refuses, with 429 in the client's format, a request past its holder's limits. Placed
     after `ResolveLimits`, which measured the request."""
+
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> RateLimit | None:
+        """None when `[server]` sets no limit (no rate counts among the services)."""
+        if services.rates is None:
+            return None
+        refused = services.telemetry.rate_limited
+        return cls(services.rates, lambda kind: refused.add(1, {"limit": kind}))
 
     def __init__(self, counts: RateCounts, on_refusal: Callable[[str], None] | None = None) -> None:
         self.counts = counts

@@ -44,7 +44,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -68,6 +68,9 @@ from brim.policies.wires.base import (
     Usage,
     Wire,
 )
+
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
 
 log = logging.getLogger("brim.restore")
 
@@ -119,6 +122,13 @@ def restorable(outcome: Outcome) -> bool:
 
 
 class RestoreRounds:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> RestoreRounds | None:
+        """None when `[restore]` is off (no content store among the services)."""
+        if services.store is None:
+            return None
+        return cls(services.store, services.counter, max_rounds=config.restore.max_rounds)
+
     def __init__(self, store: ContentStore, counter: TokenCounter, *, max_rounds: int) -> None:
         if not 1 <= max_rounds <= 10:
             raise ValueError(f"max_rounds must be between 1 and 10, not {max_rounds}")
