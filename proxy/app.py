@@ -88,8 +88,7 @@ from brim.proxy.otel_setup import Providers, build_providers
 from brim.proxy.owners import Owners
 from brim.proxy.reload import ConfigSource, Generations, Reloader
 from brim.proxy.resources import litellm_model_map, use_bundled_tiktoken_files
-from brim.proxy.routes import admin, anthropic, dashboard, health, openai
-from brim.proxy.routes import gemini_routes as gemini
+from brim.proxy.routes import admin, apis, dashboard, health, model_list
 from brim.proxy.routes.dashboard import UI_PATHS
 
 log = logging.getLogger("brim")
@@ -352,7 +351,7 @@ def create_app(
     # Replies to a listed origin say so (`[server] allowed_origins`, live: a reload may list one).
     app.on_response_prepare.append(allow_origin)
     door = front_door(generations, gate)
-    for routes in (health, openai, anthropic, gemini, admin, dashboard):
+    for routes in (health, model_list, apis, admin, dashboard):
         routes.add_routes(app, door)
     app.router.add_route("*", "/{path:.*}", door(unmatched))  # last: what no route serves
     return app
