@@ -19,9 +19,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from urllib.parse import unquote_plus
 
-from adapters.config import UpstreamConfig
-from adapters.exchange import ANONYMOUS, Exchange, RequestReport, Withheld
-from adapters.headers import CREDENTIAL_HEADERS
+from brim.adapters.exchange import ANONYMOUS, Exchange, RequestReport, Withheld
+from brim.adapters.forwarded_headers import CREDENTIAL_HEADERS
+from brim.adapters.upstream_config import UpstreamConfig
 
 log = logging.getLogger("brim.credentials")
 

@@ -59,8 +59,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from adapters.overflow import Overflow, classify
-from policies.wires.base import ErrorInfo, Refusal
+from brim.adapters.overflow import Overflow, classify
+from brim.policies.wires.base import ErrorInfo, Refusal
 
 
 class BrimError(Exception):

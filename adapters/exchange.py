@@ -13,13 +13,13 @@ from typing import Any, overload
 import orjson
 from multidict import CIMultiDictProxy
 
-from policies.budget import TokenBudget
-from policies.compress import Outcome
-from policies.limits import ResolvedLimits, wants_long_context
-from policies.records import record
-from policies.wires import BY_ENDPOINT
-from policies.wires.base import Usage, Wire
-from policies.wires.chat import CHAT
+from brim.policies.budget import TokenBudget
+from brim.policies.compress import Outcome
+from brim.policies.limits import ResolvedLimits, wants_long_context
+from brim.policies.records import record
+from brim.policies.wires import BY_ENDPOINT
+from brim.policies.wires.base import Usage, Wire
+from brim.policies.wires.chat import CHAT
 
 # The endpoint the client called, by wire API: "openai.chat", "anthropic.count_tokens", … (each
 # wire's `serving` lists its own). Named by API, not provider: Azure and vLLM speak "openai.chat".
@@ -130,8 +130,8 @@ class Withheld:
 @dataclass(slots=True)
 class RequestReport:
     """What happened to one request: facts the stages record as they act, read at the end for
-    the `x-brim-*` headers (`middleware.headers`), traces, metrics, the audit log and status.
-    Every copy of an exchange shares it."""
+    the `x-brim-*` headers (`middleware.services.reply_headers`), traces, metrics, the audit log and
+    status. Every copy of an exchange shares it."""
 
     started: float = field(default_factory=time.perf_counter)
     upstream_seconds: float = 0.0

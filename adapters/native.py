@@ -1,5 +1,6 @@
 """Providers' own token counters (Anthropic `count_tokens`, Gemini `countTokens`), by upstream
-`api`: the one list of which upstreams have one (`adapters.config.NATIVE_COUNT_APIS` is its keys).
+`api`: the one list of which upstreams have one (`adapters.upstream_config.NATIVE_COUNT_APIS` is its
+keys).
 """
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from adapters.exchange import Exchange
+from brim.adapters.exchange import Exchange
 
 # Fields of a Messages request that `count_tokens` takes; it refuses the others (`max_tokens`,
 # `stream`, sampling settings, `metadata`, …) as extra inputs.

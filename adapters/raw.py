@@ -17,10 +17,9 @@ import aiohttp
 import orjson
 from multidict import CIMultiDict
 
-from adapters.base import OFF_LOOP_BYTES, UpstreamResponse
-from adapters.config import UpstreamConfig
-from adapters.credentials import without_key
-from adapters.errors import (
+from brim.adapters.adapter import OFF_LOOP_BYTES, UpstreamResponse
+from brim.adapters.credentials import without_key
+from brim.adapters.errors import (
     ContextOverflow,
     UpstreamError,
     UpstreamFailure,
@@ -29,10 +28,11 @@ from adapters.errors import (
     UpstreamUnreachable,
     past_max_duration,
 )
-from adapters.exchange import Exchange
-from adapters.headers import upstream_request_headers
-from adapters.native import native_count_for
-from adapters.overflow import Overflow, classify
+from brim.adapters.exchange import Exchange
+from brim.adapters.forwarded_headers import upstream_request_headers
+from brim.adapters.native import native_count_for
+from brim.adapters.overflow import Overflow, classify
+from brim.adapters.upstream_config import UpstreamConfig
 
 log = logging.getLogger("brim.upstream")
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Mapping, Sequence
 
-from adapters.base import Adapter
-from adapters.cli import BRIM_SETTINGS_ONLY, ChildEnv, CliAdapter, cli_model
-from adapters.config import UpstreamConfig
-from adapters.errors import NoRoute
-from adapters.raw import RawHttpAdapter
-from adapters.translated import LitellmAdapter
-from policies.limits import CLI_MARKER
-from policies.remembered import Remembered
-from policies.wires import WIRES
+from brim.adapters.adapter import Adapter
+from brim.adapters.cli import BRIM_SETTINGS_ONLY, ChildEnv, CliAdapter, cli_model
+from brim.adapters.errors import NoRoute
+from brim.adapters.raw import RawHttpAdapter
+from brim.adapters.translated import LitellmAdapter
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.policies.limits import CLI_MARKER
+from brim.policies.remembered import Remembered
+from brim.policies.wires import WIRES
 
 # Which upstream `api` values can serve each endpoint, as each wire API declares it.
 SERVES: dict[str, frozenset[str]] = {

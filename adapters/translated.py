@@ -17,9 +17,8 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict
 
-from adapters.base import UpstreamResponse
-from adapters.config import UpstreamConfig
-from adapters.errors import (
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.errors import (
     ContextOverflow,
     UpstreamError,
     UpstreamFailure,
@@ -29,13 +28,14 @@ from adapters.errors import (
     hide_addresses,
     past_max_duration,
 )
-from adapters.exchange import Exchange
-from adapters.overflow import Overflow, classify
-from adapters.raw import MAX_PEEK, first_event
-from policies.wires import wire_for
-from policies.wires.base import ErrorInfo
-from policies.wires.chat import CHAT
-from policies.wires.messages import MESSAGES
+from brim.adapters.exchange import Exchange
+from brim.adapters.overflow import Overflow, classify
+from brim.adapters.raw import MAX_PEEK, first_event
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.policies.wires import wire_for
+from brim.policies.wires.base import ErrorInfo
+from brim.policies.wires.chat import CHAT
+from brim.policies.wires.messages import MESSAGES
 
 # Messages fields only Anthropic itself accepts; another provider behind litellm would refuse them.
 ANTHROPIC_ONLY_FIELDS = ("context_management", "container", "mcp_servers", "betas")

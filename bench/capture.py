@@ -189,7 +189,7 @@ async def drive(cli: Cli, root: Path, home: Path, seed: int, tokens: int) -> dic
 
 def facts_read(api: str, body: dict[str, Any], planted: list[explore.Planted]) -> list[str]:
     """The planted facts the session's conversation holds."""
-    from policies.wires import WIRES
+    from brim.policies.wires import WIRES
 
     text = plain(WIRES[api].conversation(body))
     return sorted({p.needle for p in planted if found(p.needle, text)})

@@ -34,7 +34,7 @@ from typing import Any
 import orjson
 
 from bench.sessions import Call, Session, Tool, Turn
-from policies.wires import WIRES
+from brim.policies.wires import WIRES
 
 FORMAT = "brim-fidelity-session/1"
 SUFFIXES = (".json", ".json.gz")

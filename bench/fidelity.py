@@ -94,31 +94,31 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from adapters.base import UpstreamResponse
-from adapters.credentials import Caller
-from adapters.errors import ContextTooLarge, NothingLeftToSend
-from adapters.exchange import ANONYMOUS, Exchange
 from bench import corpus, sessions
 from bench.evidence import Evidence, found, plain, plain_original
 from bench.evidence import judge as judge_evidence
 from bench.sessions import MODELS, RENDER, STATEMENT_PATTERN, Session
-from middleware.guard import Guard
-from middleware.limits import ResolveLimits
-from middleware.restore import RESTORE_TOOL
-from middleware.sessions import SessionMemory
-from middleware.settings import GuardConfig, RestoreConfig
-from middleware.store import ContentStore
-from middleware.summarize import MemoryCache, Summarizer
-from policies.budget import DEFAULT_SAFETY_MARGIN, budget_for, requested_output
-from policies.compress import DEFAULT_ORDER, Outcome, build_policies
-from policies.conversation import FidelityRecord
-from policies.limits import LimitsRegistry, ModelFacts
-from policies.tokens import REPLY_PRIMING, CounterMeter, TokenCounter
-from policies.wires import WIRES
-from policies.wires.chat import CHAT
-from proxy.app import build_store
-from proxy.config import BrimConfig
-from proxy.resources import use_bundled_tiktoken_files
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.credentials import Caller
+from brim.adapters.errors import ContextTooLarge, NothingLeftToSend
+from brim.adapters.exchange import ANONYMOUS, Exchange
+from brim.middleware.services.sessions import SessionMemory
+from brim.middleware.services.store import ContentStore
+from brim.middleware.services.summarize import MemoryCache, Summarizer
+from brim.middleware.settings import GuardConfig, RestoreConfig
+from brim.middleware.stages.guard import Guard
+from brim.middleware.stages.resolve_limits import ResolveLimits
+from brim.middleware.stages.restore import RESTORE_TOOL
+from brim.policies.budget import DEFAULT_SAFETY_MARGIN, budget_for, requested_output
+from brim.policies.compress import DEFAULT_ORDER, Outcome, build_policies
+from brim.policies.conversation import FidelityRecord
+from brim.policies.limits import LimitsRegistry, ModelFacts
+from brim.policies.tokens import REPLY_PRIMING, CounterMeter, TokenCounter
+from brim.policies.wires import WIRES
+from brim.policies.wires.chat import CHAT
+from brim.proxy.app import build_store
+from brim.proxy.config import BrimConfig
+from brim.proxy.resources import use_bundled_tiktoken_files
 
 FACTORS = (1.3, 2.5, 5.0, 10.0)
 WINDOWS = (8_192, 32_768, 131_072)

@@ -412,7 +412,7 @@ async def slow_loris(brim: procs.Process, connections: int, timeout_s: float) ->
         str(timeout_s + 5),
         stdout=asyncio.subprocess.PIPE,
         cwd=procs.ROOT,
-        env={**os.environ, "PYTHONPATH": str(procs.ROOT)},
+        env={**os.environ, "PYTHONPATH": procs.import_path(procs.ROOT)},
     )
     assert child.stdout is not None
     ready = (await child.stdout.readline()).split()

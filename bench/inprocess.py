@@ -11,16 +11,16 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from adapters.base import UpstreamResponse
-from adapters.exchange import Exchange
-from middleware.guard import Guard
-from middleware.limits import ResolveLimits
-from middleware.sessions import SessionMemory
-from policies.compress import DEFAULT_ORDER, build_policies, compress_request
-from policies.limits import LimitsRegistry, ModelFacts
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.chat import CHAT
-from proxy.resources import use_bundled_tiktoken_files
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.exchange import Exchange
+from brim.middleware.services.sessions import SessionMemory
+from brim.middleware.stages.guard import Guard
+from brim.middleware.stages.resolve_limits import ResolveLimits
+from brim.policies.compress import DEFAULT_ORDER, build_policies, compress_request
+from brim.policies.limits import LimitsRegistry, ModelFacts
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires.chat import CHAT
+from brim.proxy.resources import use_bundled_tiktoken_files
 
 WORDS = [
     "def",

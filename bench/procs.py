@@ -111,16 +111,26 @@ def wait_ready(url: str, popen: subprocess.Popen[bytes], timeout: float) -> None
     raise RuntimeError(f"{url} not ready within {timeout} s")
 
 
-def _path_with(root: Path) -> str:
-    return os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+def import_path(root: Path) -> str:
+    """`PYTHONPATH` for the code in checkout `root`: its `.pythonpath` (the package `brim` as
+    links to its four folders) and `root` itself (`bench`, and the four folders of a checkout
+    from before they were one package), ahead of whatever was there."""
+    paths = (root / ".pythonpath", root, os.environ.get("PYTHONPATH", ""))
+    return os.pathsep.join(str(p) for p in paths if p)
+
+
+def brim_module(root: Path) -> str:
+    """What `python -m` runs brim as in checkout `root`: `brim.proxy`, or `proxy` in a
+    checkout from before the package `brim` (`bench.run --base` may compare with one)."""
+    return "brim.proxy" if (root / ".pythonpath").is_dir() else "proxy"
 
 
 def running_in(root: Path | None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """`subprocess` arguments for a process that runs the code in `root` (None: wherever it
-    is started): `root` as its working directory and first on its import path. Both: `python
-    -m` puts the working directory ahead of `PYTHONPATH`, so a process started from another
-    checkout would run that checkout's code."""
-    paths = {} if root is None else {"PYTHONPATH": _path_with(root)}
+    is started): `root` as its working directory, and first on its import path (`import_path`).
+    Both: `python -m` puts the working directory ahead of `PYTHONPATH`, so a process started
+    from another checkout would run that checkout's code."""
+    paths = {} if root is None else {"PYTHONPATH": import_path(root)}
     return {"env": {**os.environ, **paths, **(env or {})}, "cwd": root}
 
 
@@ -197,7 +207,7 @@ def start_brim(
     server: Mapping[str, float] | None = None,
     extra: str = "",
 ) -> Process:
-    """brim (`python -m proxy serve`) running the code in `root` (this checkout unless told),
+    """brim (`python -m brim.proxy serve`) running the code in `root` (this checkout unless told),
     with `workers` processes, `server` as its `[server]` settings and `extra` appended to its
     configuration (TOML)."""
     port = free_port()
@@ -210,7 +220,8 @@ def start_brim(
         text += '[upstreams.other]\napi = "litellm"\nmodel_prefix = "openai/"\n'
     config.write_text(text + extra)
     base = f"http://127.0.0.1:{port}"
-    argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", str(port)]
+    argv = [sys.executable, "-m", brim_module(root), "serve", "--config", str(config)]
+    argv += ["--port", str(port)]
     argv += ["--log-level", "warning", "--workers", str(workers)]
     return start(
         "brim", argv, f"{base}/readyz", f"{base}/v1", ready_line="brim listening", root=root

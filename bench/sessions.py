@@ -56,7 +56,7 @@ from typing import Any, Literal
 
 import orjson
 
-from policies.information import words
+from brim.policies.information import words
 
 FACT_PATTERN = re.compile(r"FACT-\d{4}[a-z0-9 \-]*[a-z0-9]")
 # A planted fact or a look-alike listing's decoy (whose id has a hex letter): what a summarizer

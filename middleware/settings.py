@@ -6,13 +6,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from policies.budget import DEFAULT_SAFETY_MARGIN
-from policies.clear import ClearSettings
-from policies.compress import DEFAULT_ORDER, REGISTRY
-from policies.evict import EvictSettings
-from policies.prune import PruneSettings
-from policies.tokens import DEFAULT_CLAUDE_FACTOR
-from policies.truncate import TruncateSettings
+from brim.policies.budget import DEFAULT_SAFETY_MARGIN
+from brim.policies.clear import ClearSettings
+from brim.policies.compress import DEFAULT_ORDER, REGISTRY
+from brim.policies.evict import EvictSettings
+from brim.policies.prune import PruneSettings
+from brim.policies.tokens import DEFAULT_CLAUDE_FACTOR
+from brim.policies.truncate import TruncateSettings
 
 
 class GuardConfig(BaseModel):
@@ -32,7 +32,8 @@ class GuardConfig(BaseModel):
     loop_window_s: float = Field(120, gt=0)
     repair_pairs: bool = True
     # A request over its model's budget goes whole to the first of the model's fallbacks
-    # (`[models."ID"] fallbacks`) that holds it, before anything is cut (`middleware.fallback`).
+    # (`[models."ID"] fallbacks`) that holds it, before anything is cut
+    # (`middleware.stages.fallback`).
     prefer_fallback: bool = True
     claude_token_factor: float = Field(DEFAULT_CLAUDE_FACTOR, ge=1, le=3)
     # Learn each model's ratio of the provider's input tokens to brim's count from the usage in
@@ -139,7 +140,8 @@ class RestoreConfig(BaseModel):
 
 
 class CacheConfig(BaseModel):
-    """Redis, shared by every brim process and instance that names it (`middleware.shared`)."""
+    """Redis, shared by every brim process and instance that names it
+    (`middleware.services.shared`)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from policies.limits import ResolvedLimits
+from brim.policies.limits import ResolvedLimits
 
 DEFAULT_SAFETY_MARGIN = 0.05
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import orjson
 
-from policies.compress import Outcome
-from policies.conversation import Dialect, FidelityRecord, Meter
+from brim.policies.compress import Outcome
+from brim.policies.conversation import Dialect, FidelityRecord, Meter
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +51,7 @@ class Carried:
 # brim's own; per record, the record, its key, its batch and ints (its policy, action and
 # detail are mostly shared constants); per entry, the `Carried`, its three tuples' headers,
 # its key in the memory (a tuple and a digest) and the memory's bookkeeping for it.
-# `tests/middleware/test_sessions.py` measures the whole against tracemalloc.
+# `tests/middleware/services/test_sessions.py` measures the whole against tracemalloc.
 POINTERS = 2 * 8
 INT = 32
 SMALL_INT = 256  # ints up to this one are shared

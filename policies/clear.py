@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import (
+from brim.policies.conversation import (
     STALE,
     Conversation,
     Facts,
@@ -40,8 +40,8 @@ from policies.conversation import (
     result_values,
     snapped_count,
 )
-from policies.information import CutFrom, cut_from, gist
-from policies.remembered import Remembered
+from brim.policies.information import CutFrom, cut_from, gist
+from brim.policies.remembered import Remembered
 
 
 class ClearSettings(BaseModel):

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from policies import model_table
+from brim.policies import model_table
 
 
 class ClientRule(BaseModel):

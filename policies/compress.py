@@ -21,12 +21,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from policies.clear import ClearSettings, ClearToolResults
-from policies.conversation import Conversation, Dialect, FidelityRecord, Goal, Meter, Policy
-from policies.evict import Evict, EvictSettings
-from policies.prune import PruneSettings, PruneToolResults
-from policies.tokens import CounterMeter
-from policies.truncate import Truncate, TruncateSettings
+from brim.policies.clear import ClearSettings, ClearToolResults
+from brim.policies.conversation import Conversation, Dialect, FidelityRecord, Goal, Meter, Policy
+from brim.policies.evict import Evict, EvictSettings
+from brim.policies.prune import PruneSettings, PruneToolResults
+from brim.policies.tokens import CounterMeter
+from brim.policies.truncate import Truncate, TruncateSettings
 
 # proxy.toml name → (policy class, its settings model, short name in x-brim-actions)
 REGISTRY: dict[str, tuple[Callable[[Any], Policy], type[BaseModel], str]] = {

@@ -25,7 +25,7 @@ from typing import Any, Generic, Literal, Protocol, TypeVar, overload
 
 import orjson
 
-from policies.remembered import Remembered
+from brim.policies.remembered import Remembered
 
 UnitKind = Literal["system", "user", "assistant", "tools", "orphan"]
 T = TypeVar("T")

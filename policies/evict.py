@@ -47,7 +47,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import (
+from brim.policies.conversation import (
     STALE,
     Conversation,
     FidelityRecord,
@@ -63,8 +63,8 @@ from policies.conversation import (
     snapped_count,
     text_tokens_for,
 )
-from policies.information import cut_from, gist
-from policies.wires.base import NOTICE_PREFIX
+from brim.policies.information import cut_from, gist
+from brim.policies.wires.base import NOTICE_PREFIX
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests.
 # (System units are never evicted: they have none.)

@@ -27,8 +27,8 @@ from typing import Any
 
 import orjson
 
-from policies.conversation import Conversation, ResultKey, strings_of
-from policies.remembered import Remembered
+from brim.policies.conversation import Conversation, ResultKey, strings_of
+from brim.policies.remembered import Remembered
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")

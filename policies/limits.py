@@ -12,9 +12,9 @@ Resolution, per figure (window, max output, tokenizer), first hit wins:
 
 What is learned is kept per normalised model id, each fact until its own expiry (wall-clock
 seconds, a day after it was learned), so that a fact learned in another process or on another
-machine (`adopt`, by `middleware.shared`) expires there when it expires here. Listeners hear of
-each fact learned in this process; `adopt` keeps a fact from elsewhere if it is newer. A window,
-learned here or adopted, must lie within bounds of what the registry knows without it
+machine (`adopt`, by `middleware.services.shared`) expires there when it expires here. Listeners
+hear of each fact learned in this process; `adopt` keeps a fact from elsewhere if it is newer. A
+window, learned here or adopted, must lie within bounds of what the registry knows without it
 (`implausible`: at least `LEARNED_FLOOR` tokens, at least 1/`LEARNED_SPAN` of the known window
 and at most `LEARNED_SPAN` times it); `forget` drops facts, as an operator asks.
 
@@ -41,9 +41,9 @@ from typing import Literal
 from cachetools import TLRUCache
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies import model_table
-from policies.model_map import MapEntry, ModelMap
-from policies.remembered import Remembered
+from brim.policies import model_table
+from brim.policies.model_map import MapEntry, ModelMap
+from brim.policies.remembered import Remembered
 
 CLI_MARKER = "[cli]"
 _DATE_SUFFIX = re.compile(r"(-\d{4}-\d{2}-\d{2}|-\d{8}|@\d{8}|-v\d+:\d+)$")

@@ -47,7 +47,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import (
+from brim.policies.conversation import (
     Conversation,
     Facts,
     FidelityRecord,
@@ -67,7 +67,7 @@ from policies.conversation import (
     strings_of,
     text_tokens_for,
 )
-from policies.information import (
+from brim.policies.information import (
     SHORTENED,
     CutFrom,
     item_scores,
@@ -75,8 +75,8 @@ from policies.information import (
     remember_cut,
     scores_of,
 )
-from policies.nesting import SAFE_DEPTH, nests_deeper_than
-from policies.remembered import Remembered
+from brim.policies.nesting import SAFE_DEPTH, nests_deeper_than
+from brim.policies.remembered import Remembered
 
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
 _MARKER_TOKENS = 20  # what one "[… N lines … omitted by brim …]" line costs, about

@@ -161,8 +161,8 @@ def _until(key: OwnedKey, ratio: Ratio, now: float) -> float:
 
 
 class TokenRatios:
-    """The learned ratios of this process (and, through `middleware.shared`, of every brim on
-    the same Redis), per owner, upstream and model, and the shared ratio of each upstream's
+    """The learned ratios of this process (and, through `middleware.services.shared`, of every brim
+    on the same Redis), per owner, upstream and model, and the shared ratio of each upstream's
     model (module doc). Looking up does no I/O; thread-safe enough for its use: each operation
     runs on the event loop without awaiting."""
 

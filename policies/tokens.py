@@ -40,11 +40,11 @@ import orjson
 import tiktoken
 from cachetools import LRUCache
 
-from policies.records import record
-from policies.remembered import Remembered
+from brim.policies.records import record
+from brim.policies.remembered import Remembered
 
 if TYPE_CHECKING:
-    from policies.wires.base import Wire
+    from brim.policies.wires.base import Wire
 
 
 ANTHROPIC_TOOL_PROMPT = 346  # tokens Anthropic adds to the system prompt when tools are given

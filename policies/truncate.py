@@ -17,7 +17,7 @@ import functools
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from policies.conversation import (
+from brim.policies.conversation import (
     Conversation,
     FidelityRecord,
     Goal,
@@ -27,7 +27,7 @@ from policies.conversation import (
     last_request,
     text_tokens_for,
 )
-from policies.prune import cut_middle
+from brim.policies.prune import cut_middle
 
 MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split
 

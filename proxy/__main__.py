@@ -1,3 +1,3 @@
-from proxy.cli import main
+from brim.proxy.commands import main
 
 raise SystemExit(main())

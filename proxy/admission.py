@@ -14,7 +14,7 @@
   `BODY_QUEUE_S` for room (meanwhile it stays in the kernel's socket buffer), then gets a 503.
   A compressed body holds room for what was sent and then for each piece it decodes to.
 - `quota_for`: whom a request counts against for `requests_per_minute` / `tokens_per_minute`
-  (`middleware.ratelimit` counts).
+  (`middleware.stages.ratelimit` counts).
 
 The connection-level parts live in `GuardedHandler`, a subclass of aiohttp's `RequestHandler`
 that `BrimRunner` makes the protocol of every connection (aiohttp itself has no header or body
@@ -36,11 +36,11 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_server import Server
 
-from adapters.errors import Overloaded, PayloadTooLarge, RequestTimeout
-from adapters.exchange import Quota
-from middleware.telemetry import Telemetry
-from proxy.config import KeyLimits, ServerConfig
-from proxy.decoding import Inflater, content_coding
+from brim.adapters.errors import Overloaded, PayloadTooLarge, RequestTimeout
+from brim.adapters.exchange import Quota
+from brim.middleware.services.instruments import Telemetry
+from brim.proxy.config import KeyLimits, ServerConfig
+from brim.proxy.decoding import Inflater, content_coding
 
 log = logging.getLogger("brim.admission")
 

@@ -18,8 +18,8 @@ from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.typedefs import Handler
 from opentelemetry.sdk.trace import SpanProcessor
 
-from adapters.cli import ChildEnv
-from adapters.errors import (
+from brim.adapters.cli import ChildEnv
+from brim.adapters.errors import (
     BrimError,
     HeadersTooLarge,
     InternalError,
@@ -29,31 +29,32 @@ from adapters.errors import (
     Unauthorized,
     UnknownEndpoint,
 )
-from adapters.headers import BRIM_KEY_HEADER as BRIM_KEY
-from adapters.registry import Upstreams
-from middleware.archive import ContentArchive
-from middleware.audit import AuditLog
-from middleware.base import Pipeline
-from middleware.learned import WorkerGroup
-from middleware.pipeline import Services, default_pipeline
-from middleware.ratelimit import LocalRates, RateCounts, RedisRates
-from middleware.sessions import SessionMemory
-from middleware.shared import LocalState, RedisLink, RedisState, SharedState
-from middleware.store import ContentStore, MemoryStore, RedisStore
-from middleware.summarize import (
+from brim.adapters.forwarded_headers import BRIM_KEY_HEADER as BRIM_KEY
+from brim.adapters.registry import Upstreams
+from brim.middleware.pipeline import Services, default_pipeline
+from brim.middleware.services.archive import ContentArchive
+from brim.middleware.services.audit import AuditLog
+from brim.middleware.services.instruments import Tally
+from brim.middleware.services.learned import WorkerGroup
+from brim.middleware.services.rates import LocalRates, RateCounts, RedisRates
+from brim.middleware.services.sessions import SessionMemory
+from brim.middleware.services.shared import LocalState, RedisLink, RedisState, SharedState
+from brim.middleware.services.status_board import ModelLabels, StatusBoard
+from brim.middleware.services.store import ContentStore, MemoryStore, RedisStore
+from brim.middleware.services.summarize import (
     MemoryCache,
     RedisCache,
     Summarizer,
     SummaryCache,
     upstream_caller,
 )
-from middleware.telemetry import ModelLabels, StatusBoard, Tally
-from policies.limits import LimitsRegistry
-from policies.ratios import TokenRatios
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires import wire_for_path
-from policies.wires.chat import CHAT
-from proxy.admission import (
+from brim.middleware.stage import Pipeline
+from brim.policies.limits import LimitsRegistry
+from brim.policies.ratios import TokenRatios
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires import wire_for_path
+from brim.policies.wires.chat import CHAT
+from brim.proxy.admission import (
     ADMISSION,
     QUOTA_HOLDER,
     UNGUARDED,
@@ -64,10 +65,10 @@ from proxy.admission import (
     raise_descriptor_limit,
     release,
 )
-from proxy.config import BrimConfig, ServerConfig, secret_variables
-from proxy.edge import request_id as edge_request_id
-from proxy.errors import error_response
-from proxy.keys import (
+from brim.proxy.config import BrimConfig, ServerConfig, secret_variables
+from brim.proxy.edge import request_id as edge_request_id
+from brim.proxy.error_replies import error_response
+from brim.proxy.keys import (
     BRIM_KEY_HEADER,
     BRIM_KEY_OWNER,
     GENERATIONS,
@@ -81,14 +82,14 @@ from proxy.keys import (
     Readiness,
     Serving,
 )
-from proxy.listen import BACKLOG
-from proxy.multiproc import PUBLISH_INTERVAL_S, MetricsShare, WorkerMetrics
-from proxy.owners import Owners
-from proxy.reload import ConfigSource, Generations, Reloader
-from proxy.resources import litellm_model_map, use_bundled_tiktoken_files
-from proxy.routes import admin, anthropic, dashboard, gemini, health, openai
-from proxy.routes.dashboard import UI_PATHS
-from proxy.telemetry import Providers, build_providers
+from brim.proxy.listen import BACKLOG
+from brim.proxy.multiproc import PUBLISH_INTERVAL_S, MetricsShare, WorkerMetrics
+from brim.proxy.otel_setup import Providers, build_providers
+from brim.proxy.owners import Owners
+from brim.proxy.reload import ConfigSource, Generations, Reloader
+from brim.proxy.resources import litellm_model_map, use_bundled_tiktoken_files
+from brim.proxy.routes import admin, apis, dashboard, health, model_list
+from brim.proxy.routes.dashboard import UI_PATHS
 
 log = logging.getLogger("brim")
 PUBLIC_PATHS = frozenset({"/", "/healthz", "/readyz", "/metrics"})
@@ -350,7 +351,7 @@ def create_app(
     # Replies to a listed origin say so (`[server] allowed_origins`, live: a reload may list one).
     app.on_response_prepare.append(allow_origin)
     door = front_door(generations, gate)
-    for routes in (health, openai, anthropic, gemini, admin, dashboard):
+    for routes in (health, model_list, apis, admin, dashboard):
         routes.add_routes(app, door)
     app.router.add_route("*", "/{path:.*}", door(unmatched))  # last: what no route serves
     return app
@@ -434,7 +435,6 @@ def build_services(
         config.telemetry.model_copy(update={"prometheus": False})
     )
     limits = build_limits(config)
-    skipped = providers.telemetry.shared_skipped
     providers.telemetry.watch_learned_limits(lambda: limits.learned)
     audit = None
     if config.audit.path:
@@ -468,7 +468,7 @@ def build_services(
             status,
             ratios,
             group=group,
-            skipped=lambda record: skipped.add(1, {"record": record}),
+            rejected=rejected_shared(providers.telemetry.shared_rejected),
         ),
         audit=audit,
         archive=archive,
@@ -523,19 +523,19 @@ def build_shared(
     ratios: TokenRatios | None = None,
     *,
     group: WorkerGroup | None = None,
-    skipped: Callable[[str], None] | None = None,
+    rejected: Callable[[str, str], None] | None = None,
 ) -> SharedState:
     """Learned limits and token ratios, loop counts and status: through Redis when there is a
     link (it closes it), else this process's own (the learned limits shared with the other
-    workers of its `group`, if it has one). `skipped(record)` counts shared records left out as
-    malformed."""
+    workers of its `group`, if it has one). `rejected(record, reason)` counts shared records
+    left out as malformed or implausible."""
     if link is None:
         return LocalState(
             status,
             loop_window_s=config.guard.loop_window_s,
             registry=limits,
             group=group,
-            skipped=skipped,
+            rejected=rejected,
         )
     return RedisState(
         link,
@@ -543,7 +543,7 @@ def build_shared(
         limits,
         refresh_s=config.cache.refresh_s,
         loop_limit=config.guard.loop_limit,
-        skipped=skipped,
+        rejected=rejected,
         ratios=ratios if config.guard.learn_token_ratios else None,
         upstreams=config.upstreams,
     )
@@ -616,6 +616,12 @@ def rejected_records(tally: Tally | None, record: str) -> Callable[[str], None]:
     if tally is None:
         return lambda reason: None
     return lambda reason: tally.add(1, {"record": record, "reason": reason})
+
+
+def rejected_shared(tally: Tally) -> Callable[[str, str], None]:
+    """Counts a shared record (learned, forgotten, status, event) that was read and left out,
+    by kind and reason, in the same counter as `rejected_records`."""
+    return lambda record, reason: tally.add(1, {"record": record, "reason": reason})
 
 
 def _warm(counter: TokenCounter) -> None:

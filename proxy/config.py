@@ -30,8 +30,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 
-from adapters.config import FrozenModel, UpstreamConfig, secret_from_env
-from middleware.settings import (
+from brim.adapters.upstream_config import FrozenModel, UpstreamConfig, secret_from_env
+from brim.middleware.settings import (
     ArchiveConfig,
     AuditConfig,
     CacheConfig,
@@ -41,9 +41,9 @@ from middleware.settings import (
     SummarizeConfig,
     TelemetryConfig,
 )
-from policies.clients import ClientRule
-from policies.limits import ModelFacts
-from policies.nesting import SAFE_DEPTH
+from brim.policies.clients import ClientRule
+from brim.policies.limits import ModelFacts
+from brim.policies.nesting import SAFE_DEPTH
 
 ENV_PREFIX = "BRIM_"
 ENV_DELIMITER = "__"

@@ -10,7 +10,7 @@ it holds and checks is the decoded body:
   a 415 naming the ones brim takes: br and zstd would need decoders brim does not ship, and no
   SDK or coding CLI compresses its requests.
 
-The body then goes on without `Content-Encoding` (`adapters.headers` drops it).
+The body then goes on without `Content-Encoding` (`adapters.forwarded_headers` drops it).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 from aiohttp import web
 
-from adapters.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from brim.adapters.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
 
 PIECE = 256 * 1024  # decoded bytes made at a time
 RATIO_FREE_BYTES = 1024 * 1024  # a body may decode to this much whatever its ratio

@@ -24,8 +24,8 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from adapters.errors import ForeignHost, ForeignOrigin, UnsupportedMediaType
-from proxy.config import ServerConfig, is_loopback
+from brim.adapters.errors import ForeignHost, ForeignOrigin, UnsupportedMediaType
+from brim.proxy.config import ServerConfig, is_loopback
 
 REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 HOSTS_REMEMBERED = 256  # Host values whose verdict `Edge` keeps

@@ -12,17 +12,17 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict
 
-from middleware.guard import guard_outcome, summary_low_water
-from policies import model_table
-from policies.budget import budget_for, requested_output
-from policies.clients import match_client
-from policies.compress import build_policies
-from policies.limits import LimitsRegistry, ResolvedLimits
-from policies.ratios import Shared, TokenRatios
-from policies.tokens import TokenCounter
-from policies.wires import WIRES, wire_of_body
-from policies.wires.base import Wire
-from proxy.config import BrimConfig
+from brim.middleware.stages.guard import guard_outcome, summary_low_water
+from brim.policies import model_table
+from brim.policies.budget import budget_for, requested_output
+from brim.policies.clients import match_client
+from brim.policies.compress import build_policies
+from brim.policies.limits import LimitsRegistry, ResolvedLimits
+from brim.policies.ratios import Shared, TokenRatios
+from brim.policies.tokens import TokenCounter
+from brim.policies.wires import WIRES, wire_of_body
+from brim.policies.wires.base import Wire
+from brim.proxy.config import BrimConfig
 
 
 class InspectError(ValueError):

@@ -8,15 +8,15 @@ from dataclasses import dataclass
 from aiohttp import web
 from aiohttp.typedefs import Handler
 
-from middleware.base import Pipeline
-from middleware.pipeline import Services
-from proxy.admission import Admission
-from proxy.config import BrimConfig
-from proxy.edge import Edge
-from proxy.multiproc import WorkerMetrics
-from proxy.owners import Owners
-from proxy.reload import Generations, Reloader
-from proxy.telemetry import Providers
+from brim.middleware.pipeline import Services
+from brim.middleware.stage import Pipeline
+from brim.proxy.admission import Admission
+from brim.proxy.config import BrimConfig
+from brim.proxy.edge import Edge
+from brim.proxy.multiproc import WorkerMetrics
+from brim.proxy.otel_setup import Providers
+from brim.proxy.owners import Owners
+from brim.proxy.reload import Generations, Reloader
 
 
 @dataclass(slots=True)

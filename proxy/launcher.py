@@ -33,8 +33,8 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.config import BrimConfig
-from proxy.status_view import ADMIN_KEY_ENV, open_direct
+from brim.proxy.config import BrimConfig
+from brim.proxy.status_view import ADMIN_KEY_ENV, open_direct
 
 # Signals passed on to the command when a process (not the terminal) sends them to brim run.
 RELAYED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -307,7 +307,7 @@ class InProcessBrim:
 
     def start(self) -> str:
         """Start listening; returns brim's base URL."""
-        from proxy.app import bound_port, start
+        from brim.proxy.app import bound_port, start
 
         self._thread.start()
         self._runner = self._call(start(self.config, LOOPBACK, 0))
@@ -332,7 +332,7 @@ class InProcessBrim:
 def _new_loop() -> Any:
     import asyncio
 
-    from proxy.app import loop_factory
+    from brim.proxy.app import loop_factory
 
     factory = loop_factory()
     return factory() if factory else asyncio.new_event_loop()
@@ -423,7 +423,7 @@ class _Signals:
 
 def run(args: argparse.Namespace) -> int:
     """`brim run`: the command's exit code (2 for brim's own usage and config errors)."""
-    from proxy.cli import _load
+    from brim.proxy.commands import _load
 
     argv = list(args.argv)
     if argv[:1] == ["--"]:

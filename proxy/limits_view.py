@@ -7,7 +7,7 @@ from __future__ import annotations
 import urllib.parse
 from typing import Any
 
-from proxy.status_view import admin_call, duration, table
+from brim.proxy.status_view import admin_call, duration, table
 
 SHARED_WITH = {
     "instances": "every instance on its Redis drops it within its refresh_s",

@@ -4,7 +4,7 @@
 Text is one line per record, `time LEVEL logger: message`. JSON is one object per line for
 every record, brim's and its libraries': `time`, `level`, `logger`, `message`, the record's
 `extra=` fields as keys of their own (the request line's `model`, `tokens_in`, … — see
-`middleware.observe.log_request`), and `exc_info` / `stack_info` when there are any.
+`middleware.stages.observe.log_request`), and `exc_info` / `stack_info` when there are any.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, TextIO
 
 import orjson
 
-from proxy.config import ConfigError
+from brim.proxy.config import ConfigError
 
 LEVELS = ("debug", "info", "warning", "error")
 FORMATS = ("text", "json")

@@ -24,9 +24,9 @@ import os
 
 from aiohttp import web
 
-from adapters.exchange import ANONYMOUS
-from adapters.headers import CREDENTIAL_HEADERS
-from proxy.config import ServerConfig
+from brim.adapters.exchange import ANONYMOUS
+from brim.adapters.forwarded_headers import CREDENTIAL_HEADERS
+from brim.proxy.config import ServerConfig
 
 # Made when brim's modules load: before `brim serve --workers N` forks, so all its workers agree.
 RUN_SECRET = os.urandom(32)

@@ -7,10 +7,10 @@ import logging
 
 from aiohttp import web
 
-from adapters.base import UpstreamResponse
-from adapters.errors import UpstreamFailure
-from adapters.headers import client_response_headers
-from policies.wires.base import Wire
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.errors import UpstreamFailure
+from brim.adapters.forwarded_headers import client_response_headers
+from brim.policies.wires.base import Wire
 
 log = logging.getLogger("brim.relay")
 

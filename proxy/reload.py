@@ -24,11 +24,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from adapters.base import Adapter
-from proxy.config import BrimConfig, ConfigError, load_config, refuse_open_without_keys
+from brim.adapters.adapter import Adapter
+from brim.proxy.config import BrimConfig, ConfigError, load_config, refuse_open_without_keys
 
 if TYPE_CHECKING:
-    from proxy.keys import Serving
+    from brim.proxy.keys import Serving
 
 log = logging.getLogger("brim.reload")
 

@@ -13,7 +13,7 @@ import os
 from functools import cache
 from pathlib import Path
 
-from policies.model_map import ModelMap
+from brim.policies.model_map import ModelMap
 
 DEFAULT_CONFIG_FILE = "proxy.toml"  # package data: a copy of the repository's proxy.toml
 MODEL_MAP_FILE = "model_prices_and_context_window_backup.json"
@@ -51,4 +51,4 @@ def litellm_model_map() -> ModelMap:
 def default_config_text() -> str:
     """The commented default `proxy.toml` that `brim init` writes, from the installed package
     (the repository's proxy.toml; a test keeps the two identical)."""
-    return importlib.resources.files("proxy").joinpath(DEFAULT_CONFIG_FILE).read_text("utf-8")
+    return importlib.resources.files("brim.proxy").joinpath(DEFAULT_CONFIG_FILE).read_text("utf-8")

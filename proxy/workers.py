@@ -21,8 +21,8 @@ is set up, so a connection never reaches one that cannot serve it yet.
 - Metrics: the workers write theirs to one directory, `PROMETHEUS_MULTIPROC_DIR` or a private
   one for the run, and every worker's `/metrics` reports all of them (see `proxy.multiproc`).
 - Learned limits: without `[cache] url` the workers share them through files in a directory
-  private to the run (`middleware.learned.WorkerFiles`), so that every worker compresses to a
-  window one of them learned, `GET /admin/limits` lists them all whichever worker answers, and
+  private to the run (`middleware.services.learned.WorkerFiles`), so that every worker compresses to
+  a window one of them learned, `GET /admin/limits` lists them all whichever worker answers, and
   `brim limits forget` reaches every worker within a second.
 """
 
@@ -43,20 +43,20 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from types import FrameType
 
-from middleware.learned import WorkerGroup
+from brim.middleware.services.learned import WorkerGroup
 
 # Loaded here, before the workers are forked: they share it instead of each importing it.
-from proxy.app import (
+from brim.proxy.app import (
     RELOAD_SIGNAL,
     SERVING_SIGNALS,
     loop_factory,
     run_until_stopped,
     start,
 )
-from proxy.config import BrimConfig, ConfigError
-from proxy.listen import Listener, open_listener, socket_mode
-from proxy.multiproc import MetricsShare, forget_worker, prepare_directory
-from proxy.reload import ConfigSource, plan_reload
+from brim.proxy.config import BrimConfig, ConfigError
+from brim.proxy.listen import Listener, open_listener, socket_mode
+from brim.proxy.multiproc import MetricsShare, forget_worker, prepare_directory
+from brim.proxy.reload import ConfigSource, plan_reload
 
 log = logging.getLogger("brim.workers")
 

@@ -1,5 +1,5 @@
 """Running `brim run` as a user does, in its own process (this checkout's code, as
-`python -m proxy run …`), for tests/proxy/test_launcher.py and tests/test_real_clis.py."""
+`python -m brim.proxy run …`), for tests/proxy/test_launcher.py and tests/test_real_clis.py."""
 
 from __future__ import annotations
 
@@ -61,8 +61,8 @@ class Launched:
 
 
 def brim_run_env(env: Mapping[str, str]) -> dict[str, str]:
-    """`env` plus what a `python -m proxy` of this checkout needs."""
-    return {**env, "PYTHONPATH": str(ROOT), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
+    """`env` plus what a `python -m brim.proxy` of this checkout needs."""
+    return {**env, "PYTHONPATH": str(ROOT / ".pythonpath"), "LITELLM_LOCAL_MODEL_COST_MAP": "True"}
 
 
 def start(
@@ -77,7 +77,10 @@ def start(
         **popen,
     }
     return subprocess.Popen(  # type: ignore[call-overload, no-any-return]
-        [sys.executable, "-m", "proxy", "run", *args], cwd=cwd, env=brim_run_env(env), **options
+        [sys.executable, "-m", "brim.proxy", "run", *args],
+        cwd=cwd,
+        env=brim_run_env(env),
+        **options,
     )
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from adapters.exchange import Exchange
+from brim.adapters.exchange import Exchange
 
 
 def tool_turn(
@@ -83,8 +83,8 @@ def same_turn(sent: dict[str, Any], original: dict[str, Any]) -> bool:
 def without_named_whole(shortened: str, original: str) -> str:
     """A result prune shortened, without the note naming its whole — checked to name the key of
     `original` (in a last line, or as a JSON array's last item or an object's "brim" field)."""
-    from policies.conversation import archive_key
-    from policies.information import SHORTENED
+    from brim.policies.conversation import archive_key
+    from brim.policies.information import SHORTENED
 
     note = f"{SHORTENED}{archive_key(original)[:16]}]"
     if shortened.endswith(f"\n{note}"):

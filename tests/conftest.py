@@ -24,8 +24,8 @@ ARTIFACTS = os.environ.get("BRIM_TEST_ARTIFACTS")
 for _name in [name for name in os.environ if name.startswith("BRIM_")]:
     del os.environ[_name]  # a developer's own BRIM_ settings must not leak into the tests
 
-from proxy.app import bound_port, start  # noqa: E402
-from proxy.config import BrimConfig  # noqa: E402
+from brim.proxy.app import bound_port, start  # noqa: E402
+from brim.proxy.config import BrimConfig  # noqa: E402
 from tests.fake_anthropic import FakeAnthropic  # noqa: E402
 from tests.fakes import FakeProvider, LoopThread, free_port, start_app  # noqa: E402
 from tests.usage_provider import UsageProvider  # noqa: E402

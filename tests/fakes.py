@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 if TYPE_CHECKING:
-    from policies.tokens import TokenCounter
+    from brim.policies.tokens import TokenCounter
 
 T = TypeVar("T")
 
@@ -174,6 +174,7 @@ class FakeProvider:
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
     error_bodies: dict[int, bytes] = field(default_factory=dict)
     set_cookie: str | None = None  # sent with every reply, as a provider's CDN does
+    failing: int | None = None  # while set, every conversation reply is this status ("error-NNN")
     in_flight: int = 0
     url: str = ""
 
@@ -186,6 +187,7 @@ class FakeProvider:
         self.stream_closed_by_peer.clear()
         self.error_bodies.clear()
         self.set_cookie = None
+        self.failing = None
         self.strict_counts.clear()
         self.strict_rejections.clear()
         self.tight_seen.clear()
@@ -232,6 +234,8 @@ class FakeProvider:
 
     async def _fault(self, model: str, wire: Wire) -> web.StreamResponse | None:
         """The reply of a fault model that fails before any stream starts; None for others."""
+        if self.failing is not None:
+            model = f"error-{self.failing}"
         if model == "garbage":
             return web.Response(body=b"{not json at all", content_type="application/json")
         if model == "html-page":
@@ -886,8 +890,8 @@ class FakeProvider:
 def token_counter() -> TokenCounter:
     """brim's own token counter, built on first use (on the tiktoken files litellm bundles):
     the one every fake provider counts requests with."""
-    from policies.tokens import TokenCounter
-    from proxy.resources import use_bundled_tiktoken_files
+    from brim.policies.tokens import TokenCounter
+    from brim.proxy.resources import use_bundled_tiktoken_files
 
     use_bundled_tiktoken_files()
     return TokenCounter()
@@ -895,7 +899,7 @@ def token_counter() -> TokenCounter:
 
 def counted(api: str, body: dict[str, Any], tokenizer: str = "o200k_base") -> int:
     """A request's tokens by `token_counter`: `api` is the wire API's name ("openai.chat")."""
-    from policies.wires import WIRES
+    from brim.policies.wires import WIRES
 
     return token_counter().request(WIRES[api], body, tokenizer).total
 

@@ -1,5 +1,5 @@
 """brim with restore on, in front of a provider that uses `brim_restore`: what the restore tests
-through a running brim share (tests/test_restore_e2e.py, tests/middleware/test_restore.py).
+through a running brim share (tests/test_restore_e2e.py, tests/middleware/stages/test_restore.py).
 
 `brim_config` puts brim in front of the provider on all four wire APIs, each model with a window
 of `WINDOW` tokens. The request bodies (`chat_body`, `messages_body`, `responses_body`,
@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from middleware.restore import RESTORE_TOOL
-from proxy.config import BrimConfig
+from brim.middleware.stages.restore import RESTORE_TOOL
+from brim.proxy.config import BrimConfig
 from tests.policies.wires import test_restore_shapes as shapes
 from tests.scripted_provider import (
     WIRE_OF,

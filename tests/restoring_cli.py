@@ -16,8 +16,8 @@ from typing import Any
 
 from aiohttp import web
 
-from middleware.restore import RESTORE_TOOL
-from policies.wires.base import Usage
+from brim.middleware.stages.restore import RESTORE_TOOL
+from brim.policies.wires.base import Usage
 from tests.policies.wires import test_restore_shapes as shapes
 from tests.restoring import SHAPE_OF, shown_keys
 from tests.scripted_provider import (

@@ -16,9 +16,9 @@ import pytest
 
 from bench import capture, corpus, evidence, explore, fidelity, fidelity_report, sessions
 from bench.sessions import Call, Session, Tool, Turn
-from policies.tokens import REPLY_PRIMING, TokenCounter
-from policies.wires import WIRES
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.tokens import REPLY_PRIMING, TokenCounter
+from brim.policies.wires import WIRES
+from brim.proxy.resources import use_bundled_tiktoken_files
 
 
 @pytest.fixture(scope="module")

@@ -14,17 +14,17 @@ from typing import Any
 import orjson
 import pytest
 
-from adapters.exchange import ANONYMOUS
 from bench import fidelity, fidelity_report, sessions
-from middleware.restore import RESTORE_TOOL
-from middleware.store import MemoryStore
-from policies.clear import placeholder
-from policies.conversation import archive_key
-from policies.information import words
-from policies.tokens import TokenCounter
-from policies.wires import WIRES
-from policies.wires.chat import CHAT
-from proxy.resources import use_bundled_tiktoken_files
+from brim.adapters.exchange import ANONYMOUS
+from brim.middleware.services.store import MemoryStore
+from brim.middleware.stages.restore import RESTORE_TOOL
+from brim.policies.clear import placeholder
+from brim.policies.conversation import archive_key
+from brim.policies.information import words
+from brim.policies.tokens import TokenCounter
+from brim.policies.wires import WIRES
+from brim.policies.wires.chat import CHAT
+from brim.proxy.resources import use_bundled_tiktoken_files
 
 COLUMNS = (
     "valid",

@@ -1,4 +1,4 @@
-"""CLI-backed providers (`api = "cli"`, adapters/cli.py): brim answers Chat Completions by
+"""CLI-backed providers (`api = "cli"`, adapters/cli/): brim answers Chat Completions by
 running a coding CLI.
 
 The chain tests run the real CLIs (pinned in tests/real_clis.py, as tests/test_real_clis.py
@@ -28,13 +28,13 @@ import openai
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from adapters.cli import CliAdapter, cli_model, render_prompt
-from adapters.config import UpstreamConfig
-from adapters.exchange import Exchange
-from policies.budget import DEFAULT_SAFETY_MARGIN
-from policies.model_table import CLI_OVERHEAD
-from proxy.app import bound_port, start
-from proxy.config import BrimConfig, ConfigError, load_config
+from brim.adapters.cli import CliAdapter, cli_model, render_prompt
+from brim.adapters.exchange import Exchange
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.policies.budget import DEFAULT_SAFETY_MARGIN
+from brim.policies.model_table import CLI_OVERHEAD
+from brim.proxy.app import bound_port, start
+from brim.proxy.config import BrimConfig, ConfigError, load_config
 from tests.fakes import LoopThread, start_app, wait_for
 from tests.scripted_provider import Call, ScriptedProvider, tool_names
 from tests.test_real_clis import (
@@ -118,7 +118,7 @@ def test_a_cli_route_with_the_marker_and_a_summarizer(tmp_path: Path) -> None:
         '[summarize]\nenabled = true\nprovider = "[cli]gemini:flash"\n'
     )
     config, _ = load_config(tmp_path / "proxy.toml")
-    from adapters.registry import Upstreams
+    from brim.adapters.registry import Upstreams
 
     upstreams = Upstreams(config.upstreams, config.routes)
     assert upstreams.route("[cli]gemini:flash", "openai.chat") == "gem"
@@ -360,7 +360,7 @@ async def test_a_run_whose_closer_is_cancelled_still_removes_its_folder_and_free
         await asyncio.sleep(0.02)
     assert scratch_folders(tmp_path) == []
     assert not any(alive(pid) for pid in ran)
-    assert not adapter._slots.locked()  # its one slot is free again
+    assert not adapter.slots.locked()  # its one slot is free again
 
 
 def test_the_pool_limit_answers_429_with_retry_after(

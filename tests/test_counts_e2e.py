@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from policies.wires import WIRES
+from brim.policies.wires import WIRES
 from tests.conftest import BrimFactory
 from tests.fakes import LoopThread, start_app
 from tests.usage_provider import UsageProvider, send

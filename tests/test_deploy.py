@@ -26,8 +26,8 @@ import yaml
 from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 
-from proxy.cli import parser, refuse_open_without_keys, serve
-from proxy.config import ENV_NOT_CONFIG, ENV_PREFIX, BrimConfig, load_config
+from brim.proxy.commands import parser, refuse_open_without_keys, serve
+from brim.proxy.config import ENV_NOT_CONFIG, ENV_PREFIX, BrimConfig, load_config
 from tests.conftest import BrimFactory
 
 ROOT = Path(__file__).parents[1]

@@ -18,8 +18,8 @@ import pytest
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from proxy.cli import parser
-from proxy.config import BrimConfig
+from brim.proxy.commands import parser
+from brim.proxy.config import BrimConfig
 
 ROOT = Path(__file__).parents[1]
 README = ROOT / "README.md"

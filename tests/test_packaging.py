@@ -1,6 +1,7 @@
 """What an installed brim carries: `brim --version`, `brim init` and its packaged proxy.toml,
-the LICENSE, and the wheel's metadata — the last one by building a real wheel and running
-`brim` from a fresh virtualenv it is installed into (~15 s: see
+the LICENSE, and the wheel's metadata and files — the last by building a real wheel, checking
+that `brim` is the only name it puts in site-packages, and running `brim` from a fresh
+virtualenv it is installed into (~15 s: see
 `test_a_wheel_has_the_metadata_and_files_and_its_brim_runs`)."""
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import load_config
-from proxy.resources import default_config_text
+from brim.proxy.config import load_config
+from brim.proxy.resources import default_config_text
 
 ROOT = Path(__file__).parents[1]
 BRIM = str(Path(sys.executable).with_name("brim"))
@@ -125,8 +126,18 @@ def test_a_wheel_has_the_metadata_and_files_and_its_brim_runs(tmp_path: Path) ->
         info = "brim-0.1.0+w.dist-info"
         metadata = Parser().parsestr(archive.read(f"{info}/METADATA").decode())
         license_text = archive.read(f"{info}/licenses/LICENSE")
-        packaged = archive.read("proxy/proxy.toml")
+        packaged = archive.read("brim/proxy/proxy.toml")
         entry_points = archive.read(f"{info}/entry_points.txt").decode()
+    # One name in site-packages, `brim` (no `proxy`, `adapters`, ... of its own), holding every
+    # module of the four folders (pyproject's package list misses none).
+    assert {name.split("/")[0] for name in names} == {"brim", info}, sorted(names)[:20]
+    modules = {
+        f"brim/{path.relative_to(ROOT).as_posix()}"
+        for package in PACKAGES
+        for path in (ROOT / package).rglob("*.py")
+    }
+    assert modules and modules <= names, sorted(modules - names)
+    assert "brim/__init__.py" not in names  # a namespace package: brim.* may come from elsewhere
     assert metadata["License-Expression"] == "Apache-2.0"
     assert metadata.get_all("License-File") == ["LICENSE"]
     assert license_text == (ROOT / "LICENSE").read_bytes()
@@ -135,10 +146,9 @@ def test_a_wheel_has_the_metadata_and_files_and_its_brim_runs(tmp_path: Path) ->
     assert "Topic :: Internet :: Proxy Servers" in classifiers
     assert metadata["Requires-Python"] == ">=3.11"
     assert packaged == (ROOT / "proxy.toml").read_bytes()
-    assert not any(name.startswith(("tests/", "bench/")) for name in names)
     ui = {path.name for path in (ROOT / "proxy" / "ui").iterdir() if not path.name.startswith(".")}
-    assert ui and {f"proxy/ui/{name}" for name in ui} <= names  # /ui works from a wheel
-    assert "brim = proxy.cli:main" in entry_points
+    assert ui and {f"brim/proxy/ui/{name}" for name in ui} <= names  # /ui works from a wheel
+    assert "brim = brim.proxy.commands:main" in entry_points
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
@@ -196,10 +206,11 @@ def test_a_wheel_has_the_metadata_and_files_and_its_brim_runs(tmp_path: Path) ->
     assert init.returncode == 0, init.stderr
     assert (work / "proxy.toml").read_bytes() == (ROOT / "proxy.toml").read_bytes()
     where = subprocess.run(
-        [str(python), "-c", "import proxy; print(proxy.__file__)"],
+        [str(python), "-c", "import brim.proxy.app; print(brim.proxy.app.__file__)"],
         capture_output=True,
         text=True,
         cwd=work,
         env=env,
     )
+    assert where.returncode == 0, where.stderr
     assert where.stdout.startswith(site), where.stdout + where.stderr  # the wheel's code ran

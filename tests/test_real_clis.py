@@ -41,10 +41,10 @@ import pytest
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
-import proxy.app
-from middleware.restore import RESTORE_TOOL
-from proxy.app import bound_port, start
-from proxy.config import BrimConfig
+import brim.proxy.app
+from brim.middleware.stages.restore import RESTORE_TOOL
+from brim.proxy.app import bound_port, start
+from brim.proxy.config import BrimConfig
 from tests.brim_run import Launched, gone, launch
 from tests.fakes import LoopThread, Seen, record, start_app, wait_for
 from tests.real_clis import PINS, InstallError, install
@@ -326,14 +326,14 @@ def drive(
         finally:
             answered.append(seen)
 
-    create_app = proxy.app.create_app
+    create_app = brim.proxy.app.create_app
 
     def recording_app(config: BrimConfig, **options: Any) -> web.Application:
         app = create_app(config, **options)
         app.middlewares.append(recorded)
         return app
 
-    monkeypatch.setattr(proxy.app, "create_app", recording_app)
+    monkeypatch.setattr(brim.proxy.app, "create_app", recording_app)
 
     def run(cli: Cli, *, restore: bool = False, **sections: Any) -> Run:
         home, work = tmp_path / "home", tmp_path / "work"

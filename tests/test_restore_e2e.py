@@ -26,11 +26,11 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from middleware.restore import RESTORE_TOOL
-from policies.conversation import archive_key
-from policies.wires.base import Usage
-from proxy.app import bound_port, start
-from proxy.config import BrimConfig
+from brim.middleware.stages.restore import RESTORE_TOOL
+from brim.policies.conversation import archive_key
+from brim.policies.wires.base import Usage
+from brim.proxy.app import bound_port, start
+from brim.proxy.config import BrimConfig
 from tests.fakes import LoopThread, start_app, wait_for
 from tests.policies.wires import test_restore_shapes as shapes
 from tests.restoring import (

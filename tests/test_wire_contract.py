@@ -25,10 +25,10 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from policies.evict import GISTS_HEADER
-from policies.wires import WIRES
-from policies.wires.base import NOTICE_PREFIX, Wire
-from proxy.cli import main
+from brim.policies.evict import GISTS_HEADER
+from brim.policies.wires import WIRES
+from brim.policies.wires.base import NOTICE_PREFIX, Wire
+from brim.proxy.commands import main
 from tests.conftest import BrimFactory, every_api
 from tests.fake_anthropic import FakeAnthropic, anthropic_errors
 from tests.fakes import (
@@ -591,3 +591,20 @@ def test_bad_input_is_refused_in_the_apis_own_shape(
     assert reply.status_code == 400
     assert case.bad_field in case.error_message(reply.json(), 400)
     assert len(fake.requests) == before  # nothing broken went upstream
+
+
+def test_every_route_a_wire_lists_is_served_and_refuses_in_its_shape(
+    case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
+) -> None:
+    """The conversation routes are generated from the wire registry (`Wire.routes`): every
+    path a wire lists answers (no 404), a bad body in that wire's own error shape, and nothing
+    goes upstream."""
+    base = serve()
+    fake = fake_of(case, provider, anthropic_fake)
+    assert case.wire.routes
+    for route in case.wire.routes:
+        path = route.replace("{target}", f"{case.model(1_000)}:generateContent")
+        reply = httpx.post(f"{base}{path}", json=case.bad_body)
+        assert reply.status_code == 400, (path, reply.text)
+        assert case.bad_field in case.error_message(reply.json(), 400), path
+    assert fake.requests == []

@@ -9,11 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.wires.base import Wire
-from policies.wires.chat import CHAT
-from policies.wires.gemini import GEMINI
-from policies.wires.messages import MESSAGES
-from policies.wires.responses import RESPONSES
+from brim.policies.wires.base import Wire
+from brim.policies.wires.chat import CHAT
+from brim.policies.wires.gemini import GEMINI
+from brim.policies.wires.messages import MESSAGES
+from brim.policies.wires.responses import RESPONSES
 
 WIRES: dict[str, Wire] = {wire.name: wire for wire in (CHAT, MESSAGES, RESPONSES, GEMINI)}
 

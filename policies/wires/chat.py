@@ -26,9 +26,9 @@ from pydantic import (
 )
 from typing_extensions import TypedDict
 
-from policies.conversation import Dialect, ToolResult, Unit
-from policies.images import MAX_IMAGE_TOKENS, image_tokens
-from policies.tokens import (
+from brim.policies.conversation import Dialect, ToolResult, Unit
+from brim.policies.images import MAX_IMAGE_TOKENS, image_tokens
+from brim.policies.tokens import (
     PER_MESSAGE,
     PER_NAME,
     PER_TOOL_CALL,
@@ -37,7 +37,7 @@ from policies.tokens import (
     token_count,
     tool_definitions_bound,
 )
-from policies.wires.base import (
+from brim.policies.wires.base import (
     NO_RESULT,
     UNIT_KINDS,
     BodyError,
@@ -48,6 +48,7 @@ from policies.wires.base import (
     ModelInBody,
     RequestFacts,
     Splice,
+    Target,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -77,7 +78,7 @@ from policies.wires.base import (
 if TYPE_CHECKING:
     import tiktoken
 
-    from policies.tokens import TokenCounter
+    from brim.policies.tokens import TokenCounter
 
 
 def _call_id(call: Any) -> str | None:
@@ -614,6 +615,11 @@ class ChatWire(FieldConversation, ModelInBody):
 
     def owns_path(self, path: str) -> bool:
         return under(path, "/v1/chat/completions", "/chat/completions")
+
+    routes: tuple[str, ...] = ("/v1/chat/completions", "/chat/completions")
+
+    def target(self, route: str, url_part: str | None) -> Target:
+        return Target(self.name, "/chat/completions")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:

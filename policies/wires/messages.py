@@ -18,9 +18,9 @@ import orjson
 from pydantic import Field, StrictBool, StrictStr, ValidationError
 from typing_extensions import TypedDict
 
-from policies.conversation import Dialect, ToolResult, Unit
-from policies.images import ANTHROPIC_MAX_IMAGE_TOKENS, anthropic_image_tokens, pdf_tokens
-from policies.tokens import (
+from brim.policies.conversation import Dialect, ToolResult, Unit
+from brim.policies.images import ANTHROPIC_MAX_IMAGE_TOKENS, anthropic_image_tokens, pdf_tokens
+from brim.policies.tokens import (
     ANTHROPIC_TOOL_PROMPT,
     PER_MESSAGE,
     PER_TOOL_CALL,
@@ -28,7 +28,7 @@ from policies.tokens import (
     as_text,
     token_count,
 )
-from policies.wires.base import (
+from brim.policies.wires.base import (
     NO_RESULT,
     BodyError,
     ErrorInfo,
@@ -38,6 +38,7 @@ from policies.wires.base import (
     ModelInBody,
     RequestFacts,
     Splice,
+    Target,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -62,7 +63,7 @@ from policies.wires.base import (
 if TYPE_CHECKING:
     import tiktoken
 
-    from policies.tokens import TokenCounter
+    from brim.policies.tokens import TokenCounter
 
 EARLIER_REMOVED = "[earlier messages were removed]"  # a user turn repair adds where one must be
 ANTHROPIC_VERSION = "2023-06-01"  # the `anthropic-version` of the requests brim makes itself
@@ -798,6 +799,12 @@ class MessagesWire(FieldConversation, ModelInBody):
 
     def owns_path(self, path: str) -> bool:
         return under(path, "/v1/messages", "/messages")
+
+    # (`/v1/messages/count_tokens` is not here: brim counts itself where the upstream cannot)
+    routes: tuple[str, ...] = ("/v1/messages", "/messages")
+
+    def target(self, route: str, url_part: str | None) -> Target:
+        return Target(self.name, "/v1/messages")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         return _checked(_check_messages, body)

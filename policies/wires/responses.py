@@ -17,10 +17,10 @@ import orjson
 from pydantic import Field, StrictBool, StrictStr, ValidationError
 from typing_extensions import TypedDict
 
-from policies.conversation import Dialect, ToolResult, Unit
-from policies.images import MAX_IMAGE_TOKENS, image_tokens
-from policies.tokens import PER_MESSAGE, RAW, token_count, tool_definitions_bound
-from policies.wires.base import (
+from brim.policies.conversation import Dialect, ToolResult, Unit
+from brim.policies.images import MAX_IMAGE_TOKENS, image_tokens
+from brim.policies.tokens import PER_MESSAGE, RAW, token_count, tool_definitions_bound
+from brim.policies.wires.base import (
     NO_RESULT,
     UNIT_KINDS,
     ErrorInfo,
@@ -30,6 +30,7 @@ from policies.wires.base import (
     ModelInBody,
     RequestFacts,
     Splice,
+    Target,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -49,7 +50,7 @@ from policies.wires.base import (
     with_part_text,
     with_tool_last,
 )
-from policies.wires.chat import (
+from brim.policies.wires.chat import (
     openai_body_error,
     openai_error,
     openai_error_body,
@@ -60,7 +61,7 @@ from policies.wires.chat import (
 if TYPE_CHECKING:
     import tiktoken
 
-    from policies.tokens import TokenCounter
+    from brim.policies.tokens import TokenCounter
 
 
 CALL_TYPES = {"function_call", "custom_tool_call", "local_shell_call"}
@@ -543,6 +544,19 @@ class ResponsesWire(FieldConversation, ModelInBody):
 
     def owns_path(self, path: str) -> bool:
         return under(path, "/v1/responses", "/responses")
+
+    # `input_tokens`: forwarded, the provider's own count of a Responses request
+    routes: tuple[str, ...] = (
+        "/v1/responses",
+        "/responses",
+        "/v1/responses/input_tokens",
+        "/responses/input_tokens",
+    )
+
+    def target(self, route: str, url_part: str | None) -> Target:
+        if route.endswith("/input_tokens"):
+            return Target("openai.input_tokens", "/responses/input_tokens")
+        return Target(self.name, "/responses")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:

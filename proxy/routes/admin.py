@@ -21,13 +21,13 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from adapters.errors import AdminDisabled, InvalidRequest, Unauthorized, UnknownEndpoint
-from middleware.learned import ALL_MODELS, MODEL_ID_MAX
-from middleware.loops import loop_status
-from policies.limits import Learned, LimitsRegistry
-from proxy.config import ConfigError
-from proxy.inspect import shared_ratios
-from proxy.keys import PROVIDERS, RELOADER, SERVING, WORKER_METRICS, FrontDoor
+from brim.adapters.errors import AdminDisabled, InvalidRequest, Unauthorized, UnknownEndpoint
+from brim.middleware.services.learned import ALL_MODELS, MODEL_ID_MAX
+from brim.middleware.stages.loops import loop_status
+from brim.policies.limits import Learned, LimitsRegistry
+from brim.proxy.config import ConfigError
+from brim.proxy.inspect import shared_ratios
+from brim.proxy.keys import PROVIDERS, RELOADER, SERVING, WORKER_METRICS, FrontDoor
 
 ADMIN_KEY_HEADER = "x-brim-admin-key"
 

@@ -10,17 +10,17 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from adapters.base import UpstreamResponse
-from adapters.errors import BrimError, InvalidRequest, PayloadTooLarge
-from adapters.exchange import ClientApi, Exchange
-from middleware.headers import brim_headers
-from policies.duplicates import repeated_key
-from policies.nesting import nests_deeper_than
-from policies.wires.base import BodyError, RequestFacts
-from proxy.admission import quota_for, read_body
-from proxy.edge import check_json_body
-from proxy.keys import BRIM_KEY_HEADER, BRIM_KEY_OWNER, REQUEST_ID, Serving
-from proxy.relay import relay
+from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.errors import BrimError, InvalidRequest, PayloadTooLarge
+from brim.adapters.exchange import ClientApi, Exchange
+from brim.middleware.services.reply_headers import brim_headers
+from brim.policies.duplicates import repeated_key
+from brim.policies.nesting import nests_deeper_than
+from brim.policies.wires.base import BodyError, RequestFacts
+from brim.proxy.admission import quota_for, read_body
+from brim.proxy.edge import check_json_body
+from brim.proxy.keys import BRIM_KEY_HEADER, BRIM_KEY_OWNER, REQUEST_ID, Serving
+from brim.proxy.relay import relay
 
 
 def parse_object(raw: bytes, *, max_depth: int) -> dict[str, Any]:

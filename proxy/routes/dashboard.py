@@ -12,8 +12,8 @@ from importlib import resources
 
 from aiohttp import web
 
-from proxy.keys import FrontDoor
-from proxy.routes.admin import require_admin_keys
+from brim.proxy.keys import FrontDoor
+from brim.proxy.routes.admin import require_admin_keys
 
 # name under /ui → (file in proxy/ui, content type)
 FILES = {
@@ -34,7 +34,7 @@ SECURITY_HEADERS = {
 
 
 def _load() -> dict[str, tuple[bytes, str]]:
-    folder = resources.files("proxy").joinpath("ui")
+    folder = resources.files("brim.proxy").joinpath("ui")
     return {
         name: (folder.joinpath(file).read_bytes(), content_type)
         for name, (file, content_type) in FILES.items()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.keys import READINESS, FrontDoor
+from brim.proxy.keys import READINESS, FrontDoor
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -10,8 +10,7 @@ import logging
 import pytest
 from pydantic import SecretStr
 
-from adapters.config import UpstreamConfig
-from adapters.credentials import (
+from brim.adapters.credentials import (
     Caller,
     caller_of,
     key_parameters,
@@ -19,7 +18,8 @@ from adapters.credentials import (
     withhold,
     without_key,
 )
-from adapters.exchange import Withheld
+from brim.adapters.exchange import Withheld
+from brim.adapters.upstream_config import UpstreamConfig
 from tests.builders import exchange
 
 BARE = UpstreamConfig(api="openai", base_url="https://other.test/v1")

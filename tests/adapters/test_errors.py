@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-from adapters.errors import ContextTooLarge
-from policies.wires import WIRES
-from policies.wires.base import Refusal
+from brim.adapters.errors import ContextTooLarge
+from brim.policies.wires import WIRES
+from brim.policies.wires.base import Refusal
 
 REFUSAL = Refusal(tokens_in=250_000, limit=200_000, how="the newest message alone is too long")
 

@@ -18,10 +18,10 @@ import openai
 import orjson
 import pytest
 
-from adapters.errors import UpstreamTimeout
-from policies.wires.chat import CHAT
-from policies.wires.messages import MESSAGES
-from proxy.relay import EventCut
+from brim.adapters.errors import UpstreamTimeout
+from brim.policies.wires.chat import CHAT
+from brim.policies.wires.messages import MESSAGES
+from brim.proxy.relay import EventCut
 from tests.conftest import BrimFactory, fake_upstream
 from tests.fakes import HTML_PAGE, FakeProvider, LoopThread, wait_for
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from adapters.errors import AuthFailed, ContextOverflow, RateLimited, UpstreamError
-from adapters.overflow import classify
+from brim.adapters.errors import AuthFailed, ContextOverflow, RateLimited, UpstreamError
+from brim.adapters.overflow import classify
 
 
 def openai_shaped(message: str, code: str | None = None) -> bytes:

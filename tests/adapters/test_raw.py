@@ -20,8 +20,7 @@ from aioresponses import aioresponses
 from multidict import CIMultiDict, CIMultiDictProxy
 from pydantic import SecretStr, ValidationError
 
-from adapters.config import UpstreamConfig
-from adapters.errors import (
+from brim.adapters.errors import (
     AuthFailed,
     ContextOverflow,
     RateLimited,
@@ -30,8 +29,9 @@ from adapters.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from adapters.exchange import Exchange
-from adapters.raw import RawHttpAdapter
+from brim.adapters.exchange import Exchange
+from brim.adapters.raw import RawHttpAdapter
+from brim.adapters.upstream_config import UpstreamConfig
 from tests.conftest import BrimFactory, every_api
 from tests.fakes import FakeProvider
 
@@ -400,8 +400,8 @@ async def test_a_count_reply_that_stalls_after_its_headers_is_a_stalled_reply_no
 async def test_a_large_count_body_is_written_out_off_the_event_loop(
     aiohttp_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from adapters import raw
-    from adapters.base import OFF_LOOP_BYTES
+    from brim.adapters import raw
+    from brim.adapters.adapter import OFF_LOOP_BYTES
 
     bodies: list[bytes] = []
 
@@ -435,14 +435,14 @@ async def test_a_large_count_body_is_written_out_off_the_event_loop(
 
 
 def test_the_upstreams_that_count_natively_are_listed_once() -> None:
-    from adapters.config import NATIVE_COUNT_APIS
-    from adapters.native import NATIVE_COUNTS
+    from brim.adapters.native import NATIVE_COUNTS
+    from brim.adapters.upstream_config import NATIVE_COUNT_APIS
 
     assert frozenset(NATIVE_COUNTS) == NATIVE_COUNT_APIS == {"anthropic", "gemini"}
 
 
 def test_a_counter_counts_only_the_requests_of_its_own_api() -> None:
-    from adapters.native import NATIVE_COUNTS, native_count_for
+    from brim.adapters.native import NATIVE_COUNTS, native_count_for
 
     messages = count_exchange({"model": "claude-x", "messages": []})
     assert native_count_for("anthropic", messages) is NATIVE_COUNTS["anthropic"]
@@ -475,7 +475,7 @@ async def test_a_count_reply_that_is_not_a_success_is_its_upstream_error(
 
 
 def test_the_first_event_of_a_stream_says_whether_it_reports_an_overflow() -> None:
-    from adapters.raw import first_event
+    from brim.adapters.raw import first_event
 
     preamble = b'event: response.created\ndata: {"type": "response.created"}\n\n'
     assert first_event(b"") is None

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
-from adapters import registry as registry_module
-from adapters.cli import ChildEnv, CliAdapter
-from adapters.config import UpstreamConfig
-from adapters.errors import NoRoute
-from adapters.registry import Upstreams, route_matches
+from brim.adapters import registry as registry_module
+from brim.adapters.cli import ChildEnv, CliAdapter
+from brim.adapters.errors import NoRoute
+from brim.adapters.registry import Upstreams, route_matches
+from brim.adapters.upstream_config import UpstreamConfig
 
 OPENAI = UpstreamConfig(api="openai", base_url="http://o.test/v1")
 ANTHROPIC = UpstreamConfig(api="anthropic", base_url="http://a.test")

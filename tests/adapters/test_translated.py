@@ -16,7 +16,7 @@ import orjson
 import pytest
 from pydantic import SecretStr
 
-from adapters.config import UpstreamConfig
+from brim.adapters.upstream_config import UpstreamConfig
 from tests.conftest import BrimFactory
 from tests.fakes import FakeProvider, wait_for
 
@@ -38,7 +38,7 @@ def test_litellm_is_not_imported_until_a_request_needs_it() -> None:
     import subprocess
 
     code = (
-        "import sys; from proxy.app import create_app; from proxy.config import BrimConfig;"
+        "import sys; from brim.proxy.app import create_app; from brim.proxy.config import BrimConfig;"
         "create_app(BrimConfig(upstreams={'l': {'api': 'litellm'}}));"
         "print('litellm' in sys.modules)"
     )
@@ -188,7 +188,7 @@ LONG = "question " + "context " * 6000  # ~6 000 tokens: over the stated 3 000
 def test_an_overflow_on_the_first_read_of_a_litellm_stream_is_retried(
     brim: BrimFactory, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from adapters.translated import import_litellm
+    from brim.adapters.translated import import_litellm
 
     litellm = import_litellm()
     calls, refused = refuse_first_stream(monkeypatch, litellm, "acompletion", window_error(litellm))
@@ -215,7 +215,7 @@ def test_an_overflow_on_the_first_read_of_a_litellm_messages_stream_is_retried(
 ) -> None:
     import anthropic
 
-    from adapters.translated import import_litellm
+    from brim.adapters.translated import import_litellm
 
     litellm = import_litellm()
     calls, refused = refuse_first_stream(
@@ -242,7 +242,7 @@ def test_an_overflow_on_the_first_read_of_a_litellm_messages_stream_is_retried(
 def test_an_empty_litellm_stream_is_an_overflow_not_an_empty_success(
     brim: BrimFactory, provider: FakeProvider, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from adapters.translated import import_litellm
+    from brim.adapters.translated import import_litellm
 
     calls, refused = refuse_first_stream(monkeypatch, import_litellm(), "acompletion", None)
     base = brim(upstreams=through_litellm(provider), retry={"enabled": False})
@@ -286,9 +286,9 @@ ANTHROPIC_OVERFLOW_EVENT = (
 async def test_an_overflow_as_the_first_event_of_a_raw_litellm_stream_is_an_overflow(
     split: int,
 ) -> None:
-    from adapters.config import UpstreamConfig
-    from adapters.errors import ContextOverflow
-    from adapters.translated import LitellmAdapter
+    from brim.adapters.errors import ContextOverflow
+    from brim.adapters.translated import LitellmAdapter
+    from brim.adapters.upstream_config import UpstreamConfig
 
     adapter = LitellmAdapter("via-litellm", UpstreamConfig(api="litellm"))
     event = ANTHROPIC_OVERFLOW_EVENT
@@ -301,8 +301,8 @@ async def test_an_overflow_as_the_first_event_of_a_raw_litellm_stream_is_an_over
 
 
 async def test_a_raw_litellm_stream_is_relayed_whole_after_the_check() -> None:
-    from adapters.config import UpstreamConfig
-    from adapters.translated import LitellmAdapter
+    from brim.adapters.translated import LitellmAdapter
+    from brim.adapters.upstream_config import UpstreamConfig
 
     adapter = LitellmAdapter("via-litellm", UpstreamConfig(api="litellm"))
     start = b'event: message_start\ndata: {"type": "message_start", "message": {}}\n\n'
@@ -315,7 +315,7 @@ async def test_a_raw_litellm_stream_is_relayed_whole_after_the_check() -> None:
 
 
 def test_the_litellm_upstream_takes_the_clients_key_only_for_a_request_it_was_sent() -> None:
-    from adapters.translated import LitellmAdapter  # imports no litellm
+    from brim.adapters.translated import LitellmAdapter  # imports no litellm
     from tests.builders import exchange
 
     config = UpstreamConfig(api="litellm", model_prefix="bedrock/")

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.budget import DEFAULT_SAFETY_MARGIN, TokenBudget, budget_for, requested_output
-from policies.limits import LimitSource, ModelContextLimits, ModelId, ResolvedLimits
+from brim.policies.budget import DEFAULT_SAFETY_MARGIN, TokenBudget, budget_for, requested_output
+from brim.policies.limits import LimitSource, ModelContextLimits, ModelId, ResolvedLimits
 
 
 def resolved(

@@ -8,11 +8,11 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.carry import Made, carried_from, carry, growth, prefix_digests
-from policies.compress import DEFAULT_ORDER, build_policies, compress, room_target
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.chat import CHAT, ChatDialect
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.carry import Made, carried_from, carry, growth, prefix_digests
+from brim.policies.compress import DEFAULT_ORDER, build_policies, compress, room_target
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires.chat import CHAT, ChatDialect
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_session, tool_turn
 from tests.fakes import pairing_errors
 

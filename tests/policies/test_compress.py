@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.chat import CHAT, ChatDialect
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires.chat import CHAT, ChatDialect
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn
 from tests.fakes import pairing_errors
 
@@ -218,8 +218,8 @@ def test_a_large_newest_result_that_fits_the_budget_is_never_cut(api: str) -> No
     """A session ending in a large tool result, the newest message: the older turns go, and the
     result stays whole, because it fits the budget beside the task — the low-water mark is for
     reversible cuts only, never a reason to cut into text."""
-    from policies.compress import compress_request
-    from policies.wires import WIRES
+    from brim.policies.compress import compress_request
+    from brim.policies.wires import WIRES
     from tests.test_wire_contract import CASES
 
     case = CASES[api]
@@ -242,13 +242,13 @@ def test_a_large_newest_result_that_fits_the_budget_is_never_cut(api: str) -> No
 
 SAME_EVERYWHERE = """
 import hashlib, orjson
-from proxy.resources import use_bundled_tiktoken_files
+from brim.proxy.resources import use_bundled_tiktoken_files
 use_bundled_tiktoken_files()
 from bench import sessions
 from bench.sessions import MODELS, RENDER
-from policies.compress import DEFAULT_ORDER, build_policies, compress_request
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires import WIRES
+from brim.policies.compress import DEFAULT_ORDER, build_policies, compress_request
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires import WIRES
 counter, session = TokenCounter(), sessions.generate(1, 60_000)
 for api, wire in sorted(WIRES.items()):
     body = RENDER[api](session, None)
@@ -274,7 +274,7 @@ def test_every_process_compresses_a_request_to_the_same_bytes() -> None:
             text=True,
             check=True,
             cwd=root,
-            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root)},
+            env={**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": str(root / ".pythonpath")},
         ).stdout
         for seed in ("1", "2")
     ]

@@ -12,9 +12,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from policies.clear import ClearSettings, ClearToolResults, placeholder
-from policies.conversation import Goal, archive_key, is_anomaly, keys_of
-from policies.information import (
+from brim.policies.clear import ClearSettings, ClearToolResults, placeholder
+from brim.policies.conversation import Goal, archive_key, is_anomaly, keys_of
+from brim.policies.information import (
     SHORTENED,
     CutFrom,
     cut_from,
@@ -27,7 +27,7 @@ from policies.information import (
     remember_cut,
     words,
 )
-from policies.prune import (
+from brim.policies.prune import (
     _DIGEST_MARKER_TOKENS,
     _FEW_ANOMALIES,
     PruneSettings,
@@ -38,10 +38,10 @@ from policies.prune import (
     relevant_lines,
     shortened,
 )
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires import WIRES
-from policies.wires.chat import CHAT
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires import WIRES
+from brim.policies.wires.chat import CHAT
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.policies.test_information import BUILDERS, Item, result_of, valid
 
 use_bundled_tiktoken_files()

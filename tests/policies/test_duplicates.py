@@ -9,7 +9,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.duplicates import repeated_key
+from brim.policies.duplicates import repeated_key
 
 keys = st.text(min_size=1, max_size=6)
 leaves = st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=12)

@@ -12,19 +12,19 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import policies.evict
-from policies.clear import placeholder
-from policies.compress import DEFAULT_ORDER, build_policies, compress
-from policies.conversation import (
+import brim.policies.evict
+from brim.policies.clear import placeholder
+from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
+from brim.policies.conversation import (
     Conversation,
     FidelityRecord,
     Goal,
     archive_key,
     facts,
 )
-from policies.evict import GISTS_HEADER, LAST_RESORT, Evict, EvictSettings, _Dumped
-from policies.wires import WIRES
-from policies.wires.base import NOTICE_PREFIX
+from brim.policies.evict import GISTS_HEADER, LAST_RESORT, Evict, EvictSettings, _Dumped
+from brim.policies.wires import WIRES
+from brim.policies.wires.base import NOTICE_PREFIX
 from tests.policies.test_compress import conversations
 from tests.policies.test_information import BUILDERS, Builder
 from tests.policies.test_policies import LOG
@@ -226,7 +226,7 @@ def test_each_removed_unit_is_dumped_once(
             dumped.append(value)
             return orjson.dumps(value, *args, **kwargs)
 
-    monkeypatch.setattr(policies.evict, "orjson", Counting())
+    monkeypatch.setattr(brim.policies.evict, "orjson", Counting())
     before = wire.conversation(session(wire))
     goal = Goal(target=before.total // 3, limit=before.total // 2)
     evict = Evict(EvictSettings(keep_recent_turns=keep_recent_turns, evict_at_least=0))

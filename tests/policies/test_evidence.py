@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.evidence import RATIO, Sent, output_counts_unproven, window_unproven
+from brim.policies.evidence import RATIO, Sent, output_counts_unproven, window_unproven
 
 
 def test_a_window_near_or_below_what_brim_sent_is_borne_out() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies.conversation import Conversation, Facts, facts
-from policies.wires import WIRES
+from brim.policies.conversation import Conversation, Facts, facts
+from brim.policies.wires import WIRES
 from tests.policies.test_information import BUILDERS, EDITED, NOISE, SOURCE, Builder, session
 
 # Every part of `Facts`, as the policies ask for them.

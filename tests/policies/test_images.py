@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.images import (
+from brim.policies.images import (
     REMOTE_IMAGE_SIZE,
     data_url_size,
     image_size,
@@ -297,7 +297,7 @@ def test_model_names_match_regardless_of_case() -> None:
 def test_a_pdf_is_decoded_once_however_often_it_is_counted(monkeypatch: pytest.MonkeyPatch) -> None:
     import uuid
 
-    from policies import images
+    from brim.policies import images
 
     decoded: list[int] = []
     real = images.base64.b64decode
@@ -316,7 +316,7 @@ def test_a_pdf_is_decoded_once_however_often_it_is_counted(monkeypatch: pytest.M
 
 
 def test_a_pdf_without_pages_counts_as_one_page_and_a_remote_one_as_ten() -> None:
-    from policies.images import PDF_PAGE_TOKENS, pdf_tokens
+    from brim.policies.images import PDF_PAGE_TOKENS, pdf_tokens
 
     empty = {"type": "base64", "data": base64.b64encode(b"%PDF-1.4 nothing").decode()}
     assert pdf_tokens(empty) == PDF_PAGE_TOKENS
@@ -324,7 +324,7 @@ def test_a_pdf_without_pages_counts_as_one_page_and_a_remote_one_as_ten() -> Non
 
 
 def test_the_image_constants_are_the_rules_own_figures() -> None:
-    from policies.images import GEMINI_IMAGE_TOKENS, MAX_IMAGE_TOKENS, MAX_TILES
+    from brim.policies.images import GEMINI_IMAGE_TOKENS, MAX_IMAGE_TOKENS, MAX_TILES
 
     assert MAX_TILES == tile_count(2048, 768) == 8
     largest = data_url(png_header(2048, 768))

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from policies.clear import ClearSettings, ClearToolResults
-from policies.compress import DEFAULT_ORDER, build_policies, compress
-from policies.conversation import (
+from brim.policies.clear import ClearSettings, ClearToolResults
+from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
+from brim.policies.conversation import (
     SAME_AS_PREFIX,
     STALE,
     Conversation,
@@ -30,12 +30,12 @@ from policies.conversation import (
     stale_results,
     terms_of,
 )
-from policies.evict import Evict, EvictSettings
-from policies.prune import PruneSettings, PruneToolResults
-from policies.tokens import CounterMeter, TokenCounter
-from policies.truncate import Truncate
-from policies.wires import WIRES
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.evict import Evict, EvictSettings
+from brim.policies.prune import PruneSettings, PruneToolResults
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.truncate import Truncate
+from brim.policies.wires import WIRES
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.builders import without_named_whole
 
 use_bundled_tiktoken_files()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies import limits as limits_module
-from policies.limits import (
+from brim.policies import limits as limits_module
+from brim.policies.limits import (
     Learned,
     LimitSource,
     LimitsRegistry,
@@ -13,8 +13,8 @@ from policies.limits import (
     normalize_model_id,
     wants_long_context,
 )
-from policies.model_map import ModelMap
-from proxy.resources import litellm_model_map
+from brim.policies.model_map import ModelMap
+from brim.proxy.resources import litellm_model_map
 
 TABLE = [
     (

@@ -8,7 +8,7 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.nesting import SAFE_DEPTH, nests_deeper_than
+from brim.policies.nesting import SAFE_DEPTH, nests_deeper_than
 
 
 def nested(depth: int, leaf: Any = 1) -> Any:

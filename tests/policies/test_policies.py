@@ -10,14 +10,14 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.clear import ClearSettings, ClearToolResults
-from policies.conversation import Conversation, Goal, snapped_count
-from policies.evict import Evict, EvictSettings
-from policies.prune import PruneSettings, PruneToolResults
-from policies.tokens import CounterMeter, TokenCounter
-from policies.truncate import Truncate
-from policies.wires.chat import CHAT, ChatDialect
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.clear import ClearSettings, ClearToolResults
+from brim.policies.conversation import Conversation, Goal, snapped_count
+from brim.policies.evict import Evict, EvictSettings
+from brim.policies.prune import PruneSettings, PruneToolResults
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.truncate import Truncate
+from brim.policies.wires.chat import CHAT, ChatDialect
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.builders import tool_turn as build_tool_turn
 from tests.builders import without_named_whole
 

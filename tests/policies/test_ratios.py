@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from policies.ratios import (
+from brim.policies.ratios import (
     BOUNDS,
     FULL_EVIDENCE,
     MIN_EVIDENCE,

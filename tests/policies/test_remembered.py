@@ -1,4 +1,4 @@
-from policies.remembered import Remembered
+from brim.policies.remembered import Remembered
 
 
 def test_it_forgets_the_least_recently_used_first() -> None:

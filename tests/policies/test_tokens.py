@@ -16,9 +16,9 @@ import tiktoken
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.tokens import TokenCounter
-from policies.wires.chat import CHAT
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.tokens import TokenCounter
+from brim.policies.wires.chat import CHAT
+from brim.proxy.resources import use_bundled_tiktoken_files
 
 use_bundled_tiktoken_files()
 O200K = tiktoken.get_encoding("o200k_base")
@@ -297,9 +297,9 @@ def test_the_free_upper_bound_is_never_below_the_exact_count(
 def test_counting_never_touches_the_network(tmp_path: Any) -> None:
     """tiktoken downloads encodings it cannot find; brim must find them in litellm's folder."""
     code = (
-        "from proxy.resources import use_bundled_tiktoken_files; import os;"
+        "from brim.proxy.resources import use_bundled_tiktoken_files; import os;"
         "folder = use_bundled_tiktoken_files();"
-        "from policies.tokens import TokenCounter; c = TokenCounter(); c.warm(['o200k_base', 'cl100k_base']);"
+        "from brim.policies.tokens import TokenCounter; c = TokenCounter(); c.warm(['o200k_base', 'cl100k_base']);"
         "print(c.text('hello world', 'o200k_base'), c.text('hello world', 'cl100k_base'), folder)"
     )
     env = {k: v for k, v in os.environ.items() if k != "TIKTOKEN_CACHE_DIR"}
@@ -448,7 +448,7 @@ bodies = st.one_of(
 def test_the_free_bound_holds_on_every_wire_api_and_content_kind(
     case: tuple[str, dict[str, Any]], tokenizer: str, model: str
 ) -> None:
-    from policies.wires import WIRES
+    from brim.policies.wires import WIRES
 
     api, body = case
     wire = WIRES[api]
@@ -504,7 +504,7 @@ def test_the_free_bound_holds_on_every_wire_api_and_content_kind(
 def test_the_bound_counts_images_where_the_old_bound_missed_them(
     api: str, body: dict[str, Any]
 ) -> None:
-    from policies.wires import WIRES
+    from brim.policies.wires import WIRES
 
     counter = TokenCounter()
     wire = WIRES[api]
@@ -562,8 +562,8 @@ FIXED_COST_BODIES = {
 def test_the_system_prompt_and_tools_are_tokenized_once_not_every_request_and_pass(
     api: str,
 ) -> None:
-    from policies.tokens import CounterMeter
-    from policies.wires import WIRES
+    from brim.policies.tokens import CounterMeter
+    from brim.policies.wires import WIRES
 
     wire, body = WIRES[api], FIXED_COST_BODIES[api]
     counter = _CountingCounter()
@@ -579,8 +579,8 @@ def test_the_system_prompt_and_tools_are_tokenized_once_not_every_request_and_pa
 
 @pytest.mark.parametrize("api", FIXED_COST_BODIES)
 def test_the_fixed_cost_is_the_request_without_its_conversation(api: str) -> None:
-    from policies.tokens import CounterMeter
-    from policies.wires import WIRES
+    from brim.policies.tokens import CounterMeter
+    from brim.policies.wires import WIRES
 
     wire, body = WIRES[api], FIXED_COST_BODIES[api]
     counter = TokenCounter()
@@ -603,7 +603,7 @@ def test_tool_definitions_are_cached_by_content_and_tokenizer() -> None:
 def test_texts_measured_for_one_request_are_not_tokenized_again_for_the_next() -> None:
     """A meter lives for one request; what it measures (tool results, evicted transcripts)
     comes back the next turn, through a new meter: the counter remembers it."""
-    from policies.tokens import CounterMeter
+    from brim.policies.tokens import CounterMeter
 
     counter = _CountingCounter()
     text = "an evicted transcript, summarized every turn " * 200
@@ -614,8 +614,8 @@ def test_texts_measured_for_one_request_are_not_tokenized_again_for_the_next() -
 
 
 def test_a_meter_counts_many_messages_as_it_counts_each() -> None:
-    from policies.tokens import CounterMeter
-    from policies.wires import WIRES
+    from brim.policies.tokens import CounterMeter
+    from brim.policies.wires import WIRES
 
     messages = [
         {"role": "system", "content": "Be brief."},

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from policies.conversation import Conversation, Goal, archive_key
-from policies.tokens import CounterMeter
-from policies.truncate import Truncate
-from policies.wires import WIRES
+from brim.policies.conversation import Conversation, Goal, archive_key
+from brim.policies.tokens import CounterMeter
+from brim.policies.truncate import Truncate
+from brim.policies.wires import WIRES
 from tests.policies.test_evict import LEADING
 from tests.policies.test_information import BUILDERS, COUNTER, Builder, result_of
 from tests.policies.test_policies import LOG

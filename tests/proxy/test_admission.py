@@ -25,7 +25,7 @@ import openai
 import orjson
 import pytest
 
-from proxy.admission import BytesGate
+from brim.proxy.admission import BytesGate
 from tests.conftest import BrimFactory, every_api
 from tests.fakes import FakeProvider, LoopThread, free_port, wait_for
 
@@ -451,9 +451,9 @@ def brim_process(provider: FakeProvider, tmp_path: Path) -> Iterator[Any]:
         ]
         config = tmp_path / "proxy.toml"
         config.write_text("\n".join(lines) + "\n")
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])}
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[2] / ".pythonpath")}
         process = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "serve", "--config", str(config)],
+            [sys.executable, "-m", "brim.proxy", "serve", "--config", str(config)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

@@ -6,7 +6,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SETTLE = """
 import gc
-from proxy.app import settle_startup_objects
+from brim.proxy.app import settle_startup_objects
 before = gc.get_threshold()
 settle_startup_objects()
 print(gc.get_freeze_count(), *before, *gc.get_threshold())

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.config import (
+from brim.proxy.config import (
     ENV_NOT_CONFIG,
     BrimConfig,
     ConfigError,
@@ -151,7 +151,7 @@ def test_workers_default_to_one_and_auto_is_one_per_core(
     config, _ = load_config(write(tmp_path, '[server]\nworkers = "auto"\n'))
     assert config.server.workers == "auto"
     assert config.server.worker_count == available_cores() >= 1
-    monkeypatch.setattr("proxy.config.available_cores", lambda: 6)
+    monkeypatch.setattr("brim.proxy.config.available_cores", lambda: 6)
     assert config.server.worker_count == 6
     monkeypatch.setenv("BRIM_SERVER__WORKERS", "3")
     config, _ = load_config(write(tmp_path, '[server]\nworkers = "auto"\n'))

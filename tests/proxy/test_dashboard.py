@@ -16,8 +16,8 @@ import httpx
 import openai
 import pytest
 
-from middleware.shared import LocalLoops
-from middleware.telemetry import (
+from brim.middleware.services.shared import LocalLoops
+from brim.middleware.services.status_board import (
     OTHER_MODELS,
     SERIES_FIELDS,
     Series,
@@ -25,10 +25,10 @@ from middleware.telemetry import (
     client_product,
     merge_series,
 )
-from policies.ratios import MIN_REPLIES
-from proxy.cli import main
-from proxy.config import load_config
-from proxy.routes.dashboard import FILES
+from brim.policies.ratios import MIN_REPLIES
+from brim.proxy.commands import main
+from brim.proxy.config import load_config
+from brim.proxy.routes.dashboard import FILES
 from tests.builders import tool_session
 from tests.conftest import BrimFactory, fake_upstream
 from tests.fakes import FakeProvider, wait_for
@@ -419,9 +419,9 @@ def test_the_page_shows_nothing_without_the_key(
 
 def test_the_dashboard_files_are_package_data() -> None:
     text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
-    shipped = tomllib.loads(text)["tool"]["setuptools"]["package-data"]["proxy"]
+    shipped = tomllib.loads(text)["tool"]["setuptools"]["package-data"]["brim.proxy"]
     assert {"ui/*.html", "ui/*.js", "ui/*.css"} <= set(shipped)
-    folder = resources.files("proxy").joinpath("ui")
+    folder = resources.files("brim.proxy").joinpath("ui")
     assert {name for name, _ in FILES.values()} == {
         item.name for item in folder.iterdir() if not item.name.startswith(".")
     }

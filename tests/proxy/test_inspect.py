@@ -13,7 +13,7 @@ import orjson
 import pytest
 import redis
 
-from middleware.shared import RATIOS_KEY
+from brim.middleware.services.shared import RATIOS_KEY
 from tests.builders import tool_turn
 from tests.fakes import counted
 from tests.policies.test_tokens import TOOLS, WEATHER

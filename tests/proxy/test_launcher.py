@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from proxy.launcher import (
+from brim.proxy.launcher import (
     Totals,
     claude_warnings,
     codex_argv,
@@ -169,7 +169,7 @@ def test_ctrl_c_at_the_terminal_is_not_sent_twice(config: Path, alone: bool) -> 
         "os.execv(sys.executable, sys.argv[1:])"
     )
     sleeper = [PY, "-c", SLEEPER, *(["alone"] if alone else [])]
-    brim_run = [PY, "-m", "proxy", "run", "--config", str(config), "--", *sleeper]
+    brim_run = [PY, "-m", "brim.proxy", "run", "--config", str(config), "--", *sleeper]
     process = subprocess.Popen(
         [PY, "-c", leader, *brim_run], env=brim_run_env(env()), stdin=side, stdout=side, stderr=side
     )
@@ -281,10 +281,10 @@ def test_totals_are_read_from_metrics() -> None:
 
 def test_run_is_a_brim_command() -> None:
     done = subprocess.run(
-        [PY, "-m", "proxy", "run", "--help"],
+        [PY, "-m", "brim.proxy", "run", "--help"],
         capture_output=True,
         text=True,
-        env={**env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        env={**env(), "PYTHONPATH": str(Path(__file__).resolve().parents[2] / ".pythonpath")},
         check=False,
     )
     assert done.returncode == 0 and "COMMAND" in done.stdout

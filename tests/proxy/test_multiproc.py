@@ -8,9 +8,9 @@ from pathlib import Path
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from middleware.settings import TelemetryConfig
-from proxy.multiproc import WorkerMetrics, forget_worker, prepare_directory
-from proxy.telemetry import Providers, build_providers
+from brim.middleware.settings import TelemetryConfig
+from brim.proxy.multiproc import WorkerMetrics, forget_worker, prepare_directory
+from brim.proxy.otel_setup import Providers, build_providers
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

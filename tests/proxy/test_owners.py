@@ -7,9 +7,9 @@ import pytest
 from aiohttp.test_utils import make_mocked_request
 from multidict import CIMultiDict
 
-from adapters.exchange import ANONYMOUS, OWNER_PATTERN
-from proxy.config import BrimConfig, describe_config
-from proxy.owners import Owners
+from brim.adapters.exchange import ANONYMOUS, OWNER_PATTERN
+from brim.proxy.config import BrimConfig, describe_config
+from brim.proxy.owners import Owners
 
 OWNERS = Owners(b"a secret of this test")
 

@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from middleware.ratelimit import LocalRates, reset_text
+from brim.middleware.services.rates import LocalRates
+from brim.middleware.stages.ratelimit import reset_text
 from tests.conftest import BrimFactory, RedisServer, every_api, fake_upstream
 from tests.fakes import FakeProvider
 
@@ -132,7 +133,7 @@ def test_limits_are_per_key_with_overrides(
 
 
 def test_a_key_limit_must_name_an_accepted_key(monkeypatch: pytest.MonkeyPatch) -> None:
-    from proxy.config import BrimConfig
+    from brim.proxy.config import BrimConfig
 
     monkeypatch.setenv("RL_KEYS", "key-a")
     monkeypatch.setenv("RL_OTHER", "key-z")

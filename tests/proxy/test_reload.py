@@ -19,10 +19,10 @@ import openai
 import pytest
 from aiohttp import web
 
-from proxy.app import bound_port, start
-from proxy.config import BrimConfig, ConfigError
-from proxy.keys import GENERATIONS, RELOADER
-from proxy.reload import ConfigSource, plan_reload
+from brim.proxy.app import bound_port, start
+from brim.proxy.config import BrimConfig, ConfigError
+from brim.proxy.keys import GENERATIONS, RELOADER
+from brim.proxy.reload import ConfigSource, plan_reload
 from tests.fakes import FakeProvider, LoopThread, wait_for
 from tests.proxy import test_workers
 from tests.proxy.test_workers import Served, Upstream
@@ -30,7 +30,9 @@ from tests.proxy.test_workers import Served, Upstream
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 REPO = Path(__file__).parents[2]
-PYTHONPATH = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+PYTHONPATH = os.pathsep.join(
+    p for p in (str(REPO / ".pythonpath"), os.environ.get("PYTHONPATH")) if p
+)
 ADMIN = "reload-admin-key-0123456789"
 HELLO = [{"role": "user", "content": "ping"}]
 RESTART = "takes effect at the next restart"
@@ -261,7 +263,7 @@ def test_a_model_alias_added_by_a_reload_names_what_was_learned_before(
 
 
 def serve(launched: list[Served], tmp_path: Path, provider: FakeProvider, workers: int) -> Served:
-    """`python -m proxy serve` from this checkout, with a 60 000-token window for m-window."""
+    """`python -m brim.proxy serve` from this checkout, with a 60 000-token window for m-window."""
     return test_workers.start(
         launched,
         tmp_path,
@@ -298,7 +300,7 @@ def budgets(connections: list[http.client.HTTPConnection]) -> list[int]:
 def reload_command(served: Served) -> subprocess.CompletedProcess[str]:
     """`brim reload`, finding brim by the URL and the admin key in the environment."""
     return subprocess.run(
-        [sys.executable, "-m", "proxy", "reload", "--url", served.url],
+        [sys.executable, "-m", "brim.proxy", "reload", "--url", served.url],
         capture_output=True,
         text=True,
         timeout=60,

@@ -28,14 +28,16 @@ from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.procs import children
-from proxy.workers import describe_exit, restart_delay
+from brim.proxy.workers import describe_exit, restart_delay
 from tests.fakes import FakeProvider, LoopThread, start_app, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
 REPO = Path(__file__).parents[2]
-# `python -m proxy` from this checkout, whatever the virtualenv has installed
-PYTHONPATH = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)
+# `python -m brim.proxy` from this checkout, whatever the virtualenv has installed
+PYTHONPATH = os.pathsep.join(
+    p for p in (str(REPO / ".pythonpath"), os.environ.get("PYTHONPATH")) if p
+)
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -187,7 +189,7 @@ def serve(
     env: dict[str, str] | None = None,
     config_text: str | None = None,
 ) -> Served:
-    """`python -m proxy serve --workers N` on a free port, in front of `fake` (or with
+    """`python -m brim.proxy serve --workers N` on a free port, in front of `fake` (or with
     `config_text` as its proxy.toml, in tmp_path), from this checkout; returns once it says it
     is listening."""
     config = tmp_path / "proxy.toml"
@@ -200,7 +202,7 @@ def serve(
     log_path = tmp_path / "brim.log"
     scratch = tmp_path / "tmp"  # brim's temporary files (the workers' metrics), not /tmp's
     scratch.mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "proxy", "serve", "--config", str(config), "--port", "0"]
+    argv = [sys.executable, "-m", "brim.proxy", "serve", "--config", str(config), "--port", "0"]
     process = subprocess.Popen(
         [*argv, "--workers", str(workers)],
         stdout=subprocess.PIPE,
@@ -420,9 +422,9 @@ def test_a_shared_socket_serves_from_every_worker_too(
 
 
 def run_brim(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`python -m proxy ARGS` from this checkout, to its end."""
+    """`python -m brim.proxy ARGS` from this checkout, to its end."""
     return subprocess.run(
-        [sys.executable, "-m", "proxy", *args],
+        [sys.executable, "-m", "brim.proxy", *args],
         capture_output=True,
         text=True,
         timeout=60,

@@ -24,10 +24,10 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from policies.budget import budget_for, requested_output
-from policies.limits import LimitsRegistry, ModelFacts
-from policies.wires import WIRES
-from proxy.config import BrimConfig
+from brim.policies.budget import budget_for, requested_output
+from brim.policies.limits import LimitsRegistry, ModelFacts
+from brim.policies.wires import WIRES
+from brim.proxy.config import BrimConfig
 from tests.conftest import BrimFactory
 from tests.fakes import LoopThread, Seen, counted, start_app
 from tests.restoring import (

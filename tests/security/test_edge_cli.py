@@ -15,10 +15,10 @@ from typing import Any
 import openai
 import pytest
 
-from adapters.cli import ChildEnv
-from adapters.config import UpstreamConfig
-from proxy.app import bound_port, cli_child_env, start
-from proxy.config import BrimConfig
+from brim.adapters.cli import ChildEnv
+from brim.adapters.upstream_config import UpstreamConfig
+from brim.proxy.app import bound_port, cli_child_env, start
+from brim.proxy.config import BrimConfig
 from tests.fakes import LoopThread
 
 # Speaks Gemini CLI's stream-JSON; writes its argv and environment to $RUNS/<pid>.json.

@@ -34,10 +34,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
 
-from middleware.restore import GONE
-from policies.conversation import archive_key
-from proxy.app import bound_port, start
-from proxy.config import BrimConfig
+from brim.middleware.stages.restore import GONE
+from brim.policies.conversation import archive_key
+from brim.proxy.app import bound_port, start
+from brim.proxy.config import BrimConfig
 from tests.conftest import BrimFactory, every_api
 from tests.fake_anthropic import FakeAnthropic
 from tests.fakes import FakeProvider, LoopThread, start_app, wait_for

@@ -21,8 +21,8 @@ import random
 import httpx
 import pytest
 
-from policies.ratios import MIN_REPLIES
-from policies.wires import WIRES
+from brim.policies.ratios import MIN_REPLIES
+from brim.policies.wires import WIRES
 from tests.conftest import BrimFactory
 from tests.fakes import wait_for
 from tests.usage_provider import UsageProvider, send

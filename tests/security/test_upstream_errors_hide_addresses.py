@@ -70,8 +70,8 @@ def test_an_unreachable_upstream_is_named_not_located(
 
 def test_litellms_words_for_a_connection_error_lose_the_address() -> None:
     """litellm's own message may name where it tried to connect."""
-    from adapters.config import UpstreamConfig
-    from adapters.translated import LitellmAdapter, import_litellm
+    from brim.adapters.translated import LitellmAdapter, import_litellm
+    from brim.adapters.upstream_config import UpstreamConfig
 
     litellm = import_litellm()
     adapter = LitellmAdapter(NAME, UpstreamConfig(api="litellm"))

@@ -8,13 +8,13 @@ import orjson
 import pytest
 from pydantic import BaseModel, StrictStr, ValidationError
 
-from policies.budget import requested_output
-from policies.wires import WIRES, wire_for_path
-from policies.wires.base import ErrorInfo, Refusal, first_error, sse_data
-from policies.wires.chat import CHAT, openai_error, openai_error_body
-from policies.wires.gemini import GEMINI
-from policies.wires.messages import MESSAGES
-from policies.wires.responses import RESPONSES
+from brim.policies.budget import requested_output
+from brim.policies.wires import WIRES, wire_for_path
+from brim.policies.wires.base import ErrorInfo, Refusal, first_error, sse_data
+from brim.policies.wires.chat import CHAT, openai_error, openai_error_body
+from brim.policies.wires.gemini import GEMINI
+from brim.policies.wires.messages import MESSAGES
+from brim.policies.wires.responses import RESPONSES
 
 # ---- sse_data --------------------------------------------------------------------------------
 

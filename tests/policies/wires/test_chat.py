@@ -2,8 +2,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.wires.base import NO_RESULT
-from policies.wires.chat import ChatDialect
+from brim.policies.wires.base import NO_RESULT
+from brim.policies.wires.chat import ChatDialect
 
 D = ChatDialect()
 

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.base import NO_RESULT, BodyError
-from policies.wires.messages import MESSAGES, AnthropicDialect
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires.base import NO_RESULT, BodyError
+from brim.policies.wires.messages import MESSAGES, AnthropicDialect
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.builders import same_turn
 from tests.fake_anthropic import anthropic_errors
 

@@ -9,10 +9,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.compress import DEFAULT_ORDER, build_policies, compress
-from policies.tokens import CounterMeter, TokenCounter
-from policies.wires.responses import RESPONSES, ResponsesDialect
-from proxy.resources import use_bundled_tiktoken_files
+from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
+from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.wires.responses import RESPONSES, ResponsesDialect
+from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.fakes import responses_errors
 
 use_bundled_tiktoken_files()

@@ -21,8 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.wires import WIRES
-from policies.wires.base import (
+from brim.policies.wires import WIRES
+from brim.policies.wires.base import (
     SseEvents,
     ToolCall,
     ToolSpec,
