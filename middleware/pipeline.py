@@ -13,9 +13,11 @@ from typing import Protocol
 from brim.adapters.registry import Upstreams
 from brim.middleware.services.archive import ContentArchive
 from brim.middleware.services.audit import AuditLog
-from brim.middleware.services.instruments import StatusBoard, Telemetry
+from brim.middleware.services.instruments import Telemetry
+from brim.middleware.services.rates import RateCounts
 from brim.middleware.services.sessions import SessionMemory
 from brim.middleware.services.shared import RedisLink, SharedState
+from brim.middleware.services.status_board import StatusBoard
 from brim.middleware.services.store import ContentStore
 from brim.middleware.services.summarize import Summarizer
 from brim.middleware.settings import GuardConfig, RestoreConfig, RetryConfig, SummarizeConfig
@@ -26,12 +28,11 @@ from brim.middleware.stages.forward import Forward
 from brim.middleware.stages.guard import Guard
 from brim.middleware.stages.loops import LoopBreaker
 from brim.middleware.stages.observe import Observe
-from brim.middleware.stages.ratelimit import RateCounts, RateLimit
+from brim.middleware.stages.ratelimit import RateLimit
 from brim.middleware.stages.resolve_limits import ResolveLimits
 from brim.middleware.stages.restore import RestoreRounds
 from brim.middleware.stages.retry import RetryOnOverflow
 from brim.policies.clients import ClientRule
-from brim.policies.compress import build_policies
 from brim.policies.limits import LimitsRegistry
 from brim.policies.ratios import TokenRatios
 from brim.policies.tokens import TokenCounter
@@ -82,84 +83,19 @@ class Services:
 
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
-    guard = config.guard
-    policies = build_policies(guard.policies, guard.policy_settings())
-    limits = ResolveLimits(
-        services.limits,
-        services.counter,
-        safety_margin=guard.safety_margin,
-        clients=config.clients,
-        upstreams=services.upstreams,  # their own token counters (`native_count`)
-        ratios=services.ratios if guard.learn_token_ratios else None,
-    )
-    stages: list[Stage] = [
-        Observe(
-            services.telemetry,
-            services.status,
-            services.audit,
-            upstreams=services.upstreams.configs,
-        ),
-        *(
-            [
-                LoopBreaker(
-                    services.shared.loops, limit=guard.loop_limit, window_s=guard.loop_window_s
-                )
-            ]
-            if guard.loop_limit
-            else []
-        ),
+    """The stages in order (module doc), each built by its own `from_config`; a stage that is
+    off (None) is left out."""
+    limits = ResolveLimits.from_config(config, services)
+    stages: list[Stage | None] = [
+        Observe.from_config(config, services),
+        LoopBreaker.from_config(config, services),
         limits,
+        RateLimit.from_config(config, services),
+        PreferFallback.from_config(config, services, limits),
+        Guard.from_config(config, services),
+        RestoreRounds.from_config(config, services),
+        RetryOnOverflow.from_config(config, services),
+        LearnRatios.from_config(config, services),
+        Forward.from_config(config, services),
     ]
-    if services.rates is not None:
-        refused = services.telemetry.rate_limited
-        stages.append(RateLimit(services.rates, lambda kind: refused.add(1, {"limit": kind})))
-    if guard.enabled and guard.prefer_fallback:
-        stages.append(PreferFallback(services.limits, limits, services.upstreams))
-    if guard.enabled:
-        stages.append(
-            Guard(
-                services.counter,
-                policies,
-                low_water=guard.low_water,
-                repair_pairs=guard.repair_pairs,
-                archive=services.archive,
-                summarizer=services.summarizer,
-                summary_deadline_s=config.summarize.deadline_s,
-                sessions=services.sessions if guard.carry_forward else None,
-                room_for_turns=guard.room_for_turns,
-                store=services.store,
-                clients=config.clients,
-            )
-        )
-    if services.store is not None:
-        stages.append(
-            RestoreRounds(
-                services.store,
-                services.counter,
-                max_rounds=config.restore.max_rounds,
-                policies=policies,
-                archive=services.archive,
-            )
-        )
-    if config.retry.enabled:
-        stages.append(
-            RetryOnOverflow(
-                services.limits,
-                services.counter,
-                policies,
-                services.upstreams,
-                max_attempts=config.retry.max_attempts,
-                steps=config.retry.steps,
-                safety_margin=guard.safety_margin,
-                archive=services.archive,
-                store=services.store,
-                clients=config.clients,
-                refused=lambda kind, reason: services.telemetry.learned_refused.add(
-                    1, {"kind": kind, "reason": reason}
-                ),
-            )
-        )
-    if guard.learn_token_ratios:
-        stages.append(LearnRatios(services.ratios, services.counter, services.upstreams.configs))
-    stages.append(Forward(services.upstreams, services.telemetry.tracer))
-    return stages
+    return [stage for stage in stages if stage is not None]

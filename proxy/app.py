@@ -34,10 +34,12 @@ from brim.adapters.registry import Upstreams
 from brim.middleware.pipeline import Services, default_pipeline
 from brim.middleware.services.archive import ContentArchive
 from brim.middleware.services.audit import AuditLog
-from brim.middleware.services.instruments import ModelLabels, StatusBoard, Tally
+from brim.middleware.services.instruments import Tally
 from brim.middleware.services.learned import WorkerGroup
+from brim.middleware.services.rates import LocalRates, RateCounts, RedisRates
 from brim.middleware.services.sessions import SessionMemory
 from brim.middleware.services.shared import LocalState, RedisLink, RedisState, SharedState
+from brim.middleware.services.status_board import ModelLabels, StatusBoard
 from brim.middleware.services.store import ContentStore, MemoryStore, RedisStore
 from brim.middleware.services.summarize import (
     MemoryCache,
@@ -47,7 +49,6 @@ from brim.middleware.services.summarize import (
     upstream_caller,
 )
 from brim.middleware.stage import Pipeline
-from brim.middleware.stages.ratelimit import LocalRates, RateCounts, RedisRates
 from brim.policies.limits import LimitsRegistry
 from brim.policies.ratios import TokenRatios
 from brim.policies.tokens import CounterMeter, TokenCounter
@@ -87,8 +88,7 @@ from brim.proxy.otel_setup import Providers, build_providers
 from brim.proxy.owners import Owners
 from brim.proxy.reload import ConfigSource, Generations, Reloader
 from brim.proxy.resources import litellm_model_map, use_bundled_tiktoken_files
-from brim.proxy.routes import admin, anthropic, dashboard, health, openai
-from brim.proxy.routes import gemini_routes as gemini
+from brim.proxy.routes import admin, apis, dashboard, health, model_list
 from brim.proxy.routes.dashboard import UI_PATHS
 
 log = logging.getLogger("brim")
@@ -351,7 +351,7 @@ def create_app(
     # Replies to a listed origin say so (`[server] allowed_origins`, live: a reload may list one).
     app.on_response_prepare.append(allow_origin)
     door = front_door(generations, gate)
-    for routes in (health, openai, anthropic, gemini, admin, dashboard):
+    for routes in (health, model_list, apis, admin, dashboard):
         routes.add_routes(app, door)
     app.router.add_route("*", "/{path:.*}", door(unmatched))  # last: what no route serves
     return app
@@ -435,7 +435,6 @@ def build_services(
         config.telemetry.model_copy(update={"prometheus": False})
     )
     limits = build_limits(config)
-    skipped = providers.telemetry.shared_skipped
     providers.telemetry.watch_learned_limits(lambda: limits.learned)
     audit = None
     if config.audit.path:
@@ -469,7 +468,7 @@ def build_services(
             status,
             ratios,
             group=group,
-            skipped=lambda record: skipped.add(1, {"record": record}),
+            rejected=rejected_shared(providers.telemetry.shared_rejected),
         ),
         audit=audit,
         archive=archive,
@@ -524,19 +523,19 @@ def build_shared(
     ratios: TokenRatios | None = None,
     *,
     group: WorkerGroup | None = None,
-    skipped: Callable[[str], None] | None = None,
+    rejected: Callable[[str, str], None] | None = None,
 ) -> SharedState:
     """Learned limits and token ratios, loop counts and status: through Redis when there is a
     link (it closes it), else this process's own (the learned limits shared with the other
-    workers of its `group`, if it has one). `skipped(record)` counts shared records left out as
-    malformed."""
+    workers of its `group`, if it has one). `rejected(record, reason)` counts shared records
+    left out as malformed or implausible."""
     if link is None:
         return LocalState(
             status,
             loop_window_s=config.guard.loop_window_s,
             registry=limits,
             group=group,
-            skipped=skipped,
+            rejected=rejected,
         )
     return RedisState(
         link,
@@ -544,7 +543,7 @@ def build_shared(
         limits,
         refresh_s=config.cache.refresh_s,
         loop_limit=config.guard.loop_limit,
-        skipped=skipped,
+        rejected=rejected,
         ratios=ratios if config.guard.learn_token_ratios else None,
         upstreams=config.upstreams,
     )
@@ -617,6 +616,12 @@ def rejected_records(tally: Tally | None, record: str) -> Callable[[str], None]:
     if tally is None:
         return lambda reason: None
     return lambda reason: tally.add(1, {"record": record, "reason": reason})
+
+
+def rejected_shared(tally: Tally) -> Callable[[str, str], None]:
+    """Counts a shared record (learned, forgotten, status, event) that was read and left out,
+    by kind and reason, in the same counter as `rejected_records`."""
+    return lambda record, reason: tally.add(1, {"record": record, "reason": reason})
 
 
 def _warm(counter: TokenCounter) -> None:

@@ -174,6 +174,7 @@ class FakeProvider:
     stream_closed_by_peer: threading.Event = field(default_factory=threading.Event)
     error_bodies: dict[int, bytes] = field(default_factory=dict)
     set_cookie: str | None = None  # sent with every reply, as a provider's CDN does
+    failing: int | None = None  # while set, every conversation reply is this status ("error-NNN")
     in_flight: int = 0
     url: str = ""
 
@@ -186,6 +187,7 @@ class FakeProvider:
         self.stream_closed_by_peer.clear()
         self.error_bodies.clear()
         self.set_cookie = None
+        self.failing = None
         self.strict_counts.clear()
         self.strict_rejections.clear()
         self.tight_seen.clear()
@@ -232,6 +234,8 @@ class FakeProvider:
 
     async def _fault(self, model: str, wire: Wire) -> web.StreamResponse | None:
         """The reply of a fault model that fails before any stream starts; None for others."""
+        if self.failing is not None:
+            model = f"error-{self.failing}"
         if model == "garbage":
             return web.Response(body=b"{not json at all", content_type="application/json")
         if model == "html-page":

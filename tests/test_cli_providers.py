@@ -1,4 +1,4 @@
-"""CLI-backed providers (`api = "cli"`, adapters/cli.py): brim answers Chat Completions by
+"""CLI-backed providers (`api = "cli"`, adapters/cli/): brim answers Chat Completions by
 running a coding CLI.
 
 The chain tests run the real CLIs (pinned in tests/real_clis.py, as tests/test_real_clis.py
@@ -360,7 +360,7 @@ async def test_a_run_whose_closer_is_cancelled_still_removes_its_folder_and_free
         await asyncio.sleep(0.02)
     assert scratch_folders(tmp_path) == []
     assert not any(alive(pid) for pid in ran)
-    assert not adapter._slots.locked()  # its one slot is free again
+    assert not adapter.slots.locked()  # its one slot is free again
 
 
 def test_the_pool_limit_answers_429_with_retry_after(

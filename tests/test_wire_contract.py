@@ -591,3 +591,20 @@ def test_bad_input_is_refused_in_the_apis_own_shape(
     assert reply.status_code == 400
     assert case.bad_field in case.error_message(reply.json(), 400)
     assert len(fake.requests) == before  # nothing broken went upstream
+
+
+def test_every_route_a_wire_lists_is_served_and_refuses_in_its_shape(
+    case: Case, serve: Callable[..., str], provider: FakeProvider, anthropic_fake: FakeAnthropic
+) -> None:
+    """The conversation routes are generated from the wire registry (`Wire.routes`): every
+    path a wire lists answers (no 404), a bad body in that wire's own error shape, and nothing
+    goes upstream."""
+    base = serve()
+    fake = fake_of(case, provider, anthropic_fake)
+    assert case.wire.routes
+    for route in case.wire.routes:
+        path = route.replace("{target}", f"{case.model(1_000)}:generateContent")
+        reply = httpx.post(f"{base}{path}", json=case.bad_body)
+        assert reply.status_code == 400, (path, reply.text)
+        assert case.bad_field in case.error_message(reply.json(), 400), path
+    assert fake.requests == []

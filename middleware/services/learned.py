@@ -9,7 +9,7 @@ each process reads the store back, adopts what is newer than its own and writes 
 lacks. What it reads was written by another process, or by anyone who can write to the Redis: a
 record that is malformed, or whose fact the registry rejects (`LimitsRegistry.rejects`: a window
 outside the registry's bounds, a model id brim would not learn under, an expiry too far off), is
-skipped, dropped from the store and counted (`skipped`), never raised.
+skipped, dropped from the store and counted (`rejected`), never raised.
 
 Forgetting leaves a tombstone (model id → when it was forgotten; `ALL_MODELS` for every model)
 in the store for as long as a fact lives: each process drops the facts it holds that were learned
@@ -127,8 +127,9 @@ def parse_tombstone(key: Field, value: Field) -> tuple[str, float] | None:
 
 
 class SharedLimits:
-    """A `LimitsRegistry`'s learned facts, shared through `store` (module doc). `skipped(record)`
-    hears of each record read that was malformed or rejected ("learned", "forgotten")."""
+    """A `LimitsRegistry`'s learned facts, shared through `store` (module doc). `rejected(record,
+    reason)` hears of each record read and left out: record "learned" or "forgotten", reason
+    "malformed" (not a record brim writes) or "implausible" (the registry rejects the fact)."""
 
     def __init__(
         self,
@@ -136,12 +137,12 @@ class SharedLimits:
         registry: LimitsRegistry,
         *,
         spawn: Callable[[Callable[[], Any]], None],
-        skipped: Callable[[str], None] | None = None,
+        rejected: Callable[[str, str], None] | None = None,
     ) -> None:
         self.store = store
         self.registry = registry
         self._spawn = spawn  # runs a write off the request path (or drops it)
-        self._skipped = skipped
+        self._rejected = rejected
         # Tombstones made or read here: model id → when forgotten (bounded like the facts).
         self._forgotten: dict[str, float] = {}
         self._applied: dict[str, float] = {}  # the tombstones this registry has applied
@@ -191,11 +192,11 @@ class SharedLimits:
         at = max(self._forgotten.get(fact.model, 0.0), self._forgotten.get(ALL_MODELS, 0.0))
         return fact.learned_at(self.ttl_s) <= at
 
-    def _skip(self, record: str, key: Field, why: str) -> None:
+    def _skip(self, record: str, reason: str, key: Field, why: str) -> None:
         seen = (record, hash(key))
         warn_once(log, seen, "skipped a shared %s record %.80r: %s", record, key, why)
-        if self._skipped is not None:
-            self._skipped(record)
+        if self._rejected is not None:
+            self._rejected(record, reason)
 
     async def sync(self) -> None:
         """Apply the store's tombstones; adopt what it holds that is newer; write what it lacks;
@@ -207,7 +208,7 @@ class SharedLimits:
         for key, value in records.forgotten.items():
             tombstone = parse_tombstone(key, value)
             if tombstone is None:
-                self._skip("forgotten", key, "not a model id and a time")
+                self._skip("forgotten", "malformed", key, "not a model id and a time")
                 continue
             stored_tombstones[tombstone[0]] = tombstone[1]
             if tombstone[1] > horizon:
@@ -227,7 +228,8 @@ class SharedLimits:
                 fact = parse_fact(kind, key, value)
                 why = "not a fact brim writes" if fact is None else self.registry.rejects(fact)
                 if fact is None or why is not None:
-                    self._skip("learned", key, why or "")
+                    reason = "malformed" if fact is None else "implausible"
+                    self._skip("learned", reason, key, why or "")
                     stale.append((kind, key))
                 elif fact.until <= now or self._buried(fact):
                     stale.append((kind, key))

@@ -59,7 +59,6 @@ import orjson
 from cachetools import TTLCache
 
 from brim.adapters.exchange import OWNER_PATTERN
-from brim.middleware.services.instruments import RECENT_EVENTS, StatusBoard, merge_series
 from brim.middleware.services.learned import (
     ALL_MODELS,
     MODEL_ID_MAX,
@@ -72,6 +71,7 @@ from brim.middleware.services.learned import (
     encode,
     warn_once,
 )
+from brim.middleware.services.status_board import RECENT_EVENTS, StatusBoard, merge_series
 from brim.policies.limits import LEARNED_KINDS, Learned, LearnedKind, LimitsRegistry
 from brim.policies.ratios import RATIOS_MAX, TTL_S, OwnedKey, Ratio, TokenRatios
 
@@ -596,15 +596,15 @@ class SharedStatus:
         instance: str,
         ttl_s: float,
         *,
-        skipped: Callable[[str], None] | None = None,
+        rejected: Callable[[str, str], None] | None = None,
     ) -> None:
-        """`skipped(record)` hears of each record read that was malformed ("status", "event"):
-        it is left out of the sums, never raised."""
+        """`rejected(record, reason)` hears of each record read that was malformed (record
+        "status" or "event", reason "malformed"): it is left out of the sums, never raised."""
         self.link = link
         self.board = board
         self.instance = instance
         self.ttl_s = ttl_s
-        self._skipped = skipped
+        self._rejected = rejected
         self._pushed = 0  # events on the shared list
         self._identity = {"host": socket.gethostname(), "pid": os.getpid()}
 
@@ -733,8 +733,8 @@ class SharedStatus:
         warn_once(
             log, (record, shown), "skipped a malformed shared %s record: %.80r", *(record, raw)
         )
-        if self._skipped is not None:
-            self._skipped(record)
+        if self._rejected is not None:
+            self._rejected(record, "malformed")
 
 
 def _instance(raw: Any) -> dict[str, Any] | None:
@@ -826,7 +826,7 @@ class LocalState:
         loop_window_s: float,
         registry: LimitsRegistry | None = None,
         group: WorkerGroup | None = None,
-        skipped: Callable[[str], None] | None = None,
+        rejected: Callable[[str, str], None] | None = None,
     ) -> None:
         """`registry`: the learned limits `forget` forgets (None: nothing is learned here)."""
         self.instance = os.urandom(6).hex()
@@ -836,7 +836,7 @@ class LocalState:
         self.limits: SharedLimits | None = None
         if group is not None and registry is not None:
             self.limits = SharedLimits(
-                WorkerFiles(group), registry, spawn=self._spawn, skipped=skipped
+                WorkerFiles(group), registry, spawn=self._spawn, rejected=rejected
             )
         self._tasks: set[asyncio.Task[None]] = set()  # writes off the request path
         self._refresher: asyncio.Task[None] | None = None
@@ -906,8 +906,8 @@ class LocalState:
 class RedisState:
     """Shared through Redis, with `local` serving while Redis is down (module doc). Every
     `refresh_s` it adopts learned limits and blocked requests, and writes this process's status
-    numbers; the link is this object's to close. `skipped(record)` hears of each record read
-    from Redis that was malformed or implausible, and left out."""
+    numbers; the link is this object's to close. `rejected(record, reason)` hears of each
+    record read from Redis that was malformed or implausible, and left out."""
 
     def __init__(
         self,
@@ -917,7 +917,7 @@ class RedisState:
         *,
         refresh_s: float,
         loop_limit: int,
-        skipped: Callable[[str], None] | None = None,
+        rejected: Callable[[str, str], None] | None = None,
         ratios: TokenRatios | None = None,
         upstreams: Iterable[str] = (),
     ) -> None:
@@ -929,12 +929,12 @@ class RedisState:
         self.refresh_s = refresh_s
         self._loops = RedisLoops(link, local.loops, max(1, loop_limit))
         self.limits = SharedLimits(
-            RedisFacts(link), registry, spawn=link.background, skipped=skipped
+            RedisFacts(link), registry, spawn=link.background, rejected=rejected
         )
         # None: token ratios are not learned here ([guard] learn_token_ratios = false)
         self.ratios = None if ratios is None else SharedRatios(link, ratios, upstreams)
         ttl_s = max(INSTANCE_TTL_S, 5 * refresh_s)
-        self.board = SharedStatus(link, local.board, local.instance, ttl_s, skipped=skipped)
+        self.board = SharedStatus(link, local.board, local.instance, ttl_s, rejected=rejected)
         self._task: asyncio.Task[None] | None = None
         self._failed_steps: set[str] = set()
 

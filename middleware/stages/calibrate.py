@@ -24,6 +24,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
+from typing import TYPE_CHECKING
 
 from brim.adapters.adapter import OFF_LOOP_BYTES, UpstreamResponse
 from brim.adapters.exchange import Exchange
@@ -35,12 +36,22 @@ from brim.policies.tokens import RAW, TokenCounter
 from brim.policies.wires import conversation_wire
 from brim.policies.wires.base import Usage
 
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
+
 log = logging.getLogger("brim.calibrate")
 
 MAX_LEARNING = 256  # large requests being counted off the loop at once; more go unlearned
 
 
 class LearnRatios:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> LearnRatios | None:
+        """None when `[guard] learn_token_ratios` is false."""
+        if not config.guard.learn_token_ratios:
+            return None
+        return cls(services.ratios, services.counter, services.upstreams.configs)
+
     def __init__(
         self,
         ratios: TokenRatios,

@@ -16,6 +16,7 @@ request's context becomes the fallback's, so its `x-brim-budget` is the fallback
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from brim.adapters.adapter import UpstreamResponse
 from brim.adapters.credentials import caller_of, may_call, withhold
@@ -26,6 +27,9 @@ from brim.middleware.stage import CallNext
 from brim.middleware.stages.resolve_limits import ResolveLimits
 from brim.policies.limits import LimitsRegistry
 from brim.policies.wires import conversation_wire
+
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
 
 log = logging.getLogger("brim.fallback")
 
@@ -46,6 +50,16 @@ def fallback_upstream(upstreams: Upstreams, exchange: Exchange, model: str) -> s
 
 
 class PreferFallback:
+    @classmethod
+    def from_config(
+        cls, config: PipelineConfig, services: Services, limits: ResolveLimits
+    ) -> PreferFallback | None:
+        """`limits`: the pipeline's `ResolveLimits` stage. None unless the guard is on and
+        `[guard] prefer_fallback` is set."""
+        if not (config.guard.enabled and config.guard.prefer_fallback):
+            return None
+        return cls(services.limits, limits, services.upstreams)
+
     def __init__(
         self, registry: LimitsRegistry, limits: ResolveLimits, upstreams: Upstreams
     ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from typing import TYPE_CHECKING
 
 from multidict import CIMultiDict, CIMultiDictProxy
 from opentelemetry import trace
@@ -16,10 +17,17 @@ from brim.adapters.exchange import Exchange
 from brim.adapters.registry import Upstreams
 from brim.middleware.stage import CallNext
 
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
+
 PROPAGATOR = TraceContextTextMapPropagator()
 
 
 class Forward:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> Forward:
+        return cls(services.upstreams, services.telemetry.tracer)
+
     def __init__(self, upstreams: Upstreams, tracer: trace.Tracer | None = None) -> None:
         self.upstreams = upstreams
         self.tracer = tracer or trace.NoOpTracer()

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -26,12 +26,15 @@ from brim.middleware.stage import CallNext
 from brim.middleware.stages.restore import keep_originals, restorable, restore_offer
 from brim.policies.carry import carried_from, carry, growth, prefix_digests
 from brim.policies.clients import ClientRule
-from brim.policies.compress import Outcome, compress_request
+from brim.policies.compress import Outcome, build_policies, compress_request
 from brim.policies.conversation import FidelityRecord, Policy, archive_key, text_tokens_for
 from brim.policies.evict import GISTS_HEADER
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.wires import conversation_wire
 from brim.policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
+
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
 
 log = logging.getLogger("brim.guard")
 
@@ -180,6 +183,26 @@ def _refusal(outcome: Outcome, wire: Wire) -> ContextTooLarge:
 
 
 class Guard:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> Guard | None:
+        """None when `[guard] enabled` is false."""
+        guard = config.guard
+        if not guard.enabled:
+            return None
+        return cls(
+            services.counter,
+            build_policies(guard.policies, guard.policy_settings()),
+            low_water=guard.low_water,
+            repair_pairs=guard.repair_pairs,
+            archive=services.archive,
+            summarizer=services.summarizer,
+            summary_deadline_s=config.summarize.deadline_s,
+            sessions=services.sessions if guard.carry_forward else None,
+            room_for_turns=guard.room_for_turns,
+            store=services.store,
+            clients=config.clients,
+        )
+
     def __init__(
         self,
         counter: TokenCounter,

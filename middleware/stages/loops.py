@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from brim.adapters.adapter import UpstreamResponse
 from brim.adapters.errors import BrimError, RepeatedFailure
@@ -22,6 +22,9 @@ from brim.adapters.exchange import Exchange
 from brim.adapters.forwarded_headers import CREDENTIAL_HEADERS
 from brim.middleware.services.shared import LocalLoops, LoopCounts
 from brim.middleware.stage import CallNext
+
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
 
 KEY_SHOWN = 12  # hex digits of a request's hash that status shows (it is a hash: no content)
 # The headers whose values are part of the hash: the client's provider credentials, and the
@@ -41,6 +44,14 @@ HASHED_HEADERS = sorted(
 
 
 class LoopBreaker:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> LoopBreaker | None:
+        """None when `[guard] loop_limit` is 0 (off)."""
+        guard = config.guard
+        if not guard.loop_limit:
+            return None
+        return cls(services.shared.loops, limit=guard.loop_limit, window_s=guard.loop_window_s)
+
     def __init__(self, counts: LoopCounts | None = None, *, limit: int, window_s: float) -> None:
         if limit < 1 or window_s <= 0:
             raise ValueError("limit must be at least 1 and window_s positive")

@@ -15,7 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextvars import Token
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from opentelemetry import context as otel_context
@@ -51,14 +51,18 @@ from brim.adapters.errors import (
 from brim.adapters.exchange import Exchange, RequestReport
 from brim.adapters.upstream_config import UpstreamConfig
 from brim.middleware.services.audit import AuditLog
-from brim.middleware.services.instruments import StatusBoard, Telemetry, bind, client_product
+from brim.middleware.services.instruments import Telemetry, bind
 from brim.middleware.services.reply_headers import actions
+from brim.middleware.services.status_board import StatusBoard, client_product
 from brim.middleware.services.store import PREFIX_DIGITS, normalize_key
 from brim.middleware.services.usage import StreamUsage, body_reported, whole_reported
 from brim.middleware.stage import CallNext
 from brim.policies.budget import requested_output
 from brim.policies.compress import Outcome
 from brim.policies.limits import LimitSource
+
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
 
 log = logging.getLogger("brim.observe")
 # One line per request: at INFO for a request brim changed, retried or refused, at DEBUG for the
@@ -172,6 +176,15 @@ def error_type(error: BaseException) -> str:
 
 
 class Observe:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> Observe:
+        return cls(
+            services.telemetry,
+            services.status,
+            services.audit,
+            upstreams=services.upstreams.configs,
+        )
+
     def __init__(
         self,
         telemetry: Telemetry,
@@ -667,7 +680,7 @@ class Observe:
 
 
 def _overflows(prevented: bool, survived: bool, outcome: str) -> list[str]:
-    """What a request counts as (`middleware.services.instruments.OVERFLOWS`)."""
+    """What a request counts as (`middleware.services.status_board.OVERFLOWS`)."""
     return [
         name
         for name, happened in (

@@ -26,7 +26,7 @@ import functools
 import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cachetools import LRUCache, TTLCache
 
@@ -51,6 +51,9 @@ from brim.policies.ratios import TokenRatios
 from brim.policies.remembered import Remembered
 from brim.policies.tokens import TokenCounter
 from brim.policies.wires.base import Wire
+
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
 
 log = logging.getLogger("brim.limits")
 
@@ -213,6 +216,18 @@ class NativeCounts:
 
 
 class ResolveLimits:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> ResolveLimits:
+        guard = config.guard
+        return cls(
+            services.limits,
+            services.counter,
+            safety_margin=guard.safety_margin,
+            clients=config.clients,
+            upstreams=services.upstreams,  # their own token counters (`native_count`)
+            ratios=services.ratios if guard.learn_token_ratios else None,
+        )
+
     def __init__(
         self,
         registry: LimitsRegistry,

@@ -47,7 +47,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -72,6 +72,9 @@ from brim.policies.wires.base import (
     Usage,
     Wire,
 )
+
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
 
 log = logging.getLogger("brim.restore")
 
@@ -123,6 +126,20 @@ def restorable(outcome: Outcome) -> bool:
 
 
 class RestoreRounds:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> RestoreRounds | None:
+        """None when `[restore]` is off (no content store among the services)."""
+        if services.store is None:
+            return None
+        guard = config.guard
+        return cls(
+            services.store,
+            services.counter,
+            max_rounds=config.restore.max_rounds,
+            policies=build_policies(guard.policies, guard.policy_settings()),
+            archive=services.archive,
+        )
+
     def __init__(
         self,
         store: ContentStore,

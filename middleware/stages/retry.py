@@ -37,7 +37,7 @@ import asyncio
 import dataclasses
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from brim.adapters.adapter import OFF_LOOP_BYTES, UpstreamResponse
 from brim.adapters.errors import ContextOverflow
@@ -51,17 +51,41 @@ from brim.middleware.stages.fallback import fallback_upstream
 from brim.middleware.stages.restore import keep_originals, restorable, restore_offer
 from brim.policies.budget import budget_for, requested_output
 from brim.policies.clients import ClientRule
-from brim.policies.compress import Outcome, compress_request
+from brim.policies.compress import Outcome, build_policies, compress_request
 from brim.policies.conversation import Policy
 from brim.policies.evidence import Sent, output_counts_unproven, window_unproven
 from brim.policies.limits import LimitsRegistry
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.wires import conversation_wire
 
+if TYPE_CHECKING:
+    from brim.middleware.pipeline import PipelineConfig, Services
+
 log = logging.getLogger("brim.retry")
 
 
 class RetryOnOverflow:
+    @classmethod
+    def from_config(cls, config: PipelineConfig, services: Services) -> RetryOnOverflow | None:
+        """None when `[retry] enabled` is false."""
+        if not config.retry.enabled:
+            return None
+        guard = config.guard
+        learned_refused = services.telemetry.learned_refused
+        return cls(
+            services.limits,
+            services.counter,
+            build_policies(guard.policies, guard.policy_settings()),
+            services.upstreams,
+            max_attempts=config.retry.max_attempts,
+            steps=config.retry.steps,
+            safety_margin=guard.safety_margin,
+            archive=services.archive,
+            store=services.store,
+            clients=config.clients,
+            refused=lambda kind, reason: learned_refused.add(1, {"kind": kind, "reason": reason}),
+        )
+
     def __init__(
         self,
         registry: LimitsRegistry,

@@ -38,6 +38,23 @@ class BodyError(ValueError):
         self.param = param
 
 
+class NotServed(BodyError):
+    """A URL naming something this wire API does not serve (a Gemini method brim lacks): 404."""
+
+
+@record
+class Target:
+    """What a request's URL asks of a wire API (`Wire.target`): the endpoint (`Exchange.api`:
+    the conversation's own, `Wire.name`, or e.g. a token count's), the path brim sends it to
+    upstream, and — where the URL says them (Gemini) — the model and whether to stream; None:
+    the body says."""
+
+    api: str
+    endpoint: str
+    model: str | None = None
+    stream: bool | None = None
+
+
 @record
 class RequestFacts:
     """What a body check learned: the model (None where the URL names it) and streaming."""
@@ -323,6 +340,16 @@ class Wire(Protocol):
 
     def owns_path(self, path: str) -> bool:
         """Whether a request on `path` expects its errors in this API's shape."""
+        ...
+
+    # The paths (aiohttp patterns) clients post this API's requests to, each served by brim's
+    # one conversation route (proxy/routes/apis.py) through `target`. `{target}`: a part of the
+    # URL that `target` reads.
+    routes: tuple[str, ...]
+
+    def target(self, route: str, url_part: str | None) -> Target:
+        """What a request on `route` (one of `routes`) asks for; `url_part`: its `{target}`.
+        Raises `NotServed` or `BodyError` for a URL the API would refuse."""
         ...
 
     def check(self, body: dict[str, Any]) -> RequestFacts:

@@ -48,6 +48,7 @@ from brim.policies.wires.base import (
     ModelInBody,
     RequestFacts,
     Splice,
+    Target,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -614,6 +615,11 @@ class ChatWire(FieldConversation, ModelInBody):
 
     def owns_path(self, path: str) -> bool:
         return under(path, "/v1/chat/completions", "/chat/completions")
+
+    routes: tuple[str, ...] = ("/v1/chat/completions", "/chat/completions")
+
+    def target(self, route: str, url_part: str | None) -> Target:
+        return Target(self.name, "/chat/completions")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:

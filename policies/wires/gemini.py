@@ -8,6 +8,7 @@ or file part at Gemini's flat 258 tokens.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NotRequired
@@ -26,8 +27,10 @@ from brim.policies.wires.base import (
     FieldConversation,
     GenAiMessage,
     ModelCall,
+    NotServed,
     RequestFacts,
     Splice,
+    Target,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -493,6 +496,13 @@ class GeminiSplice(Splice):
         """Nothing numbers this API's chunks."""
 
 
+METHODS = ("generateContent", "streamGenerateContent", "countTokens")
+# A model id as it may stand in the URL (brim's own ids too: `[cli]gemini:flash`): the path
+# brim sends upstream is built from it, so it holds nothing a path is made of (`/`, which an
+# escaped slash decodes to, `%`, `?`, `#`, or a leading `.`).
+MODEL_ID = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9._:@\[\]-]{0,127}")
+
+
 class GeminiWire(FieldConversation):
     name = "gemini.generate"
     conversation_field = "contents"
@@ -507,6 +517,24 @@ class GeminiWire(FieldConversation):
 
     def owns_path(self, path: str) -> bool:
         return path.startswith("/v1beta/") or (path.startswith("/v1/models/") and ":" in path)
+
+    # `{target}`: `MODEL:METHOD`, one of `METHODS`; the key travels in `x-goog-api-key` or
+    # `?key=`, both forwarded (or replaced by the upstream's configured key).
+    routes: tuple[str, ...] = ("/v1beta/models/{target}", "/v1/models/{target}")
+
+    def target(self, route: str, url_part: str | None) -> Target:
+        model, _, method = (url_part or "").rpartition(":")
+        if method not in METHODS or not model:
+            raise NotServed(f"Unknown method {method[:40]!r}; brim serves {', '.join(METHODS)}.")
+        if MODEL_ID.fullmatch(model) is None:
+            raise BodyError(
+                f"The model {model[:100]!r} in the URL is not a model id (letters, digits and "
+                "'.', '_', '-', ':', '@', '[', ']', at most 128).",
+                "model",
+            )
+        api = "gemini.count_tokens" if method == "countTokens" else self.name
+        endpoint = f"/v1beta/models/{model}:{method}"
+        return Target(api, endpoint, model=model, stream=method == "streamGenerateContent")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:

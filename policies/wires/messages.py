@@ -38,6 +38,7 @@ from brim.policies.wires.base import (
     ModelInBody,
     RequestFacts,
     Splice,
+    Target,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -798,6 +799,12 @@ class MessagesWire(FieldConversation, ModelInBody):
 
     def owns_path(self, path: str) -> bool:
         return under(path, "/v1/messages", "/messages")
+
+    # (`/v1/messages/count_tokens` is not here: brim counts itself where the upstream cannot)
+    routes: tuple[str, ...] = ("/v1/messages", "/messages")
+
+    def target(self, route: str, url_part: str | None) -> Target:
+        return Target(self.name, "/v1/messages")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         return _checked(_check_messages, body)

@@ -30,6 +30,7 @@ from brim.policies.wires.base import (
     ModelInBody,
     RequestFacts,
     Splice,
+    Target,
     ToolCall,
     ToolSpec,
     TurnReader,
@@ -543,6 +544,19 @@ class ResponsesWire(FieldConversation, ModelInBody):
 
     def owns_path(self, path: str) -> bool:
         return under(path, "/v1/responses", "/responses")
+
+    # `input_tokens`: forwarded, the provider's own count of a Responses request
+    routes: tuple[str, ...] = (
+        "/v1/responses",
+        "/responses",
+        "/v1/responses/input_tokens",
+        "/responses/input_tokens",
+    )
+
+    def target(self, route: str, url_part: str | None) -> Target:
+        if route.endswith("/input_tokens"):
+            return Target("openai.input_tokens", "/responses/input_tokens")
+        return Target(self.name, "/responses")
 
     def check(self, body: dict[str, Any]) -> RequestFacts:
         try:

@@ -16,7 +16,8 @@ import httpx
 import openai
 import pytest
 
-from brim.middleware.services.instruments import (
+from brim.middleware.services.shared import LocalLoops
+from brim.middleware.services.status_board import (
     OTHER_MODELS,
     SERIES_FIELDS,
     Series,
@@ -24,7 +25,6 @@ from brim.middleware.services.instruments import (
     client_product,
     merge_series,
 )
-from brim.middleware.services.shared import LocalLoops
 from brim.policies.ratios import MIN_REPLIES
 from brim.proxy.commands import main
 from brim.proxy.config import load_config

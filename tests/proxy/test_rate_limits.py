@@ -13,7 +13,8 @@ import httpx
 import openai
 import pytest
 
-from brim.middleware.stages.ratelimit import LocalRates, reset_text
+from brim.middleware.services.rates import LocalRates
+from brim.middleware.stages.ratelimit import reset_text
 from tests.conftest import BrimFactory, RedisServer, every_api, fake_upstream
 from tests.fakes import FakeProvider
 

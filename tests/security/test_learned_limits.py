@@ -434,8 +434,11 @@ def test_bogus_and_malformed_learned_records_in_redis_are_skipped_counted_and_re
     assert wait_for(lambda: learned(base) == {("claude-opus-4-1", "window"): 150_000})
     assert wait_for(lambda: client.hkeys("brim:learned:window") == [b"claude-opus-4-1"])
     assert client.hkeys("brim:learned:output_counts") == []
-    assert metric(base, "brim_shared_skipped_total", record="learned") == 6
-    assert metric(base, "brim_shared_skipped_total", record="forgotten") >= 1
+    rejected = "brim_shared_records_rejected_total"
+    assert metric(base, rejected, record="learned") == 6
+    assert metric(base, rejected, record="learned", reason="malformed") == 1  # "lots"
+    assert metric(base, rejected, record="learned", reason="implausible") == 5  # the registry's
+    assert metric(base, rejected, record="forgotten", reason="malformed") >= 1
     for api in APIS:  # every client's "Hello" goes through
         hello = api.send(base, "sk-victim", api.known_model, HELLO, {})
         assert (hello.status, hello.text) == (200, "pong"), (api.name, hello.text)

@@ -3,7 +3,7 @@
 Each instance sums the other instances' last status records (`brim:status:instance:<id>`, listed
 in `brim:status:instances`) and the shared overflow events (`brim:status:events`). Anyone who can
 write to the Redis can leave records brim never wrote: each such record is left out and counted
-(`brim_shared_skipped_total{record="status" | "event"}`), the well-formed ones are still summed,
+(`brim_shared_records_rejected_total{record="status" | "event", reason="malformed"}`), the well-formed ones are still summed,
 and the status answers 200 — on every instance.
 """
 
@@ -53,7 +53,9 @@ def status(base: str) -> httpx.Response:
 def skipped(base: str, record: str) -> float:
     total = 0.0
     for line in httpx.get(f"{base}/metrics", headers={"x-brim-admin-key": ADMIN}).text.splitlines():
-        if line.startswith("brim_shared_skipped_total{") and f'record="{record}"' in line:
+        if line.startswith("brim_shared_records_rejected_total{") and all(
+            label in line for label in (f'record="{record}"', 'reason="malformed"')
+        ):
             total += float(line.rsplit(" ", 1)[1])
     return total
 

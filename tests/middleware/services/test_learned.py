@@ -15,14 +15,14 @@ from brim.policies.limits import LimitsRegistry, ModelFacts
 MODELS = {"house": ModelFacts(context_window=64_000)}
 
 
-def worker(directory: Path, token: str, skipped: list[str]) -> SharedLimits:
+def worker(directory: Path, token: str, rejected: list[tuple[str, str]]) -> SharedLimits:
     """A worker's registry, sharing through `directory`; its writes are awaited by `sync`."""
     pending = []
     shared = SharedLimits(
         WorkerFiles(WorkerGroup(directory, token)),
         LimitsRegistry(MODELS),
         spawn=lambda work: pending.append(work),
-        skipped=skipped.append,
+        rejected=lambda record, reason: rejected.append((record, reason)),
     )
     original = shared.sync
 
@@ -36,8 +36,8 @@ def worker(directory: Path, token: str, skipped: list[str]) -> SharedLimits:
 
 
 async def test_workers_adopt_each_others_facts_and_forget_them_together(tmp_path: Path) -> None:
-    skipped: list[str] = []
-    one, two = worker(tmp_path, "1", skipped), worker(tmp_path, "2", skipped)
+    rejected: list[tuple[str, str]] = []
+    one, two = worker(tmp_path, "1", rejected), worker(tmp_path, "2", rejected)
     assert one.registry.learn("house", 16_000)
     await one.sync()
     await two.sync()
@@ -57,13 +57,13 @@ async def test_workers_adopt_each_others_facts_and_forget_them_together(tmp_path
     await one.sync()
     await two.sync()
     assert two.registry.learned == {"house": 20_000}
-    assert skipped == []
+    assert rejected == []
 
 
 async def test_what_another_writer_left_in_the_files_is_skipped_and_counted(
     tmp_path: Path,
 ) -> None:
-    skipped: list[str] = []
+    rejected: list[tuple[str, str]] = []
     day = time.time() + 24 * 3600 - 60
     (tmp_path / "learned-x.json").write_bytes(
         orjson.dumps(
@@ -80,7 +80,13 @@ async def test_what_another_writer_left_in_the_files_is_skipped_and_counted(
     )
     (tmp_path / "learned-y.json").write_bytes(b"{not json")
     (tmp_path / "forgotten.json").write_bytes(orjson.dumps({"house": "when?"}))
-    shared = worker(tmp_path, "1", skipped)
+    shared = worker(tmp_path, "1", rejected)
     await shared.sync()
     assert shared.registry.learned == {"fine-model": 50_000}
-    assert sorted(skipped) == ["forgotten", "learned", "learned", "learned", "learned"]
+    assert sorted(rejected) == [
+        ("forgotten", "malformed"),
+        ("learned", "implausible"),  # window 1
+        ("learned", "implausible"),  # output_counts 3
+        ("learned", "malformed"),  # "garbage"
+        ("learned", "malformed"),  # 12
+    ]

@@ -12,7 +12,6 @@ from typing import Any
 import orjson
 import pytest
 
-from brim.middleware.services.instruments import StatusBoard
 from brim.middleware.services.shared import (
     BLOCKED_KEY,
     LEARNED_KEY,
@@ -24,6 +23,7 @@ from brim.middleware.services.shared import (
     SharedStatus,
     Unavailable,
 )
+from brim.middleware.services.status_board import StatusBoard
 from brim.policies.limits import Learned, LimitSource, LimitsRegistry
 from brim.policies.ratios import MIN_REPLIES, TokenRatios
 from tests.conftest import RedisServer

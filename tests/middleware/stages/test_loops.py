@@ -42,10 +42,17 @@ def test_the_same_failing_request_is_answered_429_after_the_limit(
 
 
 def test_a_success_clears_the_count(brim: BrimFactory, provider: FakeProvider) -> None:
+    """One request fails, then succeeds, then fails again: the success restarted its count, so
+    it takes two new failures (the limit) to stop it, not one."""
     base = brim(guard={"loop_limit": 2})
-    ok = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
-    for _ in range(4):
-        assert httpx.post(f"{base}/v1/chat/completions", json=ok).status_code == 200
+    request = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
+
+    def send(failing: int | None) -> int:
+        provider.failing = failing
+        return httpx.post(f"{base}/v1/chat/completions", json=request).status_code
+
+    assert [send(400), send(None), send(400), send(400), send(400)] == [400, 200, 400, 400, 429]
+    assert len(provider.requests) == 4  # the last one was stopped in brim
 
 
 def test_anthropic_clients_get_it_in_their_shape(brim: BrimFactory, anthropic_fake: object) -> None:

@@ -32,12 +32,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from prometheus_client.parser import text_string_to_metric_families
 
 from brim.adapters.exchange import ANONYMOUS
-from brim.middleware.services.instruments import (
-    DURATION_BOUNDS,
-    LATENCY_BOUNDS,
+from brim.middleware.services.instruments import DURATION_BOUNDS, LATENCY_BOUNDS, TOKEN_BOUNDS
+from brim.middleware.services.status_board import (
     MODEL_LABELS,
     OTHER_MODELS,
-    TOKEN_BOUNDS,
     ModelLabels,
     StatusBoard,
 )
