@@ -931,6 +931,7 @@ class Point:
     cached: int  # tokens a prompt cache holds from the previous request sent
     billed: float  # input billed, in input-token prices, with prompt caching (`billed`)
     lost: list[str] = field(default_factory=list)  # evidence neither kept nor recoverable
+    unkept: list[str] = field(default_factory=list)  # evidence the request did not keep
     newest_too_big: bool = False  # the system prompt, tools and newest turn are over the budget
 
     @classmethod
@@ -1145,6 +1146,7 @@ def grow(
                 cached=cached,
                 billed=round(cost, 1),
                 lost=[t for t in evidence if t not in kept.recoverable],
+                unkept=[t for t in evidence if t not in kept.kept],
                 newest_too_big=too_big,
             )
         )

@@ -7,7 +7,9 @@ Targets (brim as deployed, method "brim"; every family unless said):
   every family, every API (a request whose system prompt, tools and newest turn alone are over
   the budget is left out: nothing fits it; one brim refused that could fit counts against);
 - facts kept: 100 % at ≤ 2.5×, ≥ 2/3 at 5–10×, and 100 % of the facts in the last 8 messages
-  at every reduction — on the families of session files (real text, real CLI traffic);
+  at every reduction — on the families of session files (real text, real CLI traffic); the
+  last 8 messages' only where the newest turn fits beside the system prompt and tools (else
+  they cannot all be kept with the system prompt, which the first target demands);
 - next-action evidence kept: ≥ 90 % at ≤ 2.5×, ≥ 85 % in each band from 2.5× to 10×, and more
   than every baseline (on the APIs it runs on) in every band;
 - budget used ≥ 80 % by every compressed request whose cut went into text;
@@ -371,6 +373,8 @@ def targets(report: Mapping[str, Any]) -> list[Target]:
         for case in report["cases"]:
             if case["method"] != BRIM or case["family"] not in real or case["impossible"]:
                 continue
+            if column == "recent" and case.get("newest_too_big", False):
+                continue  # the newest turn alone does not fit beside the system prompt
             if band_names and case["band"] not in band_names:
                 continue
             wheres = ("recent",) if column == "recent" else WHERE

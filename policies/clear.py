@@ -3,14 +3,17 @@
 The placeholder's one line names the tool, the original size in tokens and the sha256 key of
 the original (under which the archive keeps it); under it, quoted, the result's gist: its
 `gist_lines` most informative lines (`policies.information.gist`; of the whole result, where
-`prune_tool_results` cut it), as many as still save a third of the result. The call and its
+`prune_tool_results` cut it), as many as still save two thirds of the result. The call and its
 pairing stay; a result cleared already stays as it is. The most recent `keep` tool results are
-never cleared. Results are cleared lowest value first — exact copies and superseded reads of a
-later result, then results that mention no term of the user's request (the first and the last
-user message before them) and report no anomaly, then the ones that hold evidence — oldest
-first within each class, in batches of at least `clear_at_least` tokens. A result's class
-depends only on the session up to it and on later copies of it, never on the turn at hand, so
-consecutive turns clear the same results and the request prefix changes rarely.
+never cleared, nor is a result whose placeholder would not save two thirds of it (a small
+result is worth its tokens: it goes whole, with its turn, if anything). Results are cleared
+lowest value first — exact copies and superseded reads of a later result, then results that
+mention no term of the user's request (the first and the last user message before them) and
+report no anomaly, then the ones that hold evidence — least recently used first within each
+class: a result is as recent as the last assistant turn that acted on an identifier it
+printed (a path, a name, a number: `policies.facts.last_use`), else as its own place, so what
+the agent keeps working from stays longest; in batches of at least `clear_at_least` tokens,
+so consecutive turns clear the same results and the request prefix changes rarely.
 
 Older copies that `prune_tool_results` pointed onward to a result are cleared with it, in the
 same step and with the same placeholder (same content, same sha256): a pointer never names a
@@ -27,21 +30,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from brim.policies.conversation import (
-    STALE,
     Conversation,
-    Facts,
     FidelityRecord,
     Goal,
     Meter,
-    ResultKey,
     archive_key,
-    facts,
-    is_placeholder,
-    result_values,
     snapped_count,
 )
+from brim.policies.facts import STALE, Facts, ResultKey, facts, last_use, result_values
 from brim.policies.information import CutFrom, cut_from, gist
 from brim.policies.remembered import Remembered
+from brim.policies.text import is_placeholder
 
 
 class ClearSettings(BaseModel):
@@ -49,7 +48,8 @@ class ClearSettings(BaseModel):
 
     keep: int = Field(3, ge=0)  # most recent tool results never cleared
     clear_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
-    by_value: bool = True  # copies and results without evidence first; False: oldest first
+    by_value: bool = True  # copies, then results without evidence, least recently used first
+    #                        within each; False: oldest first
     gist_lines: int = Field(1, ge=0)  # the result's most informative lines, quoted after it
 
 
@@ -110,8 +110,14 @@ class ClearToolResults:
         holding = [index for index, found in enumerate(known.results) if found]
         eligible = holding[: max(0, len(holding) - self.settings.keep)]
         if self.settings.by_value:
-            values = result_values(conversation)
-            eligible.sort(key=lambda index: (max(values[index], default=STALE), index))
+            values, used = result_values(conversation), last_use(conversation)
+            eligible.sort(
+                key=lambda index: (
+                    max(values[index], default=STALE),
+                    used[index],
+                    index,
+                )
+            )
 
         made: list[_Candidate] = []
         rewritten = _Rewritten(conversation, meter)
@@ -165,7 +171,7 @@ class ClearToolResults:
                 continue
             whole = before_cut.texts.get((index, result.call_id), result.text)
             key, text = self._placeholder_of(result.tool, tokens, result.text, whole)
-            if len(text) < len(result.text):
+            if 3 * len(text) <= len(result.text):
                 cleared = _Cleared(text, key, whole)
                 edits[index, result.call_id] = cleared
                 self._with_pointers((index, result.call_id), cleared, known.pointers, edits)
@@ -190,7 +196,7 @@ class ClearToolResults:
 
     def _placeholder(self, tool: str, tokens: int, key: str, text: str, whole: str) -> str:
         """The placeholder of `text` with the gist of the `whole` result (before any cut), where
-        that still saves a third of the whole (else the bare placeholder): a pure function of
+        that still saves two thirds of the whole (else the bare placeholder): a pure function of
         the result, the same every turn whether or not it was cut first."""
         lines = self.settings.gist_lines
         bare = placeholder(tool, tokens, key)
@@ -198,7 +204,7 @@ class ClearToolResults:
             return bare
         for count in range(lines, 0, -1):  # fewer lines where more would not save enough
             full = placeholder(tool, tokens, key, gist(whole, count))
-            if 3 * len(full) <= 2 * len(whole):
+            if 3 * len(full) <= len(whole):
                 return full
         return bare
 

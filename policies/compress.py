@@ -2,18 +2,26 @@
 
     outcome = compress(dialect, messages, fixed, meter, policies, limit=..., low_water=0.85)
 
-The policies run in order while the request is over `low_water × limit` (the target): cuts that
-are reversible and made in snapped batches (placeholders, evictions) go down to it, so the next
-turns of the session fit without a new cut and the prefix stays put. Each policy gets the whole
-`Goal`, and a cut into text (`truncate`, the last resorts inside `evict`) goes only as far as
-`limit`: it never destroys more than the budget needs. A session known to grow (`room`: tokens
-to leave free for its next turns, `policies.carry`) is cut below the low-water mark, at most to
-`MIN_TARGET_SHARE` of the limit; the batches stay on the grid the low-water mark sets.
+Two passes over the policies, in their order:
+
+1. reversible cuts only, while the request is over `low_water × limit` (the target): lossless
+   rewrites (prune's minified JSON and pointers to later copies), placeholders (clear) and
+   evictions of unprotected units (evict), made in snapped batches, lowest value and oldest
+   first. They go down to the target so the next turns of the session fit without a new cut
+   and the prefix stays put. A session known to grow (`room`: tokens to leave free for its next
+   turns, `policies.carry`) is cut below the low-water mark, at most to `MIN_TARGET_SHARE` of
+   the limit — by these cuts alone: where they cannot make that room, less is left;
+2. only where the request is still over `limit`: the last resorts — cuts into text (prune's
+   cuts of results to their most informative lines, truncate) and evictions of the protected
+   units (the first request, recent turns) — which go only as far as `limit`: they never
+   destroy more than the budget needs, and a request cut into text uses (nearly) all of it.
+
 The outcome says whether the result fits the limit, and what each policy did.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -90,7 +98,10 @@ def compress(
     low_water: float,
     room: int = 0,
     repair: bool = True,
+    text_cuts: bool = True,
 ) -> Outcome:
+    """`messages` made to fit `limit` (see the module's docstring); with `text_cuts` off, the
+    last resorts evict protected units but cut no text."""
     repairs: list[str] = []
     clean = False  # known to pair validly
     if repair:
@@ -106,6 +117,7 @@ def compress(
         target=room_target(limit, low_water, room),
         limit=limit,
         grid=max(1, limit - int(limit * low_water)),
+        reversible_only=True,
     )
     records: list[FidelityRecord] = []
     tried: list[str] = []
@@ -115,6 +127,15 @@ def compress(
                 break
             tried.append(policy.name)
             conversation, done = policy.apply(conversation, goal, meter)
+            records += done
+        # The last resorts, only as far as the limit: the target is the limit now.
+        last = dataclasses.replace(goal, target=limit, reversible_only=False, text_cuts=text_cuts)
+        for policy in policies:
+            if conversation.total <= limit:
+                break
+            if policy.name not in tried:
+                tried.append(policy.name)
+            conversation, done = policy.apply(conversation, last, meter)
             records += done
         # e.g. Anthropic's "start with a user"; not asked again where the policies only
         # rewrote the texts of tool results of messages checked already
@@ -154,6 +175,7 @@ def compress_request(
     low_water: float,
     room: int = 0,
     repair: bool = True,
+    text_cuts: bool = True,
 ) -> Outcome:
     """`compress` for a request body of the meter's wire API."""
     wire = meter.wire
@@ -167,4 +189,5 @@ def compress_request(
         low_water=low_water,
         room=room,
         repair=repair,
+        text_cuts=text_cuts,
     )

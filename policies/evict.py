@@ -3,19 +3,23 @@
 Always kept: the system prompt and every other system message (instructions the client put
 between the turns, as Claude Code does on Anthropic's Messages API: each stays where it was),
 the last user message, and the last tool call with its results when the conversation ends with
-it (an ongoing tool loop, even with a system message after it). Kept unless nothing else helps:
-the first user message, the most recent `keep_recent_turns` turns (a turn is a user message or
-an assistant reply with its tool results: agent sessions have many turns per user message), and
-the turns right before and after each system message between the turns (so it stays between
-the same two: Anthropic takes one only right after a user turn and before an assistant turn).
+it (an ongoing tool loop, even with a system message after it). Kept unless nothing else helps
+(the last resorts: only in compress's last-resort pass, after the cuts into text that spare
+them, and only as far as the limit demands): the first user message, the most recent
+`keep_recent_turns` turns (a turn is a user message or an assistant reply with its tool results:
+agent sessions have many turns per user message), the turns right before and after each system
+message between the turns (so it stays between the same two: Anthropic takes one only right
+after a user turn and before an assistant turn), and brim's own notices from an earlier cut.
 Everything else may go, lowest value first — tool groups whose results are all stale
 (already cleared or pointed onward, exact copies or superseded reads of a later result; never a
 group holding a result that an older copy points to, which goes only after the pointer) and
 orphans, then plain assistant chatter, then the other tool groups, then user messages — and
-oldest first within each class, in batches of at least `evict_at_least` tokens so the cut point
-moves only now and then as a session grows. Each record names its batch
-(`FidelityRecord.batch`: its value class and grid step within the class, or the last resorts'
-own grid): the summaries of evicted turns are made per batch.
+least recently used first within each class (a unit is as recent as the last assistant turn
+that acted on an identifier its results printed, `policies.facts.last_use`; else its own
+place), in batches of at least `evict_at_least` tokens so the cut point moves only now and
+then as a session grows. Each
+record names its batch (`FidelityRecord.batch`: its value class and grid step within the class,
+or the last resorts' own grid): the summaries of evicted turns are made per batch.
 
 One notice takes the place of the first removed unit — or goes before the system messages right
 in front of it, never after one (Anthropic's notice is a user message, and Anthropic takes a
@@ -48,26 +52,22 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field
 
 from brim.policies.conversation import (
-    STALE,
     Conversation,
     FidelityRecord,
     Goal,
     Meter,
     Unit,
     archive_key,
-    facts,
-    is_placeholder,
-    last_request,
-    pointed_at,
-    result_values,
     snapped_count,
     text_tokens_for,
 )
+from brim.policies.facts import STALE, facts, last_request, last_use, pointed_at, result_values
 from brim.policies.information import cut_from, gist
+from brim.policies.text import is_placeholder
 from brim.policies.wires.base import NOTICE_PREFIX
 
-# Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests.
-# (System units are never evicted: they have none.)
+# Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests;
+# least recently used first within each. (System units are never evicted: they have none.)
 PRIORITY = {"orphan": STALE, "assistant": 1, "tools": 2, "user": 3}
 QUOTE = 80
 GISTS_HEADER = "The most informative line of each of the latest removed tool results:"
@@ -213,6 +213,15 @@ def _neighbours(units: list[Unit]) -> set[Unit]:
     return found
 
 
+def _is_notice(conversation: Conversation, unit: Unit) -> bool:
+    """Whether a unit is a notice of brim's, of what an earlier cut removed (a user message or
+    a system one, by the API): kept like the first request, it goes only as a last resort —
+    into the new notice, whose original holds it (and so the key it names)."""
+    if unit.kind not in ("user", "system"):
+        return False
+    return conversation.dialect.text(conversation.messages[unit.start]).startswith(NOTICE_PREFIX)
+
+
 def _notice_at(conversation: Conversation, start: int) -> int:
     """Where the notice goes for removals that begin at `start`: there, or before the system
     messages right in front of it that follow some other message (never before the leading
@@ -246,7 +255,7 @@ class Evict:
                 tools.update(
                     names.get(call, "tool") for call in dialect.calls(messages[unit.start])
                 )
-            elif unit.kind == "user":
+            elif unit.kind == "user" and not _is_notice(conversation, unit):
                 requests.append(_quote(dialect.text(messages[unit.start])))
         parts = [
             f"{NOTICE_PREFIX}{count} earlier messages ({tokens} tokens) to fit the context window"
@@ -311,15 +320,20 @@ class Evict:
         if conversation.total <= goal.target:
             return conversation, []
         units = facts(conversation).units
-        system = {unit for unit in units if unit.kind == "system"}
-        users = [unit for unit in units if unit.kind == "user"]
+        notices = {unit for unit in units if _is_notice(conversation, unit)}
+        system = {unit for unit in units if unit.kind == "system" and unit not in notices}
+        users = [unit for unit in units if unit.kind == "user" and unit not in notices]
         last = last_request(conversation)
         always = {unit for unit in units if last in unit.indices}  # the last user message
         tail = next((unit for unit in reversed(units) if unit.kind != "system"), None)
         if tail is not None and tail.kind == "tools":  # an ongoing tool loop: the model needs it
             always.add(tail)
-        neighbours = _neighbours(units)
-        turns = [unit for unit in units if unit.kind in ("user", "assistant", "tools")]
+        neighbours = _neighbours([unit for unit in units if unit not in notices])
+        turns = [
+            unit
+            for unit in units
+            if unit.kind in ("user", "assistant", "tools") and unit not in notices
+        ]
         recent_from = len(conversation.messages)
         if self.settings.keep_recent_turns and turns:
             recent_from = turns[-min(self.settings.keep_recent_turns, len(turns))].start
@@ -332,13 +346,16 @@ class Evict:
                 unit == (users[0] if users else None)
                 or unit.start >= recent_from
                 or unit in neighbours
+                or unit in notices
             )
         ]
         kept = system | always | set(optional)
         candidates = [unit for unit in units if unit not in kept]
         size = {unit: sum(conversation.sizes[i] for i in unit.indices) for unit in units}
         value = self._values(conversation, candidates)
-        ordered = sorted(candidates, key=lambda unit: (value[unit], unit.start))
+        used = last_use(conversation)
+        recency = {unit: max(used[i] for i in unit.indices) for unit in candidates}
+        ordered = sorted(candidates, key=lambda unit: (value[unit], recency[unit], unit.start))
 
         dumped = _Dumped(conversation)
         gists = _Gists(conversation, meter)
@@ -375,12 +392,17 @@ class Evict:
         if not quoting:
             result, total = total_without(removed, self.settings.notice, quoting)
         running = 0  # last resorts are batched (for their summaries) on their own grid
-        for unit in optional:  # last resort, oldest first: only as far as the limit demands
+        # Last resort, oldest first, only as far as the limit demands — and only in compress's
+        # last-resort pass, after the cuts into text that spare these units.
+        for unit in () if goal.reversible_only else optional:
             if total <= goal.limit:
                 break
-            removed.append(unit)
-            batch[unit] = (LAST_RESORT, running // step if step > 0 else len(batch))
-            running += size[unit]
+            # An earlier notice goes into the new one with the first unit released: one notice.
+            released = [unit, *sorted(notices - {unit, *removed}, key=lambda u: u.start)]
+            for each in released:
+                removed.append(each)
+                batch[each] = (LAST_RESORT, running // step if step > 0 else len(batch))
+                running += size[each]
             result, total = total_without(removed, self.settings.notice, quoting)
         if total > goal.limit and self.settings.notice and removed:
             without, smaller = total_without(removed, False)
@@ -402,18 +424,18 @@ class Evict:
             )
             for unit in removed
         ]
-        notices = [
+        written = [
             i
             for i, origin in enumerate(result.origin)
             if origin == -1 and result.messages[i] not in conversation.messages
         ]
-        if notices:  # the notice names every removed message by one key: its record keeps them
+        if written:  # the notice names every removed message by one key: its record keeps them
             original = dumped.removed(removed)
             key = archive_key(original)
             records += [
                 FidelityRecord(
                     self.name, "notice", -1, 0, result.sizes[i], archive_key=key, original=original
                 )
-                for i in notices
+                for i in written
             ]
         return result, records

@@ -20,15 +20,17 @@ import math
 import re
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
 
 import orjson
 
-from brim.policies.conversation import Conversation, ResultKey, strings_of
+from brim.policies.conversation import Conversation
+from brim.policies.facts import ResultKey
 from brim.policies.remembered import Remembered
+from brim.policies.text import identifiers, strings_of
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
@@ -186,11 +188,12 @@ def gist(text: str, count: int, width: int = GIST_WIDTH) -> tuple[str, ...]:
 
 def _gist(text: str, count: int, width: int) -> tuple[str, ...]:
     lines = _json_lines(text)
+    parsed: Parsed = {}
     if lines is None:
-        scores = scores_of(text)
         lines = text.split("\n")
+        scores = LineStats.of([text], parsed).scores(lines, parsed)
     else:
-        scores = line_scores(lines)
+        scores = LineStats.of(["\n".join(lines)], parsed).scores(lines, parsed)
     lines = [line.strip() for line in lines]
     ranked = sorted(
         (index for index, line in enumerate(lines) if scores[index] > 0 and line),
@@ -228,3 +231,109 @@ def _json_lines(text: str) -> list[str] | None:
             label = f"{key}: " if key else ""
             lines += [label + line for line in value.split("\n") if not is_marker(line)]
     return lines
+
+
+# ---------------------------------------------------------------- information across a session
+
+
+@dataclass(frozen=True, slots=True)
+class _TextTerms:
+    """One text's part of a session's `LineStats`: its distinct lines with numbers masked
+    (`lines`), in how many of those each word is, and in how many of its distinct lines as
+    written each identifier is."""
+
+    lines: int
+    words: Counter[str]
+    ids: Counter[str]
+
+
+_TERMS: Remembered[tuple[int, int], _TextTerms] = Remembered(maxsize=4_096)
+
+# A line's words (numbers masked) and identifiers, by the line: what `LineStats` counts and
+# scores, worked out once where one caller does both.
+Parsed = dict[str, tuple[tuple[str, ...], frozenset[str]]]
+
+
+def _parsed(line: str, parsed: Parsed | None) -> tuple[tuple[str, ...], frozenset[str]]:
+    if parsed is None:
+        return tuple(words(line)), identifiers(line)
+    found = parsed.get(line)
+    if found is None:
+        found = parsed[line] = (tuple(words(line)), identifiers(line))
+    return found
+
+
+def _text_terms(text: str, parsed: Parsed | None = None) -> _TextTerms:
+    key = (len(text), hash(text))
+    with _LOCK:
+        known = _TERMS.get(key)
+    if known is None:
+        signatures: set[tuple[str, ...]] = set()
+        counted: Counter[str] = Counter()
+        ids: Counter[str] = Counter()
+        for line in dict.fromkeys(text.split("\n")):
+            if is_marker(line):
+                continue
+            signature, named = _parsed(line, parsed)
+            if signature not in signatures:
+                signatures.add(signature)
+                counted.update(set(signature))
+            ids.update(named)
+        known = _TextTerms(len(signatures), counted, ids)
+        with _LOCK:
+            _TERMS[key] = known
+    return known
+
+
+@dataclass(frozen=True, slots=True)
+class LineStats:
+    """How common each word and identifier is across a session's texts (its tool results):
+    words by the distinct lines that have them — a line repeated, or differing from another only
+    in its numbers, counts once — and identifiers (`identifiers`) by the distinct lines that
+    hold them. What a line says is judged against all of it: a line unlike every other line of
+    the session is what a digest exists to keep."""
+
+    lines: int  # distinct lines, numbers masked
+    words: Counter[str]
+    ids: Counter[str]
+
+    @classmethod
+    def of(cls, texts: Iterable[str], parsed: Parsed | None = None) -> LineStats:
+        """The stats of `texts`; `parsed`, where given, keeps each line's words and identifiers
+        for `scores` of the same lines."""
+        lines = 0
+        counted: Counter[str] = Counter()
+        ids: Counter[str] = Counter()
+        for text in texts:
+            part = _text_terms(text, parsed)
+            lines += part.lines
+            counted.update(part.words)
+            ids.update(part.ids)
+        return cls(lines, counted, ids)
+
+    def scores(self, lines: Sequence[str], parsed: Parsed | None = None) -> list[float]:
+        """How informative each of `lines` (one text's) is: the rarity across the session of
+        its distinct words and identifiers — log(distinct lines ÷ lines that have it, at least
+        0) — over their number plus a small constant. Words are counted among the distinct
+        lines with numbers masked, identifiers among the lines as written, both against the
+        number of the former: a template repeated with a fresh id on each line is not news for
+        its ids. The words of a line that comes again in the text, or differs from an earlier
+        one only in its numbers, count once: at the first; its identifiers count each time (a
+        fresh id is news). brim's own markers score -1, below every line."""
+        whole = max(1, self.lines) + 1
+        seen: set[tuple[str, ...]] = set()
+        out: list[float] = []
+        for line in lines:
+            if is_marker(line):
+                out.append(-1.0)
+                continue
+            signature, ids = _parsed(line, parsed)
+            found = set(signature)
+            said = 0.0
+            if signature not in seen:
+                seen.add(signature)
+                said = math.fsum(math.log(whole / max(1, self.words[w])) for w in found)
+            said += math.fsum(max(0.0, math.log(whole / max(1, self.ids[i]))) for i in ids)
+            count = len(found) + len(ids)
+            out.append(said / (count + _SMOOTHING) if count else 0.0)
+        return out

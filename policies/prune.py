@@ -1,37 +1,34 @@
 """`prune_tool_results`: shrink large tool results by their information, not by position.
 
-Four steps, the cheapest first; the results of the tool loop at hand (the newest tool turn,
+Three steps, the cheapest first; the results of the tool loop at hand (the newest tool turn,
 unless a user request came after it) are never touched:
 
 1. Lossless, on every result: JSON minified, noise fields dropped (URLs, images, base64 blobs,
    nulls by default).
 2. Nearly lossless, on every result: an exact copy of a later result (a file read twice with the
    same content, the same command output again) becomes a one-line pointer to the next copy,
-   with the sha256 under which the archive keeps the copy (`policies.conversation.pointer`).
-3. Lossy, only while the request is still over its target, oldest result first, in batches of at
-   least `cut_at_least` tokens (by default the budget's slack): a text result over
-   `max_text_tokens` keeps its head and tail and, in between, the lines that report an anomaly
-   (errors, warnings, failures, tracebacks, non-2xx statuses, non-zero exit codes) and those
-   that mention a task term, with a count of what went; a long JSON array keeps head, tail and
-   the items with a task term, an anomaly or a field few other items fill. The task terms are
-   those of the task the result was fetched for: the user's first and last request before it
-   and the arguments of the calls that fetched it (`policies.conversation.requests`,
-   `call_terms`).
-4. Lossier, only once step 3 has cut every result and the request is still over its target,
-   oldest first and in the same batches — but past the oldest results that the next policy
-   must replace with placeholders anyway (an estimate from their sizes, moved in steps of
-   `_DIGEST_GRID` results): each result becomes its digest, about `digest_share`
-   of its tokens (of at most `max_text_tokens`; at least `digest_min_tokens`) — its first and
-   last lines, its anomaly and task lines, then its most informative lines (those whose words
-   are rare within it, `policies.information`: the line that says something once, not the
-   hundred that differ only in their numbers); a JSON array keeps as many of its items, the
-   outliers and the most informative first.
+   with the sha256 under which the archive keeps the copy (`policies.text.pointer`).
+3. A cut into text, only in compress's last-resort pass — where the reversible cuts (clear's
+   placeholders, evict's batches) could not bring the request within its limit — and only as
+   far as the limit needs: oldest result first, each cut by the tokens still over the limit and
+   no further than its digest (about `digest_share` of its tokens, of at most
+   `max_text_tokens`; at least `digest_min_tokens`). A text keeps its first and last line, a
+   few anomalies (errors, warnings, failures, tracebacks, non-2xx statuses, non-zero exit
+   codes; one of each kind), the lines that mention a task term, then the lines that say most
+   that the rest of the session does not (`policies.lines`: rare words, identifiers and numbers
+   found nowhere else; a repeated line counts once), each run of the others as one marker with
+   its count. JSON keeps head, tail and the items with a task term, an anomaly or a field few
+   other items fill (its long strings cut to their relevant lines), or where that saves too
+   little, its digest: as many of its items, the outliers and the most informative first. The
+   task terms are those of the task the result was fetched for: the user's first and last
+   request before it and the arguments of the calls that fetched it (`policies.facts.requests`,
+   `call_terms`). A cut result names the key of its whole, for `brim_restore`.
 
-Each step is a pure function of the session up to the result (and later copies of it), cached,
-so a result is pruned the same way every turn and the request prefix stays put; the batches
-move the lossy frontier only now and then as a session grows. What each cut result said before
-its cut is noted on the conversation returned (`policies.information.remember_cut`), so a
-placeholder that later replaces it quotes the gist of the whole result.
+Steps 1 and 2 are pure functions of the session up to the result (and later copies of it),
+cached, so a result is rewritten the same way every turn and the request prefix stays put.
+What each changed result said before is noted on the conversation returned
+(`policies.information.remember_cut`), so a placeholder that later replaces it quotes the gist
+of the whole result.
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ import fnmatch
 import math
 import re
 import threading
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -49,43 +46,48 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from brim.policies.conversation import (
     Conversation,
-    Facts,
+    Dialect,
     FidelityRecord,
     Goal,
     Meter,
     ToolResult,
     Unit,
     archive_key,
-    copies,
-    facts,
+    text_tokens_for,
+)
+from brim.policies.facts import Facts, copies, facts
+from brim.policies.information import (
+    SHORTENED,
+    CutFrom,
+    LineStats,
+    item_scores,
+    rare_keys,
+    remember_cut,
+)
+from brim.policies.lines import (
+    MIN_LINES,
+    cut_middle,
+    digest_lines,
+    informative_lines,
+    relevant_lines,
+)
+from brim.policies.nesting import SAFE_DEPTH, nests_deeper_than
+from brim.policies.remembered import Remembered
+from brim.policies.text import (
     is_anomaly,
+    is_placeholder,
     keys_in,
     keys_of,
     mentions,
     pointer,
-    snapped_count,
     strings_of,
-    text_tokens_for,
 )
-from brim.policies.information import (
-    SHORTENED,
-    CutFrom,
-    item_scores,
-    rare_keys,
-    remember_cut,
-    scores_of,
-)
-from brim.policies.nesting import SAFE_DEPTH, nests_deeper_than
-from brim.policies.remembered import Remembered
 
 _BASE64 = re.compile(r"^(data:[\w/+.-]+;base64,)?[A-Za-z0-9+/=\s]{512,}$")
-_MARKER_TOKENS = 20  # what one "[… N lines … omitted by brim …]" line costs, about
-_DIGEST_MARKER_TOKENS = 12  # …and one "[… N lines omitted by brim …]", a digest's
-_FEW_ANOMALIES = 3  # a digest keeps this many anomaly lines wherever they fit
-_PLACEHOLDER_TOKENS = 40  # what a cleared result's placeholder costs at least
-_DIGEST_NEWEST = 4  # results digested where even placeholders for all would not suffice
-_DIGEST_GRID = 8  # where digests start moves by this many results at a time
-_MIN_LINES = 8  # fewer lines than this: cut by tokens, not by lines
+_NOTE_TOKENS = 24  # what a cut's markers and the note naming its whole add, about
+CUT_DETAIL = "cut to its most informative lines and items"  # the records' detail
+_ATTEMPTS = 3  # cuts of one message, each deeper by what the one before left over the limit
+_OVERSHOOT_SLACK = 10  # tokens: and a little more, where head, markers and tail meet
 
 
 class PruneSettings(BaseModel):
@@ -99,252 +101,13 @@ class PruneSettings(BaseModel):
     drop_fields: tuple[str, ...] = ("*_url", "url", "image", "image_data", "thumbnail", "avatar*")
     drop_nulls: bool = True
     dedupe: bool = True  # older exact copies of a result become a pointer to the next copy
-    cut_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
-    # Step 4: a result's digest keeps about this share of its tokens (1: no digests)…
+    # A cut keeps at least a digest: about this share of a result's tokens (of at most
+    # `max_text_tokens` of them; 1: no digests, JSON only cut to its relevant part)…
     digest_share: float = Field(0.2, gt=0, le=1)
     digest_min_tokens: int = Field(150, ge=16)  # …and at least this many
 
 
-def cut_middle(
-    text: str,
-    keep_tokens: int,
-    meter: Meter,
-    head_share: float = 1 / 3,
-    *,
-    tokens: Sequence[int] | None = None,
-    marker: Callable[[int], str] | None = None,
-) -> tuple[str, int]:
-    """`text` with its middle replaced by a marker so about `keep_tokens` remain, cut at line
-    ends where there are any (`tokens`: the text's own, when the caller has them already;
-    `marker`: what the marker says, given the tokens removed). Returns the new text and how
-    many tokens were removed."""
-    if tokens is None:
-        tokens = meter.tokens(text)
-    if len(tokens) <= keep_tokens:
-        return text, 0
-    head_n = max(1, int(keep_tokens * head_share))
-    tail_n = max(1, keep_tokens - head_n)
-    head = meter.decode(tokens[:head_n])
-    tail = meter.decode(tokens[-tail_n:])
-    if "\n" in head[len(head) // 2 :]:
-        head = head[: head.rindex("\n") + 1]
-    if "\n" in tail[: len(tail) // 2]:
-        tail = tail[tail.index("\n") + 1 :]
-    removed = len(tokens) - len(meter.tokens(head)) - len(meter.tokens(tail))
-    said = marker(removed) if marker else f"\n[… {removed} tokens cut from the middle by brim …]\n"
-    return head.rstrip("\n") + said + tail.lstrip("\n"), removed
-
-
-def _line_marker(omitted: int, telling: int, brief: bool = False) -> str:
-    if brief:  # a digest's: many of them, so short (and no anomaly word in it)
-        if not telling:
-            return f"[… {omitted} lines omitted by brim …]"
-        return f"[… {omitted} lines omitted by brim, {telling} with task terms or anomalies …]"
-    if not telling:
-        return f"[… {omitted} lines without task terms or errors omitted by brim …]"
-    return f"[… {omitted} lines omitted by brim, {telling} of them with task terms or errors …]"
-
-
-# A marker of either kind, with its counts: a digest of a cut text adds them to its own.
-_MARKER_COUNTS = re.compile(r"\[… (\d+) lines [^\]]*?omitted by brim(?:, (\d+) [^\]]*)? …\]")
 _ITEMS_MARKER = re.compile(r"… (\d+) more items …")
-
-
-class _Picker:
-    """Which lines of a text to keep within a token budget, a line at a time, where each run of
-    dropped lines costs one marker."""
-
-    def __init__(self, cost: Sequence[int], marker: int) -> None:
-        self.cost, self.marker = cost, marker
-        self.count = len(cost)
-        self.kept = [False] * self.count
-        self.used = marker  # nothing kept yet: one run of dropped lines
-
-    def add(self, index: int, within: int) -> bool:
-        """Keep line `index` if the text stays within `within` tokens."""
-        kept, count = self.kept, self.count
-        before = index > 0 and not kept[index - 1]
-        after = index < count - 1 and not kept[index + 1]
-        runs = (before and after) - (not before and not after)  # a run split, or one closed
-        added = self.cost[index] + self.marker * runs
-        if self.used + added > within:
-            return False
-        kept[index] = True
-        self.used += added
-        return True
-
-    def ends(self, within: int) -> None:
-        """The first and the last line, always."""
-        self.add(0, within + self.cost[0])
-        self.add(self.count - 1, max(within, self.used + self.cost[-1]))
-
-    def text(self, lines: Sequence[str], telling: Sequence[int], brief: bool = False) -> str:
-        """The kept lines, each run of dropped ones as one marker with its count (and how many
-        of them were `telling`); a dropped marker's counts are added to its run's."""
-        out: list[str] = []
-        index, count, kept = 0, self.count, self.kept
-        while index < count:
-            if kept[index]:
-                out.append(lines[index])
-                index += 1
-                continue
-            omitted = flagged = 0
-            while index < count and not kept[index]:
-                found = _MARKER_COUNTS.fullmatch(lines[index])
-                if found:
-                    omitted += int(found[1])
-                    flagged += int(found[2] or 0)
-                else:
-                    omitted += 1
-                    flagged += bool(telling[index])
-                index += 1
-            out.append(_line_marker(omitted, flagged, brief))
-        return "\n".join(out)
-
-
-def _ranks(lines: Sequence[str], terms: frozenset[str]) -> list[int]:
-    """Each line's class: 2 if it reports an anomaly, 1 if it mentions a task term, else 0."""
-    # A term is a piece of the line's lower-case text: most lines fail this cheaply.
-    found = re.compile("|".join(map(re.escape, sorted(terms)))).search if terms else None
-    # A line reports an anomaly only where the text it is in does (looked for a few thousand
-    # lines at once): where none does, no line is asked.
-    anomalous = any(map(is_anomaly, _chunks(lines)))
-    if found is None and not anomalous:
-        return [0] * len(lines)
-
-    def rank(line: str) -> int:
-        if anomalous and is_anomaly(line):
-            return 2
-        return int(found is not None and bool(found(line.lower())) and mentions(line, terms))
-
-    ranks = {line: rank(line) for line in dict.fromkeys(lines)}  # a repeated line: once
-    return [ranks[line] for line in lines]
-
-
-def _chunks(lines: Sequence[str], size: int = 4_096) -> Iterator[str]:
-    """The lines joined, a few thousand at a time: a line reports an anomaly only where the
-    text it is in does, and one search of a chunk is far cheaper than one per line."""
-    for start in range(0, len(lines), size):
-        yield "\n".join(lines[start : start + size])
-
-
-def relevant_lines(text: str, terms: frozenset[str], keep_tokens: int, meter: Meter) -> str:
-    """`text` cut to about `keep_tokens` by lines: head and tail, then every line that reports an
-    anomaly, then the lines that stand out (`policies.information.line_scores`: far rarer words
-    than most lines have) within a quarter of what is left, then every line that mentions a
-    task term (in that order, while they fit), then more head and tail; each run of dropped
-    lines becomes one marker with its count. Each line is tokenized once, and the text as a
-    whole not at all."""
-    lines = text.split("\n")
-    if len(lines) < _MIN_LINES:
-        return cut_middle(text, keep_tokens, meter)[0]
-    cost = [len(meter.tokens(line)) + 1 for line in lines]
-    if sum(cost) - 1 <= keep_tokens:
-        return text
-    count = len(lines)
-    rank = _ranks(lines, terms)
-    picker = _Picker(cost, _MARKER_TOKENS)
-    add, kept = picker.add, picker.kept
-    picker.ends(keep_tokens)
-    head = 1
-    while head < count and not kept[head] and add(head, keep_tokens // 8):
-        head += 1
-    tail = count - 2
-    while tail >= 0 and not kept[tail] and add(tail, keep_tokens // 8 + keep_tokens // 6):
-        tail -= 1
-    for index in range(count):
-        if rank[index] == 2 and not kept[index]:
-            add(index, keep_tokens)
-    # Lines that stand out (twice as informative as the median line, best first) within a
-    # quarter of what is left: the one line a templated log says once.
-    scores = scores_of(text)
-    positive = sorted(score for score in scores if score > 0)
-    if positive:
-        stand_out = 2 * positive[len(positive) // 2]
-        within = picker.used + (keep_tokens - picker.used) // 4
-        for index in sorted(range(count), key=lambda i: (-scores[i], i)):
-            if scores[index] < stand_out:
-                break
-            if not kept[index]:
-                add(index, within)
-    for index in range(count):
-        if rank[index] == 1 and not kept[index]:
-            add(index, keep_tokens)
-    spare = picker.used + (keep_tokens - picker.used) // 3
-    while head < count and not kept[head] and add(head, spare):
-        head += 1
-    while tail >= 0 and not kept[tail] and add(tail, keep_tokens):
-        tail -= 1
-    shrunk = picker.text(lines, rank)
-    if picker.used > keep_tokens * 1.25:  # a few giant lines (the first, the last): cut by tokens
-        shrunk = cut_middle(shrunk, keep_tokens, meter)[0]
-    return shrunk
-
-
-def digest_lines(
-    text: str,
-    terms: frozenset[str],
-    share: float,
-    floor: int,
-    meter: Meter,
-    cap: int | None = None,
-) -> str:
-    """`text` cut by information to about `share` of its tokens (of at most `cap` of them: the
-    share of what a cut to `cap` would keep; and at least `floor`): its first and last line,
-    the lines that report an anomaly, those that mention a task term, then the most
-    informative of the rest (`policies.information.line_scores`: lines whose words are rare
-    within the text) — each class best first, while they fit; a line whose words every other
-    line has too (one that differs from them only in its numbers) is not kept for itself.
-    Kept lines stay in order, each run of dropped ones becomes one short marker with its count.
-    Never longer than `text`; the text is counted once, and each line costs its share of the
-    text's characters (a digest's size is a share of the text, not an exact count)."""
-    lines = text.split("\n")
-    if len(lines) < 3:
-        tokens = meter.tokens(text)
-        keep_tokens = max(floor, int(min(len(tokens), cap or len(tokens)) * share))
-        return cut_middle(text, keep_tokens, meter, tokens=tokens)[0]
-    total = meter.text_tokens(text)
-    ratio = total / max(1, len(text))
-    cost = [1 + int(len(line) * ratio) for line in lines]
-    keep_tokens = max(floor, int(min(total, cap or total) * share))
-    if total <= keep_tokens:
-        return text
-    scores = scores_of(text)
-    rank = [0 if score < 0 else r for r, score in zip(_ranks(lines, terms), scores, strict=True)]
-    if 2 * sum(1 for r in rank if r == 1) > len(lines):  # a term on most lines tells none apart
-        rank = [r if r != 1 else 0 for r in rank]
-    best_first = sorted(range(len(lines)), key=lambda index: (-scores[index], index))
-    picker = _Picker(cost, _DIGEST_MARKER_TOKENS)
-    picker.ends(keep_tokens)
-    # Anomalies, then task lines, each class up to half of what is left (where they are many,
-    # best first: the same warning a hundred times is worth one), then the most informative
-    # lines, then what is left of both classes while anything fits. The best few anomalies
-    # (different lines) are kept while they fit at all: half of what is left may be less than
-    # two short lines and the markers around them.
-    within = picker.used + (keep_tokens - picker.used) // 2
-    few: set[str] = set()
-    for index in best_first:
-        if (
-            rank[index] == 2
-            and not picker.kept[index]
-            and len(few) < _FEW_ANOMALIES
-            and lines[index] not in few
-            and picker.add(index, keep_tokens)
-        ):
-            few.add(lines[index])
-    for wanted in (2, 1):
-        if wanted == 1:
-            within = picker.used + (keep_tokens - picker.used) // 2
-        for index in best_first:
-            if rank[index] == wanted and not picker.kept[index]:
-                picker.add(index, within)
-    for index in best_first:
-        if not picker.kept[index] and (rank[index] or scores[index] > 0):
-            picker.add(index, keep_tokens)  # a line scoring 0 says nothing the others do not
-    shrunk = picker.text(lines, rank, brief=True)
-    if picker.used > keep_tokens * 1.25:  # a few giant lines: cut by tokens too
-        shrunk = cut_middle(shrunk, keep_tokens, meter)[0]
-    return shrunk if len(shrunk) < len(text) else text
 
 
 def _with_gaps(items: Sequence[Any], keep: set[int]) -> list[Any]:
@@ -423,7 +186,6 @@ _MATCHED: Remembered[tuple[int, int, frozenset[str]], frozenset[str]] = Remember
 _MATCHED_LOCK = threading.Lock()
 
 Key = tuple[int, str]  # (message index, call key)
-_Edits = Callable[[int, int, set[str]], dict[str, str]]  # (index, size, calls to skip) → texts
 
 
 class PruneToolResults:
@@ -465,7 +227,7 @@ class PruneToolResults:
             if len(value) > settings.max_array_items:
                 value = self._relevant_items(value, terms)
             return [self._relevant(item, terms, meter, budget) for item in value]
-        if isinstance(value, str) and len(value) > budget and value.count("\n") >= _MIN_LINES:
+        if isinstance(value, str) and len(value) > budget and value.count("\n") >= MIN_LINES:
             return relevant_lines(value, terms, budget, meter)
         return value
 
@@ -546,7 +308,7 @@ class PruneToolResults:
         parsed = self._json(text)
         if parsed is not None:
             long_strings = sum(
-                1 for s in strings_of(parsed) if len(s) > limit and s.count("\n") >= _MIN_LINES
+                1 for s in strings_of(parsed) if len(s) > limit and s.count("\n") >= MIN_LINES
             )
             budget = max(256, limit // max(1, long_strings))
             text = orjson.dumps(self._relevant(parsed, terms, meter, budget)).decode()
@@ -643,6 +405,76 @@ class PruneToolResults:
             keep.add(real[j])
         return _with_gaps(items, keep)
 
+    def cut_text(
+        self,
+        text: str,
+        meter: Meter,
+        terms: frozenset[str] = frozenset(),
+        excess: int = 0,
+        *,
+        named: str | None = None,
+        stats: _Stats | None = None,
+    ) -> str:
+        """`text` (already lossless) cut by its information so that it is about `excess` tokens
+        (the encoding's) shorter, and no shorter than its digest — `digest_share` of at most
+        `max_text_tokens` of its tokens, at least `digest_min_tokens`; a cut text names the key
+        `named` of the whole result (`shortened`). Text keeps its most informative lines
+        (`policies.lines.informative_lines`, judged across the session `stats` describes); JSON
+        is cut to its relevant items and lines (`lossy_text`), or where that saves too little,
+        to its digest (`digest_text`)."""
+        settings = self.settings
+        size = meter.text_tokens(text)
+        floor = max(
+            settings.digest_min_tokens,
+            int(min(size, settings.max_text_tokens) * settings.digest_share),
+        )
+        keep = max(floor, size - excess - _NOTE_TOKENS)
+        if keep >= size:
+            return text
+        if self._json(text) is not None:
+            relevant = self.lossy_text(text, meter, terms, size, named=named)
+            if settings.digest_share >= 1 or size - meter.text_tokens(relevant) >= excess:
+                return relevant
+            return self.digest_text(text, meter, terms, named=named)
+        matched = matched_terms(text, terms)
+        if text.count("\n") < 2:
+            shrunk = cut_middle(text, keep, meter)[0]
+        else:
+            lines = stats.lines() if stats is not None else None
+            shrunk = informative_lines(text, keep, matched, meter, lines, total=size)
+        return _naming(text, shrunk, named)
+
+    def _cut_message(
+        self,
+        dialect: Dialect,
+        index: int,
+        message: Any,
+        found: Sequence[ToolResult],
+        texts: Mapping[Key, str],
+        pointed: Mapping[Key, str],
+        stats: _Stats,
+        meter: Meter,
+        terms: frozenset[str],
+        excess: int,
+    ) -> tuple[Any, set[str]]:
+        """`message` with its results cut into (`cut_text`) by about `excess` tokens of text
+        between them, each by what the ones before it left; and the calls whose results were
+        cut."""
+        updated, calls = message, set()
+        for result in found:
+            key = (index, result.call_id)
+            text = texts.get(key, result.text)
+            if excess <= 0 or key in pointed or is_placeholder(text):
+                continue
+            cut_to = self.cut_text(
+                text, meter, terms, excess, named=archive_key(result.text), stats=stats
+            )
+            if cut_to != text:
+                updated = dialect.with_tool_result(updated, result.call_id, cut_to)
+                calls.add(result.call_id)
+                excess -= meter.text_tokens(text) - meter.text_tokens(cut_to)
+        return updated, calls
+
     def apply(
         self, conversation: Conversation, goal: Goal, meter: Meter
     ) -> tuple[Conversation, list[FidelityRecord]]:
@@ -683,51 +515,54 @@ class PruneToolResults:
         changes = self._rewritten(conversation, results, texts, meter)
         pruned = conversation.with_results(changes)
 
-        # 3. cuts to the relevant part, oldest first, only while over the target, in batches;
-        # 4. once every result is cut so and the request is still over, digests, likewise.
+        # 3. only in compress's last-resort pass, where the reversible cuts could not bring the
+        # request within its limit: cuts into text, oldest result first, each only as far as
+        # the limit still needs, no further than its digest.
         edited: dict[int, tuple[Any, int]] = {}
         cut: dict[int, set[str]] = {}  # index → the calls whose results were cut
-        digested: dict[int, set[str]] = {}  # …and those cut further, to their digests
-        needed = pruned.total - goal.target
-        if needed > 0:
-            skip: dict[int, set[str]] = {}
-            for index, call_id in pointed:
-                if (index, call_id) in texts:
-                    skip.setdefault(index, set()).add(call_id)
-
-            def shrink(
-                edits: _Edits, done: dict[int, set[str]], among: Sequence[int]
-            ) -> Iterator[int]:
-                for index in among:
-                    message, size = edited.get(index, (pruned.messages[index], pruned.sizes[index]))
-                    found = edits(index, size, skip.get(index, set()))
-                    if not found:
-                        continue
-                    updated = message
-                    for call_id, text in found.items():
-                        updated = dialect.with_tool_result(updated, call_id, text)
-                    smaller = meter.message(updated)
-                    if smaller < size:
-                        edited[index] = (updated, smaller)
-                        done[index] = set(found)
-                        yield size - smaller
-
-            step = goal.step(settings.cut_at_least)
+        needed = pruned.total - goal.limit
+        if needed > 0 and goal.cuts_text:
             terms = _task_terms(known)
-            cuts = self._lossy_edits(known, texts, meter, terms)
-            snapped_count(shrink(cuts, cut, prunable), needed, step)
-            left = needed - sum(pruned.sizes[i] - size for i, (_, size) in edited.items())
-            if left > 0 and settings.digest_share < 1:
-                sizes = [edited[i][1] if i in edited else pruned.sizes[i] for i in prunable]
-                start = self._digests_from(sizes, left)
-                digests = self._lossy_edits(known, texts, meter, terms, digest=True)
-                snapped_count(shrink(digests, digested, prunable[start:]), left, step)
+            stats = _Stats(pruned, texts, results)
+            for index in prunable:
+                if needed <= 0:
+                    break
+                message, size = pruned.messages[index], pruned.sizes[index]
+                # The cut's markers and the tokens where its pieces meet can take a message
+                # past what was asked: then again from the whole, by that much (and a little)
+                # more, so that a cut into text brings the request within the limit.
+                extra = 0
+                for _ in range(_ATTEMPTS):
+                    updated, calls = self._cut_message(
+                        dialect,
+                        index,
+                        message,
+                        results[index],
+                        texts,
+                        pointed,
+                        stats,
+                        meter,
+                        terms(index),
+                        text_tokens_for(needed, meter) + extra,
+                    )
+                    if updated is message:
+                        break
+                    smaller = meter.message(updated)
+                    over = needed - (size - smaller)
+                    if over <= 0 or smaller >= size:
+                        break
+                    extra += text_tokens_for(over, meter) + _OVERSHOOT_SLACK
+                if updated is message or smaller >= size:
+                    continue
+                edited[index] = (updated, smaller)
+                cut[index] = calls
+                needed -= size - smaller
 
         records: list[FidelityRecord] = []
         for index in sorted(changes.keys() | edited.keys()):
             origin, before = conversation.origin[index], conversation.sizes[index]
             after = edited[index][1] if index in edited else changes[index][1]
-            cut_here, digested_here = cut.get(index, set()), digested.get(index, set())
+            cut_here = cut.get(index, set())
             deduplicated: list[FidelityRecord] = []
             shrunk: list[FidelityRecord] = []
             only_lossless = False
@@ -746,7 +581,7 @@ class PruneToolResults:
                             original=r.text,
                         )
                     )
-                elif r.call_id in cut_here or r.call_id in digested_here:
+                elif r.call_id in cut_here:
                     shrunk.append(
                         FidelityRecord(
                             self.name,
@@ -755,9 +590,7 @@ class PruneToolResults:
                             before,
                             after,
                             archive_key=archive_key(r.text),
-                            detail="cut to a digest of its most informative lines and items"
-                            if r.call_id in digested_here
-                            else "cut to its relevant lines and items",
+                            detail=CUT_DETAIL,
                             original=r.text,
                         )
                     )
@@ -771,10 +604,7 @@ class PruneToolResults:
         # text and its message's size as the client sent them: a placeholder names that whole
         # whichever of these happened to it first.
         changed = texts.keys() | {
-            (index, call_id)
-            for done in (cut, digested)
-            for index, calls in done.items()
-            for call_id in calls
+            (index, call_id) for index, calls in cut.items() for call_id in calls
         }
         wholes = {
             (index, r.call_id): r.text
@@ -786,71 +616,6 @@ class PruneToolResults:
             out, CutFrom(wholes, {index: conversation.sizes[index] for index, _ in wholes})
         )
         return out, records
-
-    def _digests_from(self, sizes: Sequence[int], left: int) -> int:
-        """Where digests start among the prunable results (oldest first, of these `sizes`) when
-        `left` tokens must still go: the first, if digests of all of them would save that much;
-        else past the oldest results that placeholders must replace anyway (the next policy
-        clears results oldest first) — digesting those would be work thrown away; and where
-        even placeholders for all would not save enough (whole turns will go too), only the
-        newest `_DIGEST_NEWEST`. Estimates, from the sizes alone: a digest keeps `digest_share`
-        of a result (at least `digest_min_tokens`), a placeholder `_PLACEHOLDER_TOKENS`."""
-        settings = self.settings
-        cap, share, floor = (
-            settings.max_text_tokens,
-            settings.digest_share,
-            settings.digest_min_tokens,
-        )
-        by_digest = [max(0, size - max(floor, int(min(size, cap) * share))) for size in sizes]
-        by_clearing = [max(0, size - _PLACEHOLDER_TOKENS) for size in sizes]
-        short = left - sum(by_digest)
-        start = 0
-        while short > 0 and start < len(sizes):
-            short -= by_clearing[start] - by_digest[start]
-            start += 1
-        if short > 0:
-            start = max(0, len(sizes) - _DIGEST_NEWEST)
-        return start - start % _DIGEST_GRID  # moved in steps, so the prefix stays put
-
-    def _lossy_edits(
-        self,
-        known: Facts,
-        texts: dict[Key, str],
-        meter: Meter,
-        terms_at: Callable[[int], frozenset[str]],
-        digest: bool = False,
-    ) -> _Edits:
-        """A function giving a message's results cut to their relevant part (call → new text) —
-        or with `digest`, to their digests — judged by the request each was fetched for and the
-        calls that fetched it (`terms_at`, from the facts of the conversation before steps 1 and
-        2, which touch neither). `texts`: each result's text as it stands, where not its own."""
-        settings = self.settings
-        results = known.editable
-
-        def edits(index: int, size: int, skip: set[str]) -> dict[str, str]:
-            found: dict[str, str] = {}
-            most = text_tokens_for(size, meter)  # the message's texts have at most these
-            for result in results[index]:
-                if result.call_id in skip:
-                    continue
-                text = texts.get((index, result.call_id), result.text)
-                if (
-                    not digest
-                    and most <= settings.max_text_tokens
-                    and text.lstrip()[:1] not in ("{", "[")
-                ):
-                    continue  # a short text: nothing to cut
-                terms = terms_at(index)
-                named = archive_key(result.text)
-                if digest:
-                    shrunk = self.digest_text(text, meter, terms, named=named)
-                else:
-                    shrunk = self.lossy_text(text, meter, terms, most, named=named)
-                if shrunk != text:
-                    found[result.call_id] = shrunk
-            return found
-
-        return edits
 
     def _rewritten(
         self,
@@ -918,3 +683,27 @@ def _said(value: Any) -> Any:
     if isinstance(value, list):
         return [said for item in value if (said := _said(item))]
     return value
+
+
+class _Stats:
+    """The `LineStats` of a conversation's tool results (their texts as they stand), worked
+    out when first asked for: only a cut into text needs them."""
+
+    def __init__(
+        self,
+        conversation: Conversation,
+        texts: Mapping[Key, str],
+        results: Sequence[Sequence[ToolResult]],
+    ) -> None:
+        self._texts, self._results = texts, results
+        self._stats: LineStats | None = None
+
+    def lines(self) -> LineStats:
+        if self._stats is None:
+            self._stats = LineStats.of(
+                text
+                for index, found in enumerate(self._results)
+                for result in found
+                if not is_placeholder(text := self._texts.get((index, result.call_id), result.text))
+            )
+        return self._stats

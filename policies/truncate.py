@@ -4,9 +4,13 @@ Head and tail are kept (a third and two thirds: the end of a log is where the er
 marker saying how many tokens went and naming the key of the whole text (`marker`), which the
 record keeps as its original. The largest text goes first, then the next, until the request
 fits the budget itself (`Goal.limit`, not the low-water mark: this cut destroys text, so it goes
-no further than the budget needs) or no text is left to cut. The newest message and the last
-user message (`last_request`) are cut only after every other message has been, and only if the
-request still does not fit (a system message after the newest turn does not make that turn older).
+no further than the budget needs, and only in compress's last-resort pass) or no text is left to
+cut. The newest turn (the newest message, or a tool call with all its results) and the last user
+message (`last_request`) are cut only after every other message has been, and only if the
+request still does not fit (a system message after the newest turn does not make that turn
+older); system and developer messages in the conversation (Chat's system, Responses' developer
+and system items — Codex sends its instructions so) only after everything else. Instructions
+outside it (Anthropic's `system`, Gemini's `systemInstruction`) are fixed cost: never cut.
 Tool-call arguments are never cut (they must stay valid JSON); nor are the messages a wire's
 dialect offers no text of (thinking turns, Anthropic's system messages).
 """
@@ -23,11 +27,10 @@ from brim.policies.conversation import (
     Goal,
     Meter,
     archive_key,
-    facts,
-    last_request,
     text_tokens_for,
 )
-from brim.policies.prune import cut_middle
+from brim.policies.facts import facts, last_request
+from brim.policies.lines import cut_middle
 
 MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split
 
@@ -53,17 +56,20 @@ class Truncate:
     def apply(
         self, conversation: Conversation, goal: Goal, meter: Meter
     ) -> tuple[Conversation, list[FidelityRecord]]:
+        if not goal.cuts_text:  # a cut into text: only in compress's last-resort pass
+            return conversation, []
         dialect = conversation.dialect
         records: list[FidelityRecord] = []
         known = facts(conversation)
-        newest = next(
-            (u.end - 1 for u in reversed(known.units) if u.kind != "system"),
-            len(conversation.messages) - 1,
-        )  # the newest message that is not a system message
-        spared = {len(conversation.messages) - 1, newest, last_request(conversation)}  # cut last
+        newest = next((u for u in reversed(known.units) if u.kind != "system"), None)
+        # Cut last: the newest turn that is not a system message (a tool call and every result
+        # of it), the last message, the last user message.
+        spared = {len(conversation.messages) - 1, last_request(conversation)}
+        spared |= set(newest.indices) if newest is not None else set()
+        system = {i for u in known.units if u.kind == "system" for i in u.indices}  # cut at last
         order = sorted(
             range(len(conversation.messages)),
-            key=lambda i: (i in spared, -conversation.sizes[i], i),
+            key=lambda i: (i in system, i in spared, -conversation.sizes[i], i),
         )
         for index in order:
             excess = conversation.total - goal.limit

@@ -439,8 +439,8 @@ def check_session(cli: Cli, run: Run) -> None:
     assert replies == [f"read {n}" for n in range(1, READS + 1)] + ["final"], report
 
     # The last request: every call of the tool answered by its own result, the newest file
-    # whole and as the CLI sent it, and older files not all as the CLI sent them (brim cut
-    # them, keeping each call with its result).
+    # whole and as the CLI sent it, and older files not all there as the CLI sent them (brim
+    # cleared or evicted them, keeping each call with its result).
     last = run.fake.main_calls[-1]
     uses = tool_uses(cli.api, last.body, cli.tool)
     assert uses and all(use.result is not None for use in uses), report
@@ -449,7 +449,7 @@ def check_session(cli: Cli, run: Run) -> None:
     bodies = [orjson.loads(seen.body) for seen in run.received if seen.body]
     (as_sent,) = [b for b in bodies if tool_uses(cli.api, b, cli.tool)[-1:] == uses[-1:]]
     kept = [use for use in uses if use in tool_uses(cli.api, as_sent, cli.tool)]
-    assert uses[-1] in kept and len(kept) < len(uses), report
+    assert uses[-1] in kept and (len(kept) < len(uses) or len(uses) < READS), report
 
     # The session grew past the window.
     compressed = [e for e in run.audit if e["outcome"] == "compressed"]

@@ -363,8 +363,8 @@ def test_a_retry_after_the_guard_offered_restore_offers_it_once(
 ) -> None:
     """The guard cut the request and offered brim_restore; the provider, whose window is smaller
     than brim was told, refuses even that; the retry cuts further without adding the tool again,
-    and the model's call of it is answered within the window the retry learned: the original
-    cut to the room the retry's cut left, in a request the provider takes."""
+    and the model's call of it is answered within the window the retry learned: older results
+    cleared to make room, the original whole, in a request the provider takes."""
     texts = logs("guarded")
     fake = Restoring(among=frozenset(key_of(text) for text in texts))
     model = f"{api.model}-{WINDOW * 5 // 8}"
@@ -379,11 +379,15 @@ def test_a_retry_after_the_guard_offered_restore_offers_it_once(
     assert cut.tokens < guarded.tokens
     (asked,) = tool_uses(api.name, last.body, RESTORE_TOOL.name)
     original = original_of(str(asked.arguments["key"]), texts)
-    assert conversation(api.name, last.body)[: len(conversation(api.name, cut.body))] == (
-        conversation(api.name, cut.body)
-    )
+    # The retry's cut left less room than the original takes: older results were cleared to
+    # make it (each in place, its placeholder naming its key), and the original went whole.
+    before, after = conversation(api.name, cut.body), conversation(api.name, last.body)
+    assert len(after) > len(before)
+    changed = [b for a, b in zip(before, after, strict=False) if a != b]
+    assert changed and all("brim cleared this" in dumped(b) for b in changed)
+    assert last.tokens <= WINDOW
     (result,) = restored(api.name, last.body)
-    assert came_back(result, original)
+    assert result == original
     assert reply.text == QUOTE + result
     assert reply.usage == (cut.tokens + last.tokens, 2 * OUTPUT_TOKENS)
     assert reply.headers["x-brim-retries"] == "1"

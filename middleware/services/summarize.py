@@ -35,7 +35,7 @@ from brim.adapters.exchange import Exchange
 from brim.adapters.registry import Upstreams
 from brim.middleware.services.shared import RedisLink, Unavailable
 from brim.policies.limits import LimitsRegistry
-from brim.policies.prune import cut_middle
+from brim.policies.lines import cut_middle
 from brim.policies.tokens import CounterMeter
 from brim.policies.wires import WIRES
 from brim.policies.wires.chat import CHAT

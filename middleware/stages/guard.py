@@ -23,7 +23,7 @@ from brim.middleware.services.sessions import SessionMemory
 from brim.middleware.services.store import ContentStore
 from brim.middleware.services.summarize import LEVELS, Summarizer, Summary
 from brim.middleware.stage import CallNext
-from brim.middleware.stages.restore import restorable, restore_offer
+from brim.middleware.stages.restore import keep_originals, restorable, restore_offer
 from brim.policies.carry import carried_from, carry, growth, prefix_digests
 from brim.policies.clients import ClientRule
 from brim.policies.compress import Outcome, build_policies, compress_request
@@ -526,20 +526,3 @@ class Guard:
         changed = exchange.with_body(exchange.wire.with_conversation(body, outcome.messages))
         context = dataclasses.replace(exchange.context, outcome=outcome)
         return await call_next(dataclasses.replace(changed, context=context))
-
-
-async def keep_originals(
-    archive: ContentArchive | None,
-    store: ContentStore | None,
-    outcome: Outcome,
-    exchange: Exchange,
-) -> None:
-    """Keep what the policies removed, under the keys their records name, before it goes: in
-    the archive (for people) and the content store (for `brim_restore`), both the exchange's
-    owner's."""
-    items = [(r.archive_key, r.original) for r in outcome.records if r.archive_key and r.original]
-    exchange.report.archive_keys += tuple(key for key, _ in items)
-    if archive is not None and items:
-        await asyncio.to_thread(archive.put_many, exchange.owner, items)
-    if store is not None and items:
-        await store.put_many(exchange.owner, items)

@@ -4,8 +4,10 @@ When the guard or the retry cut a request, they offer the model one more tool, `
 (`RESTORE_TOOL`, added at the end of the request's tools in its own wire format), and every
 placeholder, notice and summary names the key of what it stands for. When the provider's reply
 calls it, this stage answers the call itself from the content store — the original the request's
-own owner kept (another client's key is answered exactly as an unknown one), cut to the
-room the request has left — appends the call and its result, and asks the provider again, at
+own owner kept (another client's key is answered exactly as an unknown one), whole: where the
+request has no room for it, older content makes the room (results cleared, turns evicted, by
+the guard's policies, the restored turn kept whole), and the original is cut only where even
+that cannot make it — appends the call and its result, and asks the provider again, at
 most `max_rounds` times (the last round with tool calls turned off, so the model answers). The
 client gets only the final reply, its usage the sum over the rounds; client tool calls made in
 the same turn as a restore are dropped from the hidden round (the model makes them again once it
@@ -40,23 +42,25 @@ calling brim_restore) ends the stream with that API's own error event, never a d
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from brim.adapters.adapter import UpstreamResponse
+from brim.adapters.adapter import OFF_LOOP_BYTES, UpstreamResponse
 from brim.adapters.errors import BrimError, UpstreamFailure, UpstreamProtocolError
 from brim.adapters.exchange import Exchange
+from brim.middleware.services.archive import ContentArchive
 from brim.middleware.services.store import ContentStore
 from brim.middleware.stage import CallNext
 from brim.policies.clients import ClientRule
-from brim.policies.compress import Outcome
-from brim.policies.conversation import text_tokens_for
-from brim.policies.prune import cut_middle
+from brim.policies.compress import DEFAULT_ORDER, Outcome, build_policies, compress_request
+from brim.policies.conversation import Policy, text_tokens_for
+from brim.policies.lines import cut_middle
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.wires.base import (
     Splice,
@@ -127,14 +131,36 @@ class RestoreRounds:
         """None when `[restore]` is off (no content store among the services)."""
         if services.store is None:
             return None
-        return cls(services.store, services.counter, max_rounds=config.restore.max_rounds)
+        guard = config.guard
+        return cls(
+            services.store,
+            services.counter,
+            max_rounds=config.restore.max_rounds,
+            policies=build_policies(guard.policies, guard.policy_settings()),
+            archive=services.archive,
+        )
 
-    def __init__(self, store: ContentStore, counter: TokenCounter, *, max_rounds: int) -> None:
+    def __init__(
+        self,
+        store: ContentStore,
+        counter: TokenCounter,
+        *,
+        max_rounds: int,
+        policies: Sequence[Policy] | None = None,
+        archive: ContentArchive | None = None,
+    ) -> None:
+        """`policies`: what makes room for a restored original (the guard's; default: brim's
+        default policies); `archive`: where what that removes is kept for people, besides the
+        `store`."""
         if not 1 <= max_rounds <= 10:
             raise ValueError(f"max_rounds must be between 1 and 10, not {max_rounds}")
         self.store = store
         self.counter = counter
         self.max_rounds = max_rounds
+        self.policies = (
+            list(policies) if policies is not None else build_policies(DEFAULT_ORDER, {})
+        )
+        self.archive = archive
 
     async def __call__(self, exchange: Exchange, call_next: CallNext) -> UpstreamResponse:
         report = exchange.report
@@ -212,9 +238,11 @@ class RestoreRounds:
         self, exchange: Exchange, reply: Mapping[str, Any], calls: list[ToolCall], rounds: int
     ) -> Exchange:
         """The request of round `rounds`: `exchange`'s, with `reply`'s turn and brim's answers
-        to its `calls`, which share the room the request has left; tool calling turned off in
-        the last round. It carries its own size (`Outcome.tokens_out`: the retry cuts it from
-        there, the next round counts on from there)."""
+        to its `calls`; tool calling turned off in the last round. The originals go out whole
+        whenever they fit: where the request has no room for them, older content makes it —
+        cleared or evicted by the policies (`_with_room`), the restored turn kept whole — before
+        an original is cut. It carries its own size (`Outcome.tokens_out`: the retry cuts it
+        from there, the next round counts on from there)."""
         assert exchange.body is not None and exchange.context is not None
         # brim offers the tool only in a request it cut (the guard or the retry): the cut's
         # outcome has the request's size and the limit it was cut to, both in brim's counts.
@@ -229,10 +257,65 @@ class RestoreRounds:
             context.tokens.ratio,
         )
         originals = [await self._original(exchange, call) for call in calls]
-        # The reply's own turn (its text, thinking, the calls) and the results' wrapping come
-        # first; the originals share what is left (a share is tokens of text: the room is in
-        # the provider's). A cut's marker and the rounding of each item's count can take a
-        # share past its room: then again, each share that much (and a little) less.
+        continued = wire.continued(body, reply, calls, [text for text, _ in originals])
+        tokens = outcome.tokens_out + _added(wire, body, continued, meter)
+        if tokens > outcome.limit:
+            made = await self._with_room(exchange, continued, meter, outcome.limit)
+            if made is not None:
+                continued, tokens = made
+            else:
+                continued, tokens = self._cut_originals(
+                    wire, body, reply, calls, originals, meter, outcome
+                )
+        if rounds >= self.max_rounds:
+            continued = wire.with_tool_choice_none(continued)
+        context = dataclasses.replace(
+            exchange.context, outcome=dataclasses.replace(outcome, tokens_out=tokens)
+        )
+        return dataclasses.replace(exchange.with_body(continued), context=context)
+
+    async def _with_room(
+        self, exchange: Exchange, continued: dict[str, Any], meter: CounterMeter, limit: int
+    ) -> tuple[dict[str, Any], int] | None:
+        """`continued` (the request with the restored originals whole) made to fit `limit` by
+        the policies, the restored turn — the newest — kept whole: older results cleared and
+        turns evicted first, and only where that cannot make the room, a cut into text, which
+        comes to the restored turn last (`policies.compress`). Its size, and what was removed
+        kept under the keys its stand-ins name (`keep_originals`); None if it cannot fit."""
+
+        def run(text_cuts: bool) -> Outcome:
+            return compress_request(
+                continued, meter, self.policies, limit=limit, low_water=1.0, text_cuts=text_cuts
+            )
+
+        large = len(orjson.dumps(continued)) > OFF_LOOP_BYTES
+        for text_cuts in (False, True):
+            made = await asyncio.to_thread(run, text_cuts) if large else run(text_cuts)
+            if made.fits:
+                await keep_originals(self.archive, self.store, made, exchange)
+                log.info(
+                    "request %s: made room for a restored original (%s)",
+                    exchange.request_id,
+                    made.actions,
+                )
+                return exchange.wire.with_conversation(continued, made.messages), made.tokens_out
+        return None
+
+    def _cut_originals(
+        self,
+        wire: Wire,
+        body: Mapping[str, Any],
+        reply: Mapping[str, Any],
+        calls: list[ToolCall],
+        originals: list[tuple[str, bool]],
+        meter: CounterMeter,
+        outcome: Outcome,
+    ) -> tuple[dict[str, Any], int]:
+        """The request with the originals cut to share the room it has left, where nothing
+        could make more: the reply's own turn (its text, thinking, the calls) and the results'
+        wrapping come first; the originals share what is left (a share is tokens of text: the
+        room is in the provider's). A cut's marker and the rounding of each item's count can
+        take a share past its room: then again, each share that much (and a little) less."""
         turn = _added(wire, body, wire.continued(body, reply, calls, [""] * len(calls)), meter)
         room = (outcome.limit - outcome.tokens_out - turn) // len(calls)
         share = max(MIN_RESULT_TOKENS, text_tokens_for(room, meter))
@@ -249,12 +332,7 @@ class RestoreRounds:
                 break
             less = text_tokens_for(over // len(calls), meter) + RESULT_SLACK
             share = max(MIN_RESULT_TOKENS, share - less)
-        if rounds >= self.max_rounds:
-            continued = wire.with_tool_choice_none(continued)
-        context = dataclasses.replace(
-            exchange.context, outcome=dataclasses.replace(outcome, tokens_out=tokens)
-        )
-        return dataclasses.replace(exchange.with_body(continued), context=context)
+        return continued, tokens
 
     async def _original(self, exchange: Exchange, call: ToolCall) -> tuple[str, bool]:
         """The original a call asks for, and True; or a note that it is gone, and False."""
@@ -417,3 +495,20 @@ def _json(body: bytes | None) -> Any:
         return orjson.loads(body or b"")
     except orjson.JSONDecodeError:
         return None
+
+
+async def keep_originals(
+    archive: ContentArchive | None,
+    store: ContentStore | None,
+    outcome: Outcome,
+    exchange: Exchange,
+) -> None:
+    """Keep what the policies removed, under the keys their records name, before it goes: in
+    the archive (for people) and the content store (for `brim_restore`), both the exchange's
+    owner's."""
+    items = [(r.archive_key, r.original) for r in outcome.records if r.archive_key and r.original]
+    exchange.report.archive_keys += tuple(key for key, _ in items)
+    if archive is not None and items:
+        await asyncio.to_thread(archive.put_many, exchange.owner, items)
+    if store is not None and items:
+        await store.put_many(exchange.owner, items)

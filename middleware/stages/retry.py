@@ -17,7 +17,8 @@ On a `ContextOverflow` this stage:
 3. otherwise cuts the request — the same pair-safe policies as the guard, newest content and
    the system prompt kept — straight to the stated limit (minus the margin, scaled by how far
    brim's count was from the provider's), or by `steps` of the first attempt's tokens
-   (20 %, 30 %, 40 %), and resends. Like the guard, it keeps what it cut in the archive and the
+   (20 %, 30 %, 40 %; where an earlier cut already went past a step, the first step of what
+   was sent), and resends. Like the guard, it keeps what it cut in the archive and the
    content store and, where it cut something the model may fetch back, offers `brim_restore`
    (measured in the cut, not added twice, not where the client's rule or the client's own
    tools rule it out); a hidden restore round answered on the resent request (`RestoreRounds`,
@@ -47,8 +48,7 @@ from brim.middleware.services.archive import ContentArchive
 from brim.middleware.services.store import ContentStore
 from brim.middleware.stage import CallNext
 from brim.middleware.stages.fallback import fallback_upstream
-from brim.middleware.stages.guard import keep_originals
-from brim.middleware.stages.restore import restorable, restore_offer
+from brim.middleware.stages.restore import keep_originals, restorable, restore_offer
 from brim.policies.budget import budget_for, requested_output
 from brim.policies.clients import ClientRule
 from brim.policies.compress import Outcome, build_policies, compress_request
@@ -273,6 +273,9 @@ class RetryOnOverflow:
         self, exchange: Exchange, stated: Overflow, retries: int, first: int, sent: int
     ) -> int:
         step = first * (1 - self.steps[min(retries, len(self.steps)) - 1])
+        if step >= sent:  # an earlier cut went past this step (whole results cleared, turns
+            # evicted: reversible cuts come in pieces): cut on from what was sent
+            step = sent * (1 - self.steps[0])
         if not stated.limit:
             return int(step)
         assert exchange.body is not None

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import orjson
 from pydantic import TypeAdapter, ValidationError
 
-from brim.policies.conversation import NO_RESULT as NO_RESULT  # what answers a lost call
 from brim.policies.conversation import Dialect, UnitKind
 from brim.policies.records import record
+from brim.policies.text import NO_RESULT as NO_RESULT  # what answers a lost call
 from brim.policies.tokens import as_text  # one copy, there: `policies.tokens` imports no wire
 
 if TYPE_CHECKING:

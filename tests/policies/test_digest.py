@@ -4,16 +4,15 @@ cleared result keeps — as pure functions, and through the policies on every wi
 from __future__ import annotations
 
 import copy
-import re
 from typing import Any
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from brim.policies.clear import ClearSettings, ClearToolResults, placeholder
-from brim.policies.conversation import Goal, archive_key, is_anomaly, keys_of
+from brim.policies.conversation import Goal, archive_key
 from brim.policies.information import (
     SHORTENED,
     CutFrom,
@@ -28,21 +27,19 @@ from brim.policies.information import (
     words,
 )
 from brim.policies.prune import (
-    _DIGEST_MARKER_TOKENS,
-    _FEW_ANOMALIES,
+    CUT_DETAIL,
     PruneSettings,
     PruneToolResults,
-    cut_middle,
-    digest_lines,
     matched_terms,
-    relevant_lines,
     shortened,
 )
+from brim.policies.text import keys_of
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.wires import WIRES
 from brim.policies.wires.chat import CHAT
 from brim.proxy.resources import use_bundled_tiktoken_files
 from tests.policies.test_information import BUILDERS, Item, result_of, valid
+from tests.policies.test_lines import UNUSUAL, repetitive_log
 
 use_bundled_tiktoken_files()
 METER = CounterMeter(TokenCounter(), "o200k_base", "", CHAT)
@@ -56,40 +53,6 @@ class CountingMeter(CounterMeter):
     def message(self, message: Any) -> int:
         self.measured += 1
         return super().message(message)
-
-
-MARKER = re.compile(r"\[… (\d+) lines omitted by brim(?:, (\d+) with task terms or anomalies)? …\]")
-
-UNUSUAL = "2026-11-22 12:04:10 INFO  deploy-config: the staging key rotates on tuesdays at 0300"
-
-
-def repetitive_log(lines: int = 300, unusual_at: int | None = 170) -> str:
-    """A build log whose lines differ only in their numbers (and one source name of four),
-    with one line that says something once."""
-    sources = ("compiler", "resolver", "bundler", "cache")
-    rows = [
-        f"2026-11-22 12:{n // 60:02d}:{n % 60:02d} INFO  {sources[n % 4]}: compiled unit {n} "
-        f"in {n % 97} ms (key {n * 7919:08x})"
-        for n in range(lines)
-    ]
-    if unusual_at is not None:
-        rows[unusual_at] = UNUSUAL
-    return "\n".join(rows)
-
-
-def replayed(digest: str, original: list[str]) -> int:
-    """Walk a digest against the lines it was made of: every kept line is the next original
-    line, every marker skips as many as it says. Returns how many lines the digest accounts
-    for (all of them, if it is honest)."""
-    at = 0
-    for line in digest.split("\n"):
-        found = MARKER.fullmatch(line)
-        if found:
-            at += int(found[1])
-        else:
-            assert line == original[at], (at, line)
-            at += 1
-    return at
 
 
 # ---- the scorer ------------------------------------------------------------------------------
@@ -144,151 +107,6 @@ def test_array_outliers_are_items_with_a_field_few_others_fill() -> None:
     assert rare_keys(items[:4]) == [False] * 4  # too few objects to call one an outlier
 
 
-# ---- the digest of a text ----------------------------------------------------------------------
-
-
-def test_an_unusual_line_in_a_repetitive_log_survives_the_digest() -> None:
-    log = repetitive_log()
-    lines = log.split("\n")
-    total = len(METER.tokens(log))
-    digest = digest_lines(log, frozenset(), 0.1, 64, METER)
-    assert UNUSUAL in digest.split("\n")
-    kept = len(METER.tokens(digest))
-    assert kept <= 0.1 * total * 1.25 and kept < total  # about the share asked for
-    assert digest.startswith(lines[0] + "\n") and digest.endswith("\n" + lines[-1])
-    assert replayed(digest, lines) == len(lines)  # every dropped line counted in a marker
-    # Cut to the same size by position, the line is lost: the digest goes by information.
-    assert UNUSUAL not in cut_middle(log, kept, METER)[0]
-
-
-def test_the_digest_keeps_anomaly_and_task_lines_first() -> None:
-    lines = repetitive_log(unusual_at=None).split("\n")
-    lines[50] = "2026-11-22 12:00:50 ERROR linker: name 'cursor' is not defined"
-    lines[90] = "2026-11-22 12:01:30 INFO  resolver: compiled unit parse_config in 3 ms"
-    text = "\n".join(lines)
-    digest = digest_lines(text, frozenset({"parse_config"}), 0.1, 64, METER).split("\n")
-    assert lines[50] in digest and lines[90] in digest
-    assert replayed("\n".join(digest), lines) == len(lines)
-
-
-def test_a_task_term_on_most_lines_tells_none_apart() -> None:
-    """A grep for `lookup_order` matches it on every line: those lines are no task lines, and
-    the one line that says something else is what the digest keeps."""
-    hits = [
-        f"src/mod_{n % 7}.py:{n}:    result = lookup_order(record, retries={n % 4})"
-        for n in range(30)
-    ]
-    hits[12] = (
-        "src/billing/tasks.py:88:    # lookup_order: the legacy table is paused until ops-7318 closes"
-    )
-    digest = digest_lines("\n".join(hits), frozenset({"lookup_order"}), 0.2, 64, METER)
-    assert hits[12] in digest.split("\n")
-
-
-def test_a_digest_of_a_cut_text_adds_up_the_markers_it_drops() -> None:
-    lines = repetitive_log(600).split("\n")
-    cut = relevant_lines("\n".join(lines), frozenset(), 1_500, METER)
-    assert "lines without task terms or errors omitted by brim" in cut
-    digest = digest_lines(cut, frozenset(), 0.2, 64, METER)
-    assert "without task terms" not in digest  # the cut's markers merged into the digest's
-    omitted = sum(int(m[1]) for m in MARKER.finditer(digest))
-    kept = sum(1 for line in digest.split("\n") if not MARKER.fullmatch(line))
-    assert omitted + kept == len(lines)
-
-
-def test_a_few_anomaly_lines_are_kept_wherever_they_fit() -> None:
-    """Found by `test_digest_properties`: a budget of 100 tokens of which the first and last
-    lines take half. Anomalies may take half of what is left, which holds one short line and
-    its markers but not two; the second used to wait for the informative lines, and the junk
-    that outscores it took its room."""
-    lines = [
-        f"2026-11-22 12:00:{n % 60:02d} INFO worker processed batch {n * 37 % 10_000} ok"
-        for n in range(80)
-    ]
-    junk = ["y3Si?", 'e8lj.8==~;;"u>F`', "}`y%?K?R", "gYb}A", "1^f8Q_P'F_9+7o(Zzo-<<HMC>%"]
-    junk += ['J,iT">HAzNb&gplf`', "wC<Stt@tZXg>`|lwU", "HUq+=P7e", "_VaZ?ck5xFOf +io"]
-    junk += [";U6XE\\G?\\YlZQol%@Rd =.se89Ev5q)"]
-    for k, line in enumerate(junk):
-        lines[5 + 7 * k] = line
-    lines[40] = "Traceback (most recent call last):"
-    lines[60] = "ERROR: disk full on /var"
-    lines[-1] = "2026-11-22 12:00:00 INFO worker processed batch 0 ok"
-    text = "\n".join(lines)
-    assert max(100, int(METER.text_tokens(text) * 0.05)) == 100
-    assert _anomalies_fit(text, 0.05, 100)
-    digest = digest_lines(text, frozenset(), 0.05, 100, METER).split("\n")
-    assert lines[40] in digest and lines[60] in digest
-    assert digest[0] == lines[0] and digest[-1] == lines[-1]
-    assert replayed("\n".join(digest), lines) == len(lines)
-
-
-def _anomalies_fit(text: str, share: float, floor: int) -> bool:
-    """Whether a digest of `text` promises to keep each of its anomaly lines: there are a few
-    (`_FEW_ANOMALIES` different lines at most), and the first and last line and they, each
-    with a marker of its own, fit the digest's budget — a line costing its share of the text's
-    tokens by its characters, as `digest_lines` costs it."""
-    lines = text.split("\n")
-    middle = {line for line in lines[1:-1] if is_anomaly(line)}
-    if len(middle) > _FEW_ANOMALIES:
-        return False
-    total = METER.text_tokens(text)
-    ratio = total / max(1, len(text))
-    cost = [1 + int(len(line) * ratio) for line in (lines[0], lines[-1], *middle)]
-    return sum(cost) + _DIGEST_MARKER_TOKENS * (1 + len(middle)) <= max(floor, int(total * share))
-
-
-ORDINARY = st.builds(
-    lambda n, word: f"2026-11-22 12:00:{n % 60:02d} INFO {word} processed batch {n} ok",
-    st.integers(0, 10_000),
-    st.sampled_from(["worker", "scheduler", "reader"]),
-)
-FREE = st.text(
-    st.characters(min_codepoint=32, max_codepoint=126, exclude_characters="[]…"),
-    max_size=60,
-)
-ANOMALY = st.sampled_from(
-    ["ERROR: disk full on /var", "Traceback (most recent call last):", "WARNING: slow query"]
-)
-
-
-@st.composite
-def texts(draw: Any) -> tuple[str, list[int]]:
-    """A multi-line text (no line over 60 characters) and where its anomaly lines are."""
-    lines = draw(st.lists(st.one_of(ORDINARY, ORDINARY, FREE), min_size=40, max_size=200))
-    anomalies: list[int] = []
-    for _ in range(draw(st.integers(0, 2))):
-        at = draw(st.integers(1, len(lines) - 2))
-        lines[at] = draw(ANOMALY)
-        anomalies.append(at)
-    return "\n".join(lines), anomalies
-
-
-PROPERTIES = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-@PROPERTIES
-@given(case=texts(), share=st.floats(0.05, 0.9), floor=st.integers(100, 300))
-def test_digest_properties(case: tuple[str, list[int]], share: float, floor: int) -> None:
-    text, anomalies = case
-    lines = text.split("\n")
-    digest = digest_lines(text, frozenset(), share, floor, METER)
-    assert len(digest) <= len(text)  # never longer
-    assert digest_lines(text, frozenset(), share, floor, METER) == digest  # deterministic
-    event("cut" if digest != text else "whole")  # floors small enough that most are cut
-    if digest == text:
-        return
-    out = digest.split("\n")
-    assert out[0] == lines[0] and out[-1] == lines[-1]  # first and last lines kept
-    assert all(is_anomaly(lines[at]) for at in anomalies)
-    # A few anomaly lines are kept wherever they fit the budget with the first and last line
-    # (in these texts, with a floor of 100 tokens, they nearly always do).
-    fit = _anomalies_fit(text, share, floor)
-    event(f"anomalies {'fit' if fit else 'need not fit'}")
-    if fit:
-        assert all(lines[at] in out for at in anomalies)
-    assert replayed(digest, lines) == len(lines)  # kept lines in order, dropped ones counted
-
-
 # ---- the digest of a JSON result ---------------------------------------------------------------
 
 
@@ -324,6 +142,9 @@ ITEMS = st.lists(
     min_size=20,
     max_size=60,
 )
+
+
+PROPERTIES = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @PROPERTIES
@@ -384,38 +205,41 @@ def test_clear_quotes_the_gist_under_an_unchanged_first_line() -> None:
     assert valid(after)
 
 
-def test_a_gist_shrinks_to_fewer_lines_where_more_would_not_save_a_third() -> None:
+def test_a_gist_shrinks_to_fewer_lines_where_more_would_not_save_two_thirds() -> None:
     builder = BUILDERS["openai.chat"]
-    small = "\n".join(
-        [
-            "database_host = db.internal.example",
-            "database_port = 5432 for the replica",
-            "cache_backend = redis cluster in eu-west",
-            "queue_name = nightly exports and invoices",
-            "retry_policy = exponential with jitter",
-            "owner_team = billing platform on call",
-            "feature_flag = checkout v2 rollout stage",
-            "log_level = warning except the webhook",
-            "timeout_seconds = 30 unless streaming",
-            "archive_bucket = s3 cold storage tier",
-        ]
-    )
+    settings_of = [
+        "database_host = db.internal.example",
+        "database_port = 5432 for the replica",
+        "cache_backend = redis cluster in eu-west",
+        "queue_name = nightly exports and invoices",
+        "retry_policy = exponential with jitter",
+        "owner_team = billing platform on call",
+        "feature_flag = checkout v2 rollout stage",
+        "log_level = warning except the webhook",
+        "timeout_seconds = 30 unless streaming",
+        "archive_bucket = s3 cold storage tier",
+    ]
+    small = "\n".join(settings_of[:4])
+    larger = "\n".join(f"{line} (region {n})" for n in range(3) for line in settings_of)
     items = [
         builder.user("go"),
-        *builder.turn("c1", "bash", {"command": "seq"}, small),
-        *builder.turn("c2", "bash", {"command": "true"}, "ok"),
+        *builder.turn("c1", "bash", {"command": "seq"}, larger),
+        *builder.turn("c2", "bash", {"command": "seq 2"}, small),
+        *builder.turn("c3", "bash", {"command": "true"}, "ok"),
     ]
     before = builder.conversation(items)
-    after, _ = ClearToolResults(ClearSettings(keep=1, gist_lines=6)).apply(
+    after, _ = ClearToolResults(ClearSettings(keep=1, gist_lines=12)).apply(
         before, Goal(0, 0), builder.meter
     )
     cleared = result_of(after, "c1")
     first, _, *quoted = cleared.split("\n")
-    assert 1 <= len(quoted) < 6  # fewer lines than asked for…
-    assert 3 * len(cleared) <= 2 * len(small)  # …saving a third of the result…
-    more = "\n".join([first, "Its gist:", *(f"> {line}" for line in gist(small, len(quoted) + 1))])
-    assert 3 * len(more) > 2 * len(small)  # …which one more line would not
-    assert quoted == [f"> {line}" for line in gist(small, len(quoted))]
+    assert 1 <= len(quoted) < 12  # fewer lines than asked for…
+    assert 3 * len(cleared) <= len(larger)  # …saving two thirds of the result…
+    more = "\n".join([first, "Its gist:", *(f"> {line}" for line in gist(larger, len(quoted) + 1))])
+    assert 3 * len(more) > len(larger)  # …which one more line would not
+    assert quoted == [f"> {line}" for line in gist(larger, len(quoted))]
+    # A result too small for its placeholder to save two thirds is worth its tokens: kept.
+    assert result_of(after, "c2") == small
 
 
 # ---- step 4 through the policies, on every wire -------------------------------------------------
@@ -431,35 +255,43 @@ def long_session(builder: Any) -> list[Item]:
 
 
 @pytest.mark.parametrize("api", sorted(WIRES))
-def test_digests_come_after_cuts_oldest_first_and_keep_what_is_unusual(api: str) -> None:
+def test_a_cut_goes_oldest_first_only_as_far_as_the_limit_and_keeps_what_is_unusual(
+    api: str,
+) -> None:
     builder = BUILDERS[api]
     items = long_session(builder)
     original = copy.deepcopy(items)
     before = builder.conversation(items)
-    prune = PruneToolResults(PruneSettings(max_text_tokens=2_000, cut_at_least=0))
+    prune = PruneToolResults(PruneSettings(max_text_tokens=2_000))
 
-    # Cutting to the relevant part is enough: no digest.
-    goal = Goal(target=before.total - 2_000, limit=before.total)
-    _, records = prune.apply(before, goal, builder.meter)
-    assert {r.detail for r in records} == {"cut to its relevant lines and items"}
+    # Only the reversible cuts are asked for: no text is cut, however far over.
+    goal = Goal(target=0, limit=before.total - 6_000, reversible_only=True)
+    assert prune.apply(before, goal, builder.meter)[0].messages == before.messages
 
-    # Still over once every result is cut: the oldest become digests, just enough of them.
-    cut_only = PruneToolResults(PruneSettings(max_text_tokens=2_000, digest_share=1))
-    everything_cut, _ = cut_only.apply(before, Goal(0, 0), builder.meter)
-    goal = Goal(target=everything_cut.total - 1_000, limit=before.total)
-    after, records = prune.apply(before, goal, builder.meter)
-    digested = [r.index for r in records if "digest" in r.detail]
-    assert digested == [2]  # the oldest, and no more than needed
-    assert len(records) == 4 and after.total <= goal.target
+    # A little over: the oldest result alone is cut, by what the limit needs and little more.
+    for need in (500, 6_000):
+        limit = before.total - need
+        goal = Goal(target=0, limit=limit)  # the target plays no part in a cut into text
+        after, records = prune.apply(before, goal, builder.meter)
+        assert [r.index for r in records] == [2]
+        assert {r.detail for r in records} == {CUT_DETAIL}
+        assert 0.99 * limit <= after.total <= limit  # the budget used, not more than it needs
+
+    # Far over: the oldest first, each down to its digest, the next only as far as needed.
+    limit = before.total - 30_000
+    after, records = prune.apply(before, Goal(target=0, limit=limit), builder.meter)
+    assert [r.index for r in records] == [2, 4, 6, 8]
+    assert all(r.tokens_after < 500 for r in records[:3]) and records[3].tokens_after > 2_000
+    assert 0.99 * limit <= after.total <= limit
     for n in range(4):
         assert f"day {n} at 0300" in result_of(after, f"c{n}")  # the unusual line, kept
     assert result_of(after, "c9") == repetitive_log(300)  # the tool loop at hand: whole
     assert cut_from(after).texts[2, "c0"] == result_of(before, "c0")  # noted for clear
-    assert prune.apply(before, goal, builder.meter)[0].messages == after.messages
+    assert prune.apply(before, Goal(0, limit), builder.meter)[0].messages == after.messages
     assert items == original
     assert valid(after)
 
-    # Cleared afterwards, a digest's placeholder quotes the gist of the whole result.
+    # Cleared afterwards, a cut result's placeholder quotes the gist of the whole result.
     cleared, _ = ClearToolResults(ClearSettings(keep=1)).apply(after, Goal(0, 0), builder.meter)
     quoted = result_of(cleared, "c0").split("\n")[2:]
     assert quoted == [f"> {line}" for line in gist(result_of(before, "c0"), 1)]
@@ -495,7 +327,7 @@ def test_a_placeholder_quotes_the_gist_of_the_result_before_it_was_cut() -> None
 def test_the_newest_tool_turn_is_spared_only_while_it_is_the_task_at_hand(api: str) -> None:
     builder = BUILDERS[api]
     items = long_session(builder)
-    prune = PruneToolResults(PruneSettings(cut_at_least=0))
+    prune = PruneToolResults(PruneSettings())
     spared, _ = prune.apply(builder.conversation(items), Goal(0, 0), builder.meter)
     assert result_of(spared, "c9") == repetitive_log(300)
     items += [builder.said("The build log is long."), builder.user("Never mind: what next?")]
@@ -505,12 +337,13 @@ def test_the_newest_tool_turn_is_spared_only_while_it_is_the_task_at_hand(api: s
     assert valid(after)
 
 
-def test_digests_turn_off_with_a_share_of_one() -> None:
+def test_a_share_of_one_cuts_no_text_below_max_text_tokens() -> None:
     builder = BUILDERS["openai.chat"]
     before = builder.conversation(long_session(builder))
-    prune = PruneToolResults(PruneSettings(digest_share=1, cut_at_least=0))
+    prune = PruneToolResults(PruneSettings(digest_share=1, max_text_tokens=2_000))
     _, records = prune.apply(before, Goal(0, 0), builder.meter)
-    assert records and all(r.detail == "cut to its relevant lines and items" for r in records)
+    assert [r.index for r in records] == [2, 4, 6, 8]
+    assert all(1_950 <= r.tokens_after <= 2_100 for r in records)  # the cap, about
 
 
 # The same answers, found with less work: the fast paths agree with the plain definitions.
@@ -554,21 +387,6 @@ def test_matched_terms_are_the_terms_among_the_texts_keys(
 ) -> None:
     text = " ".join(pieces)  # long enough, often, for the line-by-line path
     assert matched_terms(text, frozenset(terms)) == frozenset(terms) & keys_of(text)
-
-
-def test_digests_skip_the_oldest_results_that_placeholders_must_replace_anyway() -> None:
-    prune = PruneToolResults()
-    sizes = [1_000] * 40
-    # Digests of all 40 save 40 × 800: enough for 30 000, so all are digested.
-    assert prune._digests_from(sizes, 30_000) == 0
-    # 36 000 needs placeholders for the oldest ones: digests start past them, on the grid.
-    start = prune._digests_from(sizes, 36_000)
-    assert 0 < start < 40 and start % 8 == 0
-    cleared_then = sum(1_000 - 40 for _ in range(start))
-    digested_then = sum(800 for _ in range(40 - start))
-    assert cleared_then + digested_then >= 36_000 - 8 * (960 - 800)  # snapped down by < a step
-    # Not even placeholders for all would do: only the newest few are digested.
-    assert prune._digests_from(sizes, 39_500) == 32
 
 
 def test_a_shortened_result_names_its_whole_and_json_stays_json() -> None:
@@ -637,7 +455,7 @@ def test_a_placeholder_names_the_result_as_sent_whatever_prune_did_to_it_first(a
         *builder.turn("c2", "bash", {"command": "true"}, "ok"),
     ]
     before = builder.conversation(items)
-    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0))
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400))
     minified, _ = prune.apply(before, Goal(target=before.total, limit=before.total), builder.meter)
     cut, _ = prune.apply(before, Goal(0, 0), builder.meter)
     assert result_of(minified, "c1") != result and result_of(cut, "c1") != result_of(minified, "c1")

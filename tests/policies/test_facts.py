@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from brim.policies.conversation import Conversation, Facts, facts
+from brim.policies.conversation import Conversation
+from brim.policies.facts import Facts, facts
 from brim.policies.wires import WIRES
 from tests.policies.test_information import BUILDERS, EDITED, NOISE, SOURCE, Builder, session
 

@@ -16,22 +16,11 @@ from hypothesis import strategies as st
 
 from brim.policies.clear import ClearSettings, ClearToolResults
 from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
-from brim.policies.conversation import (
-    SAME_AS_PREFIX,
-    STALE,
-    Conversation,
-    Goal,
-    archive_key,
-    call_terms,
-    has_evidence,
-    is_anomaly,
-    requests,
-    result_values,
-    stale_results,
-    terms_of,
-)
+from brim.policies.conversation import Conversation, Goal, archive_key
 from brim.policies.evict import Evict, EvictSettings
+from brim.policies.facts import STALE, call_terms, requests, result_values, stale_results
 from brim.policies.prune import PruneSettings, PruneToolResults
+from brim.policies.text import SAME_AS_PREFIX, has_evidence, is_anomaly, terms_of
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.truncate import Truncate
 from brim.policies.wires import WIRES
@@ -419,7 +408,7 @@ def test_gemini_results_paired_by_name_are_never_rewritten_one_for_another() -> 
         *wire.turn("c9", "read_file", {"path": "config.py"}, SOURCE),
     ]
     before = wire.conversation(items)
-    prune = PruneToolResults(PruneSettings(max_text_tokens=300, cut_at_least=0))
+    prune = PruneToolResults(PruneSettings(max_text_tokens=300))
     pruned, _ = prune.apply(before, Goal(0, 0), wire.meter)
     cleared, _ = ClearToolResults(ClearSettings(keep=0)).apply(before, Goal(0, 0), wire.meter)
     assert pruned.messages[2] == twin and cleared.messages[2] == twin
@@ -645,13 +634,13 @@ def test_a_long_log_keeps_error_and_task_lines_and_loses_noise(wire: Builder) ->
         wire.turn("c2", "bash", {"command": "cat profile.ini"}, "[default]\nname = dev"),
     )
     before = wire.conversation(items)
-    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0, digest_share=1))
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400, digest_share=1))
     after, records = prune.apply(before, Goal(0, 0), wire.meter)
     kept = without_named_whole(result_of(after, "c1"), log)
     assert all(fact in kept for fact in facts)
     assert kept.startswith("2026-11-22 12:00:00 INFO") and kept.endswith("unit 599 in 17 ms")
-    assert "lines without task terms or errors omitted by brim …]" in kept
-    assert len(wire.meter.tokens(kept)) <= 400
+    assert "lines omitted by brim" in kept
+    assert len(wire.meter.tokens(kept)) <= 400 * 1.1  # lines cost their share of the characters
     assert [r.action for r in records] == ["pruned"]
     assert records[0].original == log
     assert prune.apply(before, Goal(0, 0), wire.meter)[0].messages == after.messages
@@ -715,7 +704,7 @@ def test_a_json_result_with_one_field_keeps_its_field(wire: Builder) -> None:
         wire.turn("c1", "bash", {"command": "make build"}, result),
         wire.turn("c2", "bash", {"command": "true"}, "ok"),
     )
-    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0, digest_share=1))
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400, digest_share=1))
     after, _ = prune.apply(wire.conversation(items), Goal(0, 0), wire.meter)
     kept = orjson.loads(without_named_whole(result_of(after, "c1"), result))
     assert list(kept) == ["stdout"] and "omitted by brim" in kept["stdout"]
@@ -723,10 +712,13 @@ def test_a_json_result_with_one_field_keeps_its_field(wire: Builder) -> None:
     assert valid(after)
 
 
-# ---- 3. no cut into text while the request is under its target -------------------------------
+# ---- 3. a cut into text goes only as far as the budget needs -----------------------------------
 
 
-def test_no_text_is_cut_while_the_request_is_under_its_target(wire: Builder) -> None:
+def test_no_text_is_cut_while_the_request_is_within_its_limit(wire: Builder) -> None:
+    """prune cuts into text only in compress's last-resort pass, and then only to the limit —
+    never to the low-water mark, which the reversible cuts aim for: the request uses (nearly)
+    all of its budget, the oldest result is cut first, the newest turn never."""
     log, _ = build_log()
     other = log.replace("INFO compiled", "INFO linked")
     items = session(
@@ -736,14 +728,19 @@ def test_no_text_is_cut_while_the_request_is_under_its_target(wire: Builder) -> 
         wire.turn("c3", "bash", {"command": "make test"}, other.replace("linked", "tested")),
     )
     before = wire.conversation(items)
-    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0))
-    untouched, records = prune.apply(before, Goal(before.total, before.total), wire.meter)
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400))
+    # Over the low-water mark, within the limit: nothing to cut.
+    goal = Goal(target=before.total // 2, limit=before.total)
+    untouched, records = prune.apply(before, goal, wire.meter)
     assert records == [] and untouched.messages == before.messages
+    # Over the limit, in the reversible pass: still no cut into text.
+    sparing = Goal(target=before.total - 500, limit=before.total - 500, reversible_only=True)
+    assert prune.apply(before, sparing, wire.meter)[1] == []
 
-    # A little over: only the oldest result is cut, just enough; the newest turn never.
-    goal = Goal(target=before.total - 100, limit=before.total)
-    after, records = prune.apply(before, goal, wire.meter)
-    assert len(records) == 1 and after.total <= goal.target
+    # A little over the limit: only the oldest result is cut, just enough.
+    limit = before.total - 500
+    after, records = prune.apply(before, Goal(target=limit // 2, limit=limit), wire.meter)
+    assert len(records) == 1 and limit * 0.97 <= after.total <= limit
     assert "omitted by brim" in result_of(after, "c1")
     assert result_of(after, "c2") == other
     everything, _ = prune.apply(before, Goal(0, 0), wire.meter)
@@ -859,8 +856,8 @@ def test_brims_own_markers_report_no_anomaly() -> None:
 
 
 def test_a_result_prune_cut_keeps_its_value(wire: Builder) -> None:
-    """A plain log cut to its relevant lines is still plain: the marker of the lines it left
-    out ("… without task terms or errors …") is no anomaly, so clear and evict rank it alike
+    """A plain log cut to its most informative lines is still plain: the marker of the lines it
+    left out ("[… N lines omitted by brim …]") is no anomaly, so clear and evict rank it alike
     whether or not prune cut it first."""
     log = "\n".join(f"2026-11-22 12:00:{n % 60:02d} INFO compiled unit {n}" for n in range(600))
     items = session(
@@ -869,7 +866,7 @@ def test_a_result_prune_cut_keeps_its_value(wire: Builder) -> None:
         wire.turn("c2", "bash", {"command": "true"}, "ok"),
     )
     before = wire.conversation(items)
-    prune = PruneToolResults(PruneSettings(max_text_tokens=400, cut_at_least=0, digest_share=1))
+    prune = PruneToolResults(PruneSettings(max_text_tokens=400, digest_share=1))
     after, _ = prune.apply(before, Goal(0, 0), wire.meter)
-    assert "without task terms or errors omitted by brim" in result_of(after, "c1")
+    assert "lines omitted by brim" in result_of(after, "c1")
     assert result_values(after) == result_values(before)

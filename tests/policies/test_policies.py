@@ -107,7 +107,7 @@ def test_prune_shrinks_json_and_logs_but_spares_the_newest_turn() -> None:
     )
     assert len(listing["files"]) == 8 + 1 + 4 and listing["files"][8] == "… 38 more items …"
     assert "html_url" not in listing["files"][0] and "owner" not in listing["files"][0]
-    assert "lines without task terms or errors omitted by brim" in after.messages[4]["content"]
+    assert "lines omitted by brim" in after.messages[4]["content"]
     log = without_named_whole(after.messages[4]["content"], messages[4]["content"])
     assert log.startswith("2026-11-22 12:00:00 INFO") and log.endswith("processed batch 2793 ok")
     assert after.messages[6] is messages[6]  # the newest tool turn is never pruned

@@ -289,7 +289,11 @@ def test_depth_past_what_brim_can_rewrite_is_refused_before_compression(
 def test_deep_json_inside_an_old_tool_result_is_cut_as_text(
     brim: BrimFactory, provider: FakeProvider
 ) -> None:
-    base = brim(models={"fake-model": {"context_window": 8_000, "max_output": 1_000}})
+    # Every turn kept from eviction, so the cut has to go into the deep result's text.
+    base = brim(
+        models={"fake-model": {"context_window": 8_000, "max_output": 1_000}},
+        guard={"evict": {"keep_recent_turns": 10}},
+    )
     deep_text = '{"a":' * 600 + "[" + '"line",' * 4_000 + "1]" + "}" * 600
     messages: list[dict[str, Any]] = [{"role": "user", "content": "read them"}]
     for n in range(3):
@@ -313,7 +317,7 @@ def test_deep_json_inside_an_old_tool_result_is_cut_as_text(
         timeout=60,
     )
     assert reply.status_code == 200, reply.text[:300]
-    assert "prune" in reply.headers["x-brim-actions"]
+    assert reply.headers["x-brim-actions"] == "prune:1"  # and within the limit: no eviction
     sent = orjson.loads(provider.last.body)["messages"]
     assert pairing_errors(sent) == [] and "cut from the middle" in sent[2]["content"]
 

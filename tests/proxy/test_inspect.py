@@ -110,7 +110,7 @@ def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
         {"role": "user", "content": "go"},
     ]
     stages = ["fetch", "parse", "check", "merge", "index", "store", "sync", "audit", "render"]
-    for n in range(12):  # enough that digests alone do not fit: prune cuts, then clear clears
+    for n in range(12):  # enough that placeholders alone do not fit: clear, then evict
         output = "\n".join(
             f"step {n} line {i}: {stages[(i + n) % 9]} {stages[i % 7]}" for i in range(60)
         )
@@ -124,8 +124,8 @@ def test_inspect_shows_what_the_guard_would_do(tmp_path: Path) -> None:
     assert guard["action"] == "compress"
     assert guard["tokens_in"] > 2000 >= guard["tokens_out"]
     assert guard["tokens_out"] <= guard["target"]
-    assert "prune:" in guard["actions"] and "clear:" in guard["actions"]
-    assert {r["policy"] for r in guard["records"]} >= {"prune_tool_results", "clear_tool_results"}
+    assert "clear:" in guard["actions"] and "evict:" in guard["actions"]
+    assert {r["policy"] for r in guard["records"]} >= {"clear_tool_results", "evict"}
     text = brim("inspect", str(path), cwd=tmp_path).stdout
     assert "guard     compress" in text and "clear_tool_results   cleared" in text
     assert all(f"{record['policy']:<20} {record['action']}" in text for record in guard["records"])

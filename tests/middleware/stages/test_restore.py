@@ -504,8 +504,9 @@ LONG_SAY = " ".join(
 def test_a_restore_after_long_text_is_answered_within_the_budget(
     client: Client, through: Callable[..., tuple[str, Restoring]]
 ) -> None:
-    """The room a restored original gets is what the request has left once the reply's own
-    turn (its text before the call) is counted: the next round stays within the budget."""
+    """A restored original goes out whole, the reply's own turn (its text before the call)
+    counted too: older content makes the room (results cleared, turns evicted), and the next
+    round stays within the budget."""
     script: list[Turn | int] = [
         Turn((Say(LONG_SAY), Call("call_r", RESTORE_TOOL.name, {})), T1),
         Turn((Say("Done."),), T2),
@@ -523,5 +524,5 @@ def test_a_restore_after_long_text_is_answered_within_the_budget(
     first, second = fake.calls
     assert LONG_SAY in orjson.dumps(second.body).decode()
     (result,) = restored(second.api, second.body)
-    assert "cut from the middle by brim" in result  # the original takes what room there is
+    assert result == texts[0]  # whole: the room came from older content
     assert second.tokens <= int(got.headers["x-brim-budget"]), (first.tokens, second.tokens)

@@ -110,7 +110,7 @@ def test_brim_restore_is_offered_in_each_cut_and_counted_in_its_steps(
     # Restore on (the default): the retry's cuts name keys, so the tool goes with them — once,
     # however often the request is cut — and each step counts it.
     reply = post(base, "vague-3000", conversation(8, lines=40))
-    assert reply.status_code == 200
+    assert reply.status_code == 200, (provider.tight_seen, dict(reply.headers))
     counts = [tokens for _, tokens in provider.tight_seen]
     first, *retried = counts
     assert len(retried) == int(reply.headers["x-brim-retries"]) >= 2

@@ -1,0 +1,252 @@
+"""What the policies read in a text: task terms, anomalies, brim's own stand-ins.
+
+Pure functions of a text (the ones asked of whole tool results remembered by content, since
+results come back every turn): the terms of a user's request (`terms_of`), the keys a term is
+matched against (`keys_of`), whether a text reports something going wrong (`is_anomaly`), and
+the placeholders and pointers brim writes in place of a result (`is_placeholder`, `pointer`).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import orjson
+
+from brim.policies.remembered import Remembered
+
+NO_RESULT = "[no result was recorded for this tool call]"  # what repair answers a lost call with
+SAME_AS_PREFIX = "[brim: same content as "  # an older copy `prune_tool_results` points onward
+_PLACEHOLDER_PREFIXES = ("[brim", NO_RESULT)  # brim's own stand-ins, and repair's
+_TERM_SOURCE_CHARS = 4_000  # of each text the task terms are read from
+
+_TOKEN = re.compile(r"[\w][\w.\-/]*")
+_PIECES = re.compile(r"[/.\-_]+")
+POINTER = re.compile(
+    r"for call (?P<call>.*?)(?: in message (?P<at>\d+))?; see there; sha256:[0-9a-f]{16}\]\Z",
+    re.DOTALL,
+)
+_IDENTIFIER = re.compile(r"[\w][\w.\-/]*[\w]")
+_CAMEL = re.compile(r"[a-z][A-Z]")
+_DIGIT = re.compile(r"\d")
+_BRIM_MARKER = re.compile(r"\[… [^\]\n]*?by brim[^\]\n]*?…\]")  # of what a cut left out
+_ANOMALY_WORDS = (  # found in lower-cased text, inside words too: KeyError, FAILED, UserWarning
+    "error",
+    "exception",
+    "traceback",
+    "panic",
+    "fatal",
+    "fail",
+    "warn",
+    "critical",
+    "segmentation fault",
+    "denied",
+    "refused",
+    "abort",
+)
+_ANOMALY_CODES = re.compile(  # a non-2xx HTTP status, a non-zero exit code
+    r"http/\d(?:\.\d)?\"?\s+[13-5]\d\d\b"  # a status line or an access-log entry
+    r"|\bstatus(?:_?code)?[\"']?\s*[:=]\s*[\"']?[13-5]\d\d\b"
+    r"|\bexit(?:ed)?(?:\s+with)?(?:[\s_-]*(?:code|status))?\s*[:=(]?\s*-?[1-9]\d*\b"
+    r"|\b(?:returncode|return code|exit_code|rc)\s*[:=]\s*-?[1-9]\d*\b"
+)
+_STOP_WORDS = """
+    about above after again against also although always another anything around because been
+    before being below between both cannot could does doing done down during each either else
+    even ever every everything from further have having here hers herself himself however into
+    itself just like made make many maybe might more most much must myself need needs never next
+    none nothing once only other ought ours over please rather really same seem seems shall should
+    since some something still such sure than that thanks thank their theirs them then there these
+    they thing things this those though through thus today under until upon very want wants well
+    were what whatever when where whether which while whom whose will with within without would
+    your yours look find check tell show give help okay using used uses file files line lines code
+    true false null self return import class function const static public private void string
+    type value name path text content command input output result error errors json http https
+    print async await yield lambda args kwargs data item items list dict number default
+"""
+STOP_WORDS = frozenset(_STOP_WORDS.split())
+
+# Remembered by content (results come back every turn), keyed by the string's own cached hash
+# and its length, as in `policies.conversation.archive_key`.
+_TEXT_FACTS: Remembered[tuple[int, int], _TextFacts] = Remembered(maxsize=8_192)
+_CACHE_LOCK = threading.Lock()
+
+
+def is_placeholder(text: str) -> bool:
+    """Whether a result is already a stand-in: cleared, pointed onward, or never recorded."""
+    return text.startswith(_PLACEHOLDER_PREFIXES)
+
+
+def pointer(tool: str, call_id: str, key: str, at: int | None = None) -> str:
+    """What an older exact copy of a result becomes: a pointer to the next copy — its tool and
+    call, and where the call key is not unique in the conversation (Gemini calls without ids
+    are keyed by name) the position of its message in the client's list — with the sha256 of
+    the copy's own text, under which the archive keeps it."""
+    where = f" in message {at}" if at is not None else ""
+    return (
+        f"{SAME_AS_PREFIX}the later {tool} result for call {call_id}{where}; see there; "
+        f"sha256:{key[:16]}]"
+    )
+
+
+def _keys(text: str) -> frozenset[str]:
+    keys: set[str] = set()
+    for token in set(_TOKEN.findall(text.lower())):  # a text repeats its words: each once
+        token = token.strip(".-/")
+        keys.add(token)
+        keys.update(_PIECES.split(token))
+        if "/" in token:
+            keys.update(token.split("/"))
+    keys.discard("")
+    return frozenset(keys)
+
+
+class _TextFacts:
+    """What is known of one text: whether it reports an anomaly, and its keys and identifiers
+    once asked for."""
+
+    __slots__ = ("anomaly", "ids", "keys")
+
+    def __init__(self, anomaly: bool) -> None:
+        self.anomaly = anomaly
+        self.keys: frozenset[str] | None = None
+        self.ids: frozenset[str] | None = None
+
+    def ids_of(self, text: str) -> frozenset[str]:
+        """The identifiers of `text`, the text these are the facts of (`identifiers`)."""
+        if self.ids is None:
+            self.ids = identifiers(text)  # a race computes the same ones twice
+        return self.ids
+
+    def keys_of(self, text: str) -> frozenset[str]:
+        """The keys of `text`, the text these are the facts of: worked out when first asked."""
+        if self.keys is None:
+            self.keys = _keys(text)  # a race computes the same keys twice
+        return self.keys
+
+
+def _text_facts(text: str) -> _TextFacts:
+    key = (len(text), hash(text))
+    with _CACHE_LOCK:
+        known = _TEXT_FACTS.get(key)
+    if known is None:
+        known = _TextFacts(is_anomaly(text))
+        with _CACHE_LOCK:
+            _TEXT_FACTS[key] = known
+    return known
+
+
+def keys_of(text: str) -> frozenset[str]:
+    """Every lower-case word, identifier, file name and path piece in `text`: what a task term
+    is matched against (`parse_config`, `config`, `prune.py`, `prune` from `policies/prune.py`).
+    Remembered by content: meant for whole results, which come back every turn."""
+    return _text_facts(text).keys_of(text)
+
+
+def identifiers_of(text: str) -> frozenset[str]:
+    """`identifiers`, remembered by content: meant for whole results, which come back every
+    turn."""
+    return _text_facts(text).ids_of(text)
+
+
+def keys_in(text: str) -> frozenset[str]:
+    """`keys_of`, worked out afresh: for pieces of a result, not worth remembering one by one."""
+    return _keys(text)
+
+
+def mentions(text: str, terms: frozenset[str]) -> bool:
+    """Whether a line or an item mentions a task term (`keys_in`)."""
+    return bool(terms) and not terms.isdisjoint(_keys(text))
+
+
+def has_evidence(text: str, terms: frozenset[str]) -> bool:
+    """Whether a result mentions a task term or an anomaly."""
+    known = _text_facts(text)  # looked up once for both
+    return known.anomaly or bool(terms and not terms.isdisjoint(known.keys_of(text)))
+
+
+def terms_of(text: str) -> frozenset[str]:
+    """The task terms in a text (its first few thousand characters): identifiers
+    (`parse_config`, `ContextTooLarge`, `E501`), file names (`prune.py` and `prune`, from any
+    path) and words of four or more letters that are not stop words. Lower case; numbers alone
+    and short words are not terms."""
+    return _terms_of(text[:_TERM_SOURCE_CHARS])
+
+
+@functools.lru_cache(maxsize=8_192)
+def _terms_of(text: str) -> frozenset[str]:
+    terms: set[str] = set()
+    for raw in _TOKEN.findall(text):
+        raw = raw.strip(".-/")
+        if "/" in raw:
+            raw = raw.rsplit("/", 1)[1]
+        token = raw.lower()
+        if len(token) < 3 or not any(c.isalpha() for c in token):
+            continue
+        if "." in token:  # a file name or a dotted name: the whole and its stem
+            terms.add(token)
+            stem = token.split(".", 1)[0]
+            if len(stem) >= 3 and stem not in STOP_WORDS and any(c.isalpha() for c in stem):
+                terms.add(stem)
+        elif "_" in token or any(c.isdigit() for c in token) or raw[1:] != raw[1:].lower():
+            terms.add(token)  # an identifier
+        elif len(token) >= 4 and token.isalpha() and token not in STOP_WORDS:
+            terms.add(token)
+    return frozenset(terms)
+
+
+def is_anomaly(text: str) -> bool:
+    """Whether `text` reports something going wrong: an error, warning, failure, exception,
+    traceback or panic, a non-2xx HTTP status, a non-zero exit code. brim's own markers in it
+    ("… lines without task terms or errors omitted by brim …") report nothing."""
+    lowered = text.lower()
+    if "by brim" in lowered:
+        lowered = _BRIM_MARKER.sub(" ", lowered)
+    if any(word in lowered for word in _ANOMALY_WORDS):
+        return True
+    return any(hint in lowered for hint in ("http/", "status", "exit", "code", "rc")) and bool(
+        _ANOMALY_CODES.search(lowered)
+    )
+
+
+def strings_of(value: Any) -> list[str]:
+    """Every string inside a JSON value (not its keys), in order."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, Mapping):
+        return [s for item in value.values() for s in strings_of(item)]
+    if isinstance(value, list):
+        return [s for item in value for s in strings_of(item)]
+    return []
+
+
+def canonical(value: Any) -> str:
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS).decode()
+    except TypeError:
+        return repr(value)
+
+
+def identifiers(text: str) -> frozenset[str]:
+    """The identifiers and numbers in `text`, as they are written: tokens of three or more
+    characters with a digit in them (a number, a hash, a version, an id) or a path separator,
+    a dot, an underscore or a change of case inside (`src/app.py`, `parse_config`,
+    `ContextTooLarge`). Ordinary words are not: `words` has those."""
+    return frozenset(token for token in set(_IDENTIFIER.findall(text)) if _is_identifier(token))
+
+
+def _is_identifier(token: str) -> bool:
+    if len(token) < 3:
+        return False
+    if token.isalpha():  # letters alone: only a change of case makes a name of it
+        return not (token.islower() or token.isupper()) and bool(_CAMEL.search(token))
+    return (
+        "/" in token
+        or "." in token  # never at either end: a token starts and ends with a word character
+        or "_" in token[1:-1]
+        or _DIGIT.search(token) is not None
+        or _CAMEL.search(token) is not None
+    )
