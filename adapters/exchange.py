@@ -17,6 +17,7 @@ from brim.policies.budget import TokenBudget
 from brim.policies.compress import Outcome
 from brim.policies.limits import ResolvedLimits, wants_long_context
 from brim.policies.records import record
+from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.wires import BY_ENDPOINT
 from brim.policies.wires.base import Usage, Wire
 from brim.policies.wires.chat import CHAT
@@ -219,6 +220,14 @@ class Exchange:
         """Whether the client opted into Anthropic's 1M-token window (`anthropic-beta`)."""
         betas = self.headers.getall("anthropic-beta", None)
         return betas is not None and wants_long_context(betas)
+
+    def meter(self, counter: TokenCounter) -> CounterMeter:
+        """`counter` measuring this request as the guard, the retry and restore rounds do: its
+        tokenizer, model and wire, at the ratio it is counted at (needs its context)."""
+        assert self.context is not None
+        context = self.context
+        tokenizer = context.limits.limits.tokenizer
+        return CounterMeter(counter, tokenizer, self.model, self.wire, context.tokens.ratio)
 
     def with_body(self, body: dict[str, Any]) -> Exchange:
         """The same exchange carrying a changed request, serialized once, here."""

@@ -256,9 +256,7 @@ class Guard:
             digest = digests[-1] if digests else None
             carried = self.sessions.latest(exchange.owner, exchange.api, tokenizer, digests)
             if carried is not None:
-                meter = CounterMeter(
-                    self.counter, tokenizer, exchange.model, wire, context.tokens.ratio
-                )
+                meter = exchange.meter(self.counter)
                 limit = counted_limit(budget, context.tokens.provider_ratio)
                 fixed = meter.fixed(body)
                 carried_on = carry(
@@ -308,14 +306,7 @@ class Guard:
         own): this request's own, passed along."""
         assert exchange.body is not None and exchange.context is not None
         wire = exchange.wire
-        context = exchange.context
-        meter = CounterMeter(
-            self.counter,
-            context.limits.limits.tokenizer,
-            exchange.model,
-            wire,
-            context.tokens.ratio,
-        )
+        meter = exchange.meter(self.counter)
         task = _task_of(wire, wire.conversation(exchange.body))
         return wire, meter, task, caller_of(exchange)
 

@@ -249,13 +249,7 @@ class RestoreRounds:
         outcome = exchange.context.outcome
         assert outcome is not None, f"{RESTORE_TOOL.name} offered in a request brim did not cut"
         wire, body, context = exchange.wire, exchange.body, exchange.context
-        meter = CounterMeter(
-            self.counter,
-            context.limits.limits.tokenizer,
-            exchange.model,
-            wire,
-            context.tokens.ratio,
-        )
+        meter = exchange.meter(self.counter)
         originals = [await self._original(exchange, call) for call in calls]
         continued = wire.continued(body, reply, calls, [text for text, _ in originals])
         tokens = outcome.tokens_out + _added(wire, body, continued, meter)

@@ -55,7 +55,7 @@ from brim.policies.compress import Outcome, build_policies, compress_request
 from brim.policies.conversation import Policy
 from brim.policies.evidence import Sent, output_counts_unproven, window_unproven
 from brim.policies.limits import LimitsRegistry
-from brim.policies.tokens import CounterMeter, TokenCounter
+from brim.policies.tokens import TokenCounter
 from brim.policies.wires import conversation_wire
 
 if TYPE_CHECKING:
@@ -316,9 +316,7 @@ class RetryOnOverflow:
         """`body` (the exchange's, or with brim_restore added) cut to `target` tokens; None if
         that cuts nothing, or not below the `sent` tokens that overflowed."""
         assert exchange.context is not None
-        tokenizer = exchange.context.limits.limits.tokenizer
-        ratio = exchange.context.tokens.ratio
-        meter = CounterMeter(self.counter, tokenizer, exchange.model, exchange.wire, ratio)
+        meter = exchange.meter(self.counter)
 
         def run() -> Outcome:
             return compress_request(body, meter, self.policies, limit=target, low_water=1.0)

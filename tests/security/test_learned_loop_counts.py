@@ -55,9 +55,13 @@ def send(base: str, key: str, **extra: Any) -> int:
     return 200
 
 
-def test_a_failure_one_client_brings_about_with_a_header_blocks_no_other_client(
-    brim: BrimFactory, beta_checking: FakeProvider, monkeypatch: pytest.MonkeyPatch
-) -> None:
+BOGUS: Any = {"extra_headers": {"anthropic-beta": "no-such-beta-2099-01-01"}}
+
+
+@pytest.fixture
+def base(brim: BrimFactory, beta_checking: FakeProvider, monkeypatch: pytest.MonkeyPatch) -> str:
+    """brim with two brim keys (clients A and B), holding the provider key itself, the loop
+    guard stopping a request after two failures in a minute."""
     monkeypatch.setenv("LOOP_BRIM_KEYS", "key-of-a,key-of-b")
     monkeypatch.setenv("LOOP_PROVIDER_KEY", "sk-ant-brims-own")
     base = brim(
@@ -71,32 +75,21 @@ def test_a_failure_one_client_brings_about_with_a_header_blocks_no_other_client(
         server={"api_keys_env": "LOOP_BRIM_KEYS"},
         guard={"loop_limit": 2, "loop_window_s": 60},
     )
-    bogus = {"extra_headers": {"anthropic-beta": "no-such-beta-2099-01-01"}}
-    assert [send(base, "key-of-a", **bogus) for _ in range(3)] == [400, 400, 429]
+    return base
+
+
+def test_a_failure_one_client_brings_about_with_a_header_blocks_no_other_client(base: str) -> None:
+    assert [send(base, "key-of-a", **BOGUS) for _ in range(3)] == [400, 400, 429]
     assert send(base, "key-of-b") == 200  # the same body, without the header
-    assert send(base, "key-of-a", **bogus) == 429  # still blocked for what fails
+    assert send(base, "key-of-a", **BOGUS) == 429  # still blocked for what fails
 
 
 def test_one_clients_failures_never_block_another_client_sending_the_same_request(
-    brim: BrimFactory, beta_checking: FakeProvider, monkeypatch: pytest.MonkeyPatch
+    base: str,
 ) -> None:
     """Two brim-key clients behind brim's one provider key, sending byte-identical requests: the
     provider sees the same thing from both, but the count of failures is each client's own."""
-    monkeypatch.setenv("LOOP_BRIM_KEYS", "key-of-a,key-of-b")
-    monkeypatch.setenv("LOOP_PROVIDER_KEY", "sk-ant-brims-own")
-    base = brim(
-        upstreams={
-            "anthropic": {
-                "api": "anthropic",
-                "base_url": beta_checking.url,
-                "api_key_env": "LOOP_PROVIDER_KEY",
-            }
-        },
-        server={"api_keys_env": "LOOP_BRIM_KEYS"},
-        guard={"loop_limit": 2, "loop_window_s": 60},
-    )
-    bogus = {"extra_headers": {"anthropic-beta": "no-such-beta-2099-01-01"}}
-    assert [send(base, "key-of-a", **bogus) for _ in range(3)] == [400, 400, 429]
+    assert [send(base, "key-of-a", **BOGUS) for _ in range(3)] == [400, 400, 429]
     # B's identical request goes to the provider and gets the provider's own answer.
-    assert send(base, "key-of-b", **bogus) == 400
-    assert send(base, "key-of-a", **bogus) == 429  # A is still stopped
+    assert send(base, "key-of-b", **BOGUS) == 400
+    assert send(base, "key-of-a", **BOGUS) == 429  # A is still stopped
