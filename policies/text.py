@@ -29,7 +29,10 @@ POINTER = re.compile(
     r"for call (?P<call>.*?)(?: in message (?P<at>\d+))?; see there; sha256:[0-9a-f]{16}\]\Z",
     re.DOTALL,
 )
-_IDENTIFIER = re.compile(r"[\w][\w.\-/]*[\w]")
+# Every ASCII character that no token has (`_TOKEN` in ASCII text): a space instead.
+_NOT_TOKEN = str.maketrans(
+    {c: " " for c in range(128) if not (chr(c).isalnum() or chr(c) in "_.-/")}
+)
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _DIGIT = re.compile(r"\d")
 _BRIM_MARKER = re.compile(r"\[… [^\]\n]*?by brim[^\]\n]*?…\]")  # of what a cut left out
@@ -92,10 +95,19 @@ def pointer(tool: str, call_id: str, key: str, at: int | None = None) -> str:
     )
 
 
+def _tokens(text: str) -> set[str]:
+    """The distinct tokens of `text` (`_TOKEN`: a word character, then word characters, dots,
+    dashes and slashes), stripped of dots, dashes and slashes at either end; an ASCII text
+    (most are) is split in C instead of by the expression — the same tokens, plus perhaps ""
+    (a run of those three alone), which callers drop."""
+    if text.isascii():
+        return {run.strip(".-/") for run in set(text.translate(_NOT_TOKEN).split())}
+    return {token.strip(".-/") for token in set(_TOKEN.findall(text))}
+
+
 def _keys(text: str) -> frozenset[str]:
     keys: set[str] = set()
-    for token in set(_TOKEN.findall(text.lower())):  # a text repeats its words: each once
-        token = token.strip(".-/")
+    for token in _tokens(text.lower()):  # a text repeats its words: each once
         keys.add(token)
         keys.update(_PIECES.split(token))
         if "/" in token:
@@ -235,7 +247,8 @@ def identifiers(text: str) -> frozenset[str]:
     characters with a digit in them (a number, a hash, a version, an id) or a path separator,
     a dot, an underscore or a change of case inside (`src/app.py`, `parse_config`,
     `ContextTooLarge`). Ordinary words are not: `words` has those."""
-    return frozenset(token for token in set(_IDENTIFIER.findall(text)) if _is_identifier(token))
+    # An identifier is a token (`_TOKEN`) without the dots, dashes and slashes it ends with.
+    return frozenset(token for token in _tokens(text) if _is_identifier(token))
 
 
 def _is_identifier(token: str) -> bool:
