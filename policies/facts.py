@@ -20,7 +20,6 @@ from brim.policies.text import (
     SAME_AS_PREFIX,
     canonical,
     has_evidence,
-    identifiers,
     identifiers_of,
     is_placeholder,
     strings_of,
@@ -293,7 +292,7 @@ class Facts(Lasting):
             return frozenset()
         said = [dialect.text(message)]
         said += [s for _, arguments in self.arguments[index] for s in strings_of(arguments)]
-        return identifiers("\n".join(said))
+        return identifiers_of("\n".join(said))  # the same text every turn: remembered
 
     @_Once
     def _printed(self) -> tuple[tuple[frozenset[str], ...], ...]:

@@ -30,7 +30,7 @@ import orjson
 from brim.policies.conversation import Conversation
 from brim.policies.facts import ResultKey
 from brim.policies.remembered import Remembered
-from brim.policies.text import identifiers, strings_of
+from brim.policies.text import identifiers, identifiers_among, identifiers_of, strings_of
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
@@ -254,13 +254,31 @@ _TERMS: Remembered[tuple[int, int], _TextTerms] = Remembered(maxsize=4_096)
 Parsed = dict[str, tuple[tuple[str, ...], frozenset[str]]]
 
 
-def _parsed(line: str, parsed: Parsed | None) -> tuple[tuple[str, ...], frozenset[str]]:
-    if parsed is None:
-        return tuple(words(line)), identifiers(line)
-    found = parsed.get(line)
-    if found is None:
-        found = parsed[line] = (tuple(words(line)), identifiers(line))
-    return found
+def _parse(lines: Iterable[str], parsed: Parsed, text: str | None = None) -> Parsed:
+    """`parsed` with the words and identifiers of each of `lines` it lacks, worked out for all
+    of them at once: their words as `words` does, on their text joined (a line break is no
+    word character: each line's words are the same), and their identifiers among those of
+    `text`, the text they are lines of, where given (`identifiers_among`)."""
+    todo = [line for line in dict.fromkeys(lines) if line not in parsed]
+    if not todo:
+        return parsed
+    masked = _DIGITS.sub("0", _HEX_WORD.sub(" ", "\n".join(todo).lower())).split("\n")
+    if len(masked) != len(todo):  # a line with a line break in it: one at a time
+        masked = [" ".join(words(line)) for line in todo]
+    known = None if text is None else identifiers_of(text)
+    for line, said in zip(todo, masked, strict=True):
+        named = identifiers(line) if known is None else identifiers_among(line, known)
+        parsed[line] = (tuple(_WORD.findall(said)), named)
+    return parsed
+
+
+def _markers(lines: Sequence[str], text: str | None = None) -> list[bool] | None:
+    """Which of `lines` are brim's markers (`is_marker`); None where none can be: the text
+    (`text`, the lines joined if not given) has no piece of one."""
+    joined = "\n".join(lines) if text is None else text
+    if "by brim" in joined or "more items" in joined or SHORTENED in joined:
+        return [is_marker(line) for line in lines]
+    return None
 
 
 def _text_terms(text: str, parsed: Parsed | None = None) -> _TextTerms:
@@ -268,13 +286,16 @@ def _text_terms(text: str, parsed: Parsed | None = None) -> _TextTerms:
     with _LOCK:
         known = _TERMS.get(key)
     if known is None:
+        distinct = list(dict.fromkeys(text.split("\n")))
+        markers = _markers(distinct, text)
+        if markers is not None:
+            distinct = [line for line, marker in zip(distinct, markers, strict=True) if not marker]
+        found = _parse(distinct, {} if parsed is None else parsed, text)
         signatures: set[tuple[str, ...]] = set()
         counted: Counter[str] = Counter()
         ids: Counter[str] = Counter()
-        for line in dict.fromkeys(text.split("\n")):
-            if is_marker(line):
-                continue
-            signature, named = _parsed(line, parsed)
+        for line in distinct:
+            signature, named = found[line]
             if signature not in signatures:
                 signatures.add(signature)
                 counted.update(set(signature))
@@ -321,19 +342,37 @@ class LineStats:
         one only in its numbers, count once: at the first; its identifiers count each time (a
         fresh id is news). brim's own markers score -1, below every line."""
         whole = max(1, self.lines) + 1
+        markers = _markers(lines)
+        found = _parse(
+            lines if markers is None else (x for x, m in zip(lines, markers, strict=True) if not m),
+            {} if parsed is None else parsed,
+        )
+        # Each word's and identifier's rarity, worked out once (`fsum` sums exactly, so the
+        # order the terms come in changes nothing).
+        word_logs: dict[str, float] = {}
+        id_logs: dict[str, float] = {}
         seen: set[tuple[str, ...]] = set()
         out: list[float] = []
-        for line in lines:
-            if is_marker(line):
+        for index, line in enumerate(lines):
+            if markers is not None and markers[index]:
                 out.append(-1.0)
                 continue
-            signature, ids = _parsed(line, parsed)
-            found = set(signature)
+            signature, ids = found[line]
+            terms = set(signature)
             said = 0.0
             if signature not in seen:
                 seen.add(signature)
-                said = math.fsum(math.log(whole / max(1, self.words[w])) for w in found)
-            said += math.fsum(max(0.0, math.log(whole / max(1, self.ids[i]))) for i in ids)
-            count = len(found) + len(ids)
+                said = math.fsum([_log(word_logs, w, whole, self.words) for w in terms])
+            if ids:
+                said += math.fsum([max(0.0, _log(id_logs, i, whole, self.ids)) for i in ids])
+            count = len(terms) + len(ids)
             out.append(said / (count + _SMOOTHING) if count else 0.0)
         return out
+
+
+def _log(known: dict[str, float], term: str, whole: int, counts: Counter[str]) -> float:
+    """log(whole ÷ the lines `term` is on, at least 1), remembered in `known`."""
+    found = known.get(term)
+    if found is None:
+        found = known[term] = math.log(whole / max(1, counts[term]))
+    return found

@@ -9,6 +9,7 @@ the placeholders and pointers brim writes in place of a result (`is_placeholder`
 from __future__ import annotations
 
 import functools
+import operator
 import re
 import threading
 from collections.abc import Mapping
@@ -29,12 +30,14 @@ POINTER = re.compile(
     r"for call (?P<call>.*?)(?: in message (?P<at>\d+))?; see there; sha256:[0-9a-f]{16}\]\Z",
     re.DOTALL,
 )
+_STRIP = operator.methodcaller("strip", ".-/")
+# A line that is an identifier (`identifiers`; one token a line, all of a text's at once): three
+# or more characters with a change of case, a slash, a dot, a digit, or an underscore inside.
+_IDENTIFIER_LINE = re.compile(r"^(?=.{3})(?=.*?(?:[a-z][A-Z]|[/.\d]|(?<=.)_(?=.))).*$", re.M)
 # Every ASCII character that no token has (`_TOKEN` in ASCII text): a space instead.
 _NOT_TOKEN = str.maketrans(
     {c: " " for c in range(128) if not (chr(c).isalnum() or chr(c) in "_.-/")}
 )
-_CAMEL = re.compile(r"[a-z][A-Z]")
-_DIGIT = re.compile(r"\d")
 _BRIM_MARKER = re.compile(r"\[… [^\]\n]*?by brim[^\]\n]*?…\]")  # of what a cut left out
 _ANOMALY_WORDS = (  # found in lower-cased text, inside words too: KeyError, FAILED, UserWarning
     "error",
@@ -100,9 +103,8 @@ def _tokens(text: str) -> set[str]:
     dashes and slashes), stripped of dots, dashes and slashes at either end; an ASCII text
     (most are) is split in C instead of by the expression — the same tokens, plus perhaps ""
     (a run of those three alone), which callers drop."""
-    if text.isascii():
-        return {run.strip(".-/") for run in set(text.translate(_NOT_TOKEN).split())}
-    return {token.strip(".-/") for token in set(_TOKEN.findall(text))}
+    runs = set(text.translate(_NOT_TOKEN).split() if text.isascii() else _TOKEN.findall(text))
+    return set(map(_STRIP, runs))
 
 
 def _keys(text: str) -> frozenset[str]:
@@ -120,12 +122,18 @@ class _TextFacts:
     """What is known of one text: whether it reports an anomaly, and its keys and identifiers
     once asked for."""
 
-    __slots__ = ("anomaly", "ids", "keys")
+    __slots__ = ("_anomaly", "ids", "keys")
 
-    def __init__(self, anomaly: bool) -> None:
-        self.anomaly = anomaly
+    def __init__(self) -> None:
+        self._anomaly: bool | None = None
         self.keys: frozenset[str] | None = None
         self.ids: frozenset[str] | None = None
+
+    def anomaly(self, text: str) -> bool:
+        """Whether `text`, the text these are the facts of, reports an anomaly (`is_anomaly`)."""
+        if self._anomaly is None:
+            self._anomaly = is_anomaly(text)  # a race works it out twice
+        return self._anomaly
 
     def ids_of(self, text: str) -> frozenset[str]:
         """The identifiers of `text`, the text these are the facts of (`identifiers`)."""
@@ -145,7 +153,7 @@ def _text_facts(text: str) -> _TextFacts:
     with _CACHE_LOCK:
         known = _TEXT_FACTS.get(key)
     if known is None:
-        known = _TextFacts(is_anomaly(text))
+        known = _TextFacts()
         with _CACHE_LOCK:
             _TEXT_FACTS[key] = known
     return known
@@ -177,7 +185,7 @@ def mentions(text: str, terms: frozenset[str]) -> bool:
 def has_evidence(text: str, terms: frozenset[str]) -> bool:
     """Whether a result mentions a task term or an anomaly."""
     known = _text_facts(text)  # looked up once for both
-    return known.anomaly or bool(terms and not terms.isdisjoint(known.keys_of(text)))
+    return known.anomaly(text) or bool(terms and not terms.isdisjoint(known.keys_of(text)))
 
 
 def terms_of(text: str) -> frozenset[str]:
@@ -248,18 +256,10 @@ def identifiers(text: str) -> frozenset[str]:
     a dot, an underscore or a change of case inside (`src/app.py`, `parse_config`,
     `ContextTooLarge`). Ordinary words are not: `words` has those."""
     # An identifier is a token (`_TOKEN`) without the dots, dashes and slashes it ends with.
-    return frozenset(token for token in _tokens(text) if _is_identifier(token))
+    return frozenset(_IDENTIFIER_LINE.findall("\n".join(_tokens(text))))
 
 
-def _is_identifier(token: str) -> bool:
-    if len(token) < 3:
-        return False
-    if token.isalpha():  # letters alone: only a change of case makes a name of it
-        return not (token.islower() or token.isupper()) and bool(_CAMEL.search(token))
-    return (
-        "/" in token
-        or "." in token  # never at either end: a token starts and ends with a word character
-        or "_" in token[1:-1]
-        or _DIGIT.search(token) is not None
-        or _CAMEL.search(token) is not None
-    )
+def identifiers_among(text: str, known: frozenset[str]) -> frozenset[str]:
+    """`identifiers(text)`, where `known` are those of a text `text` is a line of (a token
+    lies within a line): the tokens of `text` that are among them."""
+    return frozenset(_tokens(text) & known) if known else known
