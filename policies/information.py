@@ -291,15 +291,10 @@ def _text_terms(text: str, parsed: Parsed | None = None) -> _TextTerms:
         if markers is not None:
             distinct = [line for line, marker in zip(distinct, markers, strict=True) if not marker]
         found = _parse(distinct, {} if parsed is None else parsed, text)
-        signatures: set[tuple[str, ...]] = set()
-        counted: Counter[str] = Counter()
-        ids: Counter[str] = Counter()
-        for line in distinct:
-            signature, named = found[line]
-            if signature not in signatures:
-                signatures.add(signature)
-                counted.update(set(signature))
-            ids.update(named)
+        parts = [found[line] for line in distinct]
+        signatures = dict.fromkeys(signature for signature, _ in parts)  # in order, each once
+        counted = Counter(chain.from_iterable(map(set, signatures)))
+        ids = Counter(chain.from_iterable(named for _, named in parts))
         known = _TextTerms(len(signatures), counted, ids)
         with _LOCK:
             _TERMS[key] = known
@@ -322,15 +317,15 @@ class LineStats:
     def of(cls, texts: Iterable[str], parsed: Parsed | None = None) -> LineStats:
         """The stats of `texts`; `parsed`, where given, keeps each line's words and identifiers
         for `scores` of the same lines."""
-        lines = 0
+        parts = [_text_terms(text, parsed) for text in texts]
+        if len(parts) == 1:  # one text's (a gist's): its own counts, never changed
+            return cls(parts[0].lines, parts[0].words, parts[0].ids)
         counted: Counter[str] = Counter()
         ids: Counter[str] = Counter()
-        for text in texts:
-            part = _text_terms(text, parsed)
-            lines += part.lines
+        for part in parts:
             counted.update(part.words)
             ids.update(part.ids)
-        return cls(lines, counted, ids)
+        return cls(sum(part.lines for part in parts), counted, ids)
 
     def scores(self, lines: Sequence[str], parsed: Parsed | None = None) -> list[float]:
         """How informative each of `lines` (one text's) is: the rarity across the session of
@@ -348,25 +343,34 @@ class LineStats:
             {} if parsed is None else parsed,
         )
         # Each word's and identifier's rarity, worked out once (`fsum` sums exactly, so the
-        # order the terms come in changes nothing).
+        # order the terms come in changes nothing); a line that comes again, once its words are
+        # counted, scores its identifiers alone, the same each time.
         word_logs: dict[str, float] = {}
         id_logs: dict[str, float] = {}
         seen: set[tuple[str, ...]] = set()
+        again: dict[str, float] = {}  # a line's score where its words counted already
         out: list[float] = []
         for index, line in enumerate(lines):
             if markers is not None and markers[index]:
                 out.append(-1.0)
                 continue
-            signature, ids = found[line]
-            terms = set(signature)
-            said = 0.0
-            if signature not in seen:
-                seen.add(signature)
-                said = math.fsum([_log(word_logs, w, whole, self.words) for w in terms])
-            if ids:
-                said += math.fsum([max(0.0, _log(id_logs, i, whole, self.ids)) for i in ids])
-            count = len(terms) + len(ids)
-            out.append(said / (count + _SMOOTHING) if count else 0.0)
+            score = again.get(line)
+            if score is None:
+                signature, ids = found[line]
+                terms = set(signature)
+                count = len(terms) + len(ids)
+                named = 0.0
+                if ids:
+                    named += math.fsum([max(0.0, _log(id_logs, i, whole, self.ids)) for i in ids])
+                if signature not in seen:
+                    seen.add(signature)
+                    said = math.fsum([_log(word_logs, w, whole, self.words) for w in terms])
+                    said += named
+                    score = said / (count + _SMOOTHING) if count else 0.0
+                    again[line] = named / (count + _SMOOTHING) if count else 0.0
+                else:
+                    score = again[line] = named / (count + _SMOOTHING) if count else 0.0
+            out.append(score)
         return out
 
 

@@ -31,12 +31,11 @@ POINTER = re.compile(
     re.DOTALL,
 )
 _STRIP = operator.methodcaller("strip", ".-/")
-# A line that is an identifier (`identifiers`; one token a line, all of a text's at once): three
-# or more characters with a change of case, a slash, a dot, a digit, or an underscore inside.
-_IDENTIFIER_LINE = re.compile(r"^(?=.{3})(?=.*?(?:[a-z][A-Z]|[/.\d]|(?<=.)_(?=.))).*$", re.M)
+_CAMEL = re.compile(r"[a-z][A-Z]")
+_DIGIT = re.compile(r"\d")
 # Every ASCII character that no token has (`_TOKEN` in ASCII text): a space instead.
-_NOT_TOKEN = str.maketrans(
-    {c: " " for c in range(128) if not (chr(c).isalnum() or chr(c) in "_.-/")}
+_NOT_TOKEN = bytes(
+    c if c < 128 and (chr(c).isalnum() or chr(c) in "_.-/") else ord(" ") for c in range(256)
 )
 _BRIM_MARKER = re.compile(r"\[… [^\]\n]*?by brim[^\]\n]*?…\]")  # of what a cut left out
 _ANOMALY_WORDS = (  # found in lower-cased text, inside words too: KeyError, FAILED, UserWarning
@@ -103,7 +102,10 @@ def _tokens(text: str) -> set[str]:
     dashes and slashes), stripped of dots, dashes and slashes at either end; an ASCII text
     (most are) is split in C instead of by the expression — the same tokens, plus perhaps ""
     (a run of those three alone), which callers drop."""
-    runs = set(text.translate(_NOT_TOKEN).split() if text.isascii() else _TOKEN.findall(text))
+    if text.isascii():
+        runs = set(text.encode().translate(_NOT_TOKEN).decode().split())
+    else:
+        runs = set(_TOKEN.findall(text))
     return set(map(_STRIP, runs))
 
 
@@ -256,10 +258,24 @@ def identifiers(text: str) -> frozenset[str]:
     a dot, an underscore or a change of case inside (`src/app.py`, `parse_config`,
     `ContextTooLarge`). Ordinary words are not: `words` has those."""
     # An identifier is a token (`_TOKEN`) without the dots, dashes and slashes it ends with.
-    return frozenset(_IDENTIFIER_LINE.findall("\n".join(_tokens(text))))
+    return frozenset(filter(_is_identifier, _tokens(text)))
 
 
 def identifiers_among(text: str, known: frozenset[str]) -> frozenset[str]:
     """`identifiers(text)`, where `known` are those of a text `text` is a line of (a token
     lies within a line): the tokens of `text` that are among them."""
     return frozenset(_tokens(text) & known) if known else known
+
+
+def _is_identifier(token: str) -> bool:
+    if len(token) < 3:
+        return False
+    if token.isalpha():  # letters alone: only a change of case makes a name of it
+        return not (token.islower() or token.isupper()) and bool(_CAMEL.search(token))
+    return (
+        "/" in token
+        or "." in token  # never at either end: a token starts and ends with a word character
+        or "_" in token[1:-1]
+        or _DIGIT.search(token) is not None
+        or _CAMEL.search(token) is not None
+    )
