@@ -109,9 +109,12 @@ def _tokens(text: str) -> set[str]:
     return set(map(_STRIP, runs))
 
 
-def _keys(text: str) -> frozenset[str]:
+def _keys(text: str, tokens: set[str] | None = None) -> frozenset[str]:
+    """The keys of `text` (`keys_of`); `tokens`: its own (`_tokens`) where it is ASCII (its
+    tokens in lower case are then those of its lower case), if known already."""
+    lowered = _tokens(text.lower()) if tokens is None else set(map(str.lower, tokens))
     keys: set[str] = set()
-    for token in _tokens(text.lower()):  # a text repeats its words: each once
+    for token in lowered:  # a text repeats its words: each once
         keys.add(token)
         keys.update(_PIECES.split(token))
         if "/" in token:
@@ -124,12 +127,20 @@ class _TextFacts:
     """What is known of one text: whether it reports an anomaly, and its keys and identifiers
     once asked for."""
 
-    __slots__ = ("_anomaly", "ids", "keys")
+    __slots__ = ("_anomaly", "_tokens", "ids", "keys")
 
     def __init__(self) -> None:
         self._anomaly: bool | None = None
+        self._tokens: set[str] | None = None  # while its keys or its identifiers are not known
         self.keys: frozenset[str] | None = None
         self.ids: frozenset[str] | None = None
+
+    def _tokens_of(self, text: str) -> set[str]:
+        """The tokens of `text` (`_tokens`), for its identifiers and, lowered, its keys: split
+        once for both (and let go once both are known)."""
+        if self._tokens is None:
+            self._tokens = _tokens(text)
+        return self._tokens
 
     def anomaly(self, text: str) -> bool:
         """Whether `text`, the text these are the facts of, reports an anomaly (`is_anomaly`)."""
@@ -140,13 +151,19 @@ class _TextFacts:
     def ids_of(self, text: str) -> frozenset[str]:
         """The identifiers of `text`, the text these are the facts of (`identifiers`)."""
         if self.ids is None:
-            self.ids = identifiers(text)  # a race computes the same ones twice
+            # a race computes the same ones twice
+            self.ids = frozenset(filter(_is_identifier, self._tokens_of(text)))
+            if self.keys is not None:
+                self._tokens = None
         return self.ids
 
     def keys_of(self, text: str) -> frozenset[str]:
         """The keys of `text`, the text these are the facts of: worked out when first asked."""
         if self.keys is None:
-            self.keys = _keys(text)  # a race computes the same keys twice
+            # a race computes the same keys twice
+            self.keys = _keys(text, self._tokens_of(text) if text.isascii() else None)
+            if self.ids is not None:
+                self._tokens = None
         return self.keys
 
 
