@@ -124,46 +124,39 @@ def _keys(text: str, tokens: set[str] | None = None) -> frozenset[str]:
 
 
 class _TextFacts:
-    """What is known of one text: whether it reports an anomaly, and its keys and identifiers
-    once asked for."""
+    """What is known of one text: whether it reports an anomaly, its identifiers and its keys,
+    each worked out when first asked for (a race works one out twice)."""
 
-    __slots__ = ("_anomaly", "_tokens", "ids", "keys")
+    __slots__ = ("_anomaly", "ids", "keys")
 
     def __init__(self) -> None:
         self._anomaly: bool | None = None
-        self._tokens: set[str] | None = None  # while its keys or its identifiers are not known
         self.keys: frozenset[str] | None = None
         self.ids: frozenset[str] | None = None
-
-    def _tokens_of(self, text: str) -> set[str]:
-        """The tokens of `text` (`_tokens`), for its identifiers and, lowered, its keys: split
-        once for both (and let go once both are known)."""
-        if self._tokens is None:
-            self._tokens = _tokens(text)
-        return self._tokens
 
     def anomaly(self, text: str) -> bool:
         """Whether `text`, the text these are the facts of, reports an anomaly (`is_anomaly`)."""
         if self._anomaly is None:
-            self._anomaly = is_anomaly(text)  # a race works it out twice
+            self._anomaly = is_anomaly(text)
         return self._anomaly
 
     def ids_of(self, text: str) -> frozenset[str]:
         """The identifiers of `text`, the text these are the facts of (`identifiers`)."""
         if self.ids is None:
-            # a race computes the same ones twice
-            self.ids = frozenset(filter(_is_identifier, self._tokens_of(text)))
-            if self.keys is not None:
-                self._tokens = None
+            self.ids = identifiers(text)
         return self.ids
 
     def keys_of(self, text: str) -> frozenset[str]:
-        """The keys of `text`, the text these are the facts of: worked out when first asked."""
+        """The keys of `text`, the text these are the facts of. An ASCII text's identifiers are
+        worked out with them, from the same tokens: the results whose keys are asked for (are
+        they evidence?) have their identifiers asked for too (`policies.facts.last_use`)."""
         if self.keys is None:
-            # a race computes the same keys twice
-            self.keys = _keys(text, self._tokens_of(text) if text.isascii() else None)
-            if self.ids is not None:
-                self._tokens = None
+            if text.isascii() and self.ids is None:
+                tokens = _tokens(text)
+                self.ids = frozenset(filter(_is_identifier, tokens))
+                self.keys = _keys(text, tokens)
+            else:
+                self.keys = _keys(text)
         return self.keys
 
 
