@@ -300,7 +300,8 @@ class Facts(Lasting):
         return tuple(map(self._printed_in, range(len(self.messages))))
 
     def _printed_in(self, index: int) -> tuple[frozenset[str], ...]:
-        return tuple(identifiers_of(result.text) for result in self.results[index])
+        found = self.results[index]
+        return tuple([identifiers_of(result.text) for result in found]) if found else ()
 
     @_Once
     def values(self) -> tuple[tuple[int, ...], ...]:
