@@ -20,7 +20,6 @@ from brim.policies.text import (
     SAME_AS_PREFIX,
     canonical,
     has_evidence,
-    identifiers,
     identifiers_of,
     is_placeholder,
     strings_of,
@@ -128,6 +127,13 @@ class Facts(Lasting):
         self._call_terms = earlier._call_terms
         known = earlier.__dict__
         self.__dict__.update({name: known[name] for name in _OF_STRUCTURE if name in known})
+        # What each message names and prints, read again only where its results changed.
+        for name, read in (("_named", self._names_in), ("_printed", self._printed_in)):
+            if name in known:
+                parts = list(known[name])
+                for index in changed:
+                    parts[index] = read(index)
+                self.__dict__[name] = tuple(parts)
 
     def through(self, changed: frozenset[int]) -> Lasting:
         return _Earlier(self, changed)
@@ -262,21 +268,40 @@ class Facts(Lasting):
         name, a number, a hash) that this message's results were the latest to print before
         it — or the message itself, if none did. A result the agent keeps acting on is as
         recent as its latest use."""
-        dialect = self.dialect
         latest: dict[str, int] = {}  # identifier → the latest message whose results printed it
         used = list(range(len(self.messages)))
-        for index, message in enumerate(self.messages):
-            if dialect.role(message) == "assistant":
-                said = [dialect.text(message)]
-                said += [s for _, arguments in self.arguments[index] for s in strings_of(arguments)]
-                for name in identifiers("\n".join(said)):
-                    holder = latest.get(name)
-                    if holder is not None:
-                        used[holder] = index
-            for result in self.results[index]:
-                for name in identifiers_of(result.text):
+        for index, (named, printed) in enumerate(zip(self._named, self._printed, strict=True)):
+            for name in named:
+                holder = latest.get(name)
+                if holder is not None:
+                    used[holder] = index
+            for found in printed:
+                for name in found:
                     latest[name] = index
         return tuple(used)
+
+    @_Once
+    def _named(self) -> tuple[frozenset[str], ...]:
+        """The identifiers each assistant message names in its text and call arguments (none
+        for the other messages)."""
+        return tuple(map(self._names_in, range(len(self.messages))))
+
+    def _names_in(self, index: int) -> frozenset[str]:
+        dialect, message = self.dialect, self.messages[index]
+        if dialect.role(message) != "assistant":
+            return frozenset()
+        said = [dialect.text(message)]
+        said += [s for _, arguments in self.arguments[index] for s in strings_of(arguments)]
+        return identifiers_of("\n".join(said))  # the same text every turn: remembered
+
+    @_Once
+    def _printed(self) -> tuple[tuple[frozenset[str], ...], ...]:
+        """The identifiers each of each message's results prints (`identifiers_of`)."""
+        return tuple(map(self._printed_in, range(len(self.messages))))
+
+    def _printed_in(self, index: int) -> tuple[frozenset[str], ...]:
+        found = self.results[index]
+        return tuple([identifiers_of(result.text) for result in found]) if found else ()
 
     @_Once
     def values(self) -> tuple[tuple[int, ...], ...]:

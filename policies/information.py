@@ -30,7 +30,7 @@ import orjson
 from brim.policies.conversation import Conversation
 from brim.policies.facts import ResultKey
 from brim.policies.remembered import Remembered
-from brim.policies.text import identifiers, strings_of
+from brim.policies.text import identifiers, identifiers_among, identifiers_of, strings_of
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
@@ -254,13 +254,31 @@ _TERMS: Remembered[tuple[int, int], _TextTerms] = Remembered(maxsize=4_096)
 Parsed = dict[str, tuple[tuple[str, ...], frozenset[str]]]
 
 
-def _parsed(line: str, parsed: Parsed | None) -> tuple[tuple[str, ...], frozenset[str]]:
-    if parsed is None:
-        return tuple(words(line)), identifiers(line)
-    found = parsed.get(line)
-    if found is None:
-        found = parsed[line] = (tuple(words(line)), identifiers(line))
-    return found
+def _parse(lines: Iterable[str], parsed: Parsed, text: str | None = None) -> Parsed:
+    """`parsed` with the words and identifiers of each of `lines` it lacks, worked out for all
+    of them at once: their words as `words` does, on their text joined (a line break is no
+    word character: each line's words are the same), and their identifiers among those of
+    `text`, the text they are lines of, where given (`identifiers_among`)."""
+    todo = [line for line in dict.fromkeys(lines) if line not in parsed]
+    if not todo:
+        return parsed
+    masked = _DIGITS.sub("0", _HEX_WORD.sub(" ", "\n".join(todo).lower())).split("\n")
+    if len(masked) != len(todo):  # a line with a line break in it: one at a time
+        masked = [" ".join(words(line)) for line in todo]
+    known = None if text is None else identifiers_of(text)
+    for line, said in zip(todo, masked, strict=True):
+        named = identifiers(line) if known is None else identifiers_among(line, known)
+        parsed[line] = (tuple(_WORD.findall(said)), named)
+    return parsed
+
+
+def _markers(lines: Sequence[str], text: str | None = None) -> list[bool] | None:
+    """Which of `lines` are brim's markers (`is_marker`); None where none can be: the text
+    (`text`, the lines joined if not given) has no piece of one."""
+    joined = "\n".join(lines) if text is None else text
+    if "by brim" in joined or "more items" in joined or SHORTENED in joined:
+        return [is_marker(line) for line in lines]
+    return None
 
 
 def _text_terms(text: str, parsed: Parsed | None = None) -> _TextTerms:
@@ -268,17 +286,15 @@ def _text_terms(text: str, parsed: Parsed | None = None) -> _TextTerms:
     with _LOCK:
         known = _TERMS.get(key)
     if known is None:
-        signatures: set[tuple[str, ...]] = set()
-        counted: Counter[str] = Counter()
-        ids: Counter[str] = Counter()
-        for line in dict.fromkeys(text.split("\n")):
-            if is_marker(line):
-                continue
-            signature, named = _parsed(line, parsed)
-            if signature not in signatures:
-                signatures.add(signature)
-                counted.update(set(signature))
-            ids.update(named)
+        distinct = list(dict.fromkeys(text.split("\n")))
+        markers = _markers(distinct, text)
+        if markers is not None:
+            distinct = [line for line, marker in zip(distinct, markers, strict=True) if not marker]
+        found = _parse(distinct, {} if parsed is None else parsed, text)
+        parts = [found[line] for line in distinct]
+        signatures = dict.fromkeys(signature for signature, _ in parts)  # in order, each once
+        counted = Counter(chain.from_iterable(map(set, signatures)))
+        ids = Counter(chain.from_iterable(named for _, named in parts))
         known = _TextTerms(len(signatures), counted, ids)
         with _LOCK:
             _TERMS[key] = known
@@ -301,15 +317,15 @@ class LineStats:
     def of(cls, texts: Iterable[str], parsed: Parsed | None = None) -> LineStats:
         """The stats of `texts`; `parsed`, where given, keeps each line's words and identifiers
         for `scores` of the same lines."""
-        lines = 0
+        parts = [_text_terms(text, parsed) for text in texts]
+        if len(parts) == 1:  # one text's (a gist's): its own counts, never changed
+            return cls(parts[0].lines, parts[0].words, parts[0].ids)
         counted: Counter[str] = Counter()
         ids: Counter[str] = Counter()
-        for text in texts:
-            part = _text_terms(text, parsed)
-            lines += part.lines
+        for part in parts:
             counted.update(part.words)
             ids.update(part.ids)
-        return cls(lines, counted, ids)
+        return cls(sum(part.lines for part in parts), counted, ids)
 
     def scores(self, lines: Sequence[str], parsed: Parsed | None = None) -> list[float]:
         """How informative each of `lines` (one text's) is: the rarity across the session of
@@ -321,19 +337,46 @@ class LineStats:
         one only in its numbers, count once: at the first; its identifiers count each time (a
         fresh id is news). brim's own markers score -1, below every line."""
         whole = max(1, self.lines) + 1
+        markers = _markers(lines)
+        found = _parse(
+            lines if markers is None else (x for x, m in zip(lines, markers, strict=True) if not m),
+            {} if parsed is None else parsed,
+        )
+        # Each word's and identifier's rarity, worked out once (`fsum` sums exactly, so the
+        # order the terms come in changes nothing); a line that comes again, once its words are
+        # counted, scores its identifiers alone, the same each time.
+        word_logs: dict[str, float] = {}
+        id_logs: dict[str, float] = {}
         seen: set[tuple[str, ...]] = set()
+        again: dict[str, float] = {}  # a line's score where its words counted already
         out: list[float] = []
-        for line in lines:
-            if is_marker(line):
+        for index, line in enumerate(lines):
+            if markers is not None and markers[index]:
                 out.append(-1.0)
                 continue
-            signature, ids = _parsed(line, parsed)
-            found = set(signature)
-            said = 0.0
-            if signature not in seen:
-                seen.add(signature)
-                said = math.fsum(math.log(whole / max(1, self.words[w])) for w in found)
-            said += math.fsum(max(0.0, math.log(whole / max(1, self.ids[i]))) for i in ids)
-            count = len(found) + len(ids)
-            out.append(said / (count + _SMOOTHING) if count else 0.0)
+            score = again.get(line)
+            if score is None:
+                signature, ids = found[line]
+                terms = set(signature)
+                count = len(terms) + len(ids)
+                named = 0.0
+                if ids:
+                    named += math.fsum([max(0.0, _log(id_logs, i, whole, self.ids)) for i in ids])
+                if signature not in seen:
+                    seen.add(signature)
+                    said = math.fsum([_log(word_logs, w, whole, self.words) for w in terms])
+                    said += named
+                    score = said / (count + _SMOOTHING) if count else 0.0
+                    again[line] = named / (count + _SMOOTHING) if count else 0.0
+                else:
+                    score = again[line] = named / (count + _SMOOTHING) if count else 0.0
+            out.append(score)
         return out
+
+
+def _log(known: dict[str, float], term: str, whole: int, counts: Counter[str]) -> float:
+    """log(whole ÷ the lines `term` is on, at least 1), remembered in `known`."""
+    found = known.get(term)
+    if found is None:
+        found = known[term] = math.log(whole / max(1, counts[term]))
+    return found

@@ -9,6 +9,7 @@ the placeholders and pointers brim writes in place of a result (`is_placeholder`
 from __future__ import annotations
 
 import functools
+import operator
 import re
 import threading
 from collections.abc import Mapping
@@ -29,9 +30,13 @@ POINTER = re.compile(
     r"for call (?P<call>.*?)(?: in message (?P<at>\d+))?; see there; sha256:[0-9a-f]{16}\]\Z",
     re.DOTALL,
 )
-_IDENTIFIER = re.compile(r"[\w][\w.\-/]*[\w]")
+_STRIP = operator.methodcaller("strip", ".-/")
 _CAMEL = re.compile(r"[a-z][A-Z]")
 _DIGIT = re.compile(r"\d")
+# Every ASCII character that no token has (`_TOKEN` in ASCII text): a space instead.
+_NOT_TOKEN = bytes(
+    c if c < 128 and (chr(c).isalnum() or chr(c) in "_.-/") else ord(" ") for c in range(256)
+)
 _BRIM_MARKER = re.compile(r"\[… [^\]\n]*?by brim[^\]\n]*?…\]")  # of what a cut left out
 _ANOMALY_WORDS = (  # found in lower-cased text, inside words too: KeyError, FAILED, UserWarning
     "error",
@@ -92,10 +97,24 @@ def pointer(tool: str, call_id: str, key: str, at: int | None = None) -> str:
     )
 
 
-def _keys(text: str) -> frozenset[str]:
+def _tokens(text: str) -> set[str]:
+    """The distinct tokens of `text` (`_TOKEN`: a word character, then word characters, dots,
+    dashes and slashes), stripped of dots, dashes and slashes at either end; an ASCII text
+    (most are) is split in C instead of by the expression — the same tokens, plus perhaps ""
+    (a run of those three alone), which callers drop."""
+    if text.isascii():
+        runs = set(text.encode().translate(_NOT_TOKEN).decode().split())
+    else:
+        runs = set(_TOKEN.findall(text))
+    return set(map(_STRIP, runs))
+
+
+def _keys(text: str, tokens: set[str] | None = None) -> frozenset[str]:
+    """The keys of `text` (`keys_of`); `tokens`: its own (`_tokens`) where it is ASCII (its
+    tokens in lower case are then those of its lower case), if known already."""
+    lowered = _tokens(text.lower()) if tokens is None else set(map(str.lower, tokens))
     keys: set[str] = set()
-    for token in set(_TOKEN.findall(text.lower())):  # a text repeats its words: each once
-        token = token.strip(".-/")
+    for token in lowered:  # a text repeats its words: each once
         keys.add(token)
         keys.update(_PIECES.split(token))
         if "/" in token:
@@ -105,26 +124,39 @@ def _keys(text: str) -> frozenset[str]:
 
 
 class _TextFacts:
-    """What is known of one text: whether it reports an anomaly, and its keys and identifiers
-    once asked for."""
+    """What is known of one text: whether it reports an anomaly, its identifiers and its keys,
+    each worked out when first asked for (a race works one out twice)."""
 
-    __slots__ = ("anomaly", "ids", "keys")
+    __slots__ = ("_anomaly", "ids", "keys")
 
-    def __init__(self, anomaly: bool) -> None:
-        self.anomaly = anomaly
+    def __init__(self) -> None:
+        self._anomaly: bool | None = None
         self.keys: frozenset[str] | None = None
         self.ids: frozenset[str] | None = None
+
+    def anomaly(self, text: str) -> bool:
+        """Whether `text`, the text these are the facts of, reports an anomaly (`is_anomaly`)."""
+        if self._anomaly is None:
+            self._anomaly = is_anomaly(text)
+        return self._anomaly
 
     def ids_of(self, text: str) -> frozenset[str]:
         """The identifiers of `text`, the text these are the facts of (`identifiers`)."""
         if self.ids is None:
-            self.ids = identifiers(text)  # a race computes the same ones twice
+            self.ids = identifiers(text)
         return self.ids
 
     def keys_of(self, text: str) -> frozenset[str]:
-        """The keys of `text`, the text these are the facts of: worked out when first asked."""
+        """The keys of `text`, the text these are the facts of. An ASCII text's identifiers are
+        worked out with them, from the same tokens: the results whose keys are asked for (are
+        they evidence?) have their identifiers asked for too (`policies.facts.last_use`)."""
         if self.keys is None:
-            self.keys = _keys(text)  # a race computes the same keys twice
+            if text.isascii() and self.ids is None:
+                tokens = _tokens(text)
+                self.ids = frozenset(filter(_is_identifier, tokens))
+                self.keys = _keys(text, tokens)
+            else:
+                self.keys = _keys(text)
         return self.keys
 
 
@@ -133,7 +165,7 @@ def _text_facts(text: str) -> _TextFacts:
     with _CACHE_LOCK:
         known = _TEXT_FACTS.get(key)
     if known is None:
-        known = _TextFacts(is_anomaly(text))
+        known = _TextFacts()
         with _CACHE_LOCK:
             _TEXT_FACTS[key] = known
     return known
@@ -165,7 +197,7 @@ def mentions(text: str, terms: frozenset[str]) -> bool:
 def has_evidence(text: str, terms: frozenset[str]) -> bool:
     """Whether a result mentions a task term or an anomaly."""
     known = _text_facts(text)  # looked up once for both
-    return known.anomaly or bool(terms and not terms.isdisjoint(known.keys_of(text)))
+    return known.anomaly(text) or bool(terms and not terms.isdisjoint(known.keys_of(text)))
 
 
 def terms_of(text: str) -> frozenset[str]:
@@ -235,7 +267,14 @@ def identifiers(text: str) -> frozenset[str]:
     characters with a digit in them (a number, a hash, a version, an id) or a path separator,
     a dot, an underscore or a change of case inside (`src/app.py`, `parse_config`,
     `ContextTooLarge`). Ordinary words are not: `words` has those."""
-    return frozenset(token for token in set(_IDENTIFIER.findall(text)) if _is_identifier(token))
+    # An identifier is a token (`_TOKEN`) without the dots, dashes and slashes it ends with.
+    return frozenset(filter(_is_identifier, _tokens(text)))
+
+
+def identifiers_among(text: str, known: frozenset[str]) -> frozenset[str]:
+    """`identifiers(text)`, where `known` are those of a text `text` is a line of (a token
+    lies within a line): the tokens of `text` that are among them."""
+    return frozenset(_tokens(text) & known) if known else known
 
 
 def _is_identifier(token: str) -> bool:
