@@ -186,7 +186,24 @@ def growing_session(turns: int, lines: int) -> list[list[dict[str, Any]]]:
 
 
 @pytest.mark.parametrize(
-    ("window", "lines", "floor"), [(32_768, 40, 0.95), (128_000, 100, 0.95), (8_192, 40, 0.5)]
+    ("window", "lines", "floor"),
+    [
+        (32_768, 40, 0.95),
+        (128_000, 100, 0.95),
+        (8_192, 40, 0.5),
+        pytest.param(
+            8_192,
+            120,
+            0.7,
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="issue 35: since text is cut only as far as the budget needs, turns of "
+                "~1 500 tokens at 8K re-cut every turn from scratch: 16 of 94 prefixes kept "
+                "(0.7 held while older results were digested ahead of need); the guard's "
+                "carry-forward keeps more (tests/middleware/stages/test_guard.py)",
+            ),
+        ),
+    ],
 )
 def test_the_compressed_prefix_is_kept_by_the_next_request(
     window: int, lines: int, floor: float
