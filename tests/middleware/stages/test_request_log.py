@@ -161,9 +161,9 @@ def test_a_retried_request_logs_its_retry(
         assert reply.status_code == 200, reply.text
         wait_for(lambda: request_lines(caplog))
     retries = int(reply.headers["x-brim-retries"])
-    # Once where the provider states its window; the Responses fake does not: the cut takes
-    # steps of the first attempt's size, one or two of them.
-    assert retries == 1 if case.api != "openai.responses" else 1 <= retries <= 2
+    # Once: where the provider states its window, brim cuts to it; the Responses fake does not
+    # state it, and the retry's first step (a cut well below what was sent) already fits.
+    assert retries == 1
     (record,) = request_lines(caplog)
     match = LINE.match(record.getMessage())
     assert match, record.getMessage()
