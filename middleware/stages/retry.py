@@ -51,7 +51,7 @@ from brim.middleware.stages.fallback import fallback_upstream
 from brim.middleware.stages.restore import keep_originals, restorable, restore_offer
 from brim.policies.budget import budget_for, requested_output
 from brim.policies.clients import ClientRule
-from brim.policies.compress import Outcome, build_policies, compress_request
+from brim.policies.compress import Outcome, compress_request
 from brim.policies.conversation import Policy
 from brim.policies.evidence import Sent, output_counts_unproven, window_unproven
 from brim.policies.limits import LimitsRegistry
@@ -66,8 +66,11 @@ log = logging.getLogger("brim.retry")
 
 class RetryOnOverflow:
     @classmethod
-    def from_config(cls, config: PipelineConfig, services: Services) -> RetryOnOverflow | None:
-        """None when `[retry] enabled` is false."""
+    def from_config(
+        cls, config: PipelineConfig, services: Services, policies: Sequence[Policy]
+    ) -> RetryOnOverflow | None:
+        """None when `[retry] enabled` is false. `policies`: the pipeline's compression
+        policies (the guard's)."""
         if not config.retry.enabled:
             return None
         guard = config.guard
@@ -75,7 +78,7 @@ class RetryOnOverflow:
         return cls(
             services.limits,
             services.counter,
-            build_policies(guard.policies, guard.policy_settings()),
+            policies,
             services.upstreams,
             max_attempts=config.retry.max_attempts,
             steps=config.retry.steps,
