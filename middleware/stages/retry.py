@@ -265,12 +265,22 @@ class RetryOnOverflow:
             assert exchange.body is not None and exchange.context is not None
             resolved = self.registry.resolve(model, long_context=exchange.long_context)
             budget = budget_for(
-                resolved, requested_output(exchange.body), safety_margin=self.safety_margin
+                resolved,
+                requested_output(exchange.body),
+                safety_margin=self.safety_margin,
+                cli_overhead=self._client_overhead(exchange),
             )
             context = dataclasses.replace(exchange.context, limits=resolved, budget=budget)
             log.info("request %s: overflow; trying fallback model %r", exchange.request_id, model)
             return exchange.for_model(model, upstream, context)
         return None
+
+    def _client_overhead(self, exchange: Exchange) -> int | None:
+        """The CLI overhead of the `[clients]` rule the request matched (None: none matched,
+        the model's own stands), as `ResolveLimits` budgeted the request with."""
+        assert exchange.context is not None
+        rule = self.clients.get(exchange.context.client or "")
+        return rule.overhead if rule is not None else None
 
     def _target(
         self, exchange: Exchange, stated: Overflow, retries: int, first: int, sent: int
@@ -289,7 +299,10 @@ class RetryOnOverflow:
             limits = dataclasses.replace(resolved.limits, output_counts=True)
             resolved = dataclasses.replace(resolved, limits=limits)
         budget = budget_for(
-            resolved, requested_output(exchange.body), safety_margin=self.safety_margin
+            resolved,
+            requested_output(exchange.body),
+            safety_margin=self.safety_margin,
+            cli_overhead=self._client_overhead(exchange),
         )
         target = budget.effective
         theirs = stated.requested
