@@ -33,6 +33,7 @@ from brim.middleware.stages.resolve_limits import ResolveLimits
 from brim.middleware.stages.restore import RestoreRounds
 from brim.middleware.stages.retry import RetryOnOverflow
 from brim.policies.clients import ClientRule
+from brim.policies.compress import build_policies
 from brim.policies.limits import LimitsRegistry
 from brim.policies.ratios import TokenRatios
 from brim.policies.tokens import TokenCounter
@@ -84,17 +85,20 @@ class Services:
 
 def default_pipeline(config: PipelineConfig, services: Services) -> list[Stage]:
     """The stages in order (module doc), each built by its own `from_config`; a stage that is
-    off (None) is left out."""
+    off (None) is left out. The compression policies are built once, for the guard, the
+    restore rounds and the retry alike: they remember what they pruned and cleared, so a cut
+    the guard made is not worked out again when the retry or a restore round cuts."""
     limits = ResolveLimits.from_config(config, services)
+    policies = build_policies(config.guard.policies, config.guard.policy_settings())
     stages: list[Stage | None] = [
         Observe.from_config(config, services),
         LoopBreaker.from_config(config, services),
         limits,
         RateLimit.from_config(config, services),
         PreferFallback.from_config(config, services, limits),
-        Guard.from_config(config, services),
-        RestoreRounds.from_config(config, services),
-        RetryOnOverflow.from_config(config, services),
+        Guard.from_config(config, services, policies),
+        RestoreRounds.from_config(config, services, policies),
+        RetryOnOverflow.from_config(config, services, policies),
         LearnRatios.from_config(config, services),
         Forward.from_config(config, services),
     ]

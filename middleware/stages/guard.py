@@ -26,7 +26,7 @@ from brim.middleware.stage import CallNext
 from brim.middleware.stages.restore import keep_originals, restorable, restore_offer
 from brim.policies.carry import carried_from, carry, growth, prefix_digests
 from brim.policies.clients import ClientRule
-from brim.policies.compress import Outcome, build_policies, compress_request
+from brim.policies.compress import Outcome, compress_request
 from brim.policies.conversation import FidelityRecord, Policy, archive_key, text_tokens_for
 from brim.policies.evict import GISTS_HEADER
 from brim.policies.tokens import CounterMeter, TokenCounter
@@ -184,14 +184,17 @@ def _refusal(outcome: Outcome, wire: Wire) -> ContextTooLarge:
 
 class Guard:
     @classmethod
-    def from_config(cls, config: PipelineConfig, services: Services) -> Guard | None:
-        """None when `[guard] enabled` is false."""
+    def from_config(
+        cls, config: PipelineConfig, services: Services, policies: Sequence[Policy]
+    ) -> Guard | None:
+        """None when `[guard] enabled` is false. `policies`: the pipeline's compression
+        policies (`[guard] policies`), shared with the restore rounds and the retry."""
         guard = config.guard
         if not guard.enabled:
             return None
         return cls(
             services.counter,
-            build_policies(guard.policies, guard.policy_settings()),
+            policies,
             low_water=guard.low_water,
             repair_pairs=guard.repair_pairs,
             archive=services.archive,

@@ -127,16 +127,18 @@ def restorable(outcome: Outcome) -> bool:
 
 class RestoreRounds:
     @classmethod
-    def from_config(cls, config: PipelineConfig, services: Services) -> RestoreRounds | None:
-        """None when `[restore]` is off (no content store among the services)."""
+    def from_config(
+        cls, config: PipelineConfig, services: Services, policies: Sequence[Policy]
+    ) -> RestoreRounds | None:
+        """None when `[restore]` is off (no content store among the services). `policies`: the
+        pipeline's compression policies (the guard's)."""
         if services.store is None:
             return None
-        guard = config.guard
         return cls(
             services.store,
             services.counter,
             max_rounds=config.restore.max_rounds,
-            policies=build_policies(guard.policies, guard.policy_settings()),
+            policies=policies,
             archive=services.archive,
         )
 

@@ -51,7 +51,7 @@ from brim.middleware.stages.fallback import fallback_upstream
 from brim.middleware.stages.restore import keep_originals, restorable, restore_offer
 from brim.policies.budget import budget_for, requested_output
 from brim.policies.clients import ClientRule
-from brim.policies.compress import Outcome, build_policies, compress_request
+from brim.policies.compress import Outcome, compress_request
 from brim.policies.conversation import Policy
 from brim.policies.evidence import Sent, output_counts_unproven, window_unproven
 from brim.policies.limits import LimitsRegistry
@@ -66,8 +66,11 @@ log = logging.getLogger("brim.retry")
 
 class RetryOnOverflow:
     @classmethod
-    def from_config(cls, config: PipelineConfig, services: Services) -> RetryOnOverflow | None:
-        """None when `[retry] enabled` is false."""
+    def from_config(
+        cls, config: PipelineConfig, services: Services, policies: Sequence[Policy]
+    ) -> RetryOnOverflow | None:
+        """None when `[retry] enabled` is false. `policies`: the pipeline's compression
+        policies (the guard's)."""
         if not config.retry.enabled:
             return None
         guard = config.guard
@@ -75,7 +78,7 @@ class RetryOnOverflow:
         return cls(
             services.limits,
             services.counter,
-            build_policies(guard.policies, guard.policy_settings()),
+            policies,
             services.upstreams,
             max_attempts=config.retry.max_attempts,
             steps=config.retry.steps,
@@ -262,12 +265,22 @@ class RetryOnOverflow:
             assert exchange.body is not None and exchange.context is not None
             resolved = self.registry.resolve(model, long_context=exchange.long_context)
             budget = budget_for(
-                resolved, requested_output(exchange.body), safety_margin=self.safety_margin
+                resolved,
+                requested_output(exchange.body),
+                safety_margin=self.safety_margin,
+                cli_overhead=self._client_overhead(exchange),
             )
             context = dataclasses.replace(exchange.context, limits=resolved, budget=budget)
             log.info("request %s: overflow; trying fallback model %r", exchange.request_id, model)
             return exchange.for_model(model, upstream, context)
         return None
+
+    def _client_overhead(self, exchange: Exchange) -> int | None:
+        """The CLI overhead of the `[clients]` rule the request matched (None: none matched,
+        the model's own stands), as `ResolveLimits` budgeted the request with."""
+        assert exchange.context is not None
+        rule = self.clients.get(exchange.context.client or "")
+        return rule.overhead if rule is not None else None
 
     def _target(
         self, exchange: Exchange, stated: Overflow, retries: int, first: int, sent: int
@@ -286,7 +299,10 @@ class RetryOnOverflow:
             limits = dataclasses.replace(resolved.limits, output_counts=True)
             resolved = dataclasses.replace(resolved, limits=limits)
         budget = budget_for(
-            resolved, requested_output(exchange.body), safety_margin=self.safety_margin
+            resolved,
+            requested_output(exchange.body),
+            safety_margin=self.safety_margin,
+            cli_overhead=self._client_overhead(exchange),
         )
         target = budget.effective
         theirs = stated.requested

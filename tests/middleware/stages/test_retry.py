@@ -274,3 +274,24 @@ def test_max_tokens_is_made_room_for_when_the_provider_says_it_shares_the_window
     assert int(raw.headers["x-brim-budget"]) == window - max_tokens - window // 20
     assert len(anthropic_fake.rejections) == 1
     assert anthropic_fake.counts[-1] + max_tokens <= window
+
+
+def test_the_cut_to_a_stated_limit_leaves_room_for_the_clients_cli_overhead(
+    brim: BrimFactory, provider: FakeProvider
+) -> None:
+    # A `[clients]` rule's overhead is spent by the provider inside the window it states: the
+    # retry's cut leaves room for it, as the guard's budget does.
+    models = {"tight-8000": {"context_window": BIG, "max_output": 1_000}}
+    clients = {"agent": {"header": "x-client: agent*", "cli_overhead": 2_000}}
+    base = brim(models=models, guard={"safety_margin": 0.0}, clients=clients)
+    reply = httpx.post(
+        f"{base}/v1/chat/completions",
+        json={"model": "tight-8000", "messages": conversation(12)},
+        headers={"x-client": "agent-1"},
+        timeout=30,
+    )
+    assert reply.status_code == 200
+    assert reply.headers["x-brim-retries"] == "1"
+    first, second = provider.tight_seen
+    assert first[1] > 8_000
+    assert 6_000 * 0.85 <= second[1] <= 8_000 - 2_000
