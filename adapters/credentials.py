@@ -32,18 +32,23 @@ def _is_key(parameter: str) -> bool:
     return unquote_plus(parameter.partition("=")[0]) == KEY_PARAMETER
 
 
+def _parameters(query: str, *, keys: bool) -> str:
+    """The `key=` parameters of `query` (`keys`), or every other one, as they came. A name may
+    come percent-encoded (`%6Bey=`): only a query with neither `key` nor `%` in it is passed
+    over unread."""
+    if KEY_PARAMETER not in query and "%" not in query:
+        return "" if keys else query
+    return "&".join(part for part in query.split("&") if part and _is_key(part) == keys)
+
+
 def without_key(query: str) -> str:
     """A query string without its `key=` parameters; every other one as it came."""
-    if KEY_PARAMETER not in query:
-        return query
-    return "&".join(part for part in query.split("&") if part and not _is_key(part))
+    return _parameters(query, keys=False)
 
 
 def key_parameters(query: str) -> str:
     """Only the `key=` parameters of a query string (empty if it has none)."""
-    if KEY_PARAMETER not in query:
-        return ""
-    return "&".join(part for part in query.split("&") if part and _is_key(part))
+    return _parameters(query, keys=True)
 
 
 def brings_own_key(config: UpstreamConfig) -> bool:

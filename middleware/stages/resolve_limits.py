@@ -46,7 +46,12 @@ from brim.policies.budget import (
     undecided,
 )
 from brim.policies.clients import ClientRule, match_client
-from brim.policies.limits import LimitSource, LimitsRegistry, ResolvedLimits
+from brim.policies.limits import (
+    LimitSource,
+    LimitsRegistry,
+    ModelContextLimits,
+    ResolvedLimits,
+)
 from brim.policies.ratios import TokenRatios
 from brim.policies.remembered import Remembered
 from brim.policies.tokens import TokenCounter
@@ -215,6 +220,22 @@ class NativeCounts:
         )
 
 
+def counting_ratio(
+    counter: TokenCounter,
+    ratios: TokenRatios | None,
+    owner: str,
+    upstream: str,
+    limits: ModelContextLimits,
+) -> float:
+    """The ratio `owner`'s counts of the model for `upstream` are scaled by: learned (its own,
+    else the shared one: `TokenRatios.ratio`), else the tokenizer's prior (always, where
+    `ratios` is None: `[guard] learn_token_ratios = false`)."""
+    prior = counter.prior(limits.tokenizer)
+    if ratios is None:
+        return prior
+    return ratios.ratio(owner, upstream, limits.model, prior)
+
+
 class ResolveLimits:
     @classmethod
     def from_config(cls, config: PipelineConfig, services: Services) -> ResolveLimits:
@@ -324,13 +345,9 @@ class ResolveLimits:
             return bound
 
     def ratio(self, owner: str, upstream: str, resolved: ResolvedLimits) -> float:
-        """The ratio `owner`'s counts of the model for `upstream` are scaled by: learned (its
-        own, else the shared one: `TokenRatios.ratio`), else the prior."""
-        limits = resolved.limits
-        prior = self.counter.prior(limits.tokenizer)
-        if self.ratios is None:
-            return prior
-        return self.ratios.ratio(owner, upstream, limits.model, prior)
+        """The ratio `owner`'s counts of the model for `upstream` are scaled by
+        (`counting_ratio`)."""
+        return counting_ratio(self.counter, self.ratios, owner, upstream, resolved.limits)
 
     async def context_for(self, exchange: Exchange) -> RequestContext:
         # Anthropic's context-1m beta gives this request (an Anthropic model's) a 1M window.

@@ -15,6 +15,7 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 
 from brim.adapters.errors import InvalidRequest, UnknownEndpoint, UpstreamError
+from brim.middleware.stages.resolve_limits import counting_ratio
 from brim.policies.wires import WIRES
 from brim.policies.wires.base import BodyError, NotServed, Wire
 from brim.policies.wires.messages import MESSAGES, check_count_tokens
@@ -85,9 +86,9 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
                 raise
     services = serving.services
     limits = services.limits.resolve(model, long_context=exchange.long_context).limits
-    # at the ratio the guard would count this client's request at (`TokenRatios.ratio`)
-    prior = services.counter.prior(limits.tokenizer)
-    ratio = services.ratios.ratio(exchange.owner, name, limits.model, prior)
+    # at the ratio the guard would count this client's request at
+    ratios = services.ratios if serving.config.guard.learn_token_ratios else None
+    ratio = counting_ratio(services.counter, ratios, exchange.owner, name, limits)
     total = services.counter.request(MESSAGES, body, limits.tokenizer, model, ratio).total
     return web.Response(
         body=orjson.dumps({"input_tokens": total}),

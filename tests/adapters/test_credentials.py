@@ -35,6 +35,8 @@ CLI = UpstreamConfig(api="cli", command="claude")
         ("key=AIza-1", "", "key=AIza-1"),
         ("alt=sse&key=AIza-1&x=2", "alt=sse&x=2", "key=AIza-1"),
         ("%6Bey=AIza-1&keys=2&monkey=3", "keys=2&monkey=3", "%6Bey=AIza-1"),  # encoded name
+        ("%6Bey=AIza-1&alt=sse", "alt=sse", "%6Bey=AIza-1"),  # no "key" left in the text
+        ("k%65y=AIza-1", "", "k%65y=AIza-1"),
         ("key=a&key=b", "", "key=a&key=b"),
     ],
 )
