@@ -3,7 +3,10 @@
 The placeholder's one line names the tool, the original size in tokens and the sha256 key of
 the original (under which the archive keeps it); under it, quoted, the result's gist: its
 `gist_lines` most informative lines (`policies.information.gist`; of the whole result, where
-`prune_tool_results` cut it), as many as still save two thirds of the result. The call and its
+`prune_tool_results` cut it), as many as still save two thirds of the result; then the names it
+printed — paths, dotted and snake_case names, hashes and ids (`policies.information.names`) — in
+up to `names_share` of the result's characters: what an agent's next steps act on, so a cleared
+result still says which files, commits and functions it was about. The call and its
 pairing stay; a result cleared already stays as it is. The most recent `keep` tool results are
 never cleared, nor is a result whose placeholder would not save two thirds of it (a small
 result is worth its tokens: it goes whole, with its turn, if anything). Results are cleared
@@ -38,7 +41,7 @@ from brim.policies.conversation import (
     snapped_count,
 )
 from brim.policies.facts import STALE, Facts, ResultKey, facts, last_use, result_values
-from brim.policies.information import CutFrom, cut_from, gist
+from brim.policies.information import CutFrom, cut_from, gist, names
 from brim.policies.remembered import Remembered
 from brim.policies.text import is_placeholder
 
@@ -51,22 +54,31 @@ class ClearSettings(BaseModel):
     by_value: bool = True  # copies, then results without evidence, least recently used first
     #                        within each; False: oldest first
     gist_lines: int = Field(1, ge=0)  # the result's most informative lines, quoted after it
+    # The names the result printed, listed after its gist, in up to this share of its characters
+    names_share: float = Field(0.1, ge=0, le=0.3)
 
 
 CLEARED_PREFIX = "[brim cleared this "
+NAMES_LABEL = "Names in it: "
 _WHOLE = 8  # where clearing every candidate would not do, a multiple of this many are cleared
 
 
-def placeholder(tool: str, tokens: int, key: str, quoted: Sequence[str] = ()) -> str:
+def placeholder(
+    tool: str, tokens: int, key: str, quoted: Sequence[str] = (), named: Sequence[str] = ()
+) -> str:
     """What a cleared result becomes: one line naming the tool, the result's size and the key
-    the archive keeps it under, then the lines of its gist, if any (`quoted`)."""
+    the archive keeps it under, then the lines of its gist, if any (`quoted`), then the names
+    it printed, if any (`named`)."""
     head = (
         f"{CLEARED_PREFIX}{tool} result ({tokens} tokens) to fit the context window; "
         f"archived as sha256:{key[:16]}]"
     )
-    if not quoted:
-        return head
-    return "\n".join([head, "Its gist:", *(f"> {line}" for line in quoted)])
+    lines = [head]
+    if quoted:
+        lines += ["Its gist:", *(f"> {line}" for line in quoted)]
+    if named:
+        lines.append(f"{NAMES_LABEL}{', '.join(named)}")
+    return "\n".join(lines)
 
 
 @dataclass(slots=True)  # not frozen: made for every candidate, every turn (and never changed)
@@ -171,6 +183,8 @@ class ClearToolResults:
                 continue
             whole = before_cut.texts.get((index, result.call_id), result.text)
             key, text = self._placeholder_of(result.tool, tokens, result.text, whole)
+            if 3 * len(text) > len(result.text):  # a result prune cut: without the names?
+                text = text.split(f"\n{NAMES_LABEL}", 1)[0]
             if 3 * len(text) <= len(result.text):
                 cleared = _Cleared(text, key, whole)
                 edits[index, result.call_id] = cleared
@@ -196,17 +210,24 @@ class ClearToolResults:
 
     def _placeholder(self, tool: str, tokens: int, key: str, text: str, whole: str) -> str:
         """The placeholder of `text` with the gist of the `whole` result (before any cut), where
-        that still saves two thirds of the whole (else the bare placeholder): a pure function of
-        the result, the same every turn whether or not it was cut first."""
-        lines = self.settings.gist_lines
+        that still saves two thirds of the whole (else the bare placeholder), and the names the
+        whole printed, in what room is left of `names_share` of it: a pure function of the
+        result, the same every turn whether or not it was cut first."""
         bare = placeholder(tool, tokens, key)
-        if not lines or is_placeholder(text):
+        if is_placeholder(text):
             return bare
-        for count in range(lines, 0, -1):  # fewer lines where more would not save enough
-            full = placeholder(tool, tokens, key, gist(whole, count))
-            if 3 * len(full) <= len(whole):
-                return full
-        return bare
+        quoted: tuple[str, ...] = ()
+        for count in range(self.settings.gist_lines, 0, -1):  # fewer where more would not do
+            if 3 * len(placeholder(tool, tokens, key, lines := gist(whole, count))) <= len(whole):
+                quoted = lines
+                break
+        with_gist = placeholder(tool, tokens, key, quoted)
+        room = min(
+            len(whole) // 3 - len(with_gist),  # still saving two thirds
+            int(len(whole) * self.settings.names_share),
+        ) - len(NAMES_LABEL)
+        named = names(whole, room, skip=quoted) if room > 0 else ()
+        return placeholder(tool, tokens, key, quoted, named)
 
     @staticmethod
     def _with_pointers(

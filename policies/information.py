@@ -8,7 +8,8 @@ over its lines, numbers and hex masked), so templated lines score low whatever t
 and a line that stands out scores high. The same measure ranks the items of a JSON array.
 
 Used by `prune_tool_results` (its digest keeps a result's most informative lines and items) and
-by `clear_tool_results` (a placeholder quotes the result's gist: its few most informative lines).
+by `clear_tool_results` (a placeholder quotes the result's gist: its few most informative lines,
+and lists the names it printed, `names`).
 The scores and the gist are pure functions of the text. A result prune cut is judged by its
 whole text still: prune notes what each result it cut said before (`remember_cut`), on the
 conversation it hands to the next policy, for clear's gist (`cut_from`).
@@ -30,10 +31,17 @@ import orjson
 from brim.policies.conversation import Conversation
 from brim.policies.facts import ResultKey
 from brim.policies.remembered import Remembered
-from brim.policies.text import identifiers, identifiers_among, identifiers_of, strings_of
+from brim.policies.text import (
+    identifiers,
+    identifiers_among,
+    identifiers_of,
+    strings_of,
+    token_counts,
+)
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
+_NUMBER = re.compile(r"[\d.,:]+")  # a line number, a count, a version: not a name
 _WORD = re.compile(r"\w*[^\W\d_]\w*")  # a word with a letter in it
 # The note that ends a result prune shortened, naming the key of its whole.
 SHORTENED = "[brim shortened this result; the whole is sha256:"
@@ -380,3 +388,31 @@ def _log(known: dict[str, float], term: str, whole: int, counts: Counter[str]) -
     if found is None:
         found = known[term] = math.log(whole / max(1, counts[term]))
     return found
+
+
+def names(text: str, width: int, skip: Sequence[str] = ()) -> tuple[str, ...]:
+    """The names `text` printed — its identifiers (`identifiers`: paths, dotted, snake_case and
+    CamelCase names, hashes and ids) that are not bare numbers — as many as fit `width`
+    characters (each with a separator), the most repeated first, then the first printed; listed
+    in the order they first appear; none already in one of the lines `skip` (its quoted gist).
+    A pure function of the text."""
+    known = identifiers_of(text)
+    if width <= 0 or not known:
+        return ()
+    quoted = "\n".join(skip)
+    counts = {
+        token: n
+        for token, n in token_counts(text).items()
+        if token in known and not _NUMBER.fullmatch(token)
+    }
+    first = {token: at for at, token in enumerate(counts)}
+    chosen: list[str] = []
+    used = 0
+    for token in sorted(counts, key=lambda token: (-counts[token], first[token])):
+        if token in quoted:
+            continue
+        if used + len(token) + 2 > width:
+            break
+        chosen.append(token)
+        used += len(token) + 2
+    return tuple(sorted(chosen, key=first.__getitem__))

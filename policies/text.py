@@ -12,6 +12,7 @@ import functools
 import operator
 import re
 import threading
+from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
@@ -107,6 +108,21 @@ def _tokens(text: str) -> set[str]:
     else:
         runs = set(_TOKEN.findall(text))
     return set(map(_STRIP, runs))
+
+
+def token_counts(text: str) -> dict[str, int]:
+    """How often each token of `text` (as `_tokens` has them) occurs, in the order each first
+    does."""
+    runs = (
+        text.encode().translate(_NOT_TOKEN).decode().split()
+        if text.isascii()
+        else _TOKEN.findall(text)
+    )
+    counts: dict[str, int] = {}
+    for run, n in Counter(runs).items():  # in order of first appearance; stripped once each
+        if token := _STRIP(run):
+            counts[token] = counts.get(token, 0) + n
+    return counts
 
 
 def _keys(text: str, tokens: set[str] | None = None) -> frozenset[str]:

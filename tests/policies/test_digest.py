@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from brim.policies.clear import ClearSettings, ClearToolResults, placeholder
+from brim.policies.clear import NAMES_LABEL, ClearSettings, ClearToolResults, placeholder
 from brim.policies.conversation import Goal, archive_key
 from brim.policies.information import (
     SHORTENED,
@@ -195,12 +195,14 @@ def test_clear_quotes_the_gist_under_an_unchanged_first_line() -> None:
     first, *rest = cleared.split("\n")
     assert first == placeholder("bash", before.sizes[2], archive_key(log))  # as it always was
     assert UNUSUAL in [line.removeprefix("> ") for line in rest]
-    assert rest[0] == "Its gist:" and all(line.startswith("> ") for line in rest[1:])
-    assert len(rest) <= 3
+    *gist_lines, named = rest
+    assert gist_lines[0] == "Its gist:" and all(line.startswith("> ") for line in gist_lines[1:])
+    assert len(gist_lines) <= 3
+    assert named.startswith(NAMES_LABEL)  # then the names the log printed
     assert records[0].tokens_after == after.sizes[2] == builder.meter.message(after.messages[2])
     assert after.total == sum(after.sizes) + after.fixed  # the accounting holds
     assert clear.apply(before, goal, builder.meter)[0].messages == after.messages  # stable
-    bare = ClearToolResults(ClearSettings(keep=1, clear_at_least=0, gist_lines=0))
+    bare = ClearToolResults(ClearSettings(keep=1, clear_at_least=0, gist_lines=0, names_share=0))
     assert result_of(bare.apply(before, goal, builder.meter)[0], "c1") == first
     assert valid(after)
 
@@ -464,7 +466,12 @@ def test_a_placeholder_names_the_result_as_sent_whatever_prune_did_to_it_first(a
         result_of(clear.apply(pruned, Goal(0, 0), builder.meter)[0], "c1")
         for pruned in (minified, cut)
     }
-    assert heads == {placeholder("list_orders", before.sizes[2], archive_key(result))}
+    # The same first line either way; the ids it printed are listed where that still saves two
+    # thirds of what is sent (the minified whole, not the 400-token cut)
+    listed, bare = sorted(heads, key=len, reverse=True)
+    assert bare == placeholder("list_orders", before.sizes[2], archive_key(result))
+    assert listed == f"{bare}\n{NAMES_LABEL}" + ", ".join(listed.split(NAMES_LABEL)[1].split(", "))
+    assert listed.split(NAMES_LABEL)[1].startswith("ORD-0, ORD-1, ORD-2")
 
 
 def test_a_gist_never_quotes_the_note_naming_the_whole() -> None:
@@ -473,3 +480,42 @@ def test_a_gist_never_quotes_the_note_naming_the_whole() -> None:
     assert is_marker(text.split("\n")[-1])
     listing = shortened(orjson.dumps(["a", "b"]).decode(), "0123456789abcdef" * 4)
     assert not any("brim" in line for line in gist(listing, 3))
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_a_placeholder_lists_the_names_the_result_printed(api: str) -> None:
+    """What an agent acts on next is a path, a commit, a function a result named: a cleared
+    result keeps those (not its bare numbers), in a tenth of its size, the same every time."""
+    builder = BUILDERS[api]
+    log = "\n".join(
+        f"{n:>5}  {sha:07x} fix the {word} path in src/itsdangerous/{word}_signer.py"
+        for n, (sha, word) in enumerate(
+            zip(
+                range(0xA1B2C3D, 0xA1B2C3D + 60 * 4099, 4099),
+                ["timed", "url", "json"] * 20,
+                strict=True,
+            )
+        )
+    )
+    items = [
+        builder.user("which commit broke the signer?"),
+        *builder.turn("c1", "bash", {"command": "git log"}, log),
+        *builder.turn("c2", "bash", {"command": "true"}, "ok"),
+    ]
+    before = builder.conversation(items)
+    clear = ClearToolResults(ClearSettings(keep=1))
+    after, _ = clear.apply(before, Goal(0, 0), builder.meter)
+    cleared = result_of(after, "c1")
+    named = cleared.split("\n")[-1]
+    assert named.startswith(NAMES_LABEL)
+    listed = named.removeprefix(NAMES_LABEL).split(", ")
+    # the most repeated names first (the three files), then commits in the order printed
+    quoted = "\n".join(cleared.split("\n")[1:-1])  # a name its gist quotes is not repeated
+    for path in (f"src/itsdangerous/{w}_signer.py" for w in ("timed", "url", "json")):
+        assert (path in listed) != (path in quoted)
+    assert "a1b3c40" in listed and not any(name.isdigit() for name in listed)
+    assert len(named) <= len(log) // 10 and 3 * len(cleared) <= len(log)
+    assert clear.apply(before, Goal(0, 0), builder.meter)[0].messages == after.messages
+    plain = ClearToolResults(ClearSettings(keep=1, names_share=0))
+    assert NAMES_LABEL not in result_of(plain.apply(before, Goal(0, 0), builder.meter)[0], "c1")
+    assert valid(after)

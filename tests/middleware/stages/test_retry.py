@@ -90,7 +90,9 @@ def test_without_a_stated_limit_the_cut_grows_20_30_40_percent(
     # each cut and move where the cuts land: the steps alone.
     models = {"vague-3000": {"context_window": BIG, "max_output": 1_000}}
     base = brim(models=models, guard={"safety_margin": 0.0}, restore={"enabled": False})
-    messages = conversation(8, lines=40)  # ~4 640 tokens: only a 40 % cut gets under 3 000
+    # ~4 900 tokens: only a 40 % cut gets under 3 000; small turns, so each cut can land near
+    # its step (a cleared result saves ~210 tokens)
+    messages = conversation(16, lines=20)
     reply = post(base, "vague-3000", messages)
     assert reply.status_code == 200
     assert reply.headers["x-brim-retries"] == "3"
