@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import math
 import statistics
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import orjson
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from bench import procs
 from brim.adapters.adapter import UpstreamResponse
 from brim.adapters.exchange import Exchange
 from brim.middleware.services.sessions import SessionMemory
@@ -214,3 +218,54 @@ async def guard_carrying_ms(
     await limits(exchange, guarded)
     assert exchange.report.outcome is not None and exchange.report.outcome.carried
     return elapsed
+
+
+# What a fresh process runs to measure `compression` with the code of its working directory.
+_MEASURE = (
+    "import sys, orjson\n"
+    "from bench import inprocess\n"
+    "calls, per, budget = map(int, sys.argv[1:4])\n"
+    "sys.stdout.write(orjson.dumps(inprocess.compression(calls, per, budget)).decode())\n"
+)
+TIMES = ("cold_ms", "warm_ms", "carried_ms")
+
+
+def compression_in(root: Path, tool_calls: int, tokens_per_result: int, budget: int) -> Any:
+    """`compression` measured in a fresh process running the code of checkout `root`."""
+    sizes = [str(tool_calls), str(tokens_per_result), str(budget)]
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURE, *sizes],
+        capture_output=True,
+        check=True,
+        timeout=600,
+        **procs.running_in(root),
+    )
+    return orjson.loads(done.stdout)
+
+
+def compression_against(
+    base: Path, tool_calls: int, tokens_per_result: int, budget: int, rounds: int = 5
+) -> dict[str, Any]:
+    """`compression` with this checkout's code and with checkout `base`'s, each in a fresh
+    process, alternating for `rounds` rounds (so both meet the same machine): the medians of
+    each, and this checkout's as a multiple of the base's. The same request must come out the
+    same size from both, or the times compare different work (`same_output`)."""
+    runs: dict[str, list[Any]] = {"this": [], "base": []}
+    for _ in range(rounds):
+        for name, root in (("this", procs.ROOT), ("base", base)):
+            runs[name].append(compression_in(root, tool_calls, tokens_per_result, budget))
+    medians = {
+        name: {time: round(statistics.median(run[time] for run in done), 1) for time in TIMES}
+        for name, done in runs.items()
+    }
+    return {
+        "rounds": rounds,
+        "base": str(base),
+        "this_ms": medians["this"],
+        "base_ms": medians["base"],
+        "ratio": {
+            time: round(medians["this"][time] / max(medians["base"][time], 1e-9), 2)
+            for time in TIMES
+        },
+        "same_output": len({run["tokens_out"] for done in runs.values() for run in done}) == 1,
+    }

@@ -5,7 +5,9 @@ python -m bench                 # the full run (creates LiteLLM's venv once, ~3 
 python -m bench --quick         # tiny sizes: a smoke run (what the test suite runs)
 python -m bench --no-litellm    # skip the LiteLLM comparison
 python -m bench --base DIR      # also a brim running another checkout's code (e.g. `git archive`
-                                # of main), interleaved: before and after in one run
+                                # of main), interleaved: before and after in one run; and
+                                # the compression measure in fresh processes of each tree,
+                                # alternating (`compression_against_base`)
 python -m bench.hostile         # only the hostile-client scenarios (saturation, slow loris,
                                 # large bodies), which this runs too, last
 
@@ -366,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     report["compression"] = inprocess.compression(
         40 if quick else 1_000, 100 if quick else 990, 4_000 if quick else 128_000
     )
+    if args.base:
+        report["compression_against_base"] = inprocess.compression_against(
+            args.base.resolve(),
+            *((40, 100, 4_000) if quick else (1_000, 990, 128_000)),
+            rounds=3 if quick else 5,
+        )
     report["hostile"] = hostile.run(quick)
 
     out = Path(args.out)
@@ -460,6 +468,17 @@ def render(report: dict[str, Any]) -> str:
         f"guard, fitting {report['guard_fitting']['tokens']:,}-token request, {report['guard_fitting']['tool_calls']} tool calls: cold {report['guard_fitting']['cold_ms']} ms, warm {report['guard_fitting']['warm_ms']} ms",
         f"compression {report['compression']['tokens_in']:,} → {report['compression']['tokens_out']:,} tokens (budget {report['compression']['budget']:,}): cold {report['compression']['cold_ms']} ms, warm {report['compression']['warm_ms']} ms, next turn carried forward {report['compression']['carried_ms']} ms",
     ]
+    if against := report.get("compression_against_base"):
+        lines.append(
+            f"compression against --base (median of {against['rounds']} fresh processes each, "
+            "alternating): "
+            + ", ".join(
+                f"{time.removesuffix('_ms')} {against['this_ms'][time]:g} against "
+                f"{against['base_ms'][time]:g} ms (× {against['ratio'][time]})"
+                for time in inprocess.TIMES
+            )
+            + ("" if against["same_output"] else " — NOT the same output: different work")
+        )
     for label, figures in report["startup"].items():
         lines.append(
             f"start-up ({label}): ready in {figures['ready_s']} s, idle RSS {figures['idle_rss_mb']} MB"

@@ -132,3 +132,20 @@ def test_the_added_latency_is_split_into_the_way_in_and_the_way_back() -> None:
         "brim": {"in_ms": 0.35, "back_ms": 0.3},
     }
     assert ways({"bare": [(0.4, 0.3)]}) == {}  # nothing to subtract without direct calls
+
+
+def test_compression_against_a_base_runs_each_trees_own_code(tmp_path: Path) -> None:
+    # `--base DIR`: the compression measure in a fresh process of each tree, alternating. A base
+    # tree whose measure is a stub shows that the base's figures come from the base's code.
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "__init__.py").write_text("")
+    (tmp_path / "bench" / "inprocess.py").write_text(
+        "def compression(calls, per, budget):\n"
+        "    return {'cold_ms': 100.0, 'warm_ms': 10.0, 'carried_ms': 1.0, 'tokens_out': -calls}\n"
+    )
+    against = inprocess.compression_against(tmp_path, 40, 100, 4_000, rounds=2)
+    assert against["base_ms"] == {"cold_ms": 100.0, "warm_ms": 10.0, "carried_ms": 1.0}
+    this = against["this_ms"]
+    assert 0 < this["cold_ms"] < 100  # this checkout's own work on 40 results: milliseconds
+    assert against["ratio"]["cold_ms"] == round(this["cold_ms"] / 100, 2)
+    assert against["same_output"] is False  # the stub "sent" a different size: not comparable
