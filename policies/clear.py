@@ -43,7 +43,7 @@ from brim.policies.conversation import (
 from brim.policies.facts import STALE, Facts, ResultKey, facts, last_use, result_values
 from brim.policies.information import CutFrom, cut_from, gist, names
 from brim.policies.remembered import Remembered
-from brim.policies.text import is_placeholder
+from brim.policies.text import NAMES_LABEL, is_placeholder
 
 
 class ClearSettings(BaseModel):
@@ -59,7 +59,6 @@ class ClearSettings(BaseModel):
 
 
 CLEARED_PREFIX = "[brim cleared this "
-NAMES_LABEL = "Names in it: "
 _WHOLE = 8  # where clearing every candidate would not do, a multiple of this many are cleared
 
 

@@ -28,7 +28,8 @@ which tools had been called, and the user requests that were dropped, and ending
 key that restores them all: the sha256 of the removed messages as one JSON array, in order,
 which the notice's own record keeps as its original. Under that line the notice quotes what the
 latest removed tool results said: each one's gist (the most informative line of the whole
-result, as clear's placeholder quotes it), newest first as far as `gist_share` of the budget
+result, as clear's placeholder quotes it; for a cleared result, that line and the names its
+placeholder lists), newest first as far as `gist_share` of the budget
 allows (and no more than a quarter of what was removed), shown in conversation order; a line
 quoted already is not repeated, and a result pointed onward quotes nothing. The notice is a
 function of the removed messages and the budget alone, so the same removed set gives the same
@@ -63,7 +64,7 @@ from brim.policies.conversation import (
 )
 from brim.policies.facts import STALE, facts, last_request, last_use, pointed_at, result_values
 from brim.policies.information import cut_from, gist
-from brim.policies.text import is_placeholder
+from brim.policies.text import NAMES_LABEL, is_placeholder
 from brim.policies.wires.base import NOTICE_PREFIX
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests;
@@ -129,11 +130,11 @@ class _Gists:
         known = self._known
         for index in unit.indices:
             for result in known.results[index]:
-                if is_placeholder(result.text):  # cleared: the line it quotes, if any
-                    said = _quoted(result.text)
+                if is_placeholder(result.text):  # cleared: the line it quotes and its names
+                    said = " · ".join(filter(None, (_quoted(result.text), _named(result.text))))
                 else:
                     whole = self._before.texts.get((index, result.call_id), result.text)
-                    said = next(iter(gist(whole, 1)), None)
+                    said = next(iter(gist(whole, 1)), "")
                 if said:
                     line = f"> {result.tool}: {said}"
                     yield line, self._meter.text_tokens(line) + 1
@@ -160,6 +161,12 @@ class _Gists:
 def _quoted(placeholder: str) -> str | None:
     """The first line a placeholder quotes (clear's `> line` under its head), if any."""
     return next((line[2:] for line in placeholder.split("\n")[1:] if line.startswith("> ")), None)
+
+
+def _named(placeholder: str) -> str | None:
+    """The names a placeholder lists (clear's last line, `NAMES_LABEL`), if any."""
+    last = placeholder.rsplit("\n", 1)[-1]
+    return last if last.startswith(NAMES_LABEL) else None
 
 
 def _quote(text: str) -> str:

@@ -20,6 +20,7 @@ import orjson
 
 from brim.policies.remembered import Remembered
 
+NAMES_LABEL = "Names in it: "  # the last line of a cleared result's placeholder: what it named
 NO_RESULT = "[no result was recorded for this tool call]"  # what repair answers a lost call with
 SAME_AS_PREFIX = "[brim: same content as "  # an older copy `prune_tool_results` points onward
 _PLACEHOLDER_PREFIXES = ("[brim", NO_RESULT)  # brim's own stand-ins, and repair's

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -43,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import brim.proxy.app
 from brim.middleware.stages.restore import RESTORE_TOOL
+from brim.policies.text import NAMES_LABEL
 from brim.proxy.app import bound_port, start
 from brim.proxy.config import BrimConfig
 from tests.brim_run import Launched, gone, launch
@@ -58,6 +60,9 @@ pytestmark = pytest.mark.timeout(600)
 
 CLI_TIMEOUT_S = 60
 ADMIN = "real-clis-admin-key-0123456789"
+NAMES_LISTED = re.escape(NAMES_LABEL) + r"([\w./\-]+(?:, [\w./\-]+)*)"  # in a body's JSON
+# A name only notes file N prints: `result_N_M`, `item-N-M`, `MARKER-N`.
+FILE_NAME = re.compile(r"result_(\d+)_\d+|item-(\d+)-\d+|MARKER-(\d+)")
 READS = 6  # big files the fake has the CLI read: far more than the window holds
 FINAL = "All six notes are read: the answer is FINAL-7f3a."
 RESTORED = "With the first notes file fetched back, the answer is RESTORED-5d2c."
@@ -496,6 +501,15 @@ def restores_counted(metrics: str) -> dict[str, float]:
     }
 
 
+def names_listed(run: Run) -> list[list[str]]:
+    """The names lists (`NAMES_LABEL`) in the requests the provider received."""
+    return [
+        found.split(", ")
+        for call in run.fake.main_calls
+        for found in re.findall(NAMES_LISTED, orjson.dumps(call.body).decode())
+    ]
+
+
 def check_restore(cli: Cli, run: Run) -> None:
     """A session brim cut, in which the model called brim_restore with a key it read in a
     placeholder or notice: brim answered the call with the original in a hidden round, the
@@ -631,6 +645,23 @@ def test_a_fallback_that_holds_the_session_takes_it_whole(drive: Drive, cli: Cli
 
 
 # The same sessions, in which the model fetches back a file that brim cut.
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> None:
+    # Only the newest result kept whole (`keep = 1`), so the older files are cleared (not all
+    # evicted): each placeholder the provider received lists identifiers of its own file (the
+    # notes' `compute_N`, `result_N_M`, `item-N-M`), and no name the CLI never sent.
+    run = drive(cli, guard={"clear_tool_results": {"keep": 1}})
+    check_run(cli, run, FINAL)
+    report = run.report()
+    sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
+    lists = names_listed(run)
+    assert lists, report
+    for listed in lists:
+        assert all(name in sent for name in listed), (listed, report)
+        files = [int(m[1] or m[2] or m[3]) for m in map(FILE_NAME.fullmatch, listed) if m]
+        assert len(files) >= 3 and len(set(files)) == 1, (listed, report)  # one file's own
 
 
 def test_claude_code_restores_what_brim_cut(drive: Drive) -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from brim.policies.clear import NAMES_LABEL, ClearSettings, ClearToolResults, placeholder
+from brim.policies.clear import ClearSettings, ClearToolResults, placeholder
 from brim.policies.conversation import Goal, archive_key
 from brim.policies.information import (
     SHORTENED,
@@ -33,7 +33,7 @@ from brim.policies.prune import (
     matched_terms,
     shortened,
 )
-from brim.policies.text import keys_of
+from brim.policies.text import NAMES_LABEL, keys_of
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.wires import WIRES
 from brim.policies.wires.chat import CHAT

@@ -310,7 +310,8 @@ def test_no_quoted_lines_with_a_gist_share_of_zero(wire: Builder) -> None:
 
 
 def test_a_cleared_result_is_quoted_by_the_line_its_placeholder_quotes(wire: Builder) -> None:
-    """A result clear replaced earlier says in the notice what its placeholder said; a result
+    """A result clear replaced earlier says in the notice what its placeholder said (its quoted
+    line and the names it listed); a result
     pointed onward (no line of its own) says nothing; a line said twice is quoted once."""
     messages = [*LEADING.get(wire.api, []), wire.user("first task")]
     messages += wire.turn(
@@ -320,6 +321,8 @@ def test_a_cleared_result_is_quoted_by_the_line_its_placeholder_quotes(wire: Bui
     messages += wire.turn(
         "c2", "read_file", {"p": "c"}, placeholder("read_file", 900, "cd" * 32, ["the one line"])
     )
+    named = placeholder("git", 700, "ef" * 32, ["fix the signer"], ["a1b2c3d", "src/signer.py"])
+    messages += wire.turn("c2b", "git", {"p": "log"}, named)
     for n in range(3, 6):
         messages += wire.turn(f"c{n}", "grep", {"p": n}, f"turn {n}\n{LOG[:3000]}")
     messages.append(wire.user("final question"))
@@ -333,6 +336,8 @@ def test_a_cleared_result_is_quoted_by_the_line_its_placeholder_quotes(wire: Bui
     quoted = quoted_lines(notice_of(after))
     assert quoted.count("> read_file: the one line") == 1
     assert not any(q.startswith("> grep: [brim") for q in quoted)
+    # …and with the names its placeholder listed, on the same line
+    assert "> git: fix the signer · Names in it: a1b2c3d, src/signer.py" in quoted
 
 
 def test_the_quoted_lines_go_before_any_protected_turn(wire: Builder) -> None:
