@@ -71,6 +71,7 @@ from brim.policies.wires.base import NOTICE_PREFIX
 # least recently used first within each. (System units are never evicted: they have none.)
 PRIORITY = {"orphan": STALE, "assistant": 1, "tools": 2, "user": 3}
 QUOTE = 80
+NAMES_QUOTED = 80  # characters of a cleared result's names the notice quotes at most (as `QUOTE`)
 GISTS_HEADER = "The most informative line of each of the latest removed tool results:"
 _REMOVED_SHARE = 4  # the quoted lines take at most a quarter of the tokens removed
 
@@ -164,9 +165,15 @@ def _quoted(placeholder: str) -> str | None:
 
 
 def _named(placeholder: str) -> str | None:
-    """The names a placeholder lists (clear's last line, `NAMES_LABEL`), if any."""
+    """The names a placeholder lists (clear's last line, `NAMES_LABEL`), if any: as many of
+    the first as fit `NAMES_QUOTED` characters, so one result's names take no more of the
+    notice than its line does."""
     last = placeholder.rsplit("\n", 1)[-1]
-    return last if last.startswith(NAMES_LABEL) else None
+    if not last.startswith(NAMES_LABEL):
+        return None
+    if len(last) <= NAMES_QUOTED:
+        return last
+    return last[: last.rfind(", ", 0, NAMES_QUOTED - 2)] + ", …"  # ", …" within the cap
 
 
 def _quote(text: str) -> str:

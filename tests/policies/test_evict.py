@@ -16,7 +16,14 @@ import brim.policies.evict
 from brim.policies.clear import placeholder
 from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
 from brim.policies.conversation import Conversation, FidelityRecord, Goal, archive_key
-from brim.policies.evict import GISTS_HEADER, LAST_RESORT, Evict, EvictSettings, _Dumped
+from brim.policies.evict import (
+    GISTS_HEADER,
+    LAST_RESORT,
+    NAMES_QUOTED,
+    Evict,
+    EvictSettings,
+    _Dumped,
+)
 from brim.policies.facts import facts
 from brim.policies.wires import WIRES
 from brim.policies.wires.base import NOTICE_PREFIX
@@ -338,6 +345,29 @@ def test_a_cleared_result_is_quoted_by_the_line_its_placeholder_quotes(wire: Bui
     assert not any(q.startswith("> grep: [brim") for q in quoted)
     # …and with the names its placeholder listed, on the same line
     assert "> git: fix the signer · Names in it: a1b2c3d, src/signer.py" in quoted
+
+
+def test_a_long_names_list_is_quoted_by_its_first_names(wire: Builder) -> None:
+    """The notice quotes the first of a cleared result's names, up to `NAMES_QUOTED`
+    characters, so one result's names take no more of the notice than a line does."""
+    many = [f"src/pkg/module_{n}.py" for n in range(40)]
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    messages += wire.turn(
+        "c0", "ls", {"p": "."}, placeholder("ls", 900, "ab" * 32, ["a listing"], many)
+    )
+    for n in range(1, 4):
+        messages += wire.turn(f"c{n}", "grep", {"p": n}, f"turn {n}\n{LOG[:3000]}")
+    messages.append(wire.user("final question"))
+    before = wire.conversation(messages)
+    goal = Goal(target=before.total // 2, limit=before.total * 3 // 4)
+    after, _ = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=1)).apply(
+        before, goal, wire.meter
+    )
+    (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> ls:")]
+    named = line.split(" · ", 1)[1]
+    assert named.startswith("Names in it: src/pkg/module_0.py, src/pkg/module_1.py")
+    assert named.endswith(", …") and len(named) <= NAMES_QUOTED
+    assert "src/pkg/module_39.py" not in named
 
 
 def test_the_quoted_lines_go_before_any_protected_turn(wire: Builder) -> None:
