@@ -316,6 +316,21 @@ def test_no_quoted_lines_with_a_gist_share_of_zero(wire: Builder) -> None:
     assert GISTS_HEADER not in notice and SHOWN.search(notice) is not None
 
 
+def evicted_before_grep_turns(
+    wire: Builder, messages: list[Any], turns: range
+) -> tuple[Conversation, list[FidelityRecord]]:
+    """`messages`, then large grep turns numbered `turns` and a last question, cut by evict to
+    three quarters of their size, only the last turn kept as recent."""
+    for n in turns:
+        messages += wire.turn(f"c{n}", "grep", {"p": n}, f"turn {n}\n{LOG[:3000]}")
+    messages.append(wire.user("final question"))
+    before = wire.conversation(messages)
+    goal = Goal(target=before.total // 2, limit=before.total * 3 // 4)
+    return Evict(EvictSettings(evict_at_least=0, keep_recent_turns=1)).apply(
+        before, goal, wire.meter
+    )
+
+
 def test_a_cleared_result_is_quoted_by_the_line_its_placeholder_quotes(wire: Builder) -> None:
     """A result clear replaced earlier says in the notice what its placeholder said (its quoted
     line and the names it listed); a result
@@ -330,14 +345,7 @@ def test_a_cleared_result_is_quoted_by_the_line_its_placeholder_quotes(wire: Bui
     )
     named = placeholder("git", 700, "ef" * 32, ["fix the signer"], ["a1b2c3d", "src/signer.py"])
     messages += wire.turn("c2b", "git", {"p": "log"}, named)
-    for n in range(3, 6):
-        messages += wire.turn(f"c{n}", "grep", {"p": n}, f"turn {n}\n{LOG[:3000]}")
-    messages.append(wire.user("final question"))
-    before = wire.conversation(messages)
-    goal = Goal(target=before.total // 2, limit=before.total * 3 // 4)
-    after, records = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=1)).apply(
-        before, goal, wire.meter
-    )
+    after, records = evicted_before_grep_turns(wire, messages, range(3, 6))
     evicted_calls = "".join(r.original or "" for r in records if r.action == "evicted")
     assert all(f'"c{n}"' in evicted_calls for n in range(3))
     quoted = quoted_lines(notice_of(after))
@@ -355,14 +363,7 @@ def test_a_long_names_list_is_quoted_by_its_first_names(wire: Builder) -> None:
     messages += wire.turn(
         "c0", "ls", {"p": "."}, placeholder("ls", 900, "ab" * 32, ["a listing"], many)
     )
-    for n in range(1, 4):
-        messages += wire.turn(f"c{n}", "grep", {"p": n}, f"turn {n}\n{LOG[:3000]}")
-    messages.append(wire.user("final question"))
-    before = wire.conversation(messages)
-    goal = Goal(target=before.total // 2, limit=before.total * 3 // 4)
-    after, _ = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=1)).apply(
-        before, goal, wire.meter
-    )
+    after, _ = evicted_before_grep_turns(wire, messages, range(1, 4))
     (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> ls:")]
     named = line.split(" · ", 1)[1]
     assert named.startswith("Names in it: src/pkg/module_0.py, src/pkg/module_1.py")
