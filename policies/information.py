@@ -32,11 +32,11 @@ from brim.policies.conversation import Conversation
 from brim.policies.facts import ResultKey
 from brim.policies.remembered import Remembered
 from brim.policies.text import (
+    identifier_counts,
     identifiers,
     identifiers_among,
     identifiers_of,
     strings_of,
-    token_counts,
 )
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
@@ -394,25 +394,21 @@ def names(text: str, width: int, skip: Sequence[str] = ()) -> tuple[str, ...]:
     """The names `text` printed — its identifiers (`identifiers`: paths, dotted, snake_case and
     CamelCase names, hashes and ids) that are not bare numbers — as many as fit `width`
     characters (each with a separator), the most repeated first, then the first printed; listed
-    in the order they first appear; none already in one of the lines `skip` (its quoted gist).
+    in the order they first appear; none of those in the lines `skip` (its quoted gist).
     A pure function of the text."""
-    known = identifiers_of(text)
-    if width <= 0 or not known:
+    if width <= 0:
         return ()
-    quoted = "\n".join(skip)
+    quoted = identifiers("\n".join(skip))
     counts = {
         token: n
-        for token, n in token_counts(text).items()
-        if token in known and not _NUMBER.fullmatch(token)
+        for token, n in identifier_counts(text).items()  # in order of first appearance
+        if token not in quoted and not _NUMBER.fullmatch(token)
     }
-    first = {token: at for at, token in enumerate(counts)}
-    chosen: list[str] = []
+    chosen: set[str] = set()
     used = 0
-    for token in sorted(counts, key=lambda token: (-counts[token], first[token])):
-        if token in quoted:
-            continue
+    for token in sorted(counts, key=counts.__getitem__, reverse=True):  # stable: first first
         if used + len(token) + 2 > width:
             break
-        chosen.append(token)
+        chosen.add(token)
         used += len(token) + 2
-    return tuple(sorted(chosen, key=first.__getitem__))
+    return tuple(token for token in counts if token in chosen)

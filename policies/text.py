@@ -99,29 +99,29 @@ def pointer(tool: str, call_id: str, key: str, at: int | None = None) -> str:
     )
 
 
+def _runs(text: str) -> list[str]:
+    """The runs of `text` that make its tokens (`_TOKEN`), in order, before stripping; an
+    ASCII text (most are) is split in C instead of by the expression — the same runs, plus
+    perhaps runs of dots, dashes and slashes alone, which strip to ""."""
+    if text.isascii():
+        return text.encode().translate(_NOT_TOKEN).decode().split()
+    return _TOKEN.findall(text)
+
+
 def _tokens(text: str) -> set[str]:
     """The distinct tokens of `text` (`_TOKEN`: a word character, then word characters, dots,
-    dashes and slashes), stripped of dots, dashes and slashes at either end; an ASCII text
-    (most are) is split in C instead of by the expression — the same tokens, plus perhaps ""
-    (a run of those three alone), which callers drop."""
-    if text.isascii():
-        runs = set(text.encode().translate(_NOT_TOKEN).decode().split())
-    else:
-        runs = set(_TOKEN.findall(text))
-    return set(map(_STRIP, runs))
+    dashes and slashes), stripped of dots, dashes and slashes at either end — plus perhaps ""
+    (`_runs`), which callers drop."""
+    return set(map(_STRIP, set(_runs(text))))
 
 
-def token_counts(text: str) -> dict[str, int]:
-    """How often each token of `text` (as `_tokens` has them) occurs, in the order each first
+def identifier_counts(text: str) -> dict[str, int]:
+    """How often each identifier of `text` (`identifiers`) occurs, in the order each first
     does."""
-    runs = (
-        text.encode().translate(_NOT_TOKEN).decode().split()
-        if text.isascii()
-        else _TOKEN.findall(text)
-    )
     counts: dict[str, int] = {}
-    for run, n in Counter(runs).items():  # in order of first appearance; stripped once each
-        if token := _STRIP(run):
+    for run, n in Counter(_runs(text)).items():  # in order of first appearance
+        token = _STRIP(run)
+        if _is_identifier(token):
             counts[token] = counts.get(token, 0) + n
     return counts
 
