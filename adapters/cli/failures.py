@@ -63,11 +63,7 @@ def reported_failure(upstream: str, cli: Cli, failed: Failed) -> UpstreamFailure
         return RateLimited(upstream=upstream, status=429, headers=JSON_HEADERS, body=body)
     code = status if isinstance(status, int) and 400 <= status < 600 else 502
     text = f"upstream {upstream!r}: the {cli.name} CLI failed: {message}"
-    error_type = "invalid_request_error" if code < 500 else "upstream_error"
-    body = CHAT.error_body(ErrorInfo(code, error_type, text, "cli_failed"))
-    return UpstreamError(
-        upstream=upstream, status=code, headers=JSON_HEADERS, body=body, message=text
-    )
+    return _cli_failed(upstream, code, text)
 
 
 def exit_failure(
@@ -83,7 +79,13 @@ def exit_failure(
         f"upstream {upstream!r}: the {cli.name} CLI exited with {status} without an answer "
         f"(its stderr is in brim's log, request {request_id})"
     )
-    body = CHAT.error_body(ErrorInfo(502, "upstream_error", text, "cli_failed"))
+    return _cli_failed(upstream, 502, text)
+
+
+def _cli_failed(upstream: str, code: int, text: str) -> UpstreamError:
+    """A CLI failure answered with `code` (a 4xx: the request's fault; else the upstream's)."""
+    error_type = "invalid_request_error" if code < 500 else "upstream_error"
+    body = CHAT.error_body(ErrorInfo(code, error_type, text, "cli_failed"))
     return UpstreamError(
-        upstream=upstream, status=502, headers=JSON_HEADERS, body=body, message=text
+        upstream=upstream, status=code, headers=JSON_HEADERS, body=body, message=text
     )
