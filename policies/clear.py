@@ -9,7 +9,11 @@ up to `names_share` of the result's characters: what an agent's next steps act o
 result still says which files, commits and functions it was about. The call and its
 pairing stay; a result cleared already stays as it is. The most recent `keep` tool results are
 never cleared, nor is a result whose placeholder would not save two thirds of it (a small
-result is worth its tokens: it goes whole, with its turn, if anything). Results are cleared
+result is worth its tokens: it goes whole, with its turn, if anything). The `recent` results
+before those are a last resort, as evict's recent turns are: cleared only in compress's
+last-resort pass, after every older one, and only as far as the budget itself needs
+(`Goal.limit`): the room below the budget that a batch leaves for later turns comes from older
+content, never from the results the next step works from. Results are cleared
 lowest value first — exact copies and superseded reads of a later result, then results that
 mention no term of the user's request (the first and the last user message before them) and
 report no anomaly, then the ones that hold evidence — least recently used first within each
@@ -25,6 +29,7 @@ result that is gone.
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +55,8 @@ class ClearSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     keep: int = Field(3, ge=0)  # most recent tool results never cleared
+    # the next most recent: cleared only to fit the budget, never to leave room below it
+    recent: int = Field(3, ge=0)
     clear_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
     by_value: bool = True  # copies, then results without evidence, least recently used first
     #                        within each; False: oldest first
@@ -120,27 +127,38 @@ class ClearToolResults:
         before_cut = cut_from(conversation)  # a placeholder names and quotes the whole
         holding = [index for index, found in enumerate(known.results) if found]
         eligible = holding[: max(0, len(holding) - self.settings.keep)]
+        split = max(0, len(eligible) - self.settings.recent)
+        older, recent = eligible[:split], eligible[split:]
         if self.settings.by_value:
             values, used = result_values(conversation), last_use(conversation)
-            eligible.sort(
-                key=lambda index: (
-                    max(values[index], default=STALE),
-                    used[index],
-                    index,
-                )
-            )
 
-        made: list[_Candidate] = []
+            def value(index: int) -> tuple[float, int, int]:
+                return (max(values[index], default=STALE), used[index], index)
+
+            older.sort(key=value)
+            recent.sort(key=value)
+
         rewritten = _Rewritten(conversation, meter)
 
-        def savings() -> Iterator[int]:  # candidates made only as far as they are taken
-            for index in eligible:
+        def candidates(indices: list[int]) -> Iterator[_Candidate]:  # made only as taken
+            for index in indices:
                 if candidate := self._candidate(conversation, known, before_cut, index, rewritten):
-                    made.append(candidate)
-                    yield candidate.saving
+                    yield candidate
 
-        step = self.settings.clear_at_least
-        taken = made[: snapped_count(savings(), needed, goal.step(step), _WHOLE)]
+        def savings(source: Iterator[_Candidate], made: list[_Candidate]) -> Iterator[int]:
+            for candidate in source:
+                made.append(candidate)
+                yield candidate.saving
+
+        made: list[_Candidate] = []
+        remaining = candidates(older)
+        step = goal.step(self.settings.clear_at_least)
+        taken = made[: snapped_count(savings(remaining, made), needed, step, _WHOLE)]
+        over = conversation.total - sum(candidate.saving for candidate in taken) - goal.limit
+        if over > 0 and not goal.reversible_only:  # last resort: the recent, as needed
+            later: list[_Candidate] = []
+            pool = itertools.chain(made[len(taken) :], remaining, candidates(recent))
+            taken += later[: snapped_count(savings(pool, later), over, 0)]
 
         edits: dict[ResultKey, _Cleared] = {}
         for candidate in sorted(taken, key=lambda c: c.index):

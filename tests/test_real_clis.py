@@ -649,10 +649,11 @@ def test_a_fallback_that_holds_the_session_takes_it_whole(drive: Drive, cli: Cli
 
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
 def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> None:
-    # Only the newest result kept whole (`keep = 1`), so the older files are cleared (not all
-    # evicted): each placeholder the provider received lists identifiers of its own file (the
-    # notes' `compute_N`, `result_N_M`, `item-N-M`), and no name the CLI never sent.
-    run = drive(cli, guard={"clear_tool_results": {"keep": 1}})
+    # Only the newest result kept whole (`keep = 1`, none spared as `recent`), so the older
+    # files are cleared (not all evicted): each placeholder the provider received lists
+    # identifiers of its own file (the notes' `compute_N`, `result_N_M`, `item-N-M`), and no
+    # name the CLI never sent.
+    run = drive(cli, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
     check_run(cli, run, FINAL)
     report = run.report()
     sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)

@@ -189,7 +189,7 @@ def test_clear_quotes_the_gist_under_an_unchanged_first_line() -> None:
     ]
     before = builder.conversation(items)
     goal = Goal(target=before.total - 1, limit=before.total)
-    clear = ClearToolResults(ClearSettings(keep=1, clear_at_least=0, gist_lines=2))
+    clear = ClearToolResults(ClearSettings(keep=1, recent=0, clear_at_least=0, gist_lines=2))
     after, records = clear.apply(before, goal, builder.meter)
     cleared = result_of(after, "c1")
     first, *rest = cleared.split("\n")
@@ -202,7 +202,9 @@ def test_clear_quotes_the_gist_under_an_unchanged_first_line() -> None:
     assert records[0].tokens_after == after.sizes[2] == builder.meter.message(after.messages[2])
     assert after.total == sum(after.sizes) + after.fixed  # the accounting holds
     assert clear.apply(before, goal, builder.meter)[0].messages == after.messages  # stable
-    bare = ClearToolResults(ClearSettings(keep=1, clear_at_least=0, gist_lines=0, names_share=0))
+    bare = ClearToolResults(
+        ClearSettings(keep=1, recent=0, clear_at_least=0, gist_lines=0, names_share=0)
+    )
     assert result_of(bare.apply(before, goal, builder.meter)[0], "c1") == first
     assert valid(after)
 

@@ -5,6 +5,7 @@ and no text is cut while the request is under its target."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -326,7 +327,7 @@ def test_a_file_read_edited_and_read_again_keeps_both_until_needed(wire: Builder
 
     # Clearing one result is enough: the superseded read goes, not the older listing.
     goal = Goal(target=before.total - 1, limit=before.total)
-    clear = ClearToolResults(ClearSettings(keep=2, clear_at_least=0))
+    clear = ClearToolResults(ClearSettings(keep=2, recent=0, clear_at_least=0))
     cleared, records = clear.apply(before, goal, wire.meter)
     assert [r.action for r in records] == ["cleared"]
     assert result_of(cleared, "c1").startswith("[brim cleared this read_file result")
@@ -356,7 +357,7 @@ def test_clear_keeps_results_with_evidence_longer(wire: Builder) -> None:
     )
     before = wire.conversation(items)
     goal = Goal(target=before.total - 1, limit=before.total)
-    after, records = ClearToolResults(ClearSettings(keep=1, clear_at_least=0)).apply(
+    after, records = ClearToolResults(ClearSettings(keep=1, recent=0, clear_at_least=0)).apply(
         before, goal, wire.meter
     )
     assert len(records) == 1
@@ -364,6 +365,44 @@ def test_clear_keeps_results_with_evidence_longer(wire: Builder) -> None:
     assert result_of(after, "c1").startswith("[brim cleared this list_dir result")
     assert result_of(after, "c2") == NOISE.replace("dir_", "pkg_")  # the next to go: still whole
     assert valid(after)
+
+
+def test_room_below_the_budget_comes_from_older_results_never_the_recent(wire: Builder) -> None:
+    """A batch that aims below the budget (room for later turns) clears older results, even
+    ones holding evidence, before the `recent` ones — those go only as far as the budget itself
+    needs, and then the least valuable first."""
+    failing = "\n".join(f"{NOISE}\nERROR: parse_config: no [staging{n}] section" for n in (0, 1))
+    listings = [NOISE.replace("dir_", f"out{n}_") for n in range(3)]
+    items = session(
+        wire,
+        wire.turn("c0", "bash", {"command": "make config"}, failing),  # evidence
+        wire.turn("c1", "bash", {"command": "make check"}, failing.replace("staging", "prod")),
+        wire.turn("c2", "list_dir", {"path": "a"}, listings[0]),  # recent: no evidence
+        wire.turn("c3", "list_dir", {"path": "b"}, listings[1]),
+        wire.turn("c4", "list_dir", {"path": "c"}, listings[2]),  # kept
+    )
+    before = wire.conversation(items)
+    clear = ClearToolResults(ClearSettings(keep=1, recent=2, clear_at_least=0))
+    room = Goal(target=before.total // 4, limit=before.total - 1)  # aiming far below the budget
+    after, records = clear.apply(before, room, wire.meter)
+    assert len(records) == 2  # the older two: their values ranked after the listings'
+    assert all(result_of(after, c).startswith("[brim cleared this bash") for c in ("c0", "c1"))
+    assert [result_of(after, c) for c in ("c2", "c3", "c4")] == listings  # the recent stay whole
+    assert valid(after)
+
+    without_older = after.total
+    tight = Goal(target=before.total // 4, limit=without_older - 1)  # the budget needs one more
+    after, records = clear.apply(before, tight, wire.meter)
+    assert len(records) == 3 and after.total <= tight.limit
+    assert result_of(after, "c2").startswith("[brim cleared this list_dir")  # least recently used
+    assert [result_of(after, c) for c in ("c3", "c4")] == listings[1:]
+    assert valid(after)
+    first_pass = dataclasses.replace(tight, reversible_only=True)  # evict's old turns go first
+    assert len(clear.apply(before, first_pass, wire.meter)[1]) == 2
+
+    old_rule = ClearToolResults(ClearSettings(keep=1, recent=0, clear_at_least=0))
+    after, records = old_rule.apply(before, room, wire.meter)  # recent=0: value order alone
+    assert len(records) == 4 and result_of(after, "c3").startswith("[brim cleared this list_dir")
 
 
 def test_clear_by_value_can_be_turned_off(wire: Builder) -> None:
@@ -376,7 +415,7 @@ def test_clear_by_value_can_be_turned_off(wire: Builder) -> None:
     )
     before = wire.conversation(items)
     goal = Goal(target=before.total - 1, limit=before.total)
-    settings = ClearSettings(keep=1, clear_at_least=0, by_value=False)
+    settings = ClearSettings(keep=1, recent=0, clear_at_least=0, by_value=False)
     after, records = ClearToolResults(settings).apply(before, goal, wire.meter)
     assert len(records) == 1 and result_of(after, "c1") == NOISE  # the oldest goes, as before
     assert result_of(after, "c0").startswith("[brim cleared this bash result")
