@@ -75,13 +75,10 @@ def placeholder(
     """What a cleared result becomes: one line naming the tool, the result's size and the key
     the archive keeps it under, then the lines of its gist, if any (`quoted`), then the names
     it printed, if any (`named`)."""
-    head = (
-        f"{CLEARED_PREFIX}{tool} result ({tokens} tokens) to fit the context window; "
-        f"archived as sha256:{key[:16]}]"
-    )
+    head = f"{CLEARED_PREFIX}{tool} result ({tokens} tokens); the whole is sha256:{key[:16]}]"
     lines = [head]
     if quoted:
-        lines += ["Its gist:", *(f"> {line}" for line in quoted)]
+        lines += [f"> {line}" for line in quoted]
     if named:
         lines.append(f"{NAMES_LABEL}{', '.join(named)}")
     return "\n".join(lines)

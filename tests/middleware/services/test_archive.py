@@ -24,7 +24,9 @@ from tests.fakes import FakeProvider
 
 ADMIN = "admin-key-archive-0123"
 BRIM = str(Path(sys.executable).with_name("brim"))
-SHOWN = re.compile(r"archived as (sha256:[0-9a-f]+)\]")
+SHOWN = re.compile(
+    r"\[brim cleared this \w+ result \(\d+ tokens\); the whole is (sha256:[0-9a-f]+)\]"
+)
 
 
 def tool_output(n: int) -> str:
