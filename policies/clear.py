@@ -56,7 +56,7 @@ class ClearSettings(BaseModel):
 
     keep: int = Field(3, ge=0)  # most recent tool results never cleared
     # the next most recent: cleared only to fit the budget, never to leave room below it
-    recent: int = Field(3, ge=0)
+    recent: int = Field(2, ge=0)
     clear_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
     by_value: bool = True  # copies, then results without evidence, least recently used first
     #                        within each; False: oldest first

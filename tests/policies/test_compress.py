@@ -190,7 +190,7 @@ def growing_session(turns: int, lines: int) -> list[list[dict[str, Any]]]:
     [
         (32_768, 40, 0.95),
         (128_000, 100, 0.95),
-        # 38 of 86 kept (47 before the recent results were spared the batches: the results
+        # 40 of 86 kept (47 before the recent results were spared the batches: the results
         # that turn older each turn now join the cleared set at their place, not ahead of need)
         (8_192, 40, 0.4),
         pytest.param(
