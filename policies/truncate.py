@@ -9,7 +9,9 @@ cut. The newest turn (the newest message, or a tool call with all its results) a
 message (`last_request`) are cut only after every other message has been, and only if the
 request still does not fit (a system message after the newest turn does not make that turn
 older); system and developer messages in the conversation (Chat's system, Responses' developer
-and system items — Codex sends its instructions so) only after everything else. Instructions
+and system items — Codex sends its instructions so) only after everything else, and only once
+evict's notice is gone: brim's own words go before the client's instructions are cut (the
+evicted messages stay in the archive, though the request no longer names their key). Instructions
 outside it (Anthropic's `system`, Gemini's `systemInstruction`) are fixed cost: never cut.
 Tool-call arguments are never cut (they must stay valid JSON); nor are the messages a wire's
 dialect offers no text of (thinking turns, Anthropic's system messages).
@@ -31,6 +33,7 @@ from brim.policies.conversation import (
 )
 from brim.policies.facts import facts, last_request
 from brim.policies.lines import cut_middle
+from brim.policies.wires.base import NOTICE_PREFIX
 
 MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split
 
@@ -47,6 +50,21 @@ class TruncateSettings(BaseModel):
     min_keep_tokens: int = Field(256, ge=16)  # what is left of a message at least
 
 
+def _without_notices(conversation: Conversation) -> Conversation:
+    """The conversation without evict's notices (brim's own messages, naming what was
+    removed), where it pairs validly without them; else as it is."""
+    dialect = conversation.dialect
+    notices = {
+        i
+        for i, origin in enumerate(conversation.origin)
+        if origin == -1 and dialect.text(conversation.messages[i]).startswith(NOTICE_PREFIX)
+    }
+    if not notices:
+        return conversation
+    without = conversation.keep(lambda i: i not in notices, {})
+    return without if not dialect.violations(without.messages) else conversation
+
+
 class Truncate:
     name = "truncate"
 
@@ -58,18 +76,36 @@ class Truncate:
     ) -> tuple[Conversation, list[FidelityRecord]]:
         if not goal.cuts_text:  # a cut into text: only in compress's last-resort pass
             return conversation, []
-        dialect = conversation.dialect
         records: list[FidelityRecord] = []
+        conversation = self._cut(conversation, goal, meter, records, system=False)
+        if conversation.total > goal.limit:
+            # Before the client's own instructions are cut: brim's own words (evict's notice).
+            conversation = _without_notices(conversation)
+            conversation = self._cut(conversation, goal, meter, records, system=True)
+        return conversation, records
+
+    def _cut(
+        self,
+        conversation: Conversation,
+        goal: Goal,
+        meter: Meter,
+        records: list[FidelityRecord],
+        *,
+        system: bool,
+    ) -> Conversation:
+        """Cut the messages other than the system ones (or, with `system`, the system ones),
+        largest first, until the request fits `goal.limit`; what was cut goes to `records`."""
+        dialect = conversation.dialect
         known = facts(conversation)
         newest = next((u for u in reversed(known.units) if u.kind != "system"), None)
         # Cut last: the newest turn that is not a system message (a tool call and every result
         # of it), the last message, the last user message.
         spared = {len(conversation.messages) - 1, last_request(conversation)}
         spared |= set(newest.indices) if newest is not None else set()
-        system = {i for u in known.units if u.kind == "system" for i in u.indices}  # cut at last
+        instructions = {i for u in known.units if u.kind == "system" for i in u.indices}
         order = sorted(
-            range(len(conversation.messages)),
-            key=lambda i: (i in system, i in spared, -conversation.sizes[i], i),
+            (i for i in range(len(conversation.messages)) if (i in instructions) == system),
+            key=lambda i: (i in spared, -conversation.sizes[i], i),
         )
         for index in order:
             excess = conversation.total - goal.limit
@@ -111,4 +147,4 @@ class Truncate:
                 )
             )
             conversation = conversation.replace({index: (updated, size)})
-        return conversation, records
+        return conversation

@@ -405,6 +405,40 @@ def test_room_below_the_budget_comes_from_older_results_never_the_recent(wire: B
     assert len(records) == 4 and result_of(after, "c3").startswith("[brim cleared this list_dir")
 
 
+@pytest.mark.parametrize("api", ["openai.chat", "openai.responses"])
+def test_evicts_notice_goes_before_the_clients_instructions_are_cut(api: str) -> None:
+    """Where the newest result is at its floor and the request is still over: brim's own
+    notice goes, and the system message stays whole. (Chat and Responses carry instructions in
+    the conversation; Anthropic's `system` and Gemini's `systemInstruction` are fixed cost, never
+    cut, and their notice is a user message.)"""
+    wire = BUILDERS[api]
+    dialect = WIRES[api].dialect
+    instructions = dialect.notice(SOURCE)  # a system / developer message of the same shape
+    instructions["content"] = "You are a careful coding agent.\n" + SOURCE
+    log, _ = build_log()
+    newest = wire.turn("c1", "bash", {"command": "make"}, log)
+    plain = wire.conversation([instructions, wire.user("fix the build"), *newest])
+    notice = dialect.notice(
+        "[brim removed 12 earlier messages (9000 tokens) to fit the context window; "
+        "restorable as sha256:0123456789abcdef]"
+    )
+    with_notice = plain.keep(lambda i: True, {1: (notice, wire.meter.message(notice))})
+    assert with_notice.origin[1] == -1
+    floor = Truncate().apply(plain, Goal(0, 0), wire.meter)[0].sizes[-1]  # min_keep_tokens
+    newest_at_floor = plain.total - plain.sizes[-1] + floor
+    limit = newest_at_floor + with_notice.sizes[1] // 2  # over with the notice, not without
+    after, records = Truncate().apply(with_notice, Goal(limit, limit), wire.meter)
+    assert after.total <= limit
+    assert after.messages[0] is instructions  # whole
+    assert notice not in after.messages and len(after.messages) == len(plain.messages)
+    assert [r.detail for r in records] == ["tool_result:c1"]  # the newest cut, nothing else
+    assert valid(after)
+    # Where cutting the newest is enough, the notice stays.
+    roomy = limit + with_notice.sizes[1]
+    after, _ = Truncate().apply(with_notice, Goal(roomy, roomy), wire.meter)
+    assert notice in after.messages and after.messages[0] is instructions
+
+
 def test_clear_by_value_can_be_turned_off(wire: Builder) -> None:
     failing = NOISE + "\nERROR: parse_config: no [staging] section in profile.ini"
     items = session(
