@@ -185,6 +185,11 @@ APIS = [
 each_api = pytest.mark.parametrize("api", APIS, ids=[a.name for a in APIS])
 
 
+# The guard clears results rather than evicting their turns, every one but the newest three: the
+# model then sees a key of a result of its own to ask for.
+CLEARING = {"clear_tool_results": {"recent": 0}}
+
+
 def config(url: str, tmp_path: Path, **sections: Any) -> BrimConfig:
     """brim in front of the scripted provider on all four APIs, restore on, audited."""
     return brim_config(
@@ -367,8 +372,10 @@ def test_a_retry_after_the_guard_offered_restore_offers_it_once(
     cleared to make room, the original whole, in a request the provider takes."""
     texts = logs("guarded")
     fake = Restoring(among=frozenset(key_of(text) for text in texts))
-    model = f"{api.model}-{WINDOW * 5 // 8}"
-    base = serve(config(serve(fake), tmp_path, windows={model: WINDOW}))
+    # The provider states no window: the retry cuts by its first step, to 80 % of the guarded
+    # request (~5 000 tokens), which this window takes with room for the round to fill it.
+    model = f"{api.model}-{WINDOW * 5 // 8 + 150}"
+    base = serve(config(serve(fake), tmp_path, windows={model: WINDOW}, guard=CLEARING))
 
     reply = api.send(base, texts, model)
 
