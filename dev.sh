@@ -34,7 +34,9 @@ case "$command" in
   test)
     setup
     export LITELLM_LOCAL_MODEL_COST_MAP=True
-    exec "$venv/bin/python" -m pytest "$@"
+    # Two worker processes (pytest-xdist; BRIM_TEST_WORKERS to change, 0 for one process): the
+    # suite waits on sockets and subprocesses most of the time, so two halve it on two cores.
+    exec "$venv/bin/python" -m pytest -n "${BRIM_TEST_WORKERS:-2}" "$@"
     ;;
   *)
     sed -n '2,4p' "$0" | sed 's/^# \{0,1\}//' >&2
