@@ -173,7 +173,8 @@ def _named(placeholder: str) -> str | None:
         return None
     if len(last) <= NAMES_QUOTED:
         return last
-    return last[: last.rfind(", ", 0, NAMES_QUOTED - 2)] + ", …"  # ", …" within the cap
+    cut = last.rfind(", ", 0, NAMES_QUOTED - 2)  # after the last whole name, ", …" in the cap
+    return last[:cut] + ", …" if cut > len(NAMES_LABEL) else last[: NAMES_QUOTED - 1] + "…"
 
 
 def _quote(text: str) -> str:

@@ -370,6 +370,18 @@ def test_a_long_names_list_is_quoted_by_its_first_names(wire: Builder) -> None:
     assert named.endswith(", …") and len(named) <= NAMES_QUOTED
     assert "src/pkg/module_39.py" not in named
 
+    # A first name longer than the cap on its own is cut there too, not past it.
+    long = "src/" + "deeply_nested_package/" * 5 + "module.py"
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    messages += wire.turn(
+        "c0", "ls", {"p": "."}, placeholder("ls", 900, "ab" * 32, ["a listing"], [long])
+    )
+    after, _ = evicted_before_grep_turns(wire, messages, range(1, 4))
+    (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> ls:")]
+    named = line.split(" · ", 1)[1]
+    assert named.startswith(f"Names in it: {long[:20]}") and named.endswith("…")
+    assert len(named) <= NAMES_QUOTED
+
 
 def test_the_quoted_lines_go_before_any_protected_turn(wire: Builder) -> None:
     """Where the request fits its limit only once every unprotected unit is gone and the notice
