@@ -65,7 +65,7 @@ from brim.policies.conversation import (
 from brim.policies.facts import STALE, facts, last_request, last_use, pointed_at, result_values
 from brim.policies.information import cut_from, gist
 from brim.policies.text import NAMES_LABEL, is_placeholder
-from brim.policies.wires.base import NOTICE_PREFIX
+from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests;
 # least recently used first within each. (System units are never evicted: they have none.)
@@ -234,7 +234,7 @@ def _is_notice(conversation: Conversation, unit: Unit) -> bool:
     into the new notice, whose original holds it (and so the key it names)."""
     if unit.kind not in ("user", "system"):
         return False
-    return conversation.dialect.text(conversation.messages[unit.start]).startswith(NOTICE_PREFIX)
+    return is_notice(conversation.dialect, conversation.messages[unit.start])
 
 
 def _notice_at(conversation: Conversation, start: int) -> int:

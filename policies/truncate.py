@@ -33,7 +33,7 @@ from brim.policies.conversation import (
 )
 from brim.policies.facts import facts, last_request
 from brim.policies.lines import cut_middle
-from brim.policies.wires.base import NOTICE_PREFIX
+from brim.policies.wires.base import is_notice
 
 MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split
 
@@ -57,7 +57,7 @@ def _without_notices(conversation: Conversation) -> Conversation:
     notices = {
         i
         for i, origin in enumerate(conversation.origin)
-        if origin == -1 and dialect.text(conversation.messages[i]).startswith(NOTICE_PREFIX)
+        if origin == -1 and is_notice(dialect, conversation.messages[i])
     }
     if not notices:
         return conversation

@@ -31,7 +31,7 @@ from brim.policies.conversation import FidelityRecord, Policy, archive_key, text
 from brim.policies.evict import GISTS_HEADER
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.wires import conversation_wire
-from brim.policies.wires.base import NOTICE_PREFIX, Refusal, Wire, transcript
+from brim.policies.wires.base import Refusal, Wire, is_notice, transcript
 
 if TYPE_CHECKING:
     from brim.middleware.pipeline import PipelineConfig, Services
@@ -151,7 +151,7 @@ RESULT_HEADER = (
 def _notice_at(wire: Wire, items: Sequence[Any]) -> int | None:
     """Where evict's notice is (the one item brim wrote that starts its way)."""
     for index, item in enumerate(items):
-        if wire.dialect.text(item).startswith(NOTICE_PREFIX):
+        if is_notice(wire.dialect, item):
             return index
     return None
 

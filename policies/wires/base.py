@@ -28,6 +28,11 @@ if TYPE_CHECKING:
 NOTICE_PREFIX = "[brim removed "
 
 
+def is_notice(dialect: Dialect, message: Any) -> bool:
+    """Whether `message` is evict's notice of what a cut removed (it starts its way)."""
+    return dialect.text(message).startswith(NOTICE_PREFIX)
+
+
 class BodyError(ValueError):
     """A request body this wire API would refuse; `param` names the offending field in the
     API's own notation."""
