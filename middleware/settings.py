@@ -23,7 +23,7 @@ class GuardConfig(BaseModel):
     low_water: float = Field(0.85, gt=0.1, le=1.0)
     # A compressed session's next turns go out as its compressed request plus what is new,
     # while that fits (the provider's prompt cache keeps the prefix); the next re-cut leaves
-    # room for this many turns of the session's growth (at most down to half the budget).
+    # room for this many turns of the session's growth (at most down to 70 % of the budget).
     carry_forward: bool = True
     room_for_turns: float = Field(4, ge=0, le=100)
     session_memory_mb: float = Field(32, gt=0)

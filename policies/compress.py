@@ -44,7 +44,10 @@ REGISTRY: dict[str, tuple[Callable[[Any], Policy], type[BaseModel], str]] = {
     "truncate": (Truncate, TruncateSettings, "truncate"),
 }
 DEFAULT_ORDER = tuple(REGISTRY)
-MIN_TARGET_SHARE = 0.5  # room for a session's next turns takes the target no lower than this
+# Room for a session's next turns takes the target no lower than this. Lower keeps a carried
+# prefix longer but sends less after each re-cut: at 0.5, a re-cut went out at half the budget
+# and lost next-action evidence that oldest-first eviction kept (bench.fidelity, 2026-11-28).
+MIN_TARGET_SHARE = 0.7
 SHORT = {name: short for name, (_, _, short) in REGISTRY.items()} | {"summarize": "summarize"}
 
 

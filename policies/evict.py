@@ -28,14 +28,15 @@ which tools had been called, and the user requests that were dropped, and ending
 key that restores them all: the sha256 of the removed messages as one JSON array, in order,
 which the notice's own record keeps as its original. Under that line the notice quotes what the
 latest removed tool results said: each one's gist (the most informative line of the whole
-result, as clear's placeholder quotes it; for a cleared result, that line and the names its
-placeholder lists), newest first as far as `gist_share` of the budget
-allows (and no more than a quarter of what was removed), shown in conversation order; a line
-quoted already is not repeated, and a result pointed onward quotes nothing. The notice is a
-function of the removed messages and the budget alone, so the same removed set gives the same
-bytes on every turn. If the protected units alone are over the limit, the notice's quoted lines
-go first, then the protected units are released oldest first (never a system message or the
-last user message), and the notice itself goes if it is what does not fit.
+result, as clear's placeholder quotes it) and the names it printed (as many as fit
+`NAMES_QUOTED` characters; for a cleared result, those its placeholder lists), newest first as
+far as `gist_share` of the budget allows (and no more than a quarter of what was removed), shown
+in conversation order; a line quoted already is not repeated, and a result pointed onward
+quotes nothing. The notice is a function of the removed messages and the budget alone, so the
+same removed set gives the same bytes on every turn. If the protected units alone are over the
+limit, the notice's quoted lines go first, then the protected units are released oldest first
+(never a system message or the last user message), and the notice itself goes if it is what
+does not fit.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
 only while the same units are removed. Removing at least the budget's slack (limit − target) at a
@@ -63,7 +64,7 @@ from brim.policies.conversation import (
     text_tokens_for,
 )
 from brim.policies.facts import STALE, facts, last_request, last_use, pointed_at, result_values
-from brim.policies.information import cut_from, gist
+from brim.policies.information import cut_from, gist, names
 from brim.policies.text import NAMES_LABEL, is_placeholder
 from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 
@@ -71,8 +72,8 @@ from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 # least recently used first within each. (System units are never evicted: they have none.)
 PRIORITY = {"orphan": STALE, "assistant": 1, "tools": 2, "user": 3}
 QUOTE = 80
-NAMES_QUOTED = 80  # characters of a cleared result's names the notice quotes at most (as `QUOTE`)
-GISTS_HEADER = "The most informative line of each of the latest removed tool results:"
+NAMES_QUOTED = 80  # characters of a result's names the notice quotes at most (as `QUOTE`)
+GISTS_HEADER = "What the latest removed tool results said (the most informative line, the names):"
 _REMOVED_SHARE = 4  # the quoted lines take at most a quarter of the tokens removed
 
 
@@ -134,8 +135,7 @@ class _Gists:
                 if is_placeholder(result.text):  # cleared: the line it quotes and its names
                     said = " · ".join(filter(None, (_quoted(result.text), _named(result.text))))
                 else:
-                    whole = self._before.texts.get((index, result.call_id), result.text)
-                    said = next(iter(gist(whole, 1)), "")
+                    said = _said(self._before.texts.get((index, result.call_id), result.text))
                 if said:
                     line = f"> {result.tool}: {said}"
                     yield line, self._meter.text_tokens(line) + 1
@@ -157,6 +157,16 @@ class _Gists:
                 seen.add(line)
                 spent += cost
         return picked[::-1]
+
+
+def _said(whole: str) -> str:
+    """What the notice quotes of a removed result that was not cleared: its most informative
+    line and, as a cleared result's placeholder does, the names it printed that the line does
+    not (as many as fit `NAMES_QUOTED` characters) — often what a later turn acts on."""
+    line = next(iter(gist(whole, 1)), "")
+    named = names(whole, NAMES_QUOTED - len(NAMES_LABEL), skip=(line,))
+    listed = f"{NAMES_LABEL}{', '.join(named)}" if named else ""
+    return " · ".join(filter(None, (line, listed)))
 
 
 def _quoted(placeholder: str) -> str | None:

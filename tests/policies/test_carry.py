@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from brim.policies.carry import Made, carried_from, carry, growth, prefix_digests
-from brim.policies.compress import DEFAULT_ORDER, build_policies, compress, room_target
+from brim.policies.compress import (
+    DEFAULT_ORDER,
+    MIN_TARGET_SHARE,
+    build_policies,
+    compress,
+    room_target,
+)
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.wires.chat import CHAT, ChatDialect
 from brim.proxy.resources import use_bundled_tiktoken_files
@@ -114,33 +120,38 @@ def test_an_uncut_or_repaired_request_is_not_carried() -> None:
     assert carried_from(repaired, broken) is None
 
 
-def test_room_lowers_the_target_to_half_the_limit_at_most_and_keeps_the_grid() -> None:
+def test_room_lowers_the_target_to_min_target_share_at_most_and_keeps_the_grid() -> None:
+    assert MIN_TARGET_SHARE == 0.7
     assert room_target(10_000, 0.85, 0) == 8_500
     assert room_target(10_000, 0.85, 500) == 8_500  # the low-water mark already leaves it
-    assert room_target(10_000, 0.85, 3_000) == 7_000
-    assert room_target(10_000, 0.85, 60_000) == 5_000
+    assert room_target(10_000, 0.85, 2_500) == 7_500
+    assert room_target(10_000, 0.85, 60_000) == 7_000  # no lower than MIN_TARGET_SHARE
     assert room_target(10_000, 0.4, 60_000) == 4_000  # never above the low-water mark
     client = tool_session(LOGS)
     plain = compressed(client, 6_000)
     roomy = compress(
-        DIALECT, client, METER.fixed({}), METER, POLICIES, limit=6_000, low_water=0.85, room=2_500
+        DIALECT, client, METER.fixed({}), METER, POLICIES, limit=6_000, low_water=0.85, room=1_500
     )
-    assert roomy.target == 3_500 < plain.target
-    assert roomy.tokens_out <= 3_500 < plain.tokens_out
-    # The grid is the low-water mark's (6 000 − 5 100), not the lower target's: evict's batches
+    assert roomy.target == 4_500 < plain.target
+    assert roomy.tokens_out <= 4_500 < plain.tokens_out
+    deepest = compress(
+        DIALECT, client, METER.fixed({}), METER, POLICIES, limit=6_000, low_water=0.85, room=9_000
+    )
+    assert deepest.target == 4_200
+    # The grid is the low-water mark's (5 000 − 4 250), not the lower target's: evict's batches
     # — what the summaries are made per — are the same for the units cut either way.
     evict = build_policies(["evict"], {})
-    shorter = tool_session([text[: len(text) // 3] for text in LOGS])
+    shorter = tool_session([text[: len(text) // 2] for text in LOGS])
     batches = []
-    for room in (0, 2_500):
+    for room in (0, 9_000):
         made = compress(
-            DIALECT, shorter, METER.fixed({}), METER, evict, limit=6_000, low_water=0.85, room=room
+            DIALECT, shorter, METER.fixed({}), METER, evict, limit=5_000, low_water=0.85, room=room
         )
         evicted = [record for record in made.records if record.action == "evicted"]
         assert len({record.batch and record.batch[0] for record in evicted}) == 1  # one class
         running = 0
         for record in evicted:  # the class's running sum, in steps of the grid
-            assert record.batch is not None and record.batch[1] == running // 900
+            assert record.batch is not None and record.batch[1] == running // 750
             running += record.tokens_before
         batches.append({record.index: record.batch for record in evicted})
     assert batches[0] and len(batches[1]) > len(batches[0])

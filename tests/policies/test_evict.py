@@ -286,11 +286,32 @@ def test_the_notice_quotes_each_removed_result_s_most_informative_line(wire: Bui
     gone = removed_turns(records)
     assert len(gone) >= 3
     assert SHOWN.search(notice.split("\n")[0]) is not None  # the head line names the key
-    assert quoted_lines(notice) == [
+    assert [line.split(" · ")[0] for line in quoted_lines(notice)] == [
         f"> {'grep' if n % 2 else 'read_file'}: NOTE module {n} keeps its secrets in vault path "
         f"kv/mod{n}"
         for n in gone
     ]
+
+
+def test_an_evicted_result_is_quoted_with_the_names_it_printed(wire: Builder) -> None:
+    """After its line, the notice lists the names a removed result printed that the line does
+    not — the paths and ids a later turn reads next — as many as fit `NAMES_QUOTED`."""
+    listing = [f"src/pkg/module_{n}.py" for n in range(30)]
+    lines = ["ERROR the build failed in the signer", *listing, "commit 9f3e2a1c7b"] + [
+        "ok" for _ in range(200)
+    ]
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    messages += wire.turn("c0", "bash", {"cmd": "make"}, "\n".join(lines))
+    after, records = evicted_before_grep_turns(wire, messages, range(1, 4))
+    assert any('"c0"' in (r.original or "") for r in records if r.action == "evicted")
+    (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> bash:")]
+    said, named = line.split(" · ", 1)
+    assert said == "> bash: ERROR the build failed in the signer"
+    assert named.startswith("Names in it: ") and len(named) <= NAMES_QUOTED
+    listed = named.removeprefix("Names in it: ").split(", ")
+    assert len(listed) >= 3 and all(name in [*listing, "9f3e2a1c7b"] for name in listed)
+    assert listed == [name for name in [*listing, "9f3e2a1c7b"] if name in listed]  # in order
+    assert "signer" not in listed  # what the line says already is not listed again
 
 
 def test_the_latest_removed_results_are_quoted_first_within_the_share(wire: Builder) -> None:
@@ -299,6 +320,7 @@ def test_the_latest_removed_results_are_quoted_first_within_the_share(wire: Buil
     before = wire.conversation(messages)
     goal = Goal(target=before.total // 3, limit=before.total // 2)
     line = "> read_file: NOTE module 0 keeps its secrets in vault path kv/mod0"
+    line += " · Names in it: 2026-11-22"  # the date the templated log printed
     room = 2 * (wire.meter.text_tokens(line) + 1) + 1  # two lines, not three
     evict = Evict(EvictSettings(evict_at_least=0, gist_share=room / goal.limit))
     after, records = evict.apply(before, goal, wire.meter)

@@ -136,13 +136,15 @@ def test_compressed_prefixes_stay_stable_as_the_session_grows(
     # results stay whole: results are cut into text only as a last resort and only as far as
     # the budget needs, never digested ahead of need to leave room. So a re-cut (placeholders
     # and evictions down to the low-water mark, or the room carried forward) leaves room for
-    # one more turn, and about every other request keeps the prefix: 29 of 54, with restore
+    # one more turn, and about every other request keeps the prefix: 27 of 54, with restore
     # and without. (37 of 54 while every older result was digested down to the target:
-    # more prefix kept by destroying text the budget did not need cut.) The run is
+    # more prefix kept by destroying text the budget did not need cut; 29 while a re-cut
+    # could go down to half the budget, `MIN_TARGET_SHARE`, which sent less and lost more of
+    # what the next turns used: bench.fidelity's next-action evidence.) The run is
     # deterministic, so the floor is that figure and a single prefix lost more fails. The
     # fidelity benchmark (python -m bench.fidelity) measures realistic windows, and the most
     # any method can keep on them.
-    assert kept / len(pairs) >= 29 / 54, (kept, len(pairs))
+    assert kept / len(pairs) >= 27 / 54, (kept, len(pairs))
 
 
 def test_requests_that_fit_are_forwarded_byte_for_byte(
