@@ -145,6 +145,57 @@ def test_every_method_and_column_is_reported(quick: tuple[dict[str, Any], str]) 
 
 
 @pytest.mark.timeout(300)
+def test_the_evidence_targets_show_brims_and_oldest_firsts_pooled_figures(
+    quick: tuple[dict[str, Any], str],
+) -> None:
+    """Beside the cells that miss, each evidence target line says what brim and oldest-first
+    keep over all their cells together — whether a method reaches what brim misses."""
+    report, table = quick
+    details = {t["name"]: t["detail"] for t in report["targets"]}
+
+    def pooled(method: str, bands: tuple[str, ...]) -> str:
+        rows = [
+            r
+            for r in report["evidence"]
+            if r["method"] == method and r["band"] in bands and r["kept_pct"] is not None
+        ]
+        kept = sum(r["kept_pct"] * r["evidence"] / 100 for r in rows)
+        total = sum(r["evidence"] for r in rows)
+        return fidelity_report.cell(round(100 * kept / total, 1)) if total else ""
+
+    checked = 0
+    for name, bands in (
+        ("next-action evidence kept at ≤ 2.5× ≥ 90 %", fidelity.BANDS[:1]),
+        ("next-action evidence kept at 2.5–10× ≥ 85 % (each band)", fidelity.BANDS[1:3]),
+    ):
+        if not pooled(fidelity.BRIM, bands) or not pooled(fidelity.OLDEST_FIRST, bands):
+            assert "; pooled:" not in details[name]  # the quick run's sessions stay below 2.5×
+            continue
+        checked += 1
+        expected = (
+            f"; pooled: brim {pooled(fidelity.BRIM, bands)} %, "
+            f"oldest-first {pooled(fidelity.OLDEST_FIRST, bands)} %"
+        )
+        assert expected in details[name], details[name]
+        assert expected in table
+    assert checked
+
+
+def test_a_better_baseline_is_shown_with_its_share_of_valid_requests() -> None:
+    pooled = fidelity_report._pooled
+    valid = {"middle-out": 25.0, "keep-last-N": 100.0}
+    figures = {"brim": 80.0, "oldest-first": 70.0, "middle-out": 90.5, "keep-last-N": 60.0}
+    assert pooled(figures, valid) == (
+        "; pooled: brim 80 %, oldest-first 70 %, middle-out 90.5 % (valid 25 % at worst)"
+    )
+    # No other baseline above oldest-first: only the two; nothing for brim: nothing at all.
+    assert (
+        pooled({**figures, "middle-out": 65.0}, valid) == "; pooled: brim 80 %, oldest-first 70 %"
+    )
+    assert pooled({"oldest-first": 70.0}, valid) == ""
+
+
+@pytest.mark.timeout(300)
 def test_litellm_trim_messages_breaks_tool_pairing_or_budget(
     quick: tuple[dict[str, Any], str],
 ) -> None:
