@@ -335,6 +335,7 @@ def report_with(**changes: Any) -> dict[str, Any]:
             "method": method,
             "api": "openai.chat",
             "kept_pct": kept,
+            "evidence": 20,
         }
         for band in fidelity.BANDS[:3]
         for method, kept in ((fidelity.BRIM, 95.0), (fidelity.OLDEST_FIRST, 50.0))
@@ -381,6 +382,8 @@ def report_with(**changes: Any) -> dict[str, Any]:
 def test_every_target_passes_on_a_report_that_meets_it_and_each_miss_is_named() -> None:
     targets = fidelity_report.targets(report_with())
     assert len(targets) == 10 and all(t.passed for t in targets), [t.line() for t in targets]
+    # the evidence lines end with brim's and oldest-first's figures over all their cells
+    assert targets[4].detail.endswith("; pooled: brim 95 %, oldest-first 50 %")
     base = report_with()
     misses = {
         0: {"fidelity": [{**base["fidelity"][0], "newest_kept_pct": 90.0}]},
