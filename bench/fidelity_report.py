@@ -427,10 +427,10 @@ def targets(report: Mapping[str, Any]) -> list[Target]:
         return kept
 
     def brim_facts(band_names: Sequence[str], column: str) -> dict[str, float | None]:
-        def cell(case: Mapping[str, Any]) -> str | None:
+        def family_api(case: Mapping[str, Any]) -> str | None:
             return f"{case['family']} {API_LABELS[case['api']]}" if case["method"] == BRIM else None
 
-        return {k: percent(a, b) for k, (a, b) in facts(band_names, column, cell).items()}
+        return {k: percent(a, b) for k, (a, b) in facts(band_names, column, family_api).items()}
 
     def facts_pooled(band_names: Sequence[str], column: str) -> str:
         sums = facts(band_names, column, lambda case: case["method"])

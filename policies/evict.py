@@ -84,7 +84,7 @@ class EvictSettings(BaseModel):
     evict_at_least: int | None = Field(None, ge=0)  # None: the slack between limit and target
     notice: bool = True
     # of the budget: the notice's quoted lines (0.15 kept more of what the next turns used than
-    # 0.1 in bench.fidelity, on sessions brim was not tuned to as on the others, 2026-11-28)
+    # 0.1, held-out sessions included: bench.fidelity, 2026-11-28)
     gist_share: float = Field(0.15, ge=0, le=0.5)
 
 
@@ -113,8 +113,9 @@ class _Dumped:
 
 class _Gists:
     """Each tool group's quoted lines — one per result: the most informative line of the whole
-    result (before any cut), or the one its placeholder quotes (none for a pointer onward) —
-    with what each costs, worked out once however many removed sets are tried."""
+    result (before any cut) and the names it printed, or what its placeholder quotes and names
+    (nothing for a pointer onward) — with what each costs, worked out once however many removed
+    sets are tried."""
 
     def __init__(self, conversation: Conversation, meter: Meter) -> None:
         self._known = facts(conversation)
