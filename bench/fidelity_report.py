@@ -189,6 +189,7 @@ def summarize_evidence(runs: Sequence[Growth]) -> list[Row]:
             "api": api,
             "turns": turns,
             "evidence": total,
+            "kept": kept,
             "kept_pct": percent(kept, total),
             "recoverable_pct": percent(recoverable, total),
         }
@@ -352,6 +353,8 @@ def _valid_shares(report: Mapping[str, Any], families: Sequence[str]) -> dict[st
         if row["family"] in families and row["valid_pct"] is not None:
             shares[row["method"]] = min(row["valid_pct"], shares.get(row["method"], 100.0))
     for row in report["growth"]:
+        if row["family"] not in families:
+            continue
         for _, figures in _windows(row):
             if figures["valid_pct"] is not None:
                 shares[row["method"]] = min(figures["valid_pct"], shares.get(row["method"], 100.0))
@@ -459,8 +462,8 @@ def targets(report: Mapping[str, Any]) -> list[Target]:
     def evidence_pooled(bands: Sequence[str]) -> str:
         sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for (_, band, method, _), r in evidence.items():
-            if band in bands and r["kept_pct"] is not None:
-                sums[method][0] += r["kept_pct"] * r["evidence"] / 100
+            if band in bands:
+                sums[method][0] += r["kept"]
                 sums[method][1] += r["evidence"]
         return _pooled({m: percent(a, b) for m, (a, b) in sums.items()}, evidence_valid)
 

@@ -336,6 +336,7 @@ def report_with(**changes: Any) -> dict[str, Any]:
             "api": "openai.chat",
             "kept_pct": kept,
             "evidence": 20,
+            "kept": kept / 5,
         }
         for band in fidelity.BANDS[:3]
         for method, kept in ((fidelity.BRIM, 95.0), (fidelity.OLDEST_FIRST, 50.0))

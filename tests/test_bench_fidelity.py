@@ -154,13 +154,16 @@ def test_the_evidence_targets_show_brims_and_oldest_firsts_pooled_figures(
     details = {t["name"]: t["detail"] for t in report["targets"]}
 
     def pooled(method: str, bands: tuple[str, ...]) -> str:
-        rows = [
-            r
-            for r in report["evidence"]
-            if r["method"] == method and r["band"] in bands and r["kept_pct"] is not None
+        """From the growing sessions' own points, not the report's rows."""
+        points = [
+            point
+            for run in report["growth_runs"]
+            if run["method"] == method
+            for point in run["points"]
+            if point["band"] in bands
         ]
-        kept = sum(r["kept_pct"] * r["evidence"] / 100 for r in rows)
-        total = sum(r["evidence"] for r in rows)
+        kept = sum(point["evidence_kept"] for point in points)
+        total = sum(point["evidence"] for point in points)
         return fidelity_report.cell(round(100 * kept / total, 1)) if total else ""
 
     checked = 0
