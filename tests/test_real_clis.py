@@ -44,7 +44,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import brim.proxy.app
 from brim.middleware.stages.restore import RESTORE_TOOL
+from brim.policies.evict import GISTS_HEADER
 from brim.policies.text import NAMES_LABEL
+from brim.policies.wires.base import NOTICE_PREFIX
 from brim.proxy.app import bound_port, start
 from brim.proxy.config import BrimConfig
 from tests.brim_run import Launched, gone, launch
@@ -510,6 +512,32 @@ def names_listed(run: Run) -> list[list[str]]:
     ]
 
 
+def notice_names(run: Run) -> list[tuple[str, list[str]]]:
+    """The quoted lines of evict's notices in the requests the provider received that list
+    names (`> tool: line · Names in it: a, b`): each line, and the names a removed result
+    printed."""
+
+    def texts(node: Any) -> Iterator[str]:
+        if isinstance(node, str):
+            yield node
+        elif isinstance(node, dict):
+            for value in node.values():
+                yield from texts(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from texts(value)
+
+    found = []
+    for call in run.fake.main_calls:
+        for text in texts(call.body):
+            if text.startswith(NOTICE_PREFIX) and GISTS_HEADER in text:
+                for line in text.split(GISTS_HEADER, 1)[1].split("\n"):
+                    said, label, named = line.partition(f" · {NAMES_LABEL}")
+                    if label:
+                        found.append((said, named.split(", ")))
+    return found
+
+
 def check_restore(cli: Cli, run: Run) -> None:
     """A session brim cut, in which the model called brim_restore with a key it read in a
     placeholder or notice: brim answered the call with the original in a hidden round, the
@@ -663,6 +691,30 @@ def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> No
         assert all(name in sent for name in listed), (listed, report)
         files = [int(m[1] or m[2] or m[3]) for m in map(FILE_NAME.fullmatch, listed) if m]
         assert len(files) >= 3 and len(set(files)) == 1, (listed, report)  # one file's own
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: Cli) -> None:
+    # A window 6 000 tokens larger than the other sessions': evicting old turns is enough, so
+    # the notice keeps its quoted lines; nothing is cleared first, so every name listed is one
+    # the notice found in a whole removed result. Each line quotes a removed file's line with
+    # the names its result printed: names the CLI sent, of that line's own file, with the CLI's
+    # own wrapping (Codex's chunk id).
+    prefix, window = cli.model.rsplit("-", 1)
+    cli = dataclasses.replace(cli, model=f"{prefix}-{int(window) + 6_000}")
+    run = drive(cli, guard={"policies": ["evict", "truncate"]})
+    check_run(cli, run, FINAL)
+    report = run.report()
+    sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
+    quoted = notice_names(run)
+    assert quoted, report
+    for said, listed in quoted:
+        # the line names its file: a row of it, or its path (opencode's `<path>` line)
+        match = FILE_NAME.search(said) or re.search(r"notes_(\d+)\.txt", said)
+        assert match is not None, (said, report)
+        notes = (run.work / f"notes_{next(g for g in match.groups() if g)}.txt").read_text()
+        assert listed and all(name in sent for name in listed), (said, listed, report)
+        assert sum(name in notes for name in listed) >= len(listed) - 1, (said, listed, report)
 
 
 def test_claude_code_restores_what_brim_cut(drive: Drive) -> None:
