@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import brim.proxy.app
 from brim.middleware.stages.restore import RESTORE_TOOL
 from brim.policies.evict import GISTS_HEADER
-from brim.policies.text import NAMES_LABEL
+from brim.policies.text import NAMES_LABEL, strings_of
 from brim.policies.wires.base import NOTICE_PREFIX
 from brim.proxy.app import bound_port, start
 from brim.proxy.config import BrimConfig
@@ -516,20 +516,9 @@ def notice_names(run: Run) -> list[tuple[str, list[str]]]:
     """The quoted lines of evict's notices in the requests the provider received that list
     names (`> tool: line · Names in it: a, b`): each line, and the names a removed result
     printed."""
-
-    def texts(node: Any) -> Iterator[str]:
-        if isinstance(node, str):
-            yield node
-        elif isinstance(node, dict):
-            for value in node.values():
-                yield from texts(value)
-        elif isinstance(node, list):
-            for value in node:
-                yield from texts(value)
-
     found = []
     for call in run.fake.main_calls:
-        for text in texts(call.body):
+        for text in strings_of(call.body):
             if text.startswith(NOTICE_PREFIX) and GISTS_HEADER in text:
                 for line in text.split(GISTS_HEADER, 1)[1].split("\n"):
                     said, label, named = line.partition(f" · {NAMES_LABEL}")
