@@ -933,10 +933,19 @@ class Point:
     lost: list[str] = field(default_factory=list)  # evidence neither kept nor recoverable
     unkept: list[str] = field(default_factory=list)  # evidence the request did not keep
     newest_too_big: bool = False  # the system prompt, tools and newest turn are over the budget
+    # Tokens the client's request grew by since its previous one (the model's reply, the tool
+    # results, the user's message): new to the provider, so no prompt cache can hold them.
+    grew: int = 0
 
     @classmethod
     def plain(
-        cls, turns: int, tokens_in: int, budget: int, tokens_out: int | None, sent: bool
+        cls,
+        turns: int,
+        tokens_in: int,
+        budget: int,
+        tokens_out: int | None,
+        sent: bool,
+        grew: int = 0,
     ) -> Point:
         """A request with no evidence judged: refused (`sent` False), or the ceiling's, which
         is valid, within budget and keeps the newest turn by its definition."""
@@ -956,6 +965,7 @@ class Point:
             prefix_kept=None,
             cached=0,
             billed=0.0,
+            grew=grew,
         )
 
 
@@ -1087,6 +1097,9 @@ def grow(
     growth = Growth(method, api, window, budget, subject.name, subject.family)
     # The client's last request before it went over the budget: every method sent it as it was.
     previous: dict[str, Any] | None = subject.request(api, points[start - 1]) if start > 0 else None
+    client_before = (
+        0 if previous is None else counter.request(wire, previous, tokenizer, MODELS[api]).total
+    )
     last_sent: dict[str, Any] | None = None
     last: dict[str, Any] | None = None
     started = time.perf_counter()
@@ -1095,13 +1108,14 @@ def grow(
         tokens_in = counter.request(wire, body, tokenizer, MODELS[api]).total
         if tokens_in <= budget:
             break  # the session ended before passing the budget: nothing to measure
+        grew, client_before = max(0, tokens_in - client_before), tokens_in
         sent, cut = send(method, api, body, budget, counter, brim, growth)
         growth.turns += 1
         last = body
         if sent is None:
             growth.refused += 1
             last_sent = previous = None
-            growth.points.append(Point.plain(point, tokens_in, budget, None, False))
+            growth.points.append(Point.plain(point, tokens_in, budget, None, False, grew))
             continue
         items = wire.conversation(sent)
         tokens_out = counter.request(wire, sent, tokenizer, MODELS[api]).total
@@ -1148,6 +1162,7 @@ def grow(
                 lost=[t for t in evidence if t not in kept.recoverable],
                 unkept=[t for t in evidence if t not in kept.kept],
                 newest_too_big=too_big,
+                grew=grew,
             )
         )
         last_sent = previous = sent

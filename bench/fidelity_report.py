@@ -38,6 +38,8 @@ from bench.fidelity import (
     BRIM,
     BRIM_SUMMARIZE,
     BRIMS,
+    CACHE_READ,
+    CACHE_WRITE,
     CEILING,
     CHAT_ONLY,
     FACTORS,
@@ -284,6 +286,11 @@ def summarize_growth(runs: Sequence[Growth]) -> list[Row]:
                 if cost is not None and (sent := _sent_per_turn(group))
                 else None,
                 "billed_vs_ceiling": round(cost / best, 2) if cost is not None and best else None,
+                # The least those requests could cost: every token read from the cache but the
+                # client's new ones (`Point.grew`), which none can hold — the price of their size.
+                "billed_floor_vs_ceiling": round(floor / best, 2)
+                if (floor := _billed_floor_per_turn(group)) is not None and best
+                else None,
                 "summarizer_calls_first_turn": group[0].calls_per_turn[0]
                 if group[0].calls_per_turn
                 else None,
@@ -305,6 +312,19 @@ def summarize_growth(runs: Sequence[Growth]) -> list[Row]:
 def _billed_per_turn(group: Sequence[Growth]) -> float | None:
     billed = [p.billed for g in group for p in g.points if p.tokens_out is not None]
     return round(sum(billed) / len(billed), 1) if billed else None
+
+
+def _billed_floor_per_turn(group: Sequence[Growth]) -> float | None:
+    """What the requests sent would be billed per turn if the prompt cache held all of each but
+    the client's new tokens (`Point.grew`): no arrangement of the same sizes costs less."""
+    floors = [
+        CACHE_READ * (p.tokens_out - new) + CACHE_WRITE * new
+        for g in group
+        for p in g.points
+        if p.tokens_out is not None and g.method != CEILING
+        for new in (min(p.grew, p.tokens_out),)
+    ]
+    return round(sum(floors) / len(floors), 1) if floors else None
 
 
 def _sent_per_turn(group: Sequence[Growth]) -> float | None:
@@ -519,21 +539,26 @@ def targets(report: Mapping[str, Any]) -> list[Target]:
         )
     )
 
+    def prefix_share(figures: Mapping[str, Any], ceiling: Mapping[str, Any]) -> float | None:
+        """A cell's prefix kept as a share of the ceiling's, in %."""
+        if figures["prefix_kept_pct"] is None or not ceiling.get("prefix_kept_pct"):
+            return None
+        return float(100 * figures["prefix_kept_pct"] / ceiling["prefix_kept_pct"])
+
     ceilings = {(r["family"], r["api"]): r for r in report["growth"] if r["method"] == CEILING}
     prefix: dict[str, float | None] = {}
     cost: dict[str, float | None] = {}
     for row in growth:
         best = ceilings.get((row["family"], row["api"]), {})
         for window, figures in _windows(row):
-            ceiling = best.get(window, {})
             key = f"{row['family']} {API_LABELS[row['api']]} {int(window) // 1024}K"
-            if figures["prefix_kept_pct"] is not None and ceiling.get("prefix_kept_pct"):
-                floor = 95 if int(window) <= 8_192 else 90
-                prefix[key] = round(
-                    100 * figures["prefix_kept_pct"] / ceiling["prefix_kept_pct"] - floor, 1
-                )
+            share = prefix_share(figures, best.get(window, {}))
+            if share is not None:
+                prefix[key] = round(share - (95 if int(window) <= 8_192 else 90), 1)
             cost[key] = figures["billed_vs_ceiling"]
+
     passed, detail = _worst(prefix, lambda v: v >= 0)
+    detail += _growth_pooled(report, prefix_share, "% of the ceiling's", higher=True)
     out.append(
         Target(
             "prefix kept ≥ 95 % of the ceiling's at 8K, ≥ 90 % above (points over the floor)",
@@ -543,6 +568,22 @@ def targets(report: Mapping[str, Any]) -> list[Target]:
     )
     passed, detail = _worst({k: -v for k, v in cost.items() if v is not None}, lambda v: v >= -1.2)
     detail = detail.replace(" -", " ").replace(" −", " ")
+    detail += _growth_pooled(
+        report, lambda figures, _: figures["billed_vs_ceiling"], "× the ceiling's", higher=False
+    )
+    floors = [
+        figures["billed_floor_vs_ceiling"]
+        for row in growth
+        for _, figures in _windows(row)
+        if figures.get("billed_floor_vs_ceiling") is not None
+    ]
+    if floors:
+        over = sum(floor > 1.2 for floor in floors)
+        detail += (
+            "; brim's requests as sent, every token but the client's new ones read from the cache"
+            f" (as if no re-cut): {cell(sum(floors) / len(floors))}× on average, over 1.2× in"
+            f" {over} of {len(floors)} cells"
+        )
     out.append(
         Target(
             "billed input per compressed turn with caching ≤ 1.2× the ceiling's (× ceiling)",
@@ -551,6 +592,47 @@ def targets(report: Mapping[str, Any]) -> list[Target]:
         )
     )
     return out
+
+
+def _growth_pooled(
+    report: Mapping[str, Any],
+    value: Callable[[Mapping[str, Any], Mapping[str, Any]], float | None],
+    unit: str,
+    higher: bool,
+) -> str:
+    """`; pooled (unit, mean over cells): brim X, oldest-first Y` over the growing sessions —
+    each method's `value` of a cell's figures beside the ceiling's — and the best other baseline
+    where it does better than oldest-first, with its lowest shares of valid requests and of
+    requests that kept the newest turn: whether any method reaches a target brim misses."""
+    ceilings = {(r["family"], r["api"]): r for r in report["growth"] if r["method"] == CEILING}
+    values: dict[str, list[float]] = defaultdict(list)
+    newest: dict[str, float] = {}
+    for row in report["growth"]:
+        if row["method"] == CEILING:
+            continue
+        for window, figures in _windows(row):
+            found = value(figures, ceilings.get((row["family"], row["api"]), {}).get(window, {}))
+            if found is not None:
+                values[row["method"]].append(found)
+            if figures["newest_kept_pct"] is not None:
+                newest[row["method"]] = min(
+                    figures["newest_kept_pct"], newest.get(row["method"], 100.0)
+                )
+    means = {m: sum(v) / len(v) for m, v in values.items() if v}
+    mine, oldest = means.get(BRIM), means.get(OLDEST_FIRST)
+    if mine is None or oldest is None:
+        return ""
+    sign = 1 if higher else -1
+    text = f"; pooled ({unit}, mean over cells): brim {cell(mine)}, {OLDEST_FIRST} {cell(oldest)}"
+    others = {m: v for m, v in means.items() if m in BASELINES and m != OLDEST_FIRST}
+    best = max(others, key=lambda m: sign * others[m], default=None)
+    if best is not None and sign * others[best] > sign * oldest:
+        valid = _valid_shares(report, families_of(report))
+        text += (
+            f", {best} {cell(others[best])} (valid {cell(valid.get(best))} %,"
+            f" newest kept {cell(newest.get(best))} % at worst)"
+        )
+    return text
 
 
 def _windows(row: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:

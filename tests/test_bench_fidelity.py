@@ -198,6 +198,103 @@ def test_a_better_baseline_is_shown_with_its_share_of_valid_requests() -> None:
     assert pooled({"oldest-first": 70.0}, valid) == ""
 
 
+def test_the_prefix_and_billed_targets_show_each_methods_mean_and_a_better_baseline() -> None:
+    """The growing sessions' targets say what brim and oldest-first reach on average over the
+    cells, and a baseline that does better than oldest-first with its lowest shares of valid
+    requests and of requests that kept the newest turn (LangChain's drops it)."""
+
+    def row(method: str, prefix: float, billed: float, newest: float = 100.0) -> dict[str, Any]:
+        figures = {
+            "prefix_kept_pct": prefix,
+            "billed_vs_ceiling": billed,
+            "valid_pct": 100.0,
+            "newest_kept_pct": newest,
+        }
+        return {"family": "real-cli", "api": "openai.chat", "method": method, "8192": figures}
+
+    ceiling = row(fidelity.CEILING, 80.0, 1.0)
+    report = {
+        "sessions": [{"family": "real-cli"}],
+        "fidelity": [],
+        "growth": [
+            row(fidelity.BRIM, 72.0, 1.5),
+            {**row(fidelity.BRIM, 60.0, 1.7), "api": "anthropic.messages"},
+            row(fidelity.OLDEST_FIRST, 40.0, 3.0),
+            row(fidelity.LANGCHAIN, 88.0, 0.2, newest=0.0),
+            ceiling,
+            {**ceiling, "api": "anthropic.messages"},
+        ],
+    }
+
+    def share(figures: dict[str, Any], best: dict[str, Any]) -> float | None:
+        return 100 * figures["prefix_kept_pct"] / best["prefix_kept_pct"]
+
+    pooled = fidelity_report._growth_pooled
+    # brim: (90 + 75) / 2; LangChain keeps more prefix and pays less, and never the newest turn.
+    assert pooled(report, share, "% of the ceiling's", higher=True) == (
+        "; pooled (% of the ceiling's, mean over cells): brim 82.5, oldest-first 50,"
+        f" {fidelity.LANGCHAIN} 110 (valid 100 %, newest kept 0 % at worst)"
+    )
+    assert pooled(
+        report, lambda figures, _: figures["billed_vs_ceiling"], "× the ceiling's", higher=False
+    ) == (
+        "; pooled (× the ceiling's, mean over cells): brim 1.6, oldest-first 3,"
+        f" {fidelity.LANGCHAIN} 0.2 (valid 100 %, newest kept 0 % at worst)"
+    )
+    # No baseline better than oldest-first: only the two; no brim row: nothing.
+    report["growth"] = [r for r in report["growth"] if r["method"] != fidelity.LANGCHAIN]
+    assert pooled(report, share, "%", higher=True) == (
+        "; pooled (%, mean over cells): brim 82.5, oldest-first 50"
+    )
+    report["growth"] = [r for r in report["growth"] if r["method"] != fidelity.BRIM]
+    assert pooled(report, share, "%", higher=True) == ""
+
+
+@pytest.mark.timeout(300)
+def test_the_billed_floor_is_every_token_but_the_new_ones_read_from_the_cache(
+    quick: tuple[dict[str, Any], str],
+) -> None:
+    """What brim's requests would cost were all of each but the client's new tokens read from
+    the cache — recomputed from the growing sessions' points — is below what they cost, and
+    the billed target line says it."""
+    report, table = quick
+    ceilings = {
+        (r["family"], r["api"]): r for r in report["growth"] if r["method"] == fidelity.CEILING
+    }
+    compared = 0
+    for row in report["growth"]:
+        if row["method"] != fidelity.BRIM:
+            continue
+        for window in (w for w in row if w.isdigit()):
+            points = [
+                point
+                for run in report["growth_runs"]
+                if (run["family"], run["method"], run["api"], str(run["window"]))
+                == (row["family"], fidelity.BRIM, row["api"], window)
+                for point in run["points"]
+                if point["tokens_out"] is not None
+            ]
+            assert points and all(point["grew"] > 0 for point in points)
+            floors = [
+                fidelity.CACHE_READ * (p["tokens_out"] - min(p["grew"], p["tokens_out"]))
+                + fidelity.CACHE_WRITE * min(p["grew"], p["tokens_out"])
+                for p in points
+            ]
+            ceiling = ceilings[row["family"], row["api"]][window]["billed_per_turn"]
+            floor = round(round(sum(floors) / len(floors), 1) / ceiling, 2)
+            assert row[window]["billed_floor_vs_ceiling"] == floor
+            assert floor <= row[window]["billed_vs_ceiling"]
+            compared += 1
+    assert compared >= 8
+    billed = next(t for t in report["targets"] if t["name"].startswith("billed input"))
+    assert (
+        "every token but the client's new ones read from the cache (as if no re-cut): "
+        in (billed["detail"])
+    )
+    assert "; pooled (× the ceiling's, mean over cells): brim " in billed["detail"]
+    assert billed["detail"] in table
+
+
 @pytest.mark.timeout(300)
 def test_litellm_trim_messages_breaks_tool_pairing_or_budget(
     quick: tuple[dict[str, Any], str],
