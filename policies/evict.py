@@ -28,11 +28,13 @@ which tools had been called, and the user requests that were dropped, and ending
 key that restores them all: the sha256 of the removed messages as one JSON array, in order,
 which the notice's own record keeps as its original. Under that line the notice quotes what the
 latest removed tool results said: each one's gist (the most informative line of the whole
-result, as clear's placeholder quotes it) and the names it printed (as many as fit
-`NAMES_QUOTED` characters; for a cleared result, those its placeholder lists), newest first as
-far as `gist_share` of the budget allows (and no more than a quarter of what was removed), shown
-in conversation order; a line quoted already is not repeated, and a result pointed onward
-quotes nothing. The notice is a function of the removed messages and the budget alone, so the
+result, as clear's placeholder quotes it) and the names it printed (the most repeated first,
+as many as fit `NAMES_QUOTED` characters; for a cleared result, those its placeholder lists),
+newest first as far as `gist_share` of the budget allows (and no more than a quarter of what
+was removed), shown in conversation order. A name a newer line lists is not listed again: its
+room goes to the result's next names (results that print the same paths, the same commits,
+would otherwise spend the notice on one list). A line that would say nothing new is left out,
+and a result pointed onward quotes nothing. The notice is a function of the removed messages and the budget alone, so the
 same removed set gives the same bytes on every turn. If the protected units alone are over the
 limit, the notice's quoted lines go first, then the protected units are released oldest first
 (never a system message or the last user message), and the notice itself goes if it is what
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -64,7 +67,7 @@ from brim.policies.conversation import (
     text_tokens_for,
 )
 from brim.policies.facts import STALE, facts, last_request, last_use, pointed_at, result_values
-from brim.policies.information import cut_from, gist, names
+from brim.policies.information import cut_from, fitting, gist, name_counts
 from brim.policies.text import NAMES_LABEL, is_placeholder
 from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 
@@ -73,6 +76,7 @@ from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 PRIORITY = {"orphan": STALE, "assistant": 1, "tools": 2, "user": 3}
 QUOTE = 80
 NAMES_QUOTED = 120  # characters of a result's names the notice quotes at most
+NAMES_RANKED = 60  # of a result's names, the most repeated: those its line may list
 GISTS_HEADER = "What the latest removed tool results said (the most informative line, the names):"
 _REMOVED_SHARE = 4  # the quoted lines take at most a quarter of the tokens removed
 
@@ -111,65 +115,97 @@ class _Dumped:
         return "[" + ",".join(item for item in items if item) + "]"
 
 
+@dataclass(frozen=True, slots=True)
+class _Said:
+    """What one removed result can say in the notice: its tool, its most informative line (or
+    the one its placeholder quotes) and the names it printed, the most repeated first (or those
+    its placeholder lists), with where each first appears."""
+
+    tool: str
+    line: str
+    ranked: tuple[str, ...]
+    order: Mapping[str, int]
+
+    def quoted(self, shown: set[str]) -> tuple[str, list[str]] | None:
+        """Its line in the notice — the line, then as many of its names as fit `NAMES_QUOTED`
+        characters, none of those `shown` by a newer line, in the order printed — and those
+        names; None when it has nothing to say."""
+        named = fitting(self.ranked, NAMES_QUOTED - len(NAMES_LABEL), shown)
+        if not self.line and not named:
+            return None
+        listed = NAMES_LABEL + ", ".join(sorted(named, key=self.order.__getitem__))
+        said = " · ".join(filter(None, (self.line, listed if named else "")))
+        return f"> {self.tool}: {said}", named
+
+
 class _Gists:
-    """Each tool group's quoted lines — one per result: the most informative line of the whole
-    result (before any cut) and the names it printed, or what its placeholder quotes and names
-    (nothing for a pointer onward) — with what each costs, worked out once however many removed
-    sets are tried."""
+    """Each tool group's results as the notice can quote them (`_Said`) — the most informative
+    line of the whole result (before any cut) and the names it printed, or what its placeholder
+    quotes and names (nothing for a pointer onward) — worked out once however many removed sets
+    are tried, and what each quoted line costs."""
 
     def __init__(self, conversation: Conversation, meter: Meter) -> None:
         self._known = facts(conversation)
         self._before = cut_from(conversation)
         self._meter = meter
-        self._lines: dict[Unit, list[tuple[str, int]]] = {}
+        self._said: dict[Unit, list[_Said]] = {}
+        self._costs: dict[str, int] = {}
 
-    def unit(self, unit: Unit) -> list[tuple[str, int]]:
-        found = self._lines.get(unit)
+    def unit(self, unit: Unit) -> list[_Said]:
+        found = self._said.get(unit)
         if found is None:
-            found = self._lines[unit] = list(self._of(unit))
+            found = self._said[unit] = list(self._of(unit))
         return found
 
-    def _of(self, unit: Unit) -> Iterator[tuple[str, int]]:
+    def _of(self, unit: Unit) -> Iterator[_Said]:
         if unit.kind != "tools":
             return
         known = self._known
         for index in unit.indices:
             for result in known.results[index]:
                 if is_placeholder(result.text):  # cleared: the line it quotes and its names
-                    said = " · ".join(filter(None, (_quoted(result.text), _named(result.text))))
+                    line, ranked = _quoted(result.text) or "", _named(result.text)
+                    order = {name: n for n, name in enumerate(ranked)}
                 else:
-                    said = _said(self._before.texts.get((index, result.call_id), result.text))
-                if said:
-                    line = f"> {result.tool}: {said}"
-                    yield line, self._meter.text_tokens(line) + 1
+                    whole = self._before.texts.get((index, result.call_id), result.text)
+                    line = next(iter(gist(whole, 1)), "")
+                    counts = name_counts(whole, skip=(line,))
+                    ranked = tuple(sorted(counts, key=counts.__getitem__, reverse=True))
+                    order = {name: n for n, name in enumerate(counts)}
+                if line or ranked:
+                    yield _Said(result.tool, line, ranked[:NAMES_RANKED], order)
+
+    def _cost(self, line: str) -> int:
+        found = self._costs.get(line)
+        if found is None:
+            found = self._costs[line] = self._meter.text_tokens(line) + 1
+        return found
 
     def chosen(self, removed: Sequence[Unit], allowance: int) -> list[str]:
         """The lines of the latest removed results that fit `allowance` (tokens of the
         encoding, as the lines are measured), in conversation order: newest first until one
-        does not fit; a line said already is not repeated."""
+        does not fit. A name a newer line listed is not listed again (its room goes to the
+        result's next names), and a line that would say nothing new is left out."""
         picked: list[str] = []
-        seen: set[str] = set()
+        lines: set[str] = set()
+        shown: set[str] = set()
         spent = 0
         for unit in sorted(removed, key=lambda unit: unit.start, reverse=True):
-            for line, cost in reversed(self.unit(unit)):
-                if line in seen:
+            for said in reversed(self.unit(unit)):
+                quoted = said.quoted(shown)
+                if quoted is None:
                     continue
+                line, named = quoted
+                if not named and said.line in lines:
+                    continue
+                cost = self._cost(line)
                 if spent + cost > allowance:
                     return picked[::-1]
                 picked.append(line)
-                seen.add(line)
+                lines.add(said.line)
+                shown.update(named)
                 spent += cost
         return picked[::-1]
-
-
-def _said(whole: str) -> str:
-    """What the notice quotes of a removed result that was not cleared: its most informative
-    line and, as a cleared result's placeholder does, the names it printed that the line does
-    not (as many as fit `NAMES_QUOTED` characters) — often what a later turn acts on."""
-    line = next(iter(gist(whole, 1)), "")
-    named = names(whole, NAMES_QUOTED - len(NAMES_LABEL), skip=(line,))
-    listed = f"{NAMES_LABEL}{', '.join(named)}" if named else ""
-    return " · ".join(filter(None, (line, listed)))
 
 
 def _quoted(placeholder: str) -> str | None:
@@ -177,17 +213,12 @@ def _quoted(placeholder: str) -> str | None:
     return next((line[2:] for line in placeholder.split("\n")[1:] if line.startswith("> ")), None)
 
 
-def _named(placeholder: str) -> str | None:
-    """The names a placeholder lists (clear's last line, `NAMES_LABEL`), if any: as many of
-    the first as fit `NAMES_QUOTED` characters, so one result's names do not crowd out the
-    lines of the others."""
+def _named(placeholder: str) -> tuple[str, ...]:
+    """The names a placeholder lists (clear's last line, `NAMES_LABEL`), in its order."""
     last = placeholder.rsplit("\n", 1)[-1]
     if not last.startswith(NAMES_LABEL):
-        return None
-    if len(last) <= NAMES_QUOTED:
-        return last
-    cut = last.rfind(", ", 0, NAMES_QUOTED - 2)  # after the last whole name, ", …" in the cap
-    return last[:cut] + ", …" if cut > len(NAMES_LABEL) else last[: NAMES_QUOTED - 1] + "…"
+        return ()
+    return tuple(last.removeprefix(NAMES_LABEL).split(", "))
 
 
 def _quote(text: str) -> str:

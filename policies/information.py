@@ -21,7 +21,7 @@ import math
 import re
 import threading
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import chain
 from typing import Any
@@ -390,25 +390,38 @@ def _log(known: dict[str, float], term: str, whole: int, counts: Counter[str]) -
     return found
 
 
-def names(text: str, width: int, skip: Sequence[str] = ()) -> tuple[str, ...]:
+def name_counts(text: str, skip: Sequence[str] = ()) -> dict[str, int]:
     """The names `text` printed — its identifiers (`identifiers`: paths, dotted, snake_case and
-    CamelCase names, hashes and ids) that are not bare numbers — as many as fit `width`
-    characters (each with a separator), the most repeated first, then the first printed; listed
-    in the order they first appear; none of those in the lines `skip` (its quoted gist).
-    A pure function of the text."""
-    if width <= 0:
-        return ()
+    CamelCase names, hashes and ids) that are not bare numbers — each with how often, in the
+    order they first appear; none of those in the lines `skip`."""
     quoted = identifiers("\n".join(skip))
-    counts = {
+    return {
         token: n
         for token, n in identifier_counts(text).items()  # in order of first appearance
         if token not in quoted and not _NUMBER.fullmatch(token)
     }
-    chosen: set[str] = set()
-    used = 0
-    for token in sorted(counts, key=counts.__getitem__, reverse=True):  # stable: first first
-        if used + len(token) + 2 > width:
-            break
-        chosen.add(token)
-        used += len(token) + 2
+
+
+def names(text: str, width: int, skip: Sequence[str] = ()) -> tuple[str, ...]:
+    """The names `text` printed (`name_counts`) as many as fit `width` characters (each with a
+    separator), the most repeated first, then the first printed; listed in the order they first
+    appear; none of those in the lines `skip` (its quoted gist). A pure function of the text."""
+    counts = name_counts(text, skip)
+    ranked = sorted(counts, key=counts.__getitem__, reverse=True)  # stable: first first
+    chosen = set(fitting(ranked, width))
     return tuple(token for token in counts if token in chosen)
+
+
+def fitting(ranked: Iterable[str], width: int, shown: Container[str] = ()) -> list[str]:
+    """The first of `ranked` names, in its order, while they fit `width` characters (each with
+    a `, ` separator), passing over those `shown` already."""
+    chosen: list[str] = []
+    used = 0
+    for name in ranked:
+        if name in shown:
+            continue
+        if used + len(name) + 2 > width:
+            break
+        chosen.append(name)
+        used += len(name) + 2
+    return chosen

@@ -286,9 +286,10 @@ def test_the_notice_quotes_each_removed_result_s_most_informative_line(wire: Bui
     gone = removed_turns(records)
     assert len(gone) >= 3
     assert SHOWN.search(notice.split("\n")[0]) is not None  # the head line names the key
+    # The one name of the log its line does not hold, listed by the newest line alone.
     assert quoted_lines(notice) == [
         f"> {'grep' if n % 2 else 'read_file'}: NOTE module {n} keeps its secrets in vault path "
-        f"kv/mod{n} · Names in it: 2026-11-22"  # the one name of the log its line does not hold
+        f"kv/mod{n}" + (" · Names in it: 2026-11-22" if n == gone[-1] else "")
         for n in gone
     ]
 
@@ -388,21 +389,37 @@ def test_a_long_names_list_is_quoted_by_its_first_names(wire: Builder) -> None:
     after, _ = evicted_before_grep_turns(wire, messages, range(1, 4))
     (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> ls:")]
     named = line.split(" · ", 1)[1]
-    assert named.startswith("Names in it: src/pkg/module_0.py, src/pkg/module_1.py")
-    assert named.endswith(", …") and len(named) <= NAMES_QUOTED
-    assert "src/pkg/module_39.py" not in named
+    listed = named.removeprefix("Names in it: ").split(", ")
+    assert listed == many[: len(listed)] and len(listed) >= 3
+    assert len(named) <= NAMES_QUOTED < len(named) + len(many[len(listed)]) + 2  # the next: over
 
-    # A first name longer than the cap on its own is cut there too, not past it.
+    # A name longer than the cap on its own is not listed; the line is quoted without it.
     long = "src/" + "deeply_nested_package/" * 5 + "module.py"
     messages = [*LEADING.get(wire.api, []), wire.user("first task")]
     messages += wire.turn(
         "c0", "ls", {"p": "."}, placeholder("ls", 900, "ab" * 32, ["a listing"], [long])
     )
     after, _ = evicted_before_grep_turns(wire, messages, range(1, 4))
-    (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> ls:")]
-    named = line.split(" · ", 1)[1]
-    assert named.startswith(f"Names in it: {long[:20]}") and named.endswith("…")
-    assert len(named) <= NAMES_QUOTED
+    assert "> ls: a listing" in quoted_lines(notice_of(after))
+
+
+def test_a_name_a_newer_line_listed_is_not_listed_again(wire: Builder) -> None:
+    """Two removed results that print the same paths: the newer one's line lists them, the
+    older one's lists the names only it printed — its room goes to what is new."""
+    shared = [f"src/pkg/shared_{n}.py" for n in range(6)]
+    own = [f"tests/test_only_{n}.py" for n in range(3)]
+    older = ["ERROR one", *shared, *own] + ["ok"] * 100
+    newer = ["ERROR two", *shared] + ["ok"] * 100
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    messages += wire.turn("c0", "bash", {"cmd": "a"}, "\n".join(older))
+    messages += wire.turn("c1", "bash", {"cmd": "b"}, "\n".join(newer))
+    after, records = evicted_before_grep_turns(wire, messages, range(2, 5))
+    evicted_calls = "".join(r.original or "" for r in records if r.action == "evicted")
+    assert '"c0"' in evicted_calls and '"c1"' in evicted_calls
+    older_line, newer_line = [q for q in quoted_lines(notice_of(after)) if q.startswith("> bash")]
+    said, _, listed = newer_line.partition(" · Names in it: ")
+    assert {*listed.split(", "), said.removeprefix("> bash: ")} >= set(shared)
+    assert older_line.partition(" · Names in it: ")[2].split(", ") == own
 
 
 def test_the_quoted_lines_go_before_any_protected_turn(wire: Builder) -> None:
