@@ -34,11 +34,11 @@ newest first as far as `gist_share` of the budget allows (and no more than a qua
 was removed), shown in conversation order. A name a newer line lists is not listed again: its
 room goes to the result's next names (results that print the same paths, the same commits,
 would otherwise spend the notice on one list). A line that would say nothing new is left out,
-and a result pointed onward quotes nothing. The notice is a function of the removed messages and the budget alone, so the
-same removed set gives the same bytes on every turn. If the protected units alone are over the
-limit, the notice's quoted lines go first, then the protected units are released oldest first
-(never a system message or the last user message), and the notice itself goes if it is what
-does not fit.
+and a result pointed onward quotes nothing. The notice is a function of the removed messages
+and the budget alone, so the same removed set gives the same bytes on every turn. If the
+protected units alone are over the limit, the notice's quoted lines go first, then the protected
+units are released oldest first (never a system message or the last user message), and the
+notice itself goes if it is what does not fit.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
 only while the same units are removed. Removing at least the budget's slack (limit − target) at a
