@@ -132,6 +132,20 @@ def text_tokens_for(counted: int, meter: Meter) -> int:
     return math.ceil(round(counted / meter.ratio, 6))
 
 
+def text_tokens_taking(
+    counted: int, message: int, without_text: int, text: int, meter: Meter
+) -> int:
+    """How many tokens of text (the encoding's) to cut from a message for it to take about
+    `counted` fewer of the provider's tokens, where the message takes `message` of them,
+    `without_text` with its text empty, and the text is `text` tokens long. A token of text may
+    take more than one of the message's (JSON escapes of tabs, quotes and newlines; the model's
+    ratio): measured on the message, a cut goes no further than it needs. Without a text to
+    measure by, as `text_tokens_for`."""
+    if text > 0 and message > without_text:
+        return math.ceil(counted * text / (message - without_text))
+    return text_tokens_for(counted, meter)
+
+
 _PAIRED = "paired"  # the memo key of the note that its messages pair validly (`checked`)
 
 

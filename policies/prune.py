@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import functools
 import math
 import re
 import threading
@@ -53,7 +54,7 @@ from brim.policies.conversation import (
     ToolResult,
     Unit,
     archive_key,
-    text_tokens_for,
+    text_tokens_taking,
 )
 from brim.policies.facts import Facts, copies, facts
 from brim.policies.information import (
@@ -528,6 +529,21 @@ class PruneToolResults:
                 if needed <= 0:
                     break
                 message, size = pruned.messages[index], pruned.sizes[index]
+                # A token of its results' text may take more than one of the message's (JSON
+                # escapes, the model's ratio): the cut is sized by what they take here.
+                emptied = message
+                for result in results[index]:
+                    emptied = dialect.with_tool_result(emptied, result.call_id, "")
+                text_tokens = functools.partial(
+                    text_tokens_taking,
+                    message=size,
+                    without_text=meter.message(emptied),
+                    text=sum(
+                        meter.text_tokens(texts.get((index, r.call_id), r.text))
+                        for r in results[index]
+                    ),
+                    meter=meter,
+                )
                 # The cut's markers and the tokens where its pieces meet can take a message
                 # past what was asked: then again from the whole, by that much (and a little)
                 # more, so that a cut into text brings the request within the limit.
@@ -543,7 +559,7 @@ class PruneToolResults:
                         stats,
                         meter,
                         terms(index),
-                        text_tokens_for(needed, meter) + extra,
+                        text_tokens(needed) + extra,
                     )
                     if updated is message:
                         break
@@ -551,7 +567,7 @@ class PruneToolResults:
                     over = needed - (size - smaller)
                     if over <= 0 or smaller >= size:
                         break
-                    extra += text_tokens_for(over, meter) + _OVERSHOOT_SLACK
+                    extra += text_tokens(over) + _OVERSHOOT_SLACK
                 if updated is message or smaller >= size:
                     continue
                 edited[index] = (updated, smaller)

@@ -29,7 +29,7 @@ from brim.policies.conversation import (
     Goal,
     Meter,
     archive_key,
-    text_tokens_for,
+    text_tokens_taking,
 )
 from brim.policies.facts import facts, last_request
 from brim.policies.lines import cut_middle
@@ -117,21 +117,36 @@ class Truncate:
                 continue
             tokens = meter.tokens(text)
             key = archive_key(text)
-            # The marker's own tokens (with a count as long as it can get) are cut too; the
-            # excess is in the provider's tokens, the text's are the encoding's.
-            allowance = meter.text_tokens(marker(len(tokens), key)) + MARKER_SLACK
-            removing = text_tokens_for(excess, meter) + allowance
-            keep = max(self.settings.min_keep_tokens, len(tokens) - removing)
-            if keep >= len(tokens):
-                continue
-            cut, removed = cut_middle(
-                text, keep, meter, tokens=tokens, marker=functools.partial(marker, key=key)
+            # The excess is in the provider's tokens of the whole message; a token of the text
+            # may take more of them (JSON escapes: a tab, a quote, a newline; the model's
+            # ratio), so the text is cut by what it takes, measured on this message.
+            text_tokens = functools.partial(
+                text_tokens_taking,
+                message=conversation.sizes[index],
+                without_text=meter.message(dialect.with_largest_text(message, "")),
+                text=len(tokens),
+                meter=meter,
             )
-            if not removed:
-                continue
-            updated = dialect.with_largest_text(message, cut)
-            size = meter.message(updated)
-            if size >= conversation.sizes[index]:
+            # The marker's own tokens (with a count as long as it can get) are cut too.
+            allowance = meter.text_tokens(marker(len(tokens), key)) + MARKER_SLACK
+            removing = text_tokens(excess) + allowance
+            cut, removed, updated, size = text, 0, message, conversation.sizes[index]
+            for _ in range(3):  # where the middle takes fewer tokens than the whole, again
+                keep = max(self.settings.min_keep_tokens, len(tokens) - removing)
+                if keep >= len(tokens):
+                    break
+                cut, removed = cut_middle(
+                    text, keep, meter, tokens=tokens, marker=functools.partial(marker, key=key)
+                )
+                if not removed:
+                    break
+                updated = dialect.with_largest_text(message, cut)
+                size = meter.message(updated)
+                over = conversation.total - conversation.sizes[index] + size - goal.limit
+                if over <= 0 or keep == self.settings.min_keep_tokens:
+                    break
+                removing += text_tokens(over)
+            if not removed or size >= conversation.sizes[index]:
                 continue
             result = next((r for r in known.results[index] if r.text == text), None)
             records.append(

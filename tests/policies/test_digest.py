@@ -303,6 +303,35 @@ def test_a_cut_goes_oldest_first_only_as_far_as_the_limit_and_keeps_what_is_unus
     assert valid(cleared)
 
 
+def read_output(lines: int, seed: int = 0) -> str:
+    """A file as Claude Code's Read tool prints it: numbered lines, a tab, code with quotes and
+    backslashes — each of which takes two characters in the JSON the request carries."""
+    return "\n".join(
+        f'{n:6}\t    assert parse("row {n + seed}\\tcell") == {{"key": "v{n * 7 + seed}"}}'
+        for n in range(1, lines + 1)
+    )
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_a_cut_into_escaped_text_goes_only_as_far_as_the_limit(api: str) -> None:
+    """A result whose tabs, quotes and backslashes take more tokens in the request than in
+    its text is cut by what its text takes there: the request uses its budget. (Cut by the
+    excess counted as the text's own tokens, a Read result went out at 75 % of it.)"""
+    builder = BUILDERS[api]
+    items = [builder.user("read the parser")]
+    for n in range(3):
+        items += builder.turn(f"c{n}", "Read", {"file_path": f"/src/p{n}.py"}, read_output(600, n))
+    items.append(builder.user("go on"))
+    before = builder.conversation(items)
+    prune = PruneToolResults()
+    for need in (2_000, 8_000):
+        limit = before.total - need
+        after, records = prune.apply(before, Goal(target=0, limit=limit), builder.meter)
+        assert {r.detail for r in records} == {CUT_DETAIL}
+        assert 0.98 * limit <= after.total <= limit, (need, after.total, limit)
+        assert valid(after)
+
+
 def test_a_placeholder_quotes_the_gist_of_the_result_before_it_was_cut() -> None:
     builder = BUILDERS["openai.chat"]
     log = repetitive_log()

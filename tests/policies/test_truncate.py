@@ -16,6 +16,7 @@ from brim.policies.conversation import Conversation, Goal, archive_key
 from brim.policies.tokens import CounterMeter
 from brim.policies.truncate import Truncate
 from brim.policies.wires import WIRES
+from tests.policies.test_digest import read_output
 from tests.policies.test_evict import LEADING
 from tests.policies.test_information import BUILDERS, COUNTER, Builder, result_of
 from tests.policies.test_policies import LOG
@@ -131,3 +132,20 @@ def test_one_huge_message_is_cut_to_the_budget_at_any_ratio(
     after, records = Truncate().apply(before, Goal(target=limit, limit=limit), meter)
     assert len(records) == 1
     assert limit * 0.97 - 30 <= after.total <= limit
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+@pytest.mark.parametrize("over", [1.5, 3.0, 8.0])
+def test_a_huge_escaped_result_is_cut_to_the_budget(api: str, over: float) -> None:
+    """The newest result of a Read, its tabs, quotes and backslashes taking more tokens in the
+    request than in its text, is cut by what its text takes there: to just under the budget,
+    not by the excess counted as the text's own tokens (a 28 K-token result was cut to 816
+    tokens where 5 K fitted, and the request went out at 71 % of its budget)."""
+    wire = BUILDERS[api]
+    messages = [*LEADING.get(api, []), wire.user("read it")]
+    messages += wire.turn("c0", "Read", {"file_path": "/src/parser.py"}, read_output(3_000))
+    before = wire.conversation(messages)
+    limit = int(before.total / over)
+    after, records = Truncate().apply(before, Goal(target=limit, limit=limit), wire.meter)
+    assert len(records) == 1
+    assert limit * 0.98 - 30 <= after.total <= limit
