@@ -307,7 +307,14 @@ def offline_env(bin_dir: Path, home: Path) -> dict[str, str]:
 
 
 class Drive(Protocol):
-    def __call__(self, cli: Cli, *, restore: bool = False, **sections: Any) -> Run: ...
+    def __call__(
+        self,
+        cli: Cli,
+        *,
+        restore: bool = False,
+        notes: Callable[[int], str] = ...,
+        **sections: Any,
+    ) -> Run: ...
 
 
 @pytest.fixture
@@ -315,8 +322,8 @@ def drive(
     cli_bin: Path, loop_thread: LoopThread, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Drive]:
     """Runs one CLI through a fresh brim in front of a fresh scripted provider: the session of
-    `ScriptedProvider`, or with `restore` that of `RestoringSession`; `sections` are more of
-    brim's configuration. brim's app records every request it receives (as the CLI sent it) and
+    `ScriptedProvider`, or with `restore` that of `RestoringSession`, reading the files `notes`
+    writes; `sections` are more of brim's configuration. brim's app records every request it receives (as the CLI sent it) and
     when it has answered it."""
     runners: list[Any] = []
     received: list[Seen] = []
@@ -342,12 +349,14 @@ def drive(
 
     monkeypatch.setattr(brim.proxy.app, "create_app", recording_app)
 
-    def run(cli: Cli, *, restore: bool = False, **sections: Any) -> Run:
+    def run(
+        cli: Cli, *, restore: bool = False, notes: Callable[[int], str] = note, **sections: Any
+    ) -> Run:
         home, work = tmp_path / "home", tmp_path / "work"
         home.mkdir()
         work.mkdir()
         for step in range(1, READS + 1):
-            (work / f"notes_{step}.txt").write_text(note(step))
+            (work / f"notes_{step}.txt").write_text(notes(step))
         session = RestoringSession if restore else ScriptedProvider
         fake = session(
             cli.tool, lambda step: cli.arguments(work, step), READS, RESTORED if restore else FINAL
@@ -704,6 +713,39 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
         notes = (run.work / f"notes_{next(g for g in match.groups() if g)}.txt").read_text()
         assert listed and all(name in sent for name in listed), (said, listed, report)
         assert sum(name in notes for name in listed) >= len(listed) - 1, (said, listed, report)
+
+
+def escaped_note(step: int) -> str:
+    """Big file `step`, larger than what any window here leaves for it, its lines full of what
+    JSON escapes — tabs, quotes, backslashes: each two characters where an API carries the
+    file in a JSON string, as Gemini's function responses do — with the first and last lines
+    `whole` looks for."""
+    lines = [f"# MARKER-{step}: notes file {step}"]
+    for i in range(700):
+        row = f'{{"id": "item-{step}-{i}", "path": "C:\\\\notes\\\\{step}\\\\{i}.txt"}}'
+        lines.append(f'{i:6}\t{row}\t"ok"')
+    lines.append(f"# END-{step}: end of notes file {step}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_a_cut_into_escaped_text_uses_the_budget(drive: Drive, cli: Cli) -> None:
+    # Every file is larger than the room the window leaves: each newest one is cut into (Codex
+    # caps a command's output itself: there the older files are), evict and clear take the
+    # older ones. A cut into text goes only as far as the budget needs,
+    # measured as the request carries the text (in the bench's Gemini requests a token of such
+    # lines took 1.2, and a cut sized by the text's own tokens went out at 71 % of the budget;
+    # the CLIs' own requests carry them at about one, so this checks the cut, all four ways).
+    run = drive(cli, notes=escaped_note)
+    check_run(cli, run, FINAL)
+    report = run.report()
+    cut = [
+        e
+        for e in run.audit
+        if e["outcome"] == "compressed" and re.search(r"\b(prune|truncate):", e["actions"] or "")
+    ]
+    assert cut, report
+    assert all(e["tokens_out"] >= 0.95 * e["budget"] for e in cut), report
 
 
 def test_claude_code_restores_what_brim_cut(drive: Drive) -> None:
