@@ -31,10 +31,11 @@ latest removed tool results said: each one's gist (the most informative line of 
 result, as clear's placeholder quotes it) and the names it printed (the most repeated first,
 as many as fit `NAMES_QUOTED` characters; for a cleared result, those its placeholder lists),
 newest first as far as `gist_share` of the budget allows (and no more than a quarter of what
-was removed), shown in conversation order. A name a newer line lists is not listed again: its
-room goes to the result's next names (results that print the same paths, the same commits,
-would otherwise spend the notice on one list). A line that would say nothing new is left out,
-and a result pointed onward quotes nothing. The notice is a function of the removed messages
+was removed), shown in conversation order. A name the request carries anyway — a kept message
+names or prints it, or a newer line lists it — is not listed: its room goes to the result's next
+names (results that print the same paths, the same commits, would otherwise spend the notice on
+one list). A line that would say nothing new is left out, and a result pointed onward quotes
+nothing. The notice is a function of the removed messages
 and the budget alone, so the same removed set gives the same bytes on every turn. If the
 protected units alone are over the limit, the notice's quoted lines go first, then the protected
 units are released oldest first (never a system message or the last user message), and the
@@ -184,11 +185,16 @@ class _Gists:
     def chosen(self, removed: Sequence[Unit], allowance: int) -> list[str]:
         """The lines of the latest removed results that fit `allowance` (tokens of the
         encoding, as the lines are measured), in conversation order: newest first until one
-        does not fit. A name a newer line listed is not listed again (its room goes to the
-        result's next names), and a line that would say nothing new is left out."""
+        does not fit. A name the kept messages carry (`Facts.carried`) or a newer line listed
+        is not listed (its room goes to the result's next names), and a line that would say
+        nothing new is left out."""
         picked: list[str] = []
         lines: set[str] = set()
-        shown: set[str] = set()
+        gone = {i for unit in removed for i in unit.indices}
+        known = self._known
+        shown: set[str] = set().union(
+            *(known.carried(i) for i in range(len(known.messages)) if i not in gone)
+        )
         spent = 0
         for unit in sorted(removed, key=lambda unit: unit.start, reverse=True):
             for said in reversed(self.unit(unit)):

@@ -280,6 +280,11 @@ class Facts(Lasting):
                     latest[name] = index
         return tuple(used)
 
+    def carried(self, index: int) -> frozenset[str]:
+        """The identifiers message `index` puts in front of the model: those an assistant
+        message names, those its results print."""
+        return self._named[index].union(*self._printed[index])
+
     @_Once
     def _named(self) -> tuple[frozenset[str], ...]:
         """The identifiers each assistant message names in its text and call arguments (none

@@ -28,7 +28,7 @@ from brim.policies.facts import facts
 from brim.policies.wires import WIRES
 from brim.policies.wires.base import NOTICE_PREFIX
 from tests.policies.test_compress import conversations
-from tests.policies.test_information import BUILDERS, Builder
+from tests.policies.test_information import BUILDERS, Builder, result_of
 from tests.policies.test_policies import LOG
 
 SHOWN = re.compile(r"; restorable as sha256:([0-9a-f]{16})\](?:\n|\Z)")
@@ -286,10 +286,11 @@ def test_the_notice_quotes_each_removed_result_s_most_informative_line(wire: Bui
     gone = removed_turns(records)
     assert len(gone) >= 3
     assert SHOWN.search(notice.split("\n")[0]) is not None  # the head line names the key
-    # The one name of the log its line does not hold, listed by the newest line alone.
+    # The one name of the log its line does not hold, the date, is in the kept logs too: the
+    # request carries it, so no line lists it.
     assert quoted_lines(notice) == [
         f"> {'grep' if n % 2 else 'read_file'}: NOTE module {n} keeps its secrets in vault path "
-        f"kv/mod{n}" + (" · Names in it: 2026-11-22" if n == gone[-1] else "")
+        f"kv/mod{n}"
         for n in gone
     ]
 
@@ -321,7 +322,6 @@ def test_the_latest_removed_results_are_quoted_first_within_the_share(wire: Buil
     before = wire.conversation(messages)
     goal = Goal(target=before.total // 3, limit=before.total // 2)
     line = "> read_file: NOTE module 0 keeps its secrets in vault path kv/mod0"
-    line += " · Names in it: 2026-11-22"  # the date the templated log printed
     room = 2 * (wire.meter.text_tokens(line) + 1) + 1  # two lines, not three
     evict = Evict(EvictSettings(evict_at_least=0, gist_share=room / goal.limit))
     after, records = evict.apply(before, goal, wire.meter)
@@ -420,6 +420,31 @@ def test_a_name_a_newer_line_listed_is_not_listed_again(wire: Builder) -> None:
     said, _, listed = newer_line.partition(" · Names in it: ")
     assert {*listed.split(", "), said.removeprefix("> bash: ")} >= set(shared)
     assert older_line.partition(" · Names in it: ")[2].split(", ") == own
+
+
+def test_a_name_the_request_still_carries_is_not_listed(wire: Builder) -> None:
+    """A removed result's line lists only names the kept messages do not carry: a path the
+    newest result prints again is in front of the model already."""
+    listing = [f"src/pkg/module_{n}.py" for n in range(4)]
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    messages += wire.turn(
+        "c0", "bash", {"cmd": "ls"}, "\n".join(["ERROR the build failed", *listing, *["ok"] * 200])
+    )
+    for n in range(1, 4):
+        messages += wire.turn(f"c{n}", "grep", {"p": n}, f"turn {n}\n{LOG[:3000]}")
+    messages += wire.turn("c4", "grep", {"p": "alpha"}, f"{listing[1]}:12: def alpha():")
+    messages.append(wire.user("final question"))
+    before = wire.conversation(messages)
+    goal = Goal(target=before.total // 2, limit=before.total * 3 // 4)
+    evict = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=2))
+    after, records = evict.apply(before, goal, wire.meter)
+    assert any('"c0"' in (r.original or "") for r in records if r.action == "evicted")
+    assert result_of(after, "c4") == f"{listing[1]}:12: def alpha():"
+    (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> bash:")]
+    said, _, listed = line.partition(" · Names in it: ")
+    expected = [name for name in listing if name != listing[1] and name not in said]
+    assert len(expected) >= 2 and listed.split(", ") == expected
+    assert listing[1] not in line
 
 
 def test_the_quoted_lines_go_before_any_protected_turn(wire: Builder) -> None:
