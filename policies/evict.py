@@ -134,8 +134,10 @@ class _Said:
         named = fitting(self.ranked, NAMES_QUOTED - len(NAMES_LABEL), shown)
         if not self.line and not named:
             return None
-        listed = NAMES_LABEL + ", ".join(sorted(named, key=self.order.__getitem__))
-        said = " · ".join(filter(None, (self.line, listed if named else "")))
+        said = self.line
+        if named:
+            listed = NAMES_LABEL + ", ".join(sorted(named, key=self.order.__getitem__))
+            said = f"{said} · {listed}" if said else listed
         return f"> {self.tool}: {said}", named
 
 
@@ -151,6 +153,7 @@ class _Gists:
         self._meter = meter
         self._said: dict[Unit, list[_Said]] = {}
         self._costs: dict[str, int] = {}
+        self._carried: list[frozenset[str]] | None = None  # each message's, once asked for
 
     def unit(self, unit: Unit) -> list[_Said]:
         found = self._said.get(unit)
@@ -190,10 +193,11 @@ class _Gists:
         nothing new is left out."""
         picked: list[str] = []
         lines: set[str] = set()
+        if self._carried is None:  # the same for every removed set tried: worked out once
+            self._carried = [self._known.carried(i) for i in range(len(self._known.messages))]
         gone = {i for unit in removed for i in unit.indices}
-        known = self._known
         shown: set[str] = set().union(
-            *(known.carried(i) for i in range(len(known.messages)) if i not in gone)
+            *(names for i, names in enumerate(self._carried) if i not in gone)
         )
         spent = 0
         for unit in sorted(removed, key=lambda unit: unit.start, reverse=True):
