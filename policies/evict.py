@@ -35,11 +35,12 @@ was removed), shown in conversation order. A name the request carries anyway —
 names or prints it, or a newer line lists it — is not listed: its room goes to the result's next
 names (results that print the same paths, the same commits, would otherwise spend the notice on
 one list). A line that would say nothing new is left out, and a result pointed onward quotes
-nothing. The notice is a function of the removed messages
-and the budget alone, so the same removed set gives the same bytes on every turn. If the
-protected units alone are over the limit, the notice's quoted lines go first, then the protected
-units are released oldest first (never a system message or the last user message), and the
-notice itself goes if it is what does not fit.
+nothing. Where every removed result got its line and the allowance is not used up, the rest of
+it lists more of their names, past `NAMES_QUOTED`: the newest result's first. The notice is a
+function of the removed messages and the budget alone, so the same removed set gives the same
+bytes on every turn. If the protected units alone are over the limit, the notice's quoted lines
+go first, then the protected units are released oldest first (never a system message or the last
+user message), and the notice itself goes if it is what does not fit.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
 only while the same units are removed. Removing at least the budget's slack (limit − target) at a
@@ -134,11 +135,15 @@ class _Said:
         named = fitting(self.ranked, NAMES_QUOTED - len(NAMES_LABEL), shown)
         if not self.line and not named:
             return None
+        return self.written(named), named
+
+    def written(self, named: Sequence[str]) -> str:
+        """Its line in the notice, listing `named` (in the order printed)."""
         said = self.line
         if named:
             listed = NAMES_LABEL + ", ".join(sorted(named, key=self.order.__getitem__))
             said = f"{said} · {listed}" if said else listed
-        return f"> {self.tool}: {said}", named
+        return f"> {self.tool}: {said}"
 
 
 class _Gists:
@@ -190,8 +195,10 @@ class _Gists:
         encoding, as the lines are measured), in conversation order: newest first until one
         does not fit. A name the kept messages carry (`Facts.carried`) or a newer line listed
         is not listed (its room goes to the result's next names), and a line that would say
-        nothing new is left out."""
+        nothing new is left out. Where every removed result has its line and room is left,
+        that room lists more of their names (`_more_names`)."""
         picked: list[str] = []
+        quoted_by: list[tuple[_Said, list[str]]] = []  # each picked line's result and names
         lines: set[str] = set()
         if self._carried is None:  # the same for every removed set tried: worked out once
             self._carried = [self._known.carried(i) for i in range(len(self._known.messages))]
@@ -200,22 +207,57 @@ class _Gists:
             *(names for i, names in enumerate(self._carried) if i not in gone)
         )
         spent = 0
-        for unit in sorted(removed, key=lambda unit: unit.start, reverse=True):
-            for said in reversed(self.unit(unit)):
-                quoted = said.quoted(shown)
-                if quoted is None:
-                    continue
-                line, named = quoted
-                if not named and said.line in lines:
-                    continue
-                cost = self._cost(line)
-                if spent + cost > allowance:
-                    return picked[::-1]
-                picked.append(line)
-                lines.add(said.line)
-                shown.update(named)
-                spent += cost
+        newest_first = (
+            said
+            for unit in sorted(removed, key=lambda unit: unit.start, reverse=True)
+            for said in reversed(self.unit(unit))
+        )
+        for said in newest_first:
+            quoted = said.quoted(shown)
+            if quoted is None:
+                continue
+            line, named = quoted
+            if not named and said.line in lines:
+                continue
+            cost = self._cost(line)
+            if spent + cost > allowance:
+                return picked[::-1]
+            picked.append(line)
+            quoted_by.append((said, named))
+            lines.add(said.line)
+            shown.update(named)
+            spent += cost
+        for at in self._more_names(quoted_by, shown, allowance - spent):
+            said, named = quoted_by[at]
+            picked[at] = said.written(named)
         return picked[::-1]
+
+    def _more_names(
+        self, quoted_by: list[tuple[_Said, list[str]]], shown: set[str], room: int
+    ) -> list[int]:
+        """`room` (tokens) spent on more of the quoted results' names, past `NAMES_QUOTED`:
+        the newest result's next names first (the most repeated first, none `shown` already),
+        then the next newest result's, until a name does not fit; which lines now list more.
+        An agent acts on any name a result printed, not only on its first few: a notice with
+        room to spare lists them rather than leave the room unused."""
+        grown: list[int] = []
+        for at, (said, named) in enumerate(quoted_by):
+            listed = len(named)
+            for name in said.ranked:
+                if name in shown:
+                    continue
+                cost = self._cost(", " + name) - 1
+                if cost > room:
+                    room = 0
+                    break
+                named.append(name)
+                shown.add(name)
+                room -= cost
+            if len(named) > listed:
+                grown.append(at)
+            if room <= 0:
+                break
+        return grown
 
 
 def _quoted(placeholder: str) -> str | None:

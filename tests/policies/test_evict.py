@@ -25,6 +25,7 @@ from brim.policies.evict import (
     _Dumped,
 )
 from brim.policies.facts import facts
+from brim.policies.information import fitting
 from brim.policies.wires import WIRES
 from brim.policies.wires.base import NOTICE_PREFIX
 from tests.policies.test_compress import conversations
@@ -297,7 +298,8 @@ def test_the_notice_quotes_each_removed_result_s_most_informative_line(wire: Bui
 
 def test_an_evicted_result_is_quoted_with_the_names_it_printed(wire: Builder) -> None:
     """After its line, the notice lists the names a removed result printed that the line does
-    not — the paths and ids a later turn reads next — as many as fit `NAMES_QUOTED`."""
+    not — the paths and ids a later turn reads next — in the order printed: with the notice's
+    room to spare, every one of them."""
     listing = [f"src/pkg/module_{n}.py" for n in range(30)]
     lines = ["ERROR the build failed in the signer", *listing, "commit 9f3e2a1c7b"] + [
         "ok" for _ in range(200)
@@ -309,11 +311,59 @@ def test_an_evicted_result_is_quoted_with_the_names_it_printed(wire: Builder) ->
     (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> bash:")]
     said, named = line.split(" · ", 1)
     assert said == "> bash: ERROR the build failed in the signer"
-    assert named.startswith("Names in it: ") and len(named) <= NAMES_QUOTED
-    listed = named.removeprefix("Names in it: ").split(", ")
-    assert len(listed) >= 3 and all(name in [*listing, "9f3e2a1c7b"] for name in listed)
-    assert listed == [name for name in [*listing, "9f3e2a1c7b"] if name in listed]  # in order
-    assert "signer" not in listed  # what the line says already is not listed again
+    assert named.removeprefix("Names in it: ").split(", ") == [*listing, "9f3e2a1c7b"]
+    assert "signer" not in named  # what the line says already is not listed again
+
+
+def listing_turns(wire: Builder, *listings: list[str]) -> tuple[Conversation, Goal]:
+    """A session whose first turns each run `ls`, printing one of `listings` (and filler), then
+    one more turn and a last question; the goal leaves room for the last two only."""
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    for n, names in enumerate(listings):
+        printed = [f"ERROR listing {n} is incomplete", *names, *["ok"] * 1000]
+        messages += wire.turn(f"c{n}", "ls", {"p": n}, "\n".join(printed))
+    messages += wire.turn("last", "grep", {"p": "x"}, "nothing found")
+    messages.append(wire.user("final question"))
+    before = wire.conversation(messages)
+    return before, Goal(target=before.total // 3, limit=before.total // 2)
+
+
+def names_on(line: str) -> list[str]:
+    """The names a quoted `ls` line says: its gist (here the listing's first name), then those
+    it lists."""
+    said, _, listed = line.removeprefix("> ls: ").partition(" · Names in it: ")
+    return [said, *listed.split(", ")]
+
+
+def test_room_left_in_the_notice_lists_more_names_newest_first(wire: Builder) -> None:
+    """Once every removed result has its line (each listing up to `NAMES_QUOTED` characters of
+    names), the room left in the notice's share lists more of their names: the newest
+    result's next ones first, the older result's only after all of those; where no room is
+    left, each line stops at `NAMES_QUOTED`."""
+    older = [f"src/old/module_{n}.py" for n in range(30)]
+    newer = [f"src/new/module_{n}.py" for n in range(30)]
+    before, goal = listing_turns(wire, older, newer)
+    roomy = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=1, gist_share=0.5))
+    after, records = roomy.apply(before, goal, wire.meter)
+    removed = "".join(r.original or "" for r in records if r.action == "evicted")
+    assert '"c0"' in removed and '"c1"' in removed
+    old_line, new_line = quoted_lines(notice_of(after))
+    assert names_on(old_line) == older and names_on(new_line) == newer
+
+    # Room for the two lines as capped and a few names more: the newest result's names get it.
+    first = [fitting(names[1:], NAMES_QUOTED - len("Names in it: ")) for names in (older, newer)]
+    capped = [
+        f"> ls: {names[0]} · Names in it: {', '.join(listed)}"
+        for names, listed in zip((older, newer), first, strict=True)
+    ]
+    room = sum(wire.meter.text_tokens(line) + 1 for line in capped) + 30
+    share = room / goal.limit
+    tight = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=1, gist_share=share))
+    after, _ = tight.apply(before, goal, wire.meter)
+    old_line, new_line = quoted_lines(notice_of(after))
+    assert old_line == capped[0]  # the room went to the newer result
+    said = names_on(new_line)
+    assert said == newer[: len(said)] and len(first[1]) + 1 < len(said) < len(newer)
 
 
 def test_the_latest_removed_results_are_quoted_first_within_the_share(wire: Builder) -> None:
@@ -378,9 +428,11 @@ def test_a_cleared_result_is_quoted_by_the_line_its_placeholder_quotes(wire: Bui
     assert "> git: fix the signer · Names in it: a1b2c3d, src/signer.py" in quoted
 
 
-def test_a_long_names_list_is_quoted_by_its_first_names(wire: Builder) -> None:
-    """The notice quotes the first of a cleared result's names, up to `NAMES_QUOTED`
-    characters, so one result's names take no more of the notice than a line does."""
+def test_a_cleared_result_is_quoted_with_the_names_its_placeholder_lists(wire: Builder) -> None:
+    """A result cleared before lists in the notice the names its placeholder listed, in that
+    order: the first up to `NAMES_QUOTED` characters, and with room to spare in the notice the
+    rest (`test_room_left_in_the_notice_lists_more_names_newest_first`: without it, those
+    first alone); a name longer than the cap on its own only from that room."""
     many = [f"src/pkg/module_{n}.py" for n in range(40)]
     messages = [*LEADING.get(wire.api, []), wire.user("first task")]
     messages += wire.turn(
@@ -388,19 +440,16 @@ def test_a_long_names_list_is_quoted_by_its_first_names(wire: Builder) -> None:
     )
     after, _ = evicted_before_grep_turns(wire, messages, range(1, 4))
     (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> ls:")]
-    named = line.split(" · ", 1)[1]
-    listed = named.removeprefix("Names in it: ").split(", ")
-    assert listed == many[: len(listed)] and len(listed) >= 3
-    assert len(named) <= NAMES_QUOTED < len(named) + len(many[len(listed)]) + 2  # the next: over
+    assert line == "> ls: a listing · Names in it: " + ", ".join(many)
 
-    # A name longer than the cap on its own is not listed; the line is quoted without it.
     long = "src/" + "deeply_nested_package/" * 5 + "module.py"
+    assert len(long) > NAMES_QUOTED
     messages = [*LEADING.get(wire.api, []), wire.user("first task")]
     messages += wire.turn(
         "c0", "ls", {"p": "."}, placeholder("ls", 900, "ab" * 32, ["a listing"], [long])
     )
     after, _ = evicted_before_grep_turns(wire, messages, range(1, 4))
-    assert "> ls: a listing" in quoted_lines(notice_of(after))
+    assert f"> ls: a listing · Names in it: {long}" in quoted_lines(notice_of(after))
 
 
 def test_a_name_a_newer_line_listed_is_not_listed_again(wire: Builder) -> None:
