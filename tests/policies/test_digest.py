@@ -521,7 +521,8 @@ def test_a_gist_never_quotes_the_note_naming_the_whole() -> None:
 @pytest.mark.parametrize("api", sorted(WIRES))
 def test_a_placeholder_lists_the_names_the_result_printed(api: str) -> None:
     """What an agent acts on next is a path, a commit, a function a result named: a cleared
-    result keeps those (not its bare numbers), in a tenth of its size, the same every time."""
+    result keeps those (not its bare numbers), in `names_share` of its size, the same every
+    time."""
     builder = BUILDERS[api]
     log = "\n".join(
         f"{n:>5}  {sha:07x} fix the {word} path in src/itsdangerous/{word}_signer.py"
@@ -550,7 +551,7 @@ def test_a_placeholder_lists_the_names_the_result_printed(api: str) -> None:
     for path in (f"src/itsdangerous/{w}_signer.py" for w in ("timed", "url", "json")):
         assert (path in listed) != (path in quoted)
     assert "a1b3c40" in listed and not any(name.isdigit() for name in listed)
-    assert len(named) <= len(log) // 10 and 3 * len(cleared) <= len(log)
+    assert len(named) <= len(log) * ClearSettings().names_share and 3 * len(cleared) <= len(log)
     assert clear.apply(before, Goal(0, 0), builder.meter)[0].messages == after.messages
     plain = ClearToolResults(ClearSettings(keep=1, names_share=0))
     assert NAMES_LABEL not in result_of(plain.apply(before, Goal(0, 0), builder.meter)[0], "c1")
