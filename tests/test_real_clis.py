@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import brim.proxy.app
 from brim.middleware.stages.restore import RESTORE_TOOL
-from brim.policies.evict import GISTS_HEADER
+from brim.policies.evict import GISTS_HEADER, NAMES_QUOTED
 from brim.policies.text import NAMES_LABEL, strings_of
 from brim.policies.wires.base import NOTICE_PREFIX
 from brim.proxy.app import bound_port, start
@@ -713,6 +713,9 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
         notes = (run.work / f"notes_{next(g for g in match.groups() if g)}.txt").read_text()
         assert listed and all(name in sent for name in listed), (said, listed, report)
         assert sum(name in notes for name in listed) >= len(listed) - 1, (said, listed, report)
+    # The notice's share has room left once each removed file has its line: the lines list
+    # more of each file's names than `NAMES_QUOTED` characters hold.
+    assert any(len(", ".join(listed)) > NAMES_QUOTED for _, listed in quoted), report
 
 
 def escaped_note(step: int) -> str:
