@@ -243,21 +243,15 @@ class _Gists:
         room to spare lists them rather than leave the room unused."""
         grown: list[int] = []
         for at, (said, named) in enumerate(quoted_by):
-            listed = len(named)
-            for name in said.ranked:
-                if name in shown:
-                    continue
+            for name in (name for name in said.ranked if name not in shown):
                 cost = self._cost(", " + name) - 1
                 if cost > room:
-                    room = 0
-                    break
+                    return grown
+                if not grown or grown[-1] != at:
+                    grown.append(at)
                 named.append(name)
                 shown.add(name)
                 room -= cost
-            if len(named) > listed:
-                grown.append(at)
-            if room <= 0:
-                break
         return grown
 
 

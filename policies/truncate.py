@@ -142,7 +142,7 @@ class Truncate:
                     break
                 updated = dialect.with_largest_text(message, cut)
                 size = meter.message(updated)
-                over = conversation.total - conversation.sizes[index] + size - goal.limit
+                over = excess - (conversation.sizes[index] - size)
                 if over <= 0 or keep == self.settings.min_keep_tokens:
                     break
                 removing += text_tokens(over)
