@@ -69,7 +69,7 @@ from brim.policies.conversation import (
     text_tokens_for,
 )
 from brim.policies.facts import STALE, facts, last_request, last_use, pointed_at, result_values
-from brim.policies.information import cut_from, fitting, gist, name_counts
+from brim.policies.information import cut_from, fitting, gist, name_counts, ranked_names
 from brim.policies.text import NAMES_LABEL, is_placeholder
 from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 
@@ -180,7 +180,7 @@ class _Gists:
                     whole = self._before.texts.get((index, result.call_id), result.text)
                     line = next(iter(gist(whole, 1)), "")
                     counts = name_counts(whole, skip=(line,))
-                    ranked = tuple(sorted(counts, key=counts.__getitem__, reverse=True))
+                    ranked = tuple(ranked_names(counts))
                     order = {name: n for n, name in enumerate(counts)}
                 if line or ranked:
                     yield _Said(result.tool, line, ranked[:NAMES_RANKED], order)

@@ -23,7 +23,7 @@ import threading
 from collections import Counter
 from collections.abc import Container, Iterable, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, zip_longest
 from typing import Any
 
 import orjson
@@ -42,6 +42,15 @@ from brim.policies.text import (
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
 _NUMBER = re.compile(r"[\d.,:]+")  # a line number, a count, a version: not a name
+# A number of this many digits or more is listed with a result's names: an id, a constant, a
+# port, a size, a timestamp — a fact the result states once and no later turn can work out
+# again. Shorter numbers are mostly counts and line numbers. (Real Claude Code sessions whose
+# next turn wrote the ioctl constants and ids read earlier: issue 35.)
+LONG_NUMBER_DIGITS = 4
+_LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")
+# The line number a file read prints before each line (`    12\t`, `  12→`, `00012| `,
+# `12:`): where the line is, not what it says.
+_GUTTER = re.compile(r"^[ \t]*(\d+)(?=[\t→|:]| {2})", re.MULTILINE)
 _WORD = re.compile(r"\w*[^\W\d_]\w*")  # a word with a letter in it
 # The note that ends a result prune shortened, naming the key of its whole.
 SHORTENED = "[brim shortened this result; the whole is sha256:"
@@ -392,23 +401,51 @@ def _log(known: dict[str, float], term: str, whole: int, counts: Counter[str]) -
 
 def name_counts(text: str, skip: Sequence[str] = ()) -> dict[str, int]:
     """The names `text` printed — its identifiers (`identifiers`: paths, dotted, snake_case and
-    CamelCase names, hashes and ids) that are not bare numbers — each with how often, in the
-    order they first appear; none of those in the lines `skip`."""
+    CamelCase names, hashes and ids) that are not bare numbers, and its long numbers
+    (`is_long_number`) but for the line numbers a file read prints before its lines — each with
+    how often, in the order they first appear; none of those in the lines `skip`."""
     quoted = identifiers("\n".join(skip))
-    return {
+    counts = {
         token: n
         for token, n in identifier_counts(text).items()  # in order of first appearance
-        if token not in quoted and not _NUMBER.fullmatch(token)
+        if token not in quoted and (not _NUMBER.fullmatch(token) or is_long_number(token))
     }
+    if any(map(is_long_number, counts)):
+        for gutter in set(_GUTTER.findall(text)):
+            counts.pop(gutter, None)
+    return counts
+
+
+def is_long_number(token: str) -> bool:
+    """Whether `token` is a number that starts with `LONG_NUMBER_DIGITS` digits or more
+    (`48213`, `2024.01`): one that names a thing rather than counts it. A version, a time of
+    day, a step label or a fraction (`2.14.0`, `12:30:45`, `3.119`, `0.0000`) is not."""
+    return bool(_NUMBER.fullmatch(token) and _LONG_DIGITS.match(token))
+
+
+def ranked_names(counts: dict[str, int]) -> list[str]:
+    """The names of `counts` (`name_counts`) in the order they are worth listing: the most
+    repeated name first, then the first long number printed, then the next name, the next
+    number, and so on. A repeated name says what a result is about; a long number is a fact it
+    states once and nothing else in the conversation stands in for. Taking them in turn, neither
+    crowds out the other: a directory listing's sizes do not hide its file names, nor its names
+    a source file's one constant. (Numbers first lost as much of what later turns used and kept
+    no more planted facts: bench.fidelity, four sets of real sessions, 2026-12-07.)"""
+    named = sorted(
+        (name for name in counts if not is_long_number(name)),
+        key=counts.__getitem__,
+        reverse=True,  # stable: the first printed first among equals
+    )
+    numbers = [name for name in counts if is_long_number(name)]
+    return [name for pair in zip_longest(named, numbers) for name in pair if name is not None]
 
 
 def names(text: str, width: int, skip: Sequence[str] = ()) -> tuple[str, ...]:
     """The names `text` printed (`name_counts`) as many as fit `width` characters (each with a
-    separator), the most repeated first, then the first printed; listed in the order they first
-    appear; none of those in the lines `skip` (its quoted gist). A pure function of the text."""
+    separator), in the order `ranked_names` gives; listed in the order they first appear; none
+    of those in the lines `skip` (its quoted gist). A pure function of the text."""
     counts = name_counts(text, skip)
-    ranked = sorted(counts, key=counts.__getitem__, reverse=True)  # stable: first first
-    chosen = set(fitting(ranked, width))
+    chosen = set(fitting(ranked_names(counts), width))
     return tuple(token for token in counts if token in chosen)
 
 

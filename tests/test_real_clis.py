@@ -45,6 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import brim.proxy.app
 from brim.middleware.stages.restore import RESTORE_TOOL
 from brim.policies.evict import GISTS_HEADER, NAMES_QUOTED
+from brim.policies.information import is_long_number
 from brim.policies.text import NAMES_LABEL, strings_of
 from brim.policies.wires.base import NOTICE_PREFIX
 from brim.proxy.app import bound_port, start
@@ -83,6 +84,18 @@ def note(step: int) -> str:
         )
     lines.append(f"# END-{step}: end of notes file {step}")
     return "\n".join(lines) + "\n"
+
+
+def deadline(step: int) -> str:
+    """The one long number notes file `step` (`numbered_note`) prints: a constant a later turn
+    may write, which no other file holds."""
+    return str(52_000 + 1_111 * step)
+
+
+def numbered_note(step: int) -> str:
+    """`note(step)` with a constant (`deadline`) on its second line."""
+    first, rest = note(step).split("\n", 1)
+    return f"{first}\nDEADLINE_MS_{step} = {deadline(step)}  # of notes file {step}\n{rest}"
 
 
 def whole(step: int, text: str | None) -> bool:
@@ -521,6 +534,21 @@ def names_listed(run: Run) -> list[list[str]]:
     ]
 
 
+def long_number_printed(name: str, step: int, sent: str) -> bool:
+    """Whether `name`, if it is a long number, is one notes file `step` (`numbered_note`)
+    printed as a value — its `deadline` or a row's `value=` (file 6's reach four digits) — or
+    Codex's wrapping of the command's output printed (its chunk id, when all digits, and
+    `Original token count`); not a line number the CLI's read put before a line."""
+    if not is_long_number(name):
+        return True
+    return (
+        name == deadline(step)
+        or f"value={name}," in numbered_note(step)
+        or f"Chunk ID: {name}" in sent
+        or f"Original token count: {name}" in sent
+    )
+
+
 def notice_names(run: Run) -> list[tuple[str, list[str]]]:
     """The quoted lines of evict's notices in the requests the provider received that list
     names (`> tool: line · Names in it: a, b`): each line, and the names a removed result
@@ -679,7 +707,9 @@ def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> No
     # files are cleared (not all evicted): each placeholder the provider received lists
     # identifiers of its own file (the notes' `compute_N`, `result_N_M`, `item-N-M`), and no
     # name the CLI never sent.
-    run = drive(cli, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
+    # Each file's one long number (`deadline`) is listed too, and none of the line numbers the
+    # CLI's read put before its lines.
+    run = drive(cli, notes=numbered_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
     check_run(cli, run, FINAL)
     report = run.report()
     sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
@@ -689,6 +719,8 @@ def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> No
         assert all(name in sent for name in listed), (listed, report)
         files = [int(m[1] or m[2] or m[3]) for m in map(FILE_NAME.fullmatch, listed) if m]
         assert len(files) >= 3 and len(set(files)) == 1, (listed, report)  # one file's own
+        assert deadline(files[0]) in listed, (listed, report)
+        assert all(long_number_printed(name, files[0], sent) for name in listed), (listed, report)
 
 
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
@@ -700,7 +732,9 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
     # own wrapping (Codex's chunk id).
     prefix, window = cli.model.rsplit("-", 1)
     cli = dataclasses.replace(cli, model=f"{prefix}-{int(window) + 6_000}")
-    run = drive(cli, guard={"policies": ["evict", "truncate"]})
+    # Each line lists its file's one long number (`deadline`), and none of the line numbers
+    # the CLI's read put before the file's lines.
+    run = drive(cli, notes=numbered_note, guard={"policies": ["evict", "truncate"]})
     check_run(cli, run, FINAL)
     report = run.report()
     sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
@@ -710,9 +744,14 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
         # the line names its file: a row of it, or its path (opencode's `<path>` line)
         match = FILE_NAME.search(said) or re.search(r"notes_(\d+)\.txt", said)
         assert match is not None, (said, report)
-        notes = (run.work / f"notes_{next(g for g in match.groups() if g)}.txt").read_text()
+        step = int(next(g for g in match.groups() if g))
+        notes = (run.work / f"notes_{step}.txt").read_text()
         assert listed and all(name in sent for name in listed), (said, listed, report)
-        assert sum(name in notes for name in listed) >= len(listed) - 1, (said, listed, report)
+        # all the file's own, but for what the CLI wraps the output in (Codex's chunk id and
+        # "Original token count")
+        assert sum(name not in notes for name in listed) <= 2, (said, listed, report)
+        assert deadline(step) in listed or deadline(step) in said, (said, listed, report)
+        assert all(long_number_printed(name, step, sent) for name in listed), (listed, report)
     # The notice's share has room left once each removed file has its line: the lines list
     # more of each file's names than `NAMES_QUOTED` characters hold.
     assert any(len(", ".join(listed)) > NAMES_QUOTED for _, listed in quoted), report

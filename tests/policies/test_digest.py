@@ -519,6 +519,33 @@ def test_a_gist_never_quotes_the_note_naming_the_whole() -> None:
 
 
 @pytest.mark.parametrize("api", sorted(WIRES))
+def test_a_placeholder_lists_long_numbers_in_turn_with_the_names(api: str) -> None:
+    """A cleared directory listing too long to list whole lists its file sizes (long numbers,
+    in the order printed) in turn with its file names: neither crowds out the other."""
+    builder = BUILDERS[api]
+    listing = "\n".join(
+        f"-rw-r--r-- 1 dev dev {10_000 + 37 * n:>6} Nov 28 12:00 module_{n}.py" for n in range(200)
+    )
+    items = [
+        builder.user("which module grew?"),
+        *builder.turn("c1", "bash", {"command": "ls -la"}, listing),
+        *builder.turn("c2", "bash", {"command": "true"}, "ok"),
+    ]
+    before = builder.conversation(items)
+    after, _ = ClearToolResults(ClearSettings(keep=1)).apply(before, Goal(0, 0), builder.meter)
+    named = result_of(after, "c1").split("\n")[-1]
+    assert named.startswith(NAMES_LABEL)
+    listed = named.removeprefix(NAMES_LABEL).split(", ")
+    files = [name for name in listed if name.startswith("module_")]
+    sizes = [name for name in listed if name.isdigit()]
+    assert len(files) >= 10 and abs(len(files) - len(sizes)) <= 2, listed
+    quoted = "\n".join(result_of(after, "c1").split("\n")[1:-1])  # its gist: not listed again
+    printed = [str(10_000 + 37 * n) for n in range(200) if str(10_000 + 37 * n) not in quoted]
+    assert sizes == printed[: len(sizes)]  # the first printed first
+    assert len(listed) < 200 and len(named) <= len(listing) * ClearSettings().names_share
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
 def test_a_placeholder_lists_the_names_the_result_printed(api: str) -> None:
     """What an agent acts on next is a path, a commit, a function a result named: a cleared
     result keeps those (not its bare numbers), in `names_share` of its size, the same every

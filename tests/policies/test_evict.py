@@ -315,6 +315,21 @@ def test_an_evicted_result_is_quoted_with_the_names_it_printed(wire: Builder) ->
     assert "signer" not in named  # what the line says already is not listed again
 
 
+def test_an_evicted_result_is_quoted_with_the_long_numbers_it_printed(wire: Builder) -> None:
+    """A long number a removed result printed — the constant a later turn writes — is listed
+    with its names; the line numbers of the file read that printed it are not."""
+    rows = [f"{n:>6}\tsrc/pkg/module_{n}.py" for n in range(1000, 1030)]
+    lines = ["ERROR the deadline was missed in the signer", *rows, "DEADLINE_MS = 48213"]
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    messages += wire.turn("c0", "read", {"p": "a"}, "\n".join([*lines, *["ok"] * 200]))
+    after, records = evicted_before_grep_turns(wire, messages, range(1, 4))
+    assert any('"c0"' in (r.original or "") for r in records if r.action == "evicted")
+    (line,) = [q for q in quoted_lines(notice_of(after)) if q.startswith("> read:")]
+    listed = line.split(" · Names in it: ", 1)[1].split(", ")
+    assert "48213" in listed and "DEADLINE_MS" in listed and "src/pkg/module_1029.py" in listed
+    assert not any(str(n) in listed for n in range(1000, 1030))
+
+
 def listing_turns(wire: Builder, *listings: list[str]) -> tuple[Conversation, Goal]:
     """A session whose first turns each run `ls`, printing one of `listings` (and filler), then
     one more turn and a last question; the goal leaves room for the last two only."""

@@ -20,6 +20,7 @@ from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
 from brim.policies.conversation import Conversation, Goal, archive_key
 from brim.policies.evict import Evict, EvictSettings
 from brim.policies.facts import STALE, call_terms, requests, result_values, stale_results
+from brim.policies.information import name_counts, ranked_names
 from brim.policies.prune import PruneSettings, PruneToolResults
 from brim.policies.text import SAME_AS_PREFIX, has_evidence, is_anomaly, terms_of
 from brim.policies.tokens import CounterMeter, TokenCounter
@@ -245,6 +246,35 @@ def test_anomalies_are_recognised(line: str) -> None:
 )
 def test_ordinary_lines_are_not_anomalies(line: str) -> None:
     assert not is_anomaly(line)
+
+
+# ---- the names a result printed ---------------------------------------------------------------
+
+
+def test_a_long_number_is_a_name_and_a_line_number_is_not() -> None:
+    """A number that starts with four digits or more names a thing (an id, a constant, a
+    port); the line number a file read prints before each line, a fraction, a version, a time
+    of day, a step label and a short count do not."""
+    rows = [f"{n:>6}\tretry_{n % 7} = load('src/pkg/module_{n % 5}.py')" for n in range(1000, 1040)]
+    rows[3] = f"{1003:>6}\tDEADLINE_MS = 48213  # 0.48213 of the window, 2024.11 budget"
+    rows[9] = f"{1009:>6}\tport = 8080, version 2.14.0, started 12:30:45 at step 3.119, 999 ok"
+    counts = name_counts("\n".join(rows))
+    assert {"48213", "2024.11", "8080", "DEADLINE_MS", "src/pkg/module_3.py"} <= set(counts)
+    assert not {"0.48213", "2.14.0", "12:30:45", "3.119", "999"} & set(counts)
+    assert not any(str(n) in counts for n in range(1000, 1040))  # the read's line numbers
+    for gutter in ("{:05d}| ", "{:>5}→", "{}: "):  # a bar, an arrow or a colon after it
+        read = "\n".join(gutter.format(n) + f"x_{n} = 1" for n in range(10_000, 10_050))
+        assert not any(name.isdigit() for name in name_counts(read)), gutter
+
+
+def test_names_and_long_numbers_are_ranked_in_turn() -> None:
+    """The most repeated name, then the first number printed, then the next name, the next
+    number: a listing's sizes do not crowd out its file names, nor its names a file's one
+    constant."""
+    counts = {"a.py": 1, "48213": 1, "b.py": 3, "8080": 2, "c.py": 2, "d.py": 1}
+    assert ranked_names(counts) == ["b.py", "48213", "c.py", "8080", "a.py", "d.py"]
+    assert ranked_names({"7305": 1, "1044": 4}) == ["7305", "1044"]  # numbers as printed
+    assert ranked_names({}) == []
 
 
 def test_call_arguments_and_task_terms_on_every_wire(wire: Builder) -> None:
