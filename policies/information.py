@@ -41,11 +41,11 @@ from brim.policies.text import (
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
-_NUMBER = re.compile(r"[\d.,:]+")  # a line number, a count, a version: not a name
-# A number of this many digits or more is listed with a result's names: an id, a constant, a
-# port, a size, a timestamp — a fact the result states once and no later turn can work out
-# again. Shorter numbers are mostly counts and line numbers. (Real Claude Code sessions whose
-# next turn wrote the ioctl constants and ids read earlier: issue 35.)
+_NUMBER = re.compile(r"[\d.,:]+")  # a line number, a count, a version: a name only if long
+# A number that starts with this many digits or more is listed with a result's names: an id, a
+# constant, a port, a size, a timestamp — a fact the result states once and no later turn can
+# work out again. Shorter numbers are mostly counts and line numbers. (Real Claude Code
+# sessions whose next turn wrote the ioctl constants and ids it read earlier: issue 35.)
 LONG_NUMBER_DIGITS = 4
 _LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")
 # The line number a file read prints before each line (`    12\t`, `  12→`, `00012| `,
@@ -429,8 +429,8 @@ def ranked_names(counts: dict[str, int]) -> list[str]:
     number, and so on. A repeated name says what a result is about; a long number is a fact it
     states once and nothing else in the conversation stands in for. Taking them in turn, neither
     crowds out the other: a directory listing's sizes do not hide its file names, nor its names
-    a source file's one constant. (Numbers first lost as much of what later turns used and kept
-    no more planted facts: bench.fidelity, four sets of real sessions, 2026-12-07.)"""
+    a source file's one constant. (Numbers first, or one number to two names, measured the
+    same on four sets of real sessions: bench.fidelity, 2026-12-07.)"""
     named = sorted(
         (name for name in counts if not is_long_number(name)),
         key=counts.__getitem__,
