@@ -267,13 +267,13 @@ def test_a_long_number_is_a_name_and_a_line_number_is_not() -> None:
         assert not any(name.isdigit() for name in name_counts(read)), gutter
 
 
-def test_names_and_long_numbers_are_ranked_in_turn() -> None:
-    """The most repeated name, then the first number printed, then the next name, the next
-    number: a listing's sizes do not crowd out its file names, nor its names a file's one
-    constant."""
-    counts = {"a.py": 1, "48213": 1, "b.py": 3, "8080": 2, "c.py": 2, "d.py": 1}
-    assert ranked_names(counts) == ["b.py", "48213", "c.py", "8080", "a.py", "d.py"]
-    assert ranked_names({"7305": 1, "1044": 4}) == ["7305", "1044"]  # numbers as printed
+def test_names_and_ids_are_ranked_in_turn() -> None:
+    """The most repeated name, then the first id printed (a name with a long number in it),
+    then the next name, the next id: a listing's sizes do not crowd out its file names, nor its
+    names a file's one constant."""
+    counts = {"a.py": 1, "48213": 1, "b.py": 3, "JEP-4213": 2, "c.py": 2, "d.py": 1, "v2_x": 5}
+    assert ranked_names(counts) == ["v2_x", "48213", "b.py", "JEP-4213", "c.py", "a.py", "d.py"]
+    assert ranked_names({"7305": 1, "issues/1044": 4}) == ["7305", "issues/1044"]  # as printed
     assert ranked_names({}) == []
 
 
