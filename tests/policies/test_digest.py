@@ -548,8 +548,8 @@ def test_a_placeholder_lists_long_numbers_in_turn_with_the_names(api: str) -> No
 @pytest.mark.parametrize("api", sorted(WIRES))
 def test_a_placeholder_lists_the_names_the_result_printed(api: str) -> None:
     """What an agent acts on next is a path, a commit, a function a result named: a cleared
-    result keeps those (not its bare numbers), in `names_share` of its size, the same every
-    time."""
+    result keeps those (not its short numbers: counts, line numbers), in `names_share` of its
+    size, the same every time."""
     builder = BUILDERS[api]
     log = "\n".join(
         f"{n:>5}  {sha:07x} fix the {word} path in src/itsdangerous/{word}_signer.py"
