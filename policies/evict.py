@@ -28,19 +28,19 @@ which tools had been called, and the user requests that were dropped, and ending
 key that restores them all: the sha256 of the removed messages as one JSON array, in order,
 which the notice's own record keeps as its original. Under that line the notice quotes what the
 latest removed tool results said: each one's gist (the most informative line of the whole
-result, as clear's placeholder quotes it) and the names it printed (the most repeated first,
-as many as fit `NAMES_QUOTED` characters; for a cleared result, those its placeholder lists),
-newest first as far as `gist_share` of the budget allows (and no more than a quarter of what
-was removed), shown in conversation order. A name the request carries anyway — a kept message
-names or prints it, or a newer line lists it — is not listed: its room goes to the result's next
-names (results that print the same paths, the same commits, would otherwise spend the notice on
-one list). A line that would say nothing new is left out, and a result pointed onward quotes
-nothing. Where every removed result got its line and the allowance is not used up, the rest of
-it lists more of their names, past `NAMES_QUOTED`: the newest result's first. The notice is a
-function of the removed messages and the budget alone, so the same removed set gives the same
-bytes on every turn. If the protected units alone are over the limit, the notice's quoted lines
-go first, then the protected units are released oldest first (never a system message or the last
-user message), and the notice itself goes if it is what does not fit.
+result, as clear's placeholder quotes it) and the names it printed (names and ids taken in turn,
+`ranked_names`, as many as fit `NAMES_QUOTED` characters; for a cleared result, those its
+placeholder lists), newest first as far as `gist_share` of the budget allows (and no more than a
+quarter of what was removed), shown in conversation order. A name the request carries anyway — a
+kept message names or prints it, or a newer line lists it — is not listed: its room goes to the
+result's next names (results that print the same paths, the same commits, would otherwise spend
+the notice on one list). A line that would say nothing new is left out, and a result pointed
+onward quotes nothing. Where every removed result got its line and the allowance is not used up,
+the rest of it lists more of their names, past `NAMES_QUOTED`: the newest result's first. The
+notice is a function of the removed messages and the budget alone, so the same removed set gives
+the same bytes on every turn. If the protected units alone are over the limit, the notice's
+quoted lines go first, then the protected units are released oldest first (never a system
+message or the last user message), and the notice itself goes if it is what does not fit.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
 only while the same units are removed. Removing at least the budget's slack (limit − target) at a
@@ -78,7 +78,7 @@ from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 PRIORITY = {"orphan": STALE, "assistant": 1, "tools": 2, "user": 3}
 QUOTE = 80
 NAMES_QUOTED = 120  # characters of a result's names the notice quotes at most
-NAMES_RANKED = 60  # of a result's names, the most repeated: those its line may list
+NAMES_RANKED = 60  # of a result's names, the first `ranked_names` gives: those its line may list
 GISTS_HEADER = "What the latest removed tool results said (the most informative line, the names):"
 _REMOVED_SHARE = 4  # the quoted lines take at most a quarter of the tokens removed
 
@@ -121,7 +121,7 @@ class _Dumped:
 @dataclass(frozen=True, slots=True)
 class _Said:
     """What one removed result can say in the notice: its tool, its most informative line (or
-    the one its placeholder quotes) and the names it printed, the most repeated first (or those
+    the one its placeholder quotes) and the names it printed, in `ranked_names` order (or those
     its placeholder lists), with where each first appears."""
 
     tool: str
@@ -237,7 +237,7 @@ class _Gists:
         self, quoted_by: list[tuple[_Said, list[str]]], shown: set[str], room: int
     ) -> list[int]:
         """`room` (tokens) spent on more of the quoted results' names, past `NAMES_QUOTED`:
-        the newest result's next names first (the most repeated first, none `shown` already),
+        the newest result's next names first (in `ranked_names` order, none `shown` already),
         then the next newest result's, until a name does not fit; which lines now list more.
         An agent acts on any name a result printed, not only on its first few: a notice with
         room to spare lists them rather than leave the room unused."""
