@@ -433,12 +433,11 @@ def ranked_names(counts: dict[str, int]) -> list[str]:
     constant. (Ids first, or one id to two names, measured the same on four sets of real
     sessions; counting only bare numbers as ids kept fewer planted facts and no more of what
     later turns used: bench.fidelity, 2026-12-07.)"""
-    ids = [name for name in counts if _LONG_DIGITS.search(name)]
-    named = sorted(
-        (name for name in counts if not _LONG_DIGITS.search(name)),
-        key=counts.__getitem__,
-        reverse=True,  # stable: the first printed first among equals
-    )
+    named: list[str] = []
+    ids: list[str] = []
+    for name in counts:  # in the order printed
+        (ids if _LONG_DIGITS.search(name) else named).append(name)
+    named.sort(key=counts.__getitem__, reverse=True)  # stable: the first printed first
     return [name for pair in zip_longest(named, ids) for name in pair if name is not None]
 
 
