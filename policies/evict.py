@@ -69,7 +69,14 @@ from brim.policies.conversation import (
     text_tokens_for,
 )
 from brim.policies.facts import STALE, facts, last_request, last_use, pointed_at, result_values
-from brim.policies.information import cut_from, fitting, gist, name_counts, ranked_names
+from brim.policies.information import (
+    cut_from,
+    fitting,
+    gist,
+    is_id,
+    name_counts,
+    ranked_names,
+)
 from brim.policies.text import NAMES_LABEL, is_placeholder
 from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 
@@ -81,6 +88,8 @@ NAMES_QUOTED = 120  # characters of a result's names the notice quotes at most
 NAMES_RANKED = 60  # of a result's names, the first `ranked_names` gives: those its line may list
 GISTS_HEADER = "What the latest removed tool results said (the most informative line, the names):"
 _REMOVED_SHARE = 4  # the quoted lines take at most a quarter of the tokens removed
+IDS_LABEL = "Ids they also printed: "
+_REMOVED_IDS_SHARE = 10  # the ids line takes at most a tenth of the tokens removed
 
 
 class EvictSettings(BaseModel):
@@ -93,6 +102,11 @@ class EvictSettings(BaseModel):
     # 0.1, held-out sessions included: bench.fidelity, 2026-11-28; 0.2 more again once room
     # left lists more names, 2026-12-07; 0.25 lost facts of the last 8 messages)
     gist_share: float = Field(0.2, ge=0, le=0.5)
+    # of the budget, beyond gist_share: the notice's last line, the ids the removed results
+    # printed that no quoted line lists (0.05 kept 96–100 % of the planted facts at ≤ 2.5×,
+    # was 78–95 %, for 0.0–0.9 point of what the next turns used; 0.025 kept fewer facts at
+    # 2.5–5×, 0.1 lost more evidence and kept few more facts: bench.fidelity, 2026-12-07)
+    ids_share: float = Field(0.05, ge=0, le=0.2)
 
 
 class _Dumped:
@@ -122,12 +136,14 @@ class _Dumped:
 class _Said:
     """What one removed result can say in the notice: its tool, its most informative line (or
     the one its placeholder quotes) and the names it printed, in `ranked_names` order (or those
-    its placeholder lists), with where each first appears."""
+    its placeholder lists), with where each first appears, and every id among them (`is_id`),
+    in the order printed."""
 
     tool: str
     line: str
     ranked: tuple[str, ...]
     order: Mapping[str, int]
+    ids: tuple[str, ...]
 
     def quoted(self, shown: set[str]) -> tuple[str, list[str]] | None:
         """Its line in the notice — the line, then as many of its names as fit `NAMES_QUOTED`
@@ -176,14 +192,16 @@ class _Gists:
                 if is_placeholder(result.text):  # cleared: the line it quotes and its names
                     line, ranked = _quoted(result.text) or "", _named(result.text)
                     order = {name: n for n, name in enumerate(ranked)}
+                    ids = tuple(name for name in ranked if is_id(name))
                 else:
                     whole = self._before.texts.get((index, result.call_id), result.text)
                     line = next(iter(gist(whole, 1)), "")
                     counts = name_counts(whole, skip=(line,))
                     ranked = tuple(ranked_names(counts))
                     order = {name: n for n, name in enumerate(counts)}
+                    ids = tuple(name for name in counts if is_id(name))
                 if line or ranked:
-                    yield _Said(result.tool, line, ranked[:NAMES_RANKED], order)
+                    yield _Said(result.tool, line, ranked[:NAMES_RANKED], order, ids)
 
     def _cost(self, line: str) -> int:
         found = self._costs.get(line)
@@ -191,29 +209,36 @@ class _Gists:
             found = self._costs[line] = self._meter.text_tokens(line) + 1
         return found
 
-    def chosen(self, removed: Sequence[Unit], allowance: int) -> list[str]:
-        """The lines of the latest removed results that fit `allowance` (tokens of the
-        encoding, as the lines are measured), in conversation order: newest first until one
-        does not fit. A name the kept messages carry (`Facts.carried`) or a newer line listed
-        is not listed (its room goes to the result's next names), and a line that would say
-        nothing new is left out. Where every removed result has its line and room is left,
-        that room lists more of their names (`_more_names`)."""
-        picked: list[str] = []
-        quoted_by: list[tuple[_Said, list[str]]] = []  # each picked line's result and names
-        lines: set[str] = set()
+    def chosen(self, removed: Sequence[Unit], allowance: int, id_room: int) -> list[str]:
+        """The notice's quoted lines: those of the latest removed results that fit `allowance`
+        (`_lines`), then, in `id_room` of its own, one line of the ids they all printed that no
+        quoted line lists (`_ids_line`); tokens of the encoding, as the lines are measured. A
+        name the kept messages carry (`Facts.carried`) is not listed."""
         if self._carried is None:  # the same for every removed set tried: worked out once
             self._carried = [self._known.carried(i) for i in range(len(self._known.messages))]
         gone = {i for unit in removed for i in unit.indices}
         shown: set[str] = set().union(
             *(names for i, names in enumerate(self._carried) if i not in gone)
         )
+        picked = self._lines(removed, allowance, shown)
+        ids = self._ids_line(removed, id_room, shown)
+        return [*picked, ids] if ids else picked
+
+    def _newest_first(self, removed: Sequence[Unit]) -> Iterator[_Said]:
+        for unit in sorted(removed, key=lambda unit: unit.start, reverse=True):
+            yield from reversed(self.unit(unit))
+
+    def _lines(self, removed: Sequence[Unit], allowance: int, shown: set[str]) -> list[str]:
+        """The lines of the latest removed results that fit `allowance`, in conversation order:
+        newest first until one does not fit. A name in `shown` or listed by a newer line is not
+        listed (its room goes to the result's next names), and a line that would say nothing
+        new is left out. Where every removed result has its line and room is left, that room
+        lists more of their names (`_more_names`). Adds the names listed to `shown`."""
+        picked: list[str] = []
+        quoted_by: list[tuple[_Said, list[str]]] = []  # each picked line's result and names
+        lines: set[str] = set()
         spent = 0
-        newest_first = (
-            said
-            for unit in sorted(removed, key=lambda unit: unit.start, reverse=True)
-            for said in reversed(self.unit(unit))
-        )
-        for said in newest_first:
+        for said in self._newest_first(removed):
             quoted = said.quoted(shown)
             if quoted is None:
                 continue
@@ -232,6 +257,29 @@ class _Gists:
             said, named = quoted_by[at]
             picked[at] = said.written(named)
         return picked[::-1]
+
+    def _ids_line(self, removed: Sequence[Unit], room: int, shown: set[str]) -> str | None:
+        """The notice's last line: the ids every removed result printed (`_Said.ids`: quoted
+        or not, cleared or whole) that `shown` lacks, the newest result's first, each result's
+        in the order printed, until one does not fit `room`; listed in conversation order.
+        None when there are none. An id is a fact a result states once and that nothing else
+        in the request stands in for, and it is cheap (a few tokens): a quoted line has room
+        for a result's first few, and the older removed results get no line at all."""
+        room -= self._cost(IDS_LABEL)
+        listed: list[list[str]] = []  # per result, newest first
+        for said in self._newest_first(removed):
+            own: list[str] = []
+            listed.append(own)
+            for name in said.ids:
+                if name in shown:
+                    continue
+                cost = self._cost(", " + name) - 1
+                if cost > room:
+                    return _ids_listed(listed)
+                own.append(name)
+                shown.add(name)
+                room -= cost
+        return _ids_listed(listed)
 
     def _more_names(
         self, quoted_by: list[tuple[_Said, list[str]]], shown: set[str], room: int
@@ -253,6 +301,13 @@ class _Gists:
                 shown.add(name)
                 room -= cost
         return grown
+
+
+def _ids_listed(listed: list[list[str]]) -> str | None:
+    """The ids line listing each result's ids (`listed` newest result first) in conversation
+    order; None if there are none."""
+    ids = [name for own in reversed(listed) for name in own]
+    return IDS_LABEL + ", ".join(ids) if ids else None
 
 
 def _quoted(placeholder: str) -> str | None:
@@ -465,7 +520,7 @@ class Evict:
 
         dumped = _Dumped(conversation)
         gists = _Gists(conversation, meter)
-        share = self.settings.gist_share
+        share, ids_share = self.settings.gist_share, self.settings.ids_share
 
         def total_without(
             removed: list[Unit], notice: bool, quoting: bool = True
@@ -473,10 +528,13 @@ class Evict:
             """The conversation without `removed`, with the notice (quoting the latest removed
             results' lines where `quoting`) if `notice`, and its size."""
             said: list[str] = []
-            if notice and quoting and share > 0:
+            if notice and quoting and (share > 0 or ids_share > 0):
                 removed_tokens = sum(size[unit] for unit in removed)
                 allowance = min(int(goal.limit * share), removed_tokens // _REMOVED_SHARE)
-                said = gists.chosen(removed, text_tokens_for(allowance, meter))
+                id_room = min(int(goal.limit * ids_share), removed_tokens // _REMOVED_IDS_SHARE)
+                said = gists.chosen(
+                    removed, text_tokens_for(allowance, meter), text_tokens_for(id_room, meter)
+                )
             built = self._build(conversation, removed, meter, notice, dumped, said)
             return built, built.total
 

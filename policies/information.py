@@ -423,20 +423,25 @@ def is_long_number(token: str) -> bool:
     return bool(_NUMBER.fullmatch(token) and _LONG_DIGITS.match(token))
 
 
+def is_id(name: str) -> bool:
+    """Whether a name (`name_counts`) is an id: one with a long number in it (`48213`,
+    `JEP-4213`, `2018-10-26`, `issues/2817`)."""
+    return bool(_LONG_DIGITS.search(name))
+
+
 def ranked_names(counts: dict[str, int]) -> list[str]:
     """The names of `counts` (`name_counts`) in the order they are worth listing: the most
-    repeated name first, then the first id printed — a name with a long number in it (`48213`,
-    `JEP-4213`, `2018-10-26`, `issues/2817`) — then the next name, the next id, and so on. A
-    repeated name says what a result is about; an id is a fact it states once and nothing else
-    in the conversation stands in for. Taking them in turn, neither crowds out the other: a
-    directory listing's sizes do not hide its file names, nor its names a source file's one
-    constant. (Ids first, or one id to two names, measured the same on four sets of real
+    repeated name first, then the first id printed (`is_id`), then the next name, the next id,
+    and so on. A repeated name says what a result is about; an id is a fact it states once and
+    nothing else in the conversation stands in for. Taking them in turn, neither crowds out the
+    other: a directory listing's sizes do not hide its file names, nor its names a source
+    file's one constant. (Ids first, or one id to two names, measured the same on four sets of real
     sessions; counting only bare numbers as ids kept fewer planted facts and no more of what
     later turns used: bench.fidelity, 2026-12-07.)"""
     named: list[str] = []
     ids: list[str] = []
     for name in counts:  # in the order printed
-        (ids if _LONG_DIGITS.search(name) else named).append(name)
+        (ids if is_id(name) else named).append(name)
     named.sort(key=counts.__getitem__, reverse=True)  # stable: the first printed first
     return [name for pair in zip_longest(named, ids) for name in pair if name is not None]
 

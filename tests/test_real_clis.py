@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import brim.proxy.app
 from brim.middleware.stages.restore import RESTORE_TOOL
-from brim.policies.evict import GISTS_HEADER, NAMES_QUOTED
+from brim.policies.evict import GISTS_HEADER, IDS_LABEL, NAMES_QUOTED
 from brim.policies.information import is_long_number
 from brim.policies.text import NAMES_LABEL, strings_of
 from brim.policies.wires.base import NOTICE_PREFIX
@@ -761,6 +761,47 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
     # The notice's share has room left once each removed file has its line: the lines list
     # more of each file's names than `NAMES_QUOTED` characters hold.
     assert any(len(", ".join(listed)) > NAMES_QUOTED for _, listed in quoted), report
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_an_evicted_file_with_no_line_of_its_own_is_named_by_its_ids(
+    drive: Drive, cli: Cli
+) -> None:
+    # The same sessions, with the notice's quoted lines held to one or none (`gist_share` 0.003):
+    # the removed files that get no line are still named by the ids they printed. Every notice
+    # the provider received names the constant (`deadline`) of each file its request no longer
+    # carries, on a quoted line or on the ids line, and the ids line lists only names the CLI
+    # sent.
+    prefix, window = cli.model.rsplit("-", 1)
+    cli = dataclasses.replace(cli, model=f"{prefix}-{int(window) + 6_000}")
+    guard = {"policies": ["evict", "truncate"], "evict": {"gist_share": 0.003}}
+    run = drive(cli, notes=numbered_note, guard=guard)
+    check_run(cli, run, FINAL)
+    report = run.report()
+    sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
+    only_by_id = 0
+    for reads, call in enumerate(run.fake.main_calls):  # call k carries files 1 to k
+        texts = strings_of(call.body)
+        notices = [text for text in texts if text.startswith(NOTICE_PREFIX)]
+        if not notices:
+            continue
+        (notice,) = notices
+        kept = "\n".join(text for text in texts if not text.startswith(NOTICE_PREFIX))
+        gone = [n for n in range(1, reads + 1) if f"MARKER-{n}:" not in kept]
+        assert gone, report
+        lines = notice.split("\n")
+        listed = (
+            lines[-1].removeprefix(IDS_LABEL).split(", ")
+            if lines[-1] != lines[-1].removeprefix(IDS_LABEL)
+            else []
+        )
+        assert all(name in sent for name in listed), (listed, report)
+        for n in gone:
+            assert deadline(n) in notice, (n, notice, report)
+            only_by_id += deadline(n) in listed and not any(
+                deadline(n) in line for line in lines[:-1]
+            )
+    assert only_by_id, report
 
 
 def escaped_note(step: int) -> str:

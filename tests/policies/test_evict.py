@@ -18,6 +18,7 @@ from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
 from brim.policies.conversation import Conversation, FidelityRecord, Goal, archive_key
 from brim.policies.evict import (
     GISTS_HEADER,
+    IDS_LABEL,
     LAST_RESORT,
     NAMES_QUOTED,
     Evict,
@@ -330,6 +331,34 @@ def test_an_evicted_result_is_quoted_with_the_long_numbers_it_printed(wire: Buil
     assert not any(str(n) in listed for n in range(1000, 1030))
 
 
+def test_the_notice_lists_the_ids_its_lines_have_no_room_for(wire: Builder) -> None:
+    """Past the quoted lines, in `ids_share` of the budget of its own, the notice's last line
+    lists the ids every removed result printed that no line lists — those of results too old
+    to get a line included — in conversation order, none that the request carries anyway."""
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    for n in range(6):
+        printed = [f"NOTE module {n} is slow", f"TIMEOUT_MS = {48210 + n}", *["ok"] * 300]
+        messages += wire.turn(f"c{n}", "read_file", {"p": n}, "\n".join(printed))
+    messages += wire.turn("last", "grep", {"p": "x"}, "config.py:3: TIMEOUT = 48211")
+    messages.append(wire.user("final question"))
+    before = wire.conversation(messages)
+    goal = Goal(target=before.total // 3, limit=before.total // 2)
+    one_line = "> read_file: NOTE module 5 is slow · Names in it: TIMEOUT_MS, 48215"
+    share = (wire.meter.text_tokens(one_line) + 2) / goal.limit  # room for one line, not two
+    listing = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=1, gist_share=share))
+    after, records = listing.apply(before, goal, wire.meter)
+    assert after.total <= goal.target
+    gone = sorted(n for n in range(6) if any(f'"c{n}"' in (r.original or "") for r in records))
+    assert len(gone) >= 4
+    *lines, ids = quoted_lines(notice_of(after))
+    assert len(lines) == 1 and str(48210 + gone[-1]) in lines[0]
+    assert ids == IDS_LABEL + ", ".join(str(48210 + n) for n in gone[:-1] if n != 1)
+    unlisted = Evict(
+        EvictSettings(evict_at_least=0, keep_recent_turns=1, gist_share=share, ids_share=0)
+    )
+    assert quoted_lines(notice_of(unlisted.apply(before, goal, wire.meter)[0])) == lines
+
+
 def listing_turns(wire: Builder, *listings: list[str]) -> tuple[Conversation, Goal]:
     """A session whose first turns each run `ls`, printing one of `listings` (and filler), then
     one more turn and a last question; the goal leaves room for the last two only."""
@@ -396,11 +425,16 @@ def test_the_latest_removed_results_are_quoted_first_within_the_share(wire: Buil
     assert [int(re.findall(r"module (\d+)", q)[0]) for q in quoted] == gone[-2:]
 
 
-def test_no_quoted_lines_with_a_gist_share_of_zero(wire: Builder) -> None:
+def test_no_quoted_lines_with_both_shares_zero(wire: Builder) -> None:
+    """`gist_share` 0 leaves at most the ids line; with `ids_share` 0 too, the notice is
+    bare."""
     before = wire.conversation(planted_session(wire))
     goal = Goal(target=before.total // 3, limit=before.total // 2)
-    after, _ = Evict(EvictSettings(evict_at_least=0, gist_share=0)).apply(before, goal, wire.meter)
-    notice = notice_of(after)
+    ids_only = Evict(EvictSettings(evict_at_least=0, gist_share=0))
+    quoted = quoted_lines(notice_of(ids_only.apply(before, goal, wire.meter)[0]))
+    assert all(line.startswith(IDS_LABEL) for line in quoted)
+    bare = Evict(EvictSettings(evict_at_least=0, gist_share=0, ids_share=0))
+    notice = notice_of(bare.apply(before, goal, wire.meter)[0])
     assert GISTS_HEADER not in notice and SHOWN.search(notice) is not None
 
 
@@ -515,7 +549,7 @@ def test_the_quoted_lines_go_before_any_protected_turn(wire: Builder) -> None:
     """Where the request fits its limit only once every unprotected unit is gone and the notice
     is bare, the notice drops its quoted lines rather than release a protected turn."""
     before = wire.conversation(planted_session(wire))
-    bare = Evict(EvictSettings(evict_at_least=0, gist_share=0))
+    bare = Evict(EvictSettings(evict_at_least=0, gist_share=0, ids_share=0))
     everything, _ = bare.apply(before, Goal(target=1, limit=before.total), wire.meter)
     goal = Goal(target=everything.total, limit=everything.total)
     quoting = Evict(EvictSettings(evict_at_least=0, gist_share=0.5))
