@@ -36,7 +36,11 @@ kept message names or prints it, or a newer line lists it — is not listed: its
 result's next names (results that print the same paths, the same commits, would otherwise spend
 the notice on one list). A line that would say nothing new is left out, and a result pointed
 onward quotes nothing. Where every removed result got its line and the allowance is not used up,
-the rest of it lists more of their names, past `NAMES_QUOTED`: the newest result's first. The
+the rest of it lists more of their names, past `NAMES_QUOTED`: the newest result's first. Last,
+in `ids_share` of the budget of its own (and no more than a tenth of what was removed), one line
+lists the ids (`is_id`: long numbers, names with one in them) that every removed result printed
+and nothing above lists or the request carries — those of results too old to get a line
+included — the newest result's first as far as they fit, shown in conversation order. The
 notice is a function of the removed messages and the budget alone, so the same removed set gives
 the same bytes on every turn. If the protected units alone are over the limit, the notice's
 quoted lines go first, then the protected units are released oldest first (never a system
@@ -225,6 +229,7 @@ class _Gists:
         return [*picked, ids] if ids else picked
 
     def _newest_first(self, removed: Sequence[Unit]) -> Iterator[_Said]:
+        """What each removed result can say (`unit`), the newest result first."""
         for unit in sorted(removed, key=lambda unit: unit.start, reverse=True):
             yield from reversed(self.unit(unit))
 
