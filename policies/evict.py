@@ -42,9 +42,12 @@ lists the ids (`is_id`: long numbers, names with one in them) that every removed
 and nothing above lists or the request carries — those of results too old to get a line
 included — the newest result's first as far as they fit, shown in conversation order. The
 notice is a function of the removed messages and the budget alone, so the same removed set gives
-the same bytes on every turn. If the protected units alone are over the limit, the notice's
-quoted lines go first, then the protected units are released oldest first (never a system
-message or the last user message), and the notice itself goes if it is what does not fit.
+the same bytes on every turn — but where every other unit is gone and the quoted lines would take
+the request over the limit: then they shrink to the room the bare notice leaves under it (the
+lines and the ids line in proportion, the newest results' lines first), as far as the limit
+needs and no further. If the protected units alone are over the limit, the notice's quoted
+lines go first, then the protected units are released oldest first (never a system message or
+the last user message), and the notice itself goes if it is what does not fit.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
 only while the same units are removed. Removing at least the budget's slack (limit − target) at a
@@ -528,20 +531,39 @@ class Evict:
         share, ids_share = self.settings.gist_share, self.settings.ids_share
 
         def total_without(
-            removed: list[Unit], notice: bool, quoting: bool = True
+            removed: list[Unit], notice: bool, quoting: bool = True, room: int | None = None
         ) -> tuple[Conversation, int]:
             """The conversation without `removed`, with the notice (quoting the latest removed
-            results' lines where `quoting`) if `notice`, and its size."""
+            results' lines where `quoting`, in no more than `room` tokens where given: the
+            lines and the ids line in proportion to their shares) if `notice`, and its size."""
             said: list[str] = []
             if notice and quoting and (share > 0 or ids_share > 0):
                 removed_tokens = sum(size[unit] for unit in removed)
                 allowance = min(int(goal.limit * share), removed_tokens // _REMOVED_SHARE)
                 id_room = min(int(goal.limit * ids_share), removed_tokens // _REMOVED_IDS_SHARE)
+                if room is not None and allowance + id_room > room:
+                    whole = allowance + id_room
+                    allowance, id_room = allowance * room // whole, id_room * room // whole
                 said = gists.chosen(
                     removed, text_tokens_for(allowance, meter), text_tokens_for(id_room, meter)
                 )
             built = self._build(conversation, removed, meter, notice, dumped, said)
             return built, built.total
+
+        def within_limit(removed: list[Unit], notice: bool) -> tuple[Conversation, int, bool]:
+            """The conversation without `removed`, its notice quoting only what fits the room
+            the bare notice leaves under the limit — the newest results' lines first — or
+            nothing where nothing fits; its size, and whether the notice quotes."""
+            bare, bare_total = total_without(removed, notice, False)
+            room = goal.limit - bare_total - meter.text_tokens(GISTS_HEADER) - 1
+            for _ in range(6):  # the lines are whole: the room they take is known once written
+                if room <= 0:
+                    break
+                built, built_total = total_without(removed, notice, True, room)
+                if built_total <= goal.limit:
+                    return built, built_total, True
+                room -= max(built_total - goal.limit, room // 4)
+            return bare, bare_total, False
 
         step = goal.step(self.settings.evict_at_least)
         removed: list[Unit] = []
@@ -557,9 +579,9 @@ class Evict:
                 break
             notice_allowance += total - goal.target
 
-        quoting = total <= goal.limit  # over the limit, the quoted lines are the first to go
-        if not quoting:
-            result, total = total_without(removed, self.settings.notice, quoting)
+        quoting = True
+        if total > goal.limit:  # the quoted lines are the first to go, as far as the limit needs
+            result, total, quoting = within_limit(removed, self.settings.notice)
         running = 0  # last resorts are batched (for their summaries) on their own grid
         # Last resort, oldest first, only as far as the limit demands — and only in compress's
         # last-resort pass, after the cuts into text that spare these units.

@@ -438,6 +438,30 @@ def test_no_quoted_lines_with_both_shares_zero(wire: Builder) -> None:
     assert GISTS_HEADER not in notice and SHOWN.search(notice) is not None
 
 
+def test_over_the_limit_the_notice_quotes_the_newest_lines_that_fit(wire: Builder) -> None:
+    """Where every unprotected unit is gone and the notice's quoted lines would take the request
+    over its limit, only as many go as the limit demands: the notice quotes the newest removed
+    results' lines that fit the room the bare notice leaves, no protected turn is released, and
+    the request is within its limit."""
+    before = wire.conversation(planted_session(wire))
+    bare = Evict(EvictSettings(evict_at_least=0, gist_share=0, ids_share=0))
+    everything, _ = bare.apply(before, Goal(target=1, limit=before.total), wire.meter)
+    line = "> read_file: NOTE module 0 keeps its secrets in vault path kv/mod0"
+    room = 3 * (wire.meter.text_tokens(line) + 1) + wire.meter.text_tokens(GISTS_HEADER) + 8
+    goal = Goal(target=everything.total, limit=everything.total + room)
+    quoting = Evict(EvictSettings(evict_at_least=0, gist_share=0.5))
+    after, records = quoting.apply(before, goal, wire.meter)
+    assert after.total <= goal.limit
+    assert not any(r.batch and r.batch[0] == LAST_RESORT for r in records)
+    gone = removed_turns(records)
+    quoted = quoted_lines(notice_of(after))
+    assert 1 <= len(quoted) < len(gone)
+    assert [int(re.findall(r"module (\d+)", q)[0]) for q in quoted] == gone[-len(quoted) :]
+    kept = [m for m in after.messages if not after.dialect.text(m).startswith(NOTICE_PREFIX)]
+    assert kept == [m for m in everything.messages if m in kept]  # the same units kept
+    assert len(kept) == len(everything.messages) - 1
+
+
 def evicted_before_grep_turns(
     wire: Builder, messages: list[Any], turns: range
 ) -> tuple[Conversation, list[FidelityRecord]]:
