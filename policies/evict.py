@@ -595,6 +595,9 @@ class Evict:
                 batch[each] = (LAST_RESORT, running // step if step > 0 else len(batch))
                 running += size[each]
             result, total = total_without(removed, self.settings.notice, quoting)
+        if not quoting and removed and total < goal.limit:
+            # The units released may leave room under the limit: the lines take what fits.
+            result, total, quoting = within_limit(removed, self.settings.notice)
         if total > goal.limit and self.settings.notice and removed:
             without, smaller = total_without(removed, False)
             if smaller <= goal.limit:

@@ -804,6 +804,32 @@ def test_an_evicted_file_with_no_line_of_its_own_is_named_by_its_ids(
     assert only_by_id, report
 
 
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_a_notice_with_little_room_quotes_what_fits(drive: Drive, cli: Cli) -> None:
+    # At the sessions' own window, with every old turn evicted, the CLI's fixed cost and the
+    # turns kept leave the notice less room than its share: its quoted lines shrink to what
+    # fits under the budget, the newest removed file's first (they all went before). Every
+    # notice the provider received quotes the newest file it removed, and every request is
+    # within its budget.
+    run = drive(cli, notes=numbered_note, guard={"policies": ["evict", "truncate"]})
+    check_run(cli, run, FINAL)
+    report = run.report()
+    checked = 0
+    for reads, call in enumerate(run.fake.main_calls):  # call k carries files 1 to k
+        texts = strings_of(call.body)
+        notices = [text for text in texts if text.startswith(NOTICE_PREFIX)]
+        if not notices:
+            continue
+        (notice,) = notices
+        kept = "\n".join(text for text in texts if not text.startswith(NOTICE_PREFIX))
+        newest = max(n for n in range(1, reads + 1) if f"MARKER-{n}:" not in kept)
+        assert GISTS_HEADER in notice, (notice, report)
+        assert deadline(newest) in notice.split(GISTS_HEADER, 1)[1], (notice, report)
+        checked += 1
+    assert checked, report
+    assert all(e["tokens_out"] <= e["budget"] for e in run.audit), report
+
+
 def escaped_note(step: int) -> str:
     """Big file `step`, larger than what any window here leaves for it, its lines full of what
     JSON escapes — tabs, quotes, backslashes: each two characters where an API carries the

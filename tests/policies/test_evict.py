@@ -462,6 +462,20 @@ def test_over_the_limit_the_notice_quotes_the_newest_lines_that_fit(wire: Builde
     assert len(kept) == len(everything.messages) - 1
 
 
+def test_after_a_protected_turn_is_released_the_notice_quotes_what_fits(wire: Builder) -> None:
+    """Where only releasing protected turns brings the request within its limit, the room that
+    leaves under the limit holds the notice's quoted lines: the released results are quoted."""
+    before = wire.conversation(planted_session(wire, turns=4))
+    goal = Goal(target=before.total * 3 // 5, limit=before.total * 3 // 5)
+    evict = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=30))
+    after, records = evict.apply(before, goal, wire.meter)
+    assert after.total <= goal.limit
+    assert any(r.batch and r.batch[0] == LAST_RESORT for r in records)
+    gone = removed_turns(records)
+    quoted = quoted_lines(notice_of(after))
+    assert gone and any(f"NOTE module {gone[-1]} " in line for line in quoted)
+
+
 def evicted_before_grep_turns(
     wire: Builder, messages: list[Any], turns: range
 ) -> tuple[Conversation, list[FidelityRecord]]:
