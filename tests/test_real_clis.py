@@ -763,6 +763,18 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
     assert any(len(", ".join(listed)) > NAMES_QUOTED for _, listed in quoted), report
 
 
+def notices_and_files_gone(run: Run) -> Iterator[tuple[str, list[int]]]:
+    """Each evict notice the provider received, with the notes files its request no longer
+    carries (by their first line), in order: call k of the session carries files 1 to k."""
+    for reads, call in enumerate(run.fake.main_calls):
+        texts = strings_of(call.body)
+        notices = [text for text in texts if text.startswith(NOTICE_PREFIX)]
+        if notices:
+            (notice,) = notices
+            kept = "\n".join(text for text in texts if not text.startswith(NOTICE_PREFIX))
+            yield notice, [n for n in range(1, reads + 1) if f"MARKER-{n}:" not in kept]
+
+
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
 def test_an_evicted_file_with_no_line_of_its_own_is_named_by_its_ids(
     drive: Drive, cli: Cli
@@ -780,23 +792,13 @@ def test_an_evicted_file_with_no_line_of_its_own_is_named_by_its_ids(
     report = run.report()
     sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
     only_by_id = 0
-    for reads, call in enumerate(run.fake.main_calls):  # call k carries files 1 to k
-        texts = strings_of(call.body)
-        notices = [text for text in texts if text.startswith(NOTICE_PREFIX)]
-        if not notices:
-            continue
-        (notice,) = notices
-        kept = "\n".join(text for text in texts if not text.startswith(NOTICE_PREFIX))
-        gone = [n for n in range(1, reads + 1) if f"MARKER-{n}:" not in kept]
-        assert gone, report
+    for notice, removed in notices_and_files_gone(run):
+        assert removed, report
         lines = notice.split("\n")
-        listed = (
-            lines[-1].removeprefix(IDS_LABEL).split(", ")
-            if lines[-1] != lines[-1].removeprefix(IDS_LABEL)
-            else []
-        )
+        last = lines[-1]
+        listed = last.removeprefix(IDS_LABEL).split(", ") if last.startswith(IDS_LABEL) else []
         assert all(name in sent for name in listed), (listed, report)
-        for n in gone:
+        for n in removed:
             assert deadline(n) in notice, (n, notice, report)
             only_by_id += deadline(n) in listed and not any(
                 deadline(n) in line for line in lines[:-1]
@@ -815,16 +817,9 @@ def test_a_notice_with_little_room_quotes_what_fits(drive: Drive, cli: Cli) -> N
     check_run(cli, run, FINAL)
     report = run.report()
     checked = 0
-    for reads, call in enumerate(run.fake.main_calls):  # call k carries files 1 to k
-        texts = strings_of(call.body)
-        notices = [text for text in texts if text.startswith(NOTICE_PREFIX)]
-        if not notices:
-            continue
-        (notice,) = notices
-        kept = "\n".join(text for text in texts if not text.startswith(NOTICE_PREFIX))
-        newest = max(n for n in range(1, reads + 1) if f"MARKER-{n}:" not in kept)
-        assert GISTS_HEADER in notice, (notice, report)
-        assert deadline(newest) in notice.split(GISTS_HEADER, 1)[1], (notice, report)
+    for notice, removed in notices_and_files_gone(run):
+        assert removed and GISTS_HEADER in notice, (notice, report)
+        assert deadline(removed[-1]) in notice.split(GISTS_HEADER, 1)[1], (notice, report)
         checked += 1
     assert checked, report
     assert all(e["tokens_out"] <= e["budget"] for e in run.audit), report
