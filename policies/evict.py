@@ -43,9 +43,9 @@ and nothing above lists or the request carries — those of results too old to g
 included — the newest result's first as far as they fit, shown in conversation order. The
 notice is a function of the removed messages and the budget alone, so the same removed set gives
 the same bytes on every turn — but where every other unit is gone and the quoted lines would take
-the request over the limit: then they shrink to the room the bare notice leaves under it (the
-lines and the ids line in proportion, the newest results' lines first), as far as the limit
-needs and no further. If the protected units alone are over the limit, the notice's quoted
+the request over the limit: then the lines and the ids line take half their room, or a quarter,
+and so on, the first that fits under the limit (the newest results' lines first), and go only
+if none does. If the protected units alone are over the limit, the notice's quoted
 lines go first, then the protected units are released oldest first (never a system message or
 the last user message) — after which the lines take what room the release left under the limit
 — and the notice itself goes if it is what does not fit.
