@@ -585,6 +585,7 @@ class Evict:
         if total > goal.limit:  # the quoted lines are the first to go, as far as the limit needs
             result, total, quoting = within_limit(removed, self.settings.notice)
         running = 0  # last resorts are batched (for their summaries) on their own grid
+        evictable = len(removed)  # the units removed before any last resort
         # Last resort, oldest first, only as far as the limit demands — and only in compress's
         # last-resort pass, after the cuts into text that spare these units.
         for unit in () if goal.reversible_only else optional:
@@ -597,7 +598,7 @@ class Evict:
                 batch[each] = (LAST_RESORT, running // step if step > 0 else len(batch))
                 running += size[each]
             result, total = total_without(removed, self.settings.notice, quoting)
-        if not quoting and removed and total < goal.limit:
+        if not quoting and len(removed) > evictable and total < goal.limit:
             # The units released may leave room under the limit: the lines take what fits.
             result, total, quoting = within_limit(removed, self.settings.notice)
         if total > goal.limit and self.settings.notice and removed:
