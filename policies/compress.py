@@ -121,6 +121,7 @@ def compress(
         limit=limit,
         grid=max(1, limit - int(limit * low_water)),
         reversible_only=True,
+        room=room,
     )
     records: list[FidelityRecord] = []
     tried: list[str] = []

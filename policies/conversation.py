@@ -265,13 +265,16 @@ class Goal:
     rewrites, placeholders, evictions of unprotected units); the last resorts wait for a pass
     that needs them (`policies.compress`). `text_cuts`: whether the last resorts may cut into
     text (off: only evictions of the protected units, as when making room for a restored
-    original that must go out whole)."""
+    original that must go out whole). `room`: the tokens a session known to grow asks to be left
+    under the limit for its next turns (`policies.carry`; the target is lowered by it); 0 on a
+    first cut or a request on its own."""
 
     target: int
     limit: int
     grid: int = 0
     reversible_only: bool = False
     text_cuts: bool = True
+    room: int = 0
 
     @property
     def cuts_text(self) -> bool:

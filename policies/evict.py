@@ -43,9 +43,12 @@ and nothing above lists or the request carries — those of results too old to g
 included — the newest result's first as far as they fit, shown in conversation order. The
 notice is a function of the removed messages and the budget alone, so the same removed set gives
 the same bytes on every turn — but where every other unit is gone and the quoted lines would take
-the request over the limit: then the lines and the ids line take half their room, or a quarter,
-and so on, the first that fits under the limit (the newest results' lines first), and go only
-if none does. If the protected units alone are over the limit, the notice's quoted
+the request over the limit: then they take the largest rung of a ladder that fits under it (the
+newest results' lines first), and go only if none does. On a first cut, the lines go down by
+quarters (three quarters of their room, nine sixteenths, …) while the ids line keeps its whole
+room, then both do: what fits is quoted. On a re-cut of a session known to grow (`Goal.room`),
+the lines and the ids line halve together: the slack a coarse rung leaves under the limit lets
+the next turns fit without another re-cut. If the protected units alone are over the limit, the notice's quoted
 lines go first, then the protected units are released oldest first (never a system message or
 the last user message) — after which the lines take what room the release left under the limit
 — and the notice itself goes if it is what does not fit.
@@ -58,6 +61,7 @@ turns on average — and every one of them reuses the provider's prompt cache.
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -98,10 +102,37 @@ GISTS_HEADER = "What the latest removed tool results said (the most informative 
 _REMOVED_SHARE = 4  # the quoted lines take at most a quarter of the tokens removed
 IDS_LABEL = "Ids they also printed: "
 _REMOVED_IDS_SHARE = 10  # the ids line takes at most a tenth of the tokens removed
-# Over the limit, the quoted lines try half their room, a quarter, … this many times before none
-# (their room to the token instead kept 0.4 point more of what later turns used, but re-cut the
-# notice every turn: prefix kept 89.6 → 86.5 % of the ceiling's, bench.fidelity, 2026-12-07)
-_HALVINGS = 8
+
+
+@dataclass(frozen=True)
+class _Ladder:
+    """Over the limit, the rooms the quoted lines try, largest first: `ratio` of the one before,
+    `rungs` times (the first rung is `ratio` of the full room), before none; the ids line keeps
+    its whole room while the lines go down the ladder (`ids_whole_first`), then goes down with
+    them."""
+
+    ratio: float
+    rungs: int
+    ids_whole_first: bool
+
+    def rooms(self, ids_whole: bool) -> list[tuple[float, float]]:
+        """Each rung's share of the full room: (the lines', the ids line's), largest first."""
+        return [
+            (self.ratio**rung, 1.0 if ids_whole else self.ratio**rung)
+            for rung in range(1, self.rungs + 1)
+        ]
+
+
+# A re-cut of a session known to grow (`Goal.room`): the lines and the ids line halve together,
+# down to 1/256 of their room. A coarse rung leaves slack under the limit, so the next turns fit
+# without a re-cut. Their room to the token instead kept 0.4 point more of what later turns used,
+# but re-cut the notice every turn: prefix kept 89.6 → 86.5 % of the ceiling's; rungs of three
+# quarters, 89.6 → 88.3 % (Codex at 8K 44 → 28 %; bench.fidelity, 2026-12-07).
+_RECUT = _Ladder(0.5, 8, ids_whole_first=False)
+# A first cut (no room asked): rungs of three quarters (down to about 1/240), the ids line
+# whole while it fits. Facts kept at 2.5–5× 72.5 → 78.8 % (Messages 64.9 → 73.4 %), what later
+# turns used and the prefix the same (bench.fidelity, 2026-12-07).
+_FIRST_CUT = _Ladder(0.75, 19, ids_whole_first=True)
 
 
 class EvictSettings(BaseModel):
@@ -536,11 +567,14 @@ class Evict:
         share, ids_share = self.settings.gist_share, self.settings.ids_share
 
         def total_without(
-            removed: list[Unit], notice: bool, quoting: bool = True, halvings: int = 0
+            removed: list[Unit],
+            notice: bool,
+            quoting: bool = True,
+            rung: tuple[float, float] = (1.0, 1.0),
         ) -> tuple[Conversation, int]:
             """The conversation without `removed`, with the notice (quoting the latest removed
-            results' lines where `quoting`, in their room halved `halvings` times) if `notice`,
-            and its size."""
+            results' lines where `quoting`, the lines and the ids line in `rung`'s shares of their
+            room) if `notice`, and its size."""
             said: list[str] = []
             if notice and quoting and (share > 0 or ids_share > 0):
                 removed_tokens = sum(size[unit] for unit in removed)
@@ -548,23 +582,41 @@ class Evict:
                 id_room = min(int(goal.limit * ids_share), removed_tokens // _REMOVED_IDS_SHARE)
                 said = gists.chosen(
                     removed,
-                    text_tokens_for(allowance >> halvings, meter),
-                    text_tokens_for(id_room >> halvings, meter),
+                    text_tokens_for(int(allowance * rung[0]), meter),
+                    text_tokens_for(int(id_room * rung[1]), meter),
                 )
             built = self._build(conversation, removed, meter, notice, dumped, said)
             return built, built.total
 
+        def first_fit(
+            removed: list[Unit], notice: bool, rooms: list[tuple[float, float]]
+        ) -> tuple[Conversation, int] | None:
+            """The conversation quoting in the largest of `rooms` that fits under the limit, by
+            bisection (a smaller room never quotes more), and its size; None if none fits."""
+            built: dict[int, tuple[Conversation, int]] = {}
+
+            def fits(at: int) -> bool:
+                built[at] = total_without(removed, notice, True, rooms[at])
+                return built[at][1] <= goal.limit
+
+            at = bisect.bisect_left(range(len(rooms)), True, key=fits)
+            return built[at] if at < len(rooms) else None  # a probe that fit built it
+
         def within_limit(removed: list[Unit], notice: bool) -> tuple[Conversation, int, bool]:
             """The conversation without `removed`, its notice quoting as much as fits under the
-            limit — the lines and the ids line in half their room, else a quarter, and so on
-            (`_HALVINGS`), the newest results' lines first — or nothing where nothing fits; its
-            size, and whether the notice quotes. A rung of that ladder rather than the exact
-            room left: the notice keeps its bytes from turn to turn while the same rung fits."""
+            limit — the largest rung of the ladder that does (`_RECUT` where the session asks
+            room for its next turns, else `_FIRST_CUT`), the newest results' lines first — or
+            nothing where nothing fits; its size, and whether the notice quotes. A rung rather
+            than the exact room left: the notice keeps its bytes from turn to turn while the
+            same rung fits."""
             bare, bare_total = total_without(removed, notice, False)
-            for halvings in range(1, _HALVINGS + 1) if bare_total < goal.limit else ():
-                built, built_total = total_without(removed, notice, True, halvings)
-                if built_total <= goal.limit:
-                    return built, built_total, True
+            if bare_total >= goal.limit:
+                return bare, bare_total, False
+            ladder = _RECUT if goal.room > 0 else _FIRST_CUT
+            for ids_whole in (True, False) if ladder.ids_whole_first else (False,):
+                found = first_fit(removed, notice, ladder.rooms(ids_whole))
+                if found is not None:
+                    return found[0], found[1], True
             return bare, bare_total, False
 
         step = goal.step(self.settings.evict_at_least)

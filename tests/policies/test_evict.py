@@ -15,7 +15,13 @@ from hypothesis import strategies as st
 import brim.policies.evict
 from brim.policies.clear import placeholder
 from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
-from brim.policies.conversation import Conversation, FidelityRecord, Goal, archive_key
+from brim.policies.conversation import (
+    Conversation,
+    FidelityRecord,
+    Goal,
+    archive_key,
+    text_tokens_for,
+)
 from brim.policies.evict import (
     GISTS_HEADER,
     IDS_LABEL,
@@ -474,6 +480,86 @@ def test_after_a_protected_turn_is_released_the_notice_quotes_what_fits(wire: Bu
     gone = removed_turns(records)
     quoted = quoted_lines(notice_of(after))
     assert gone and any(f"NOTE module {gone[-1]} " in line for line in quoted)
+
+
+def over_the_limit(wire: Builder) -> tuple[Items, int]:
+    """Thirty old results, each with a line of its own and twelve ids, then a recent turn that
+    takes most of the limit returned: with every old result evicted, the notice's lines and ids
+    line in their whole room would take the request over that limit, in three quarters of the
+    lines' room they fit."""
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    for n in range(30):
+        jobs = [f"run {k}: JOB-{48000 + 100 * n + k}" for k in range(12)]
+        printed = [f"NOTE module {n} is slow", *jobs, *["ok"] * 150]
+        messages += wire.turn(f"c{n}", "read_file", {"p": n}, "\n".join(printed))
+    messages += wire.turn("last", "grep", {"p": "x"}, LOG[:12000])
+    messages.append(wire.user("final question"))
+    before = wire.conversation(messages)
+    bare = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=2, gist_share=0, ids_share=0))
+    everything, _ = bare.apply(before, Goal(target=1, limit=before.total), wire.meter)
+    shares = EvictSettings().gist_share + EvictSettings().ids_share
+    # the bare request and the whole notice (a quarter of the limit) are over it; with the
+    # lines in three quarters of their room (a fifth of the limit in all), under it
+    return messages, int((everything.total + 10) / (1 - shares + EvictSettings().gist_share / 4))
+
+
+def test_over_the_limit_a_first_cut_keeps_its_ids_line_while_its_lines_shrink(
+    wire: Builder,
+) -> None:
+    """Over the limit, a first cut (no room asked for later turns) keeps the ids line's whole
+    room while the quoted lines go down by quarters; a re-cut of a session known to grow
+    (`Goal.room`) halves both, and leaves the slack under the limit to its next turns."""
+    messages, limit = over_the_limit(wire)
+    before = wire.conversation(messages)
+    evict = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=2))
+    first, records = evict.apply(before, Goal(target=1, limit=limit), wire.meter)
+    recut, _ = evict.apply(before, Goal(target=1, limit=limit, room=limit // 10), wire.meter)
+    assert not any(r.batch and r.batch[0] == LAST_RESORT for r in records)
+    assert first.total <= limit and recut.total <= limit
+    assert len(first.messages) == len(recut.messages)  # the same units removed
+    *first_lines, first_ids = quoted_lines(notice_of(first))
+    *recut_lines, recut_ids = quoted_lines(notice_of(recut))
+    assert first_ids.startswith(IDS_LABEL) and recut_ids.startswith(IDS_LABEL)
+    id_room = text_tokens_for(int(limit * EvictSettings().ids_share), wire.meter)
+    assert wire.meter.text_tokens(first_ids) > id_room * 3 // 4  # its whole room
+    assert wire.meter.text_tokens(recut_ids) <= id_room // 2  # half of it
+    assert len(recut_lines) < len(first_lines)
+    assert limit - recut.total > limit - first.total
+
+
+def test_compress_gives_evict_the_room_a_growing_session_asks_for(wire: Builder) -> None:
+    """`compress(room=…)` reaches evict: over the limit, a growing session's notice quotes
+    less than a first cut's, and the request leaves more of the limit to the next turns."""
+    messages, limit = over_the_limit(wire)
+    dialect = WIRES[wire.api].dialect
+    evict = [Evict(EvictSettings(evict_at_least=0, keep_recent_turns=2))]
+    first, recut = (
+        compress(dialect, messages, 3, wire.meter, evict, limit=limit, low_water=0.85, room=room)
+        for room in (0, limit // 10)
+    )
+    assert first.fits and recut.fits
+    quoted = [
+        quoted_lines(next(t for t in map(dialect.text, o.messages) if t.startswith(NOTICE_PREFIX)))
+        for o in (first, recut)
+    ]
+    assert len(quoted[1]) < len(quoted[0])
+    assert recut.tokens_out < first.tokens_out
+
+
+def test_over_the_limit_with_no_room_for_the_whole_ids_line_both_shrink(wire: Builder) -> None:
+    """Where even the ids line in its whole room does not fit beside the bare notice, a first
+    cut's lines and ids line go down the ladder together: the notice still lists ids."""
+    messages, limit = over_the_limit(wire)
+    before = wire.conversation(messages)
+    bare = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=2, gist_share=0, ids_share=0))
+    everything, _ = bare.apply(before, Goal(target=1, limit=limit), wire.meter)
+    tight = everything.total + int(limit * EvictSettings().ids_share) // 3
+    evict = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=2))
+    after, records = evict.apply(before, Goal(target=1, limit=tight), wire.meter)
+    assert after.total <= tight
+    assert not any(r.batch and r.batch[0] == LAST_RESORT for r in records)
+    *_, ids = quoted_lines(notice_of(after))
+    assert ids.startswith(IDS_LABEL) and "JOB-" in ids
 
 
 def evicted_before_grep_turns(
