@@ -48,10 +48,16 @@ newest results' lines first), and go only if none does. On a first cut, the line
 quarters (three quarters of their room, nine sixteenths, …) while the ids line keeps its whole
 room, then both do: what fits is quoted. On a re-cut of a session known to grow (`Goal.room`),
 the lines and the ids line halve together: the slack a coarse rung leaves under the limit lets
-the next turns fit without another re-cut. If the protected units alone are over the limit, the notice's quoted
-lines go first, then the protected units are released oldest first (never a system message or
-the last user message) — after which the lines take what room the release left under the limit
-— and the notice itself goes if it is what does not fit.
+the next turns fit without another re-cut. If the protected units alone are over the limit, the
+notice's quoted lines go first, then the protected units are released oldest first (never a
+system message or the last user message) — after which the lines take what room the release left
+under the limit — and the notice itself goes if it is what does not fit.
+
+A notice evict wrote earlier in the same request (compress's first pass, before its last
+resorts) stands for what it removed (`_Notices`, in the conversation's memo): when the last
+resorts release it with the protected units, the one new notice counts the messages, tokens and
+tools it stood for and quotes their results' lines and ids as well — not a notice of a notice,
+which said only "1 message" and named none of what went in the first pass.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
 only while the same units are removed. Removing at least the budget's slack (limit − target) at a
@@ -74,6 +80,7 @@ from brim.policies.conversation import (
     Conversation,
     FidelityRecord,
     Goal,
+    Lasting,
     Meter,
     Unit,
     archive_key,
@@ -206,16 +213,72 @@ class _Said:
         return f"> {self.tool}: {said}"
 
 
+@dataclass(frozen=True, slots=True)
+class _StoodFor:
+    """What a notice evict wrote stands for: the client's messages and tokens it replaced, the
+    tools they called, the user requests among them, and the units it removed with what their
+    results can say (`gists`, of the conversation they were removed from: worked out only if
+    asked)."""
+
+    messages: int
+    tokens: int
+    tools: tuple[tuple[str, int], ...]
+    requests: tuple[str, ...]
+    gists: _Gists
+    units: tuple[Unit, ...]
+
+    def said(self) -> Iterator[_Said]:
+        """What the removed results can say, in conversation order."""
+        for unit in self.units:
+            yield from self.gists.unit(unit)
+
+
+class _Notices(Lasting):
+    """The memo entry of a conversation evict returned: what each notice in it stands for, by
+    the notice's text. A later pass that releases such a notice (compress's last resorts, where
+    the turns it kept must go too) makes one notice of all that went — its count, its tools and
+    its quoted lines — rather than a notice of a notice. Lasts through rewrites of tool results
+    (a notice is not one)."""
+
+    __slots__ = ("by_text",)
+
+    def __init__(self, by_text: Mapping[str, _StoodFor]) -> None:
+        self.by_text = by_text
+
+    def through(self, changed: frozenset[int]) -> Lasting:
+        return self
+
+
+_NOTICES = "evict.notices"  # the memo key of `_Notices`
+
+
+def _stood_for(conversation: Conversation, notices: set[Unit]) -> dict[Unit, _StoodFor]:
+    """Of the notices in `conversation`, those evict wrote in this request, with what each
+    stands for (`_Notices`)."""
+    known = conversation.memo.get(_NOTICES)
+    if not isinstance(known, _Notices):
+        return {}
+    found = {}
+    for unit in notices:
+        entry = known.by_text.get(conversation.dialect.text(conversation.messages[unit.start]))
+        if entry is not None:
+            found[unit] = entry
+    return found
+
+
 class _Gists:
     """Each tool group's results as the notice can quote them (`_Said`) — the most informative
     line of the whole result (before any cut) and the names it printed, or what its placeholder
     quotes and names (nothing for a pointer onward) — worked out once however many removed sets
     are tried, and what each quoted line costs."""
 
-    def __init__(self, conversation: Conversation, meter: Meter) -> None:
+    def __init__(
+        self, conversation: Conversation, meter: Meter, stood: Mapping[Unit, _StoodFor]
+    ) -> None:
         self._known = facts(conversation)
         self._before = cut_from(conversation)
         self._meter = meter
+        self._stood = stood
         self._said: dict[Unit, list[_Said]] = {}
         self._costs: dict[str, int] = {}
         self._carried: list[frozenset[str]] | None = None  # each message's, once asked for
@@ -227,6 +290,9 @@ class _Gists:
         return found
 
     def _of(self, unit: Unit) -> Iterator[_Said]:
+        if unit in self._stood:  # a notice of this request's: what its results could say
+            yield from self._stood[unit].said()
+            return
         if unit.kind != "tools":
             return
         known = self._known
@@ -439,6 +505,33 @@ def _notice_at(conversation: Conversation, start: int) -> int:
     return units[position].start
 
 
+def _standing(
+    conversation: Conversation, removed: Sequence[Unit], stood: Mapping[Unit, _StoodFor]
+) -> tuple[int, int, Counter[str], list[str]]:
+    """What `removed` stands for, as the notice's head line says it: the client's messages and
+    their tokens, the tools they called and the user requests among them — a notice of this
+    request's (`stood`) counted as what it stood for."""
+    dialect, messages = conversation.dialect, conversation.messages
+    count = tokens = 0
+    tools: Counter[str] = Counter()
+    names = facts(conversation).names
+    requests: list[str] = []
+    for unit in removed:
+        entry = stood.get(unit)
+        if entry is not None:
+            count, tokens = count + entry.messages, tokens + entry.tokens
+            tools.update(dict(entry.tools))
+            requests += entry.requests
+            continue
+        count += len(unit.indices)
+        tokens += sum(conversation.sizes[i] for i in unit.indices)
+        if unit.kind == "tools":
+            tools.update(names.get(call, "tool") for call in dialect.calls(messages[unit.start]))
+        elif unit.kind == "user" and not _is_notice(conversation, unit):
+            requests.append(_quote(dialect.text(messages[unit.start])))
+    return count, tokens, tools, requests
+
+
 class Evict:
     name = "evict"
 
@@ -446,22 +539,14 @@ class Evict:
         self.settings = settings or EvictSettings()
 
     def _notice_text(
-        self, conversation: Conversation, removed: list[Unit], dumped: _Dumped, said: list[str]
+        self,
+        conversation: Conversation,
+        removed: list[Unit],
+        dumped: _Dumped,
+        said: list[str],
+        stood: Mapping[Unit, _StoodFor],
     ) -> str:
-        dialect = conversation.dialect
-        messages = conversation.messages
-        count = sum(len(unit.indices) for unit in removed)
-        tokens = sum(conversation.sizes[i] for unit in removed for i in unit.indices)
-        tools: Counter[str] = Counter()
-        names = facts(conversation).names
-        requests: list[str] = []
-        for unit in removed:
-            if unit.kind == "tools":
-                tools.update(
-                    names.get(call, "tool") for call in dialect.calls(messages[unit.start])
-                )
-            elif unit.kind == "user" and not _is_notice(conversation, unit):
-                requests.append(_quote(dialect.text(messages[unit.start])))
+        count, tokens, tools, requests = _standing(conversation, removed, stood)
         parts = [
             f"{NOTICE_PREFIX}{count} earlier messages ({tokens} tokens) to fit the context window"
         ]
@@ -486,11 +571,12 @@ class Evict:
         notice: bool,
         dumped: _Dumped,
         said: list[str],
+        stood: Mapping[Unit, _StoodFor],
     ) -> Conversation:
         gone = {i for unit in removed for i in unit.indices}
         inserts: dict[int, tuple[Any, int]] = {}
         if notice and removed:
-            text = self._notice_text(conversation, removed, dumped, said)
+            text = self._notice_text(conversation, removed, dumped, said, stood)
             message = conversation.dialect.notice(text)
             at = _notice_at(conversation, min(unit.start for unit in removed))
             inserts[at] = (message, meter.message(message))
@@ -563,7 +649,11 @@ class Evict:
         ordered = sorted(candidates, key=lambda unit: (value[unit], recency[unit], unit.start))
 
         dumped = _Dumped(conversation)
-        gists = _Gists(conversation, meter)
+        stood = _stood_for(conversation, notices)
+        gists = _Gists(conversation, meter, stood)
+        # what a unit removed weighs for the notice's room: a notice of this request's, what
+        # it stood for
+        weight = {unit: stood[unit].tokens if unit in stood else size[unit] for unit in units}
         share, ids_share = self.settings.gist_share, self.settings.ids_share
 
         def total_without(
@@ -577,7 +667,7 @@ class Evict:
             room) if `notice`, and its size."""
             said: list[str] = []
             if notice and quoting and (share > 0 or ids_share > 0):
-                removed_tokens = sum(size[unit] for unit in removed)
+                removed_tokens = sum(weight[unit] for unit in removed)
                 allowance = min(int(goal.limit * share), removed_tokens // _REMOVED_SHARE)
                 id_room = min(int(goal.limit * ids_share), removed_tokens // _REMOVED_IDS_SHARE)
                 said = gists.chosen(
@@ -585,7 +675,7 @@ class Evict:
                     text_tokens_for(int(allowance * rung[0]), meter),
                     text_tokens_for(int(id_room * rung[1]), meter),
                 )
-            built = self._build(conversation, removed, meter, notice, dumped, said)
+            built = self._build(conversation, removed, meter, notice, dumped, said, stood)
             return built, built.total
 
         def first_fit(
@@ -643,6 +733,8 @@ class Evict:
         for unit in () if goal.reversible_only else optional:
             if total <= goal.limit:
                 break
+            if unit in batch:  # a notice released already, with the first unit
+                continue
             # An earlier notice goes into the new one with the first unit released: one notice.
             released = [unit, *sorted(notices - {unit, *removed}, key=lambda u: u.start)]
             for each in released:
@@ -687,4 +779,15 @@ class Evict:
                 )
                 for i in written
             ]
+            count, tokens, tools, requests = _standing(conversation, removed, stood)
+            entry = _StoodFor(
+                count, tokens, tuple(tools.items()), tuple(requests), gists, tuple(removed)
+            )
+            known = {  # those of this request's notices that stay, and the new one
+                conversation.dialect.text(conversation.messages[unit.start]): stood_for
+                for unit, stood_for in stood.items()
+                if unit not in removed
+            }
+            known |= {result.dialect.text(result.messages[i]): entry for i in written}
+            result.memo[_NOTICES] = _Notices(known)
         return result, records

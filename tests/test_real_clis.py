@@ -812,7 +812,10 @@ def test_a_notice_with_little_room_quotes_what_fits(drive: Drive, cli: Cli) -> N
     # turns kept leave the notice less room than its share: its quoted lines shrink to what
     # fits under the budget, the newest removed file's first (they all went before). Every
     # notice the provider received quotes the newest file it removed, and every request is
-    # within its budget.
+    # within its budget. Where the recent turns had to go too (compress's last resorts), the
+    # first pass's notice goes into the new one whole: every notice names the constant of every
+    # file its request no longer carries, and says it removed two messages per file at least
+    # (before, it said "3 earlier messages" for five files, and named the newest alone).
     run = drive(cli, notes=numbered_note, guard={"policies": ["evict", "truncate"]})
     check_run(cli, run, FINAL)
     report = run.report()
@@ -820,6 +823,9 @@ def test_a_notice_with_little_room_quotes_what_fits(drive: Drive, cli: Cli) -> N
     for notice, removed in notices_and_files_gone(run):
         assert removed and GISTS_HEADER in notice, (notice, report)
         assert deadline(removed[-1]) in notice.split(GISTS_HEADER, 1)[1], (notice, report)
+        assert all(deadline(n) in notice for n in removed), (removed, notice, report)
+        count = re.match(r"\[brim removed (\d+) earlier messages", notice)
+        assert count is not None and int(count[1]) >= 2 * len(removed), (notice, report)
         checked += 1
     assert checked, report
     assert all(e["tokens_out"] <= e["budget"] for e in run.audit), report

@@ -163,7 +163,8 @@ def test_every_notice_names_the_key_of_what_it_removed(
     api: str, data: st.DataObject, limit: int
 ) -> None:
     """Over generated conversations and the default policies: each notice's key is its record's,
-    whose original holds as many messages as the notice says; the budget still holds. A notice
+    whose original holds the messages the notice says it stands for (an earlier notice of the
+    request's among them, the messages that one stood for); the budget still holds. A notice
     the last resorts removed in turn (compress's second pass) is inside the new notice's
     original, and its own record keeps what it named."""
     wire = BUILDERS[api]
@@ -196,7 +197,11 @@ def test_every_notice_names_the_key_of_what_it_removed(
         (record,) = [r for key, r in records.items() if key and key.startswith(shown[1])]
         assert record.original is not None and archive_key(record.original) == record.archive_key
         removed = orjson.loads(record.original)
-        assert len(removed) == int(COUNT.search(notice)[1])  # type: ignore[index]
+        # the client's messages it stands for: an earlier notice of this request's inside it
+        # counts as the messages it said it stood for
+        inner = [COUNT.search(dialect.text(m)) for m in removed]
+        stands_for = sum(int(found[1]) if found else 1 for found in inner)
+        assert stands_for == int(COUNT.search(notice)[1])  # type: ignore[index]
     if outcome.fits:
         assert outcome.tokens_out <= limit
 
@@ -560,6 +565,32 @@ def test_over_the_limit_with_no_room_for_the_whole_ids_line_both_shrink(wire: Bu
     assert not any(r.batch and r.batch[0] == LAST_RESORT for r in records)
     *_, ids = quoted_lines(notice_of(after))
     assert ids.startswith(IDS_LABEL) and "JOB-" in ids
+
+
+def test_a_notice_the_last_resorts_release_goes_into_the_new_one_whole(wire: Builder) -> None:
+    """Where compress's first pass evicts every older turn and is still over the limit, its last
+    resorts release the recent turns and the first pass's notice with them: the one notice sent
+    counts every client message that went, and quotes the lines of the first pass's results
+    too, not only of the turns released."""
+    messages = planted_session(wire)
+    before = wire.conversation(messages)
+    evict = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=4))
+    first_pass, _ = evict.apply(
+        before, Goal(target=1, limit=before.total, reversible_only=True), wire.meter
+    )
+    limit = first_pass.total - 300  # over, with every older turn gone
+    dialect = WIRES[wire.api].dialect
+    outcome = compress(dialect, messages, 3, wire.meter, [evict], limit=limit, low_water=0.85)
+    assert outcome.fits
+    released = [r for r in outcome.records if r.batch and r.batch[0] == LAST_RESORT]
+    assert any(r.detail == "tools" for r in released)
+    (notice,) = [t for t in map(dialect.text, outcome.messages) if t.startswith(NOTICE_PREFIX)]
+    gone = [m for m in messages if m not in outcome.messages]
+    assert int(COUNT.search(notice)[1]) == len(gone)  # type: ignore[index]
+    quoted = " ".join(quoted_lines(notice))
+    modules = {int(n) for n in re.findall(r"NOTE module (\d+) ", quoted)}
+    assert modules & {0, 1, 2}, notice  # the first pass's oldest results are quoted too
+    assert len(modules) > 2
 
 
 def evicted_before_grep_turns(
