@@ -681,16 +681,23 @@ class Evict:
         def first_fit(
             removed: list[Unit], notice: bool, rooms: list[tuple[float, float]]
         ) -> tuple[Conversation, int] | None:
-            """The conversation quoting in the largest of `rooms` that fits under the limit, by
-            bisection (a smaller room never quotes more), and its size; None if none fits."""
+            """The conversation quoting in the largest of `rooms` that fits under the limit, and
+            its size; None if none fits. Rungs 1, 2, 4, 8, … are tried until one fits, then the
+            ones between by bisection (a smaller room never quotes more): the first that fits
+            is found in a few builds, and is usually near the top."""
             built: dict[int, tuple[Conversation, int]] = {}
 
             def fits(at: int) -> bool:
                 built[at] = total_without(removed, notice, True, rooms[at])
                 return built[at][1] <= goal.limit
 
-            at = bisect.bisect_left(range(len(rooms)), True, key=fits)
-            return built[at] if at < len(rooms) else None  # a probe that fit built it
+            low, high = 0, 0  # the first rung that fits is above `low - 1` and at most `high`
+            while not fits(high):
+                if high == len(rooms) - 1:
+                    return None
+                low, high = high + 1, min(2 * high + 1, len(rooms) - 1)
+            at = bisect.bisect_left(range(low, high), True, key=fits) + low
+            return built[at]  # `high` fit; a probe below it that fit built its own
 
         def within_limit(removed: list[Unit], notice: bool) -> tuple[Conversation, int, bool]:
             """The conversation without `removed`, its notice quoting as much as fits under the
