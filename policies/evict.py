@@ -57,7 +57,7 @@ A notice evict wrote earlier in the same request (compress's first pass, before 
 resorts) stands for what it removed (`_Notices`, in the conversation's memo): when the last
 resorts release it with the protected units, the one new notice counts the messages, tokens and
 tools it stood for and quotes their results' lines and ids as well — not a notice of a notice,
-which said only "1 message" and named none of what went in the first pass.
+which counted the earlier one as one message and named none of what went in the first pass.
 
 Why batches: brim recomputes every request from the client's full history, so the cut stays put
 only while the same units are removed. Removing at least the budget's slack (limit − target) at a
