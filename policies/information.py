@@ -52,6 +52,15 @@ _LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")
 # `12:`): where the line is, not what it says.
 _GUTTER = re.compile(r"^[ \t]*(\d+)(?=[\t→|:]| {2})", re.MULTILINE)
 _WORD = re.compile(r"\w*[^\W\d_]\w*")  # a word with a letter in it
+# The envelope Codex's exec_command puts around what a command printed: a chunk id, the wall
+# time, the exit code and the output's size, then "Output:". The same four lines open every
+# result, with a fresh id: facts about the call, not what the command said. In Codex's sessions
+# one notice line in four quoted "Wall time: 0.0000 seconds", and nine in ten listed the chunk
+# id as the result's first name (bench corpus, whole sessions at 5×, Chat).
+_ENVELOPE = re.compile(
+    r"\AChunk ID: \S+\nWall time: [^\n]*\nProcess exited with code [^\n]*\n"
+    r"(?:Original token count: [^\n]*\n)?Output:\n"
+)
 # The note that ends a result prune shortened, naming the key of its whole.
 SHORTENED = "[brim shortened this result; the whole is sha256:"
 # Brim's own markers (of omitted lines, items or tokens, and that note): they say nothing about
@@ -203,7 +212,15 @@ def gist(text: str, count: int, width: int = GIST_WIDTH) -> tuple[str, ...]:
     return known
 
 
+def printed(text: str) -> str:
+    """What a tool result says: `text` without the envelope a CLI puts around a command's output
+    (`_ENVELOPE`, Codex's exec_command)."""
+    found = _ENVELOPE.match(text)
+    return text[found.end() :] if found else text
+
+
 def _gist(text: str, count: int, width: int) -> tuple[str, ...]:
+    text = printed(text)
     lines = _json_lines(text)
     parsed: Parsed = {}
     if lines is None:
@@ -403,7 +420,9 @@ def name_counts(text: str, skip: Sequence[str] = ()) -> dict[str, int]:
     """The names `text` printed — its identifiers (`identifiers`: paths, dotted, snake_case and
     CamelCase names, hashes and ids) that are not bare numbers, and its long numbers
     (`is_long_number`) but for the line numbers a file read prints before its lines — each with
-    how often, in the order they first appear; none of those in the lines `skip`."""
+    how often, in the order they first appear; none of those in the lines `skip`. Read from
+    what the result printed (`printed`: not a CLI's envelope around it)."""
+    text = printed(text)
     quoted = identifiers("\n".join(skip))
     counts = {
         token: n

@@ -816,11 +816,18 @@ def test_a_notice_with_little_room_quotes_what_fits(drive: Drive, cli: Cli) -> N
     # first pass's notice goes into the new one whole: every notice names the constant of every
     # file its request no longer carries, and says it removed two messages per file at least
     # (before, it said "3 earlier messages" for five files, and named the newest alone).
+    # Codex's envelope around a command's output (its chunk id, wall time, exit code) is
+    # neither a quoted line nor a name: a notice says what the commands printed.
     run = drive(cli, notes=numbered_note, guard={"policies": ["evict", "truncate"]})
     check_run(cli, run, FINAL)
     report = run.report()
+    sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
+    chunks = set(re.findall(r"Chunk ID: (\w+)", sent))
+    assert bool(chunks) == (cli is CODEX), report
     checked = 0
     for notice, removed in notices_and_files_gone(run):
+        assert not any(chunk in notice for chunk in chunks), (notice, report)
+        assert "Wall time:" not in notice, (notice, report)
         assert removed and GISTS_HEADER in notice, (notice, report)
         assert deadline(removed[-1]) in notice.split(GISTS_HEADER, 1)[1], (notice, report)
         assert all(deadline(n) in notice for n in removed), (removed, notice, report)

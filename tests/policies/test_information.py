@@ -20,7 +20,7 @@ from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
 from brim.policies.conversation import Conversation, Goal, archive_key
 from brim.policies.evict import Evict, EvictSettings
 from brim.policies.facts import STALE, call_terms, requests, result_values, stale_results
-from brim.policies.information import name_counts, ranked_names
+from brim.policies.information import gist, name_counts, ranked_names
 from brim.policies.prune import PruneSettings, PruneToolResults
 from brim.policies.text import SAME_AS_PREFIX, has_evidence, is_anomaly, terms_of
 from brim.policies.tokens import CounterMeter, TokenCounter
@@ -265,6 +265,26 @@ def test_a_long_number_is_a_name_and_a_line_number_is_not() -> None:
     for gutter in ("{:05d}| ", "{:>5}→", "{}: "):  # a bar, an arrow or a colon after it
         read = "\n".join(gutter.format(n) + f"x_{n} = 1" for n in range(10_000, 10_050))
         assert not any(name.isdigit() for name in name_counts(read)), gutter
+
+
+def test_a_codex_envelope_is_neither_a_gist_nor_a_name() -> None:
+    """Codex's exec_command puts a chunk id, the wall time, the exit code and the output's size
+    around what a command printed: the gist and the names of such a result are those of the
+    output (as a placeholder and evict's notice quote them), not the envelope's."""
+    output = "\n".join(
+        ["total 12", *[f"-rw-r--r-- 1 u u 120 Jan 1 {n:02d}:00 f{n}.py" for n in range(9)]]
+    )
+    output += "\nsrc/pkg/retry_policy.py: DEADLINE_MS = 48213"
+    envelope = (
+        "Chunk ID: 8f21c0\nWall time: 0.0000 seconds\nProcess exited with code 0\n"
+        "Original token count: 214\nOutput:\n"
+    )
+    wrapped = envelope + output
+    assert gist(wrapped, 1) == gist(output, 1)
+    assert not any(word in line for line in gist(wrapped, 3) for word in ("Wall time", "Chunk"))
+    assert name_counts(wrapped) == name_counts(output)
+    assert "8f21c0" not in name_counts(wrapped) and "48213" in name_counts(wrapped)
+    assert "Wall time" in gist("Wall time: 0.5 seconds in the lab\nok\nok", 1)[0]  # no envelope
 
 
 def test_names_and_ids_are_ranked_in_turn() -> None:
