@@ -53,13 +53,15 @@ _LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")
 _GUTTER = re.compile(r"^[ \t]*(\d+)(?=[\t→|:]| {2})", re.MULTILINE)
 _WORD = re.compile(r"\w*[^\W\d_]\w*")  # a word with a letter in it
 # The envelope Codex's exec_command puts around what a command printed: a chunk id, the wall
-# time, the exit code and the output's size, then "Output:". The same four lines open every
-# result, with a fresh id: facts about the call, not what the command said. In Codex's sessions
-# one notice line in four quoted "Wall time: 0.0000 seconds", and nine in ten listed the chunk
-# id as the result's first name (bench corpus, whole sessions at 5×, Chat).
+# time, the exit code and the output's size, then "Output:" (and, where Codex cut the output,
+# its warning saying so). The same lines open every result, with a fresh id: facts about the
+# call, not what the command said. In Codex's sessions one notice line in four quoted "Wall
+# time: 0.0000 seconds", and nine in ten listed the chunk id as the result's first name (bench
+# corpus, whole sessions at 5×, Chat).
 _ENVELOPE = re.compile(
     r"\AChunk ID: \S+\nWall time: [^\n]*\nProcess exited with code [^\n]*\n"
     r"(?:Original token count: [^\n]*\n)?Output:\n"
+    r"(?:Warning: truncated output \(original token count: \d+\)\n)?"
 )
 # The note that ends a result prune shortened, naming the key of its whole.
 SHORTENED = "[brim shortened this result; the whole is sha256:"

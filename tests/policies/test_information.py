@@ -269,8 +269,9 @@ def test_a_long_number_is_a_name_and_a_line_number_is_not() -> None:
 
 def test_a_codex_envelope_is_neither_a_gist_nor_a_name() -> None:
     """Codex's exec_command puts a chunk id, the wall time, the exit code and the output's size
-    around what a command printed: the gist and the names of such a result are those of the
-    output (as a placeholder and evict's notice quote them), not the envelope's."""
+    (and its warning, where it cut the output) around what a command printed: the gist and the
+    names of such a result are those of the output (as a placeholder and evict's notice quote
+    them), not the envelope's."""
     output = "\n".join(
         ["total 12", *[f"-rw-r--r-- 1 u u 120 Jan 1 {n:02d}:00 f{n}.py" for n in range(9)]]
     )
@@ -284,6 +285,8 @@ def test_a_codex_envelope_is_neither_a_gist_nor_a_name() -> None:
     assert not any(word in line for line in gist(wrapped, 3) for word in ("Wall time", "Chunk"))
     assert name_counts(wrapped) == name_counts(output)
     assert "8f21c0" not in name_counts(wrapped) and "48213" in name_counts(wrapped)
+    cut = envelope + "Warning: truncated output (original token count: 3822)\n" + output
+    assert gist(cut, 3) == gist(output, 3)  # Codex's own warning that it cut the output
     assert "Wall time" in gist("Wall time: 0.5 seconds in the lab\nok\nok", 1)[0]  # no envelope
 
 
