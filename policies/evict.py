@@ -71,7 +71,7 @@ import bisect
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field
@@ -213,17 +213,23 @@ class _Said:
         return f"> {self.tool}: {said}"
 
 
-@dataclass(frozen=True, slots=True)
-class _StoodFor:
-    """What a notice evict wrote stands for: the client's messages and tokens it replaced, the
-    tools they called, the user requests among them, and the units it removed with what their
-    results can say (`gists`, of the conversation they were removed from: worked out only if
-    asked)."""
+class _Standing(NamedTuple):
+    """What a notice's head line says its removed units were (`_standing`): the client's
+    messages and their tokens, the tools they called, the user requests among them."""
 
     messages: int
     tokens: int
-    tools: tuple[tuple[str, int], ...]
+    tools: Counter[str]
     requests: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _StoodFor:
+    """What a notice evict wrote stands for: its head line's `standing`, and the units it
+    removed with what their results can say (`gists`, of the conversation they were removed
+    from: worked out only if asked)."""
+
+    standing: _Standing
     gists: _Gists
     units: tuple[Unit, ...]
 
@@ -507,9 +513,8 @@ def _notice_at(conversation: Conversation, start: int) -> int:
 
 def _standing(
     conversation: Conversation, removed: Sequence[Unit], stood: Mapping[Unit, _StoodFor]
-) -> tuple[int, int, Counter[str], list[str]]:
-    """What `removed` stands for, as the notice's head line says it: the client's messages and
-    their tokens, the tools they called and the user requests among them — a notice of this
+) -> _Standing:
+    """What `removed` stands for, as the notice's head line says it — a notice of this
     request's (`stood`) counted as what it stood for."""
     dialect, messages = conversation.dialect, conversation.messages
     count = tokens = 0
@@ -519,9 +524,9 @@ def _standing(
     for unit in removed:
         entry = stood.get(unit)
         if entry is not None:
-            count, tokens = count + entry.messages, tokens + entry.tokens
-            tools.update(dict(entry.tools))
-            requests += entry.requests
+            count, tokens = count + entry.standing.messages, tokens + entry.standing.tokens
+            tools.update(entry.standing.tools)
+            requests += entry.standing.requests
             continue
         count += len(unit.indices)
         tokens += sum(conversation.sizes[i] for i in unit.indices)
@@ -529,7 +534,7 @@ def _standing(
             tools.update(names.get(call, "tool") for call in dialect.calls(messages[unit.start]))
         elif unit.kind == "user" and not _is_notice(conversation, unit):
             requests.append(_quote(dialect.text(messages[unit.start])))
-    return count, tokens, tools, requests
+    return _Standing(count, tokens, tools, tuple(requests))
 
 
 class Evict:
@@ -538,15 +543,10 @@ class Evict:
     def __init__(self, settings: EvictSettings | None = None) -> None:
         self.settings = settings or EvictSettings()
 
-    def _notice_text(
-        self,
-        conversation: Conversation,
-        removed: list[Unit],
-        dumped: _Dumped,
-        said: list[str],
-        stood: Mapping[Unit, _StoodFor],
-    ) -> str:
-        count, tokens, tools, requests = _standing(conversation, removed, stood)
+    @staticmethod
+    def _head(standing: _Standing, key: str) -> str:
+        """The notice's head line: what went (`standing`), and the key that restores it."""
+        count, tokens, tools, requests = standing
         parts = [
             f"{NOTICE_PREFIX}{count} earlier messages ({tokens} tokens) to fit the context window"
         ]
@@ -559,24 +559,18 @@ class Evict:
             quoted = "; ".join(f'"{r}"' for r in requests[:5])
             more = f" and {len(requests) - 5} more" if len(requests) > 5 else ""
             parts.append(f"; user requests removed: {quoted}{more}")
-        key = archive_key(dumped.removed(removed))
-        head = "".join(parts) + f"; restorable as sha256:{key[:16]}]"
-        return "\n".join([head, GISTS_HEADER, *said]) if said else head
+        return "".join(parts) + f"; restorable as sha256:{key[:16]}]"
 
+    @staticmethod
     def _build(
-        self,
-        conversation: Conversation,
-        removed: list[Unit],
-        meter: Meter,
-        notice: bool,
-        dumped: _Dumped,
-        said: list[str],
-        stood: Mapping[Unit, _StoodFor],
+        conversation: Conversation, removed: list[Unit], meter: Meter, head: str, said: list[str]
     ) -> Conversation:
+        """The conversation without `removed`, with the notice (its `head` line, then `said`)
+        in their place; without one where `head` is empty."""
         gone = {i for unit in removed for i in unit.indices}
         inserts: dict[int, tuple[Any, int]] = {}
-        if notice and removed:
-            text = self._notice_text(conversation, removed, dumped, said, stood)
+        if head and removed:
+            text = "\n".join([head, GISTS_HEADER, *said]) if said else head
             message = conversation.dialect.notice(text)
             at = _notice_at(conversation, min(unit.start for unit in removed))
             inserts[at] = (message, meter.message(message))
@@ -651,9 +645,18 @@ class Evict:
         dumped = _Dumped(conversation)
         stood = _stood_for(conversation, notices)
         gists = _Gists(conversation, meter, stood)
-        # what a unit removed weighs for the notice's room: a notice of this request's, what
-        # it stood for
-        weight = {unit: stood[unit].tokens if unit in stood else size[unit] for unit in units}
+        heads: dict[tuple[Unit, ...], tuple[_Standing, str]] = {}
+
+        def head_of(removed: list[Unit]) -> tuple[_Standing, str]:
+            """What `removed` stands for and the notice's head line saying it, worked out once
+            per removed set however many rungs of quoted lines are tried under it."""
+            found = heads.get(key := tuple(removed))
+            if found is None:
+                standing = _standing(conversation, removed, stood)
+                restores = archive_key(dumped.removed(removed))
+                found = heads[key] = (standing, self._head(standing, restores))
+            return found
+
         share, ids_share = self.settings.gist_share, self.settings.ids_share
 
         def total_without(
@@ -667,7 +670,7 @@ class Evict:
             room) if `notice`, and its size."""
             said: list[str] = []
             if notice and quoting and (share > 0 or ids_share > 0):
-                removed_tokens = sum(weight[unit] for unit in removed)
+                removed_tokens = head_of(removed)[0].tokens  # a notice: what it stood for
                 allowance = min(int(goal.limit * share), removed_tokens // _REMOVED_SHARE)
                 id_room = min(int(goal.limit * ids_share), removed_tokens // _REMOVED_IDS_SHARE)
                 said = gists.chosen(
@@ -675,7 +678,8 @@ class Evict:
                     text_tokens_for(int(allowance * rung[0]), meter),
                     text_tokens_for(int(id_room * rung[1]), meter),
                 )
-            built = self._build(conversation, removed, meter, notice, dumped, said, stood)
+            head = head_of(removed)[1] if notice and removed else ""
+            built = self._build(conversation, removed, meter, head, said)
             return built, built.total
 
         def first_fit(
@@ -757,6 +761,8 @@ class Evict:
             if smaller <= goal.limit:
                 result, total = without, smaller
 
+        # what the notice as built stands for (worked out already where it was built)
+        standing = head_of(removed)[0] if self.settings.notice and removed else None
         removed.sort(key=lambda unit: unit.start)
         records = [
             FidelityRecord(
@@ -786,10 +792,8 @@ class Evict:
                 )
                 for i in written
             ]
-            count, tokens, tools, requests = _standing(conversation, removed, stood)
-            entry = _StoodFor(
-                count, tokens, tuple(tools.items()), tuple(requests), gists, tuple(removed)
-            )
+            assert standing is not None  # a notice was written
+            entry = _StoodFor(standing, gists, tuple(removed))
             known = {  # those of this request's notices that stay, and the new one
                 conversation.dialect.text(conversation.messages[unit.start]): stood_for
                 for unit, stood_for in stood.items()
