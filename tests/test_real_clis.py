@@ -534,23 +534,14 @@ def names_listed(run: Run) -> list[list[str]]:
     ]
 
 
-def wrapping_printed(name: str, sent: str) -> bool:
-    """Whether `name` is what Codex's wrapping of a command's output printed in the requests
-    `sent`: its chunk id or its `Original token count`."""
-    return f"Chunk ID: {name}" in sent or f"Original token count: {name}" in sent
-
-
-def long_number_printed(name: str, step: int, sent: str) -> bool:
+def long_number_printed(name: str, step: int) -> bool:
     """Whether `name`, if it is a long number, is one notes file `step` (`numbered_note`)
-    printed as a value — its `deadline` or a row's `value=` (file 6's reach four digits) — or
-    one Codex's wrapping printed (`wrapping_printed`: a chunk id may be all digits)."""
+    printed as a value — its `deadline` or a row's `value=` (file 6's reach four digits): not one
+    of Codex's envelope around a command's output (its chunk id, its token count), which is
+    neither a line nor a name."""
     if not is_long_number(name):
         return True
-    return (
-        name == deadline(step)
-        or f"value={name}," in numbered_note(step)
-        or wrapping_printed(name, sent)
-    )
+    return name == deadline(step) or f"value={name}," in numbered_note(step)
 
 
 def notice_names(run: Run) -> list[tuple[str, list[str]]]:
@@ -711,8 +702,8 @@ def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> No
     # files are cleared (not all evicted): each placeholder the provider received lists
     # identifiers of its own file (the notes' `compute_N`, `result_N_M`, `item-N-M`), and no
     # name the CLI never sent.
-    # Each file's one long number (`deadline`) is listed too, and no long number the file or
-    # the CLI's wrapping did not print. (The files have about 200 lines: the CLIs' own line
+    # Each file's one long number (`deadline`) is listed too, and no long number the file did
+    # not print (not Codex's chunk id or token count). (The files have about 200 lines: the CLIs' own line
     # numbers stay under four digits; tests/policies/test_information.py checks that a read's
     # line numbers are never listed.)
     run = drive(cli, notes=numbered_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
@@ -726,7 +717,7 @@ def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> No
         files = [int(m[1] or m[2] or m[3]) for m in map(FILE_NAME.fullmatch, listed) if m]
         assert len(files) >= 3 and len(set(files)) == 1, (listed, report)  # one file's own
         assert deadline(files[0]) in listed, (listed, report)
-        assert all(long_number_printed(name, files[0], sent) for name in listed), (listed, report)
+        assert all(long_number_printed(name, files[0]) for name in listed), (listed, report)
 
 
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
@@ -734,12 +725,12 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
     # A window 6 000 tokens larger than the other sessions': evicting old turns is enough, so
     # the notice keeps its quoted lines; nothing is cleared first, so every name listed is one
     # the notice found in a whole removed result. Each line quotes a removed file's line with
-    # the names its result printed: names the CLI sent, of that line's own file, with the CLI's
-    # own wrapping (Codex's chunk id).
+    # the names its result printed: names the CLI sent, all of that line's own file (none of
+    # Codex's envelope around the output: its chunk id).
     prefix, window = cli.model.rsplit("-", 1)
     cli = dataclasses.replace(cli, model=f"{prefix}-{int(window) + 6_000}")
-    # Each line lists its file's one long number (`deadline`), and no long number the file or
-    # the CLI's wrapping did not print.
+    # Each line lists its file's one long number (`deadline`), and no long number the file did
+    # not print.
     run = drive(cli, notes=numbered_note, guard={"policies": ["evict", "truncate"]})
     check_run(cli, run, FINAL)
     report = run.report()
@@ -753,11 +744,9 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
         step = int(next(g for g in match.groups() if g))
         notes = (run.work / f"notes_{step}.txt").read_text()
         assert listed and all(name in sent for name in listed), (said, listed, report)
-        # all the file's own, but for what Codex wraps the output in
-        foreign = [name for name in listed if name not in notes]
-        assert all(wrapping_printed(name, sent) for name in foreign), (said, listed, report)
+        assert all(name in notes for name in listed), (said, listed, report)  # the file's own
         assert deadline(step) in listed or deadline(step) in said, (said, listed, report)
-        assert all(long_number_printed(name, step, sent) for name in listed), (listed, report)
+        assert all(long_number_printed(name, step) for name in listed), (listed, report)
     # The notice's share has room left once each removed file has its line: the lines list
     # more of each file's names than `NAMES_QUOTED` characters hold.
     assert any(len(", ".join(listed)) > NAMES_QUOTED for _, listed in quoted), report
@@ -831,7 +820,7 @@ def test_a_notice_with_little_room_quotes_what_fits(drive: Drive, cli: Cli) -> N
         assert removed and GISTS_HEADER in notice, (notice, report)
         assert deadline(removed[-1]) in notice.split(GISTS_HEADER, 1)[1], (notice, report)
         assert all(deadline(n) in notice for n in removed), (removed, notice, report)
-        count = re.match(r"\[brim removed (\d+) earlier messages", notice)
+        count = re.match(re.escape(NOTICE_PREFIX) + r"(\d+) earlier messages", notice)
         assert count is not None and int(count[1]) >= 2 * len(removed), (notice, report)
         checked += 1
     assert checked, report
