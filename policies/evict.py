@@ -17,7 +17,10 @@ orphans, then plain assistant chatter, then the other tool groups, then user mes
 least recently used first within each class (a unit is as recent as the last assistant turn
 that acted on an identifier its results printed, `policies.facts.last_use`; else its own
 place), in batches of at least `evict_at_least` tokens so the cut point moves only now and
-then as a session grows. Each
+then as a session grows. A batch saves what was needed rounded up to that grid, not whatever
+its last unit saves: where the last is a long tool result that saves far more, the units
+removed before it that the request has room for go back, the most valuable first (an older
+copy pointed onward only with the result it names), and the request keeps them. Each
 record names its batch (`FidelityRecord.batch`: its value class and grid step within the class,
 or the last resorts' own grid): the summaries of evicted turns are made per batch.
 
@@ -109,6 +112,7 @@ GISTS_HEADER = "What the latest removed tool results said (the most informative 
 _REMOVED_SHARE = 4  # the quoted lines take at most a quarter of the tokens removed
 IDS_LABEL = "Ids they also printed: "
 _REMOVED_IDS_SHARE = 10  # the ids line takes at most a tenth of the tokens removed
+_PUT_BACK_ROUNDS = 3  # removed units put back where there is room: the notice shrinks each time
 
 
 @dataclass(frozen=True)
@@ -469,6 +473,17 @@ def _batches(
     return taken
 
 
+def _points_to(conversation: Conversation, units: Sequence[Unit]) -> dict[Unit, set[Unit]]:
+    """Each unit's older copies pointed onward: the units holding the results they name."""
+    unit_of = {index: unit for unit in units for index in unit.indices}
+    points: dict[Unit, set[Unit]] = {unit: set() for unit in units}
+    for (named, _), pointers in pointed_at(conversation).items():
+        for index, _ in pointers:
+            if index in unit_of and named in unit_of:
+                points[unit_of[index]].add(unit_of[named])
+    return points
+
+
 def _neighbours(units: list[Unit]) -> set[Unit]:
     """The turns right before and right after each system message in the conversation (not the
     leading system prompt): kept unless nothing else helps, so that the message stays where the
@@ -642,6 +657,7 @@ class Evict:
         recency = {unit: max(used[i] for i in unit.indices) for unit in candidates}
         ordered = sorted(candidates, key=lambda unit: (value[unit], recency[unit], unit.start))
 
+        points = _points_to(conversation, units)
         dumped = _Dumped(conversation)
         stood = _stood_for(conversation, notices)
         gists = _Gists(conversation, meter, stood)
@@ -720,6 +736,44 @@ class Evict:
                     return found[0], found[1], True
             return bare, bare_total, False
 
+        def put_back(
+            removed: list[Unit], result: Conversation, total: int
+        ) -> tuple[list[Unit], Conversation, int]:
+            """`removed` less the units that the request has room for after all, the most
+            valuable first: the batch's last unit may save far more than was still needed (one
+            long tool result), and the ones removed before it need not go. Room under the
+            target as the batch is snapped: what was needed, rounded up to the grid — the cut
+            still moves only when that does. The notice shrinks with what it stands for, so
+            the room is looked at again."""
+            needed = conversation.total - goal.target
+            snapped = -(-needed // step) * step if step > 0 else needed
+            bound = max(total, conversation.total - snapped)
+            for _ in range(_PUT_BACK_ROUNDS):
+                room, back = bound - total, list[Unit]()
+                for unit in reversed(ordered):
+                    if (
+                        unit in batch
+                        and size[unit] <= room
+                        and len(back) < len(removed) - 1
+                        # a pointer never names a result that is gone
+                        and all(target not in batch or target in back for target in points[unit])
+                    ):
+                        back.append(unit)
+                        room -= size[unit]
+                while back:  # built to be sure: the notice changes too
+                    going = set(back)
+                    kept_out = [unit for unit in removed if unit not in going]
+                    built, built_total = total_without(kept_out, self.settings.notice)
+                    if built_total <= bound:
+                        break
+                    back.pop()  # the least valuable of them stays out
+                if not back:
+                    break
+                for unit in back:
+                    del batch[unit]
+                removed, result, total = kept_out, built, built_total
+            return removed, result, total
+
         step = goal.step(self.settings.evict_at_least)
         removed: list[Unit] = []
         batch: dict[Unit, tuple[int, int]] = {}
@@ -733,6 +787,9 @@ class Evict:
             if total <= goal.target or len(removed) == len(candidates):
                 break
             notice_allowance += total - goal.target
+
+        if removed and total <= goal.target:
+            removed, result, total = put_back(removed, result, total)
 
         quoting = True
         if total > goal.limit:  # the quoted lines are the first to go, as far as the limit needs

@@ -33,6 +33,7 @@ from brim.policies.evict import (
 )
 from brim.policies.facts import facts
 from brim.policies.information import fitting
+from brim.policies.text import pointer
 from brim.policies.wires import WIRES
 from brim.policies.wires.base import NOTICE_PREFIX
 from tests.policies.test_compress import conversations
@@ -68,10 +69,12 @@ def session(wire: Builder, last: str = "final question") -> Items:
     return messages
 
 
-def evicted(wire: Builder, messages: Items) -> tuple[Conversation, list[FidelityRecord]]:
+def evicted(
+    wire: Builder, messages: Items, at_least: int | None = 0
+) -> tuple[Conversation, list[FidelityRecord]]:
     before = wire.conversation(messages)
     goal = Goal(target=before.total // 3, limit=before.total // 2)
-    after, records = Evict(EvictSettings(keep_recent_turns=2, evict_at_least=0)).apply(
+    after, records = Evict(EvictSettings(keep_recent_turns=2, evict_at_least=at_least)).apply(
         before, goal, wire.meter
     )
     assert after.total <= goal.target  # the key costs tokens: the goal still holds
@@ -112,10 +115,10 @@ def test_the_same_removed_messages_give_the_same_notice_bytes(wire: Builder) -> 
     """The notice is a function of the removed messages alone: the same history twice (other
     objects), or with a different last turn that leaves the same set removed, gives the very
     same bytes, key included — the request prefix stays put from turn to turn."""
-    first, first_records = evicted(wire, session(wire))
-    again, again_records = evicted(wire, copy.deepcopy(session(wire)))
+    first, first_records = evicted(wire, session(wire), at_least=None)  # the budget's grid
+    again, again_records = evicted(wire, copy.deepcopy(session(wire)), at_least=None)
     other, other_records = evicted(
-        wire, session(wire, last="and the final question, worded otherwise")
+        wire, session(wire, last="and the final question, worded otherwise"), at_least=None
     )
     gone = [r.index for r in first_records if r.action == "evicted"]
     assert gone == [r.index for r in other_records if r.action == "evicted"]  # the same set
@@ -258,7 +261,9 @@ def test_each_removed_unit_is_dumped_once(
     assert any(record.action == "notice" for record in records)
     last_resorts = [record for record in units if record.batch and record.batch[0] == LAST_RESORT]
     assert bool(last_resorts) == (keep_recent_turns == 30)
-    assert len(dumped) == len(units)
+    # every unit evicted, and none twice (units tried and put back were dumped too)
+    assert len(dumped) >= len(units)
+    assert len({orjson.dumps(value) for value in dumped}) == len(dumped)
 
 
 # ---------------------------------------------------------------- the notice's quoted lines
@@ -602,7 +607,7 @@ def evicted_before_grep_turns(
         messages += wire.turn(f"c{n}", "grep", {"p": n}, f"turn {n}\n{LOG[:3000]}")
     messages.append(wire.user("final question"))
     before = wire.conversation(messages)
-    goal = Goal(target=before.total // 2, limit=before.total * 3 // 4)
+    goal = Goal(target=1, limit=before.total * 3 // 4)  # every unit that may go
     return Evict(EvictSettings(evict_at_least=0, keep_recent_turns=1)).apply(
         before, goal, wire.meter
     )
@@ -688,7 +693,7 @@ def test_a_name_the_request_still_carries_is_not_listed(wire: Builder) -> None:
     messages += wire.turn("c4", "grep", {"p": "alpha"}, f"{listing[1]}:12: def alpha():")
     messages.append(wire.user("final question"))
     before = wire.conversation(messages)
-    goal = Goal(target=before.total // 2, limit=before.total * 3 // 4)
+    goal = Goal(target=1, limit=before.total * 3 // 4)  # every unit that may go
     evict = Evict(EvictSettings(evict_at_least=0, keep_recent_turns=2))
     after, records = evict.apply(before, goal, wire.meter)
     assert any('"c0"' in (r.original or "") for r in records if r.action == "evicted")
@@ -715,3 +720,53 @@ def test_the_quoted_lines_go_before_any_protected_turn(wire: Builder) -> None:
     # With room for them, the same cut quotes lines: they were dropped for the limit.
     roomy, _ = quoting.apply(before, Goal(target=1, limit=before.total), wire.meter)
     assert GISTS_HEADER in notice_of(roomy)
+
+
+# ---------------------------------------------------------------- how far the cut goes
+
+
+def test_the_units_removed_before_a_long_one_go_back_where_it_made_room(wire: Builder) -> None:
+    """Where the batch ends on a long tool result that saves far more than was still needed,
+    the units removed before it go back where the request has room for them under the target:
+    only the long one goes."""
+
+    def session(turns: list[int]) -> Items:
+        messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+        for n in turns:
+            lines = LOG.split("\n")[40 * n : 40 * n + (400 if n == 4 else 25)]
+            body = "\n".join(f"module {n}: {line}" for line in lines)
+            messages += wire.turn(f"c{n}", "read_file", {"p": f"src/module_{n}.py"}, body)
+        return [*messages, wire.user("final question")]
+
+    before = wire.conversation(session(list(range(8))))
+    short = before.total - wire.conversation(session(list(range(1, 8)))).total
+    target = before.total - 4 * short - 200  # more than the four short turns before the long one
+    goal = Goal(target=target, limit=target + target // 5)
+    after, records = Evict(EvictSettings(keep_recent_turns=2, evict_at_least=0)).apply(
+        before, goal, wire.meter
+    )
+    assert removed_turns(records) == [4]
+    assert after.total <= goal.target
+
+
+def test_an_older_copy_goes_back_only_with_the_result_it_points_to(wire: Builder) -> None:
+    """Units go back where a long one made room, but never an older copy pointed onward to a
+    result that stays out: a pointer never names a result that is gone."""
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    messages += wire.turn("c0", "grep", {"p": "x"}, pointer("grep", "c3", "ab" * 32))
+    for n in (1, 2):
+        lines = LOG.split("\n")[40 * n : 40 * n + 25]
+        messages += wire.turn(f"c{n}", "read_file", {"p": n}, "\n".join(lines))
+    messages += wire.turn("c3", "grep", {"p": "x"}, "\n".join(LOG.split("\n")[100:400]))
+    for n in (4, 5):
+        messages += wire.turn(f"c{n}", "read_file", {"p": n}, f"module {n}")
+    messages.append(wire.user("final question"))
+    before = wire.conversation(messages)
+    goal = Goal(target=before.total * 2 // 3, limit=before.total * 3 // 4)
+    after, records = Evict(EvictSettings(keep_recent_turns=2, evict_at_least=0)).apply(
+        before, goal, wire.meter
+    )
+    gone = "".join(r.original or "" for r in records if r.action == "evicted")
+    assert '"c3"' in gone and '"c0"' in gone
+    assert '"c1"' not in gone and '"c2"' not in gone  # those went back
+    assert after.total <= goal.target
