@@ -827,6 +827,43 @@ def test_a_notice_with_little_room_quotes_what_fits(drive: Drive, cli: Cli) -> N
     assert all(e["tokens_out"] <= e["budget"] for e in run.audit), report
 
 
+def short_and_long_note(step: int) -> str:
+    """Notes files 1 to 3 short (ten rows), file 4 five times a file's length (the CLIs' own read
+    tools may cut it), 5 and 6 as usual."""
+    first, *rows, end, _ = note(step).split("\n")
+    if step <= 3:
+        rows = rows[:10]
+    elif step == 4:
+        rows = [
+            row.replace(f"result_{step}_", f"result_{step}{k}_") for k in "abcde" for row in rows
+        ]
+    return "\n".join([first, *rows, end]) + "\n"
+
+
+# Windows where the cut that evicts file 4's long result saves more than the batch needed.
+# Codex is not here: its exec_command gives back about 4K tokens of a long output (head and
+# tail), less than a batch (30 % of the budget), so no one result of its outweighs one.
+PUT_BACK_WINDOWS = {"claude": 66_000, "gemini": 52_000, "opencode": 45_000}
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_the_short_files_before_a_long_one_stay_when_it_goes(drive: Drive, cli: Cli) -> None:
+    # Three short files, then a long one: the cut that removes the long file's turn, the batch's
+    # last, saves more than the batch needed, so the short files before it, which went first,
+    # go back: a request reaches the provider with files 1 to 3 whole and file 4 gone (before,
+    # all four went: files 5 and 6 alone).
+    prefix, _ = cli.model.rsplit("-", 1)
+    cli = dataclasses.replace(cli, model=f"{prefix}-{PUT_BACK_WINDOWS[cli.name]}")
+    run = drive(cli, notes=short_and_long_note, guard={"policies": ["evict", "truncate"]})
+    check_run(cli, run, FINAL)
+    report = run.report()
+    texts = ["\n".join(strings_of(call.body)) for call in run.fake.main_calls]
+    carried = [{n for n in range(1, READS + 1) if whole(n, text)} for text in texts]
+    cuts = [files for files, text in zip(carried, texts, strict=True) if "MARKER-4:" not in text]
+    assert any({5, 6} <= files for files in cuts), (carried, report)  # the cut came
+    assert any({1, 2, 3, 5, 6} <= files for files in cuts), (carried, report)
+
+
 def escaped_note(step: int) -> str:
     """Big file `step`, larger than what any window here leaves for it, its lines full of what
     JSON escapes — tabs, quotes, backslashes: each two characters where an API carries the
