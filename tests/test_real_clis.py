@@ -121,6 +121,10 @@ class Cli:
     def window(self) -> int:
         return int(self.model.rsplit("-", 1)[1])
 
+    def at_window(self, window: int) -> Cli:
+        """The same CLI with a model of `window` tokens."""
+        return dataclasses.replace(self, model=f"{self.model.rsplit('-', 1)[0]}-{window}")
+
 
 def claude_command(
     exe: Path, home: Path, base: str | None, model: str
@@ -727,8 +731,7 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
     # the notice found in a whole removed result. Each line quotes a removed file's line with
     # the names its result printed: names the CLI sent, all of that line's own file (none of
     # Codex's envelope around the output: its chunk id).
-    prefix, window = cli.model.rsplit("-", 1)
-    cli = dataclasses.replace(cli, model=f"{prefix}-{int(window) + 6_000}")
+    cli = cli.at_window(cli.window + 6_000)
     # Each line lists its file's one long number (`deadline`), and no long number the file did
     # not print.
     run = drive(cli, notes=numbered_note, guard={"policies": ["evict", "truncate"]})
@@ -773,8 +776,7 @@ def test_an_evicted_file_with_no_line_of_its_own_is_named_by_its_ids(
     # the provider received names the constant (`deadline`) of each file its request no longer
     # carries, on a quoted line or on the ids line, and the ids line lists only names the CLI
     # sent.
-    prefix, window = cli.model.rsplit("-", 1)
-    cli = dataclasses.replace(cli, model=f"{prefix}-{int(window) + 6_000}")
+    cli = cli.at_window(cli.window + 6_000)
     guard = {"policies": ["evict", "truncate"], "evict": {"gist_share": 0.003}}
     run = drive(cli, notes=numbered_note, guard=guard)
     check_run(cli, run, FINAL)
@@ -852,8 +854,7 @@ def test_the_short_files_before_a_long_one_stay_when_it_goes(drive: Drive, cli: 
     # last, saves more than the batch needed, so the short files before it, which went first,
     # go back: a request reaches the provider with files 1 to 3 whole and file 4 gone (before,
     # all four went: files 5 and 6 alone).
-    prefix, _ = cli.model.rsplit("-", 1)
-    cli = dataclasses.replace(cli, model=f"{prefix}-{PUT_BACK_WINDOWS[cli.name]}")
+    cli = cli.at_window(PUT_BACK_WINDOWS[cli.name])
     run = drive(cli, notes=short_and_long_note, guard={"policies": ["evict", "truncate"]})
     check_run(cli, run, FINAL)
     report = run.report()
