@@ -473,14 +473,16 @@ def _batches(
     return taken
 
 
-def _points_to(conversation: Conversation, units: Sequence[Unit]) -> dict[Unit, set[Unit]]:
-    """Each unit's older copies pointed onward: the units holding the results they name."""
-    unit_of = {index: unit for unit in units for index in unit.indices}
-    points: dict[Unit, set[Unit]] = {unit: set() for unit in units}
+def _points_to(conversation: Conversation) -> dict[Unit, set[Unit]]:
+    """The units whose older copies are pointed onward, each with the units holding the
+    results those pointers name."""
+    unit_of = facts(conversation).unit_of
+    points: dict[Unit, set[Unit]] = {}
     for (named, _), pointers in pointed_at(conversation).items():
         for index, _ in pointers:
-            if index in unit_of and named in unit_of:
-                points[unit_of[index]].add(unit_of[named])
+            pointer, held = unit_of.get(index), unit_of.get(named)
+            if pointer is not None and held is not None:
+                points.setdefault(pointer, set()).add(held)
     return points
 
 
@@ -657,7 +659,6 @@ class Evict:
         recency = {unit: max(used[i] for i in unit.indices) for unit in candidates}
         ordered = sorted(candidates, key=lambda unit: (value[unit], recency[unit], unit.start))
 
-        points = _points_to(conversation, units)
         dumped = _Dumped(conversation)
         stood = _stood_for(conversation, notices)
         gists = _Gists(conversation, meter, stood)
@@ -748,6 +749,7 @@ class Evict:
             needed = conversation.total - goal.target
             snapped = -(-needed // step) * step if step > 0 else needed
             bound = max(total, conversation.total - snapped)
+            points = _points_to(conversation)
             for _ in range(_PUT_BACK_ROUNDS):
                 room, back = bound - total, list[Unit]()
                 for unit in reversed(ordered):
@@ -756,7 +758,9 @@ class Evict:
                         and size[unit] <= room
                         and len(back) < len(removed) - 1
                         # a pointer never names a result that is gone
-                        and all(target not in batch or target in back for target in points[unit])
+                        and all(
+                            target not in batch or target in back for target in points.get(unit, ())
+                        )
                     ):
                         back.append(unit)
                         room -= size[unit]

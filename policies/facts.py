@@ -143,6 +143,11 @@ class Facts(Lasting):
         return self.dialect.units(self.messages)
 
     @_Once
+    def unit_of(self) -> dict[int, Unit]:
+        """The unit each message is in, by its index."""
+        return {index: unit for unit in self.units for index in unit.indices}
+
+    @_Once
     def _walk(self) -> tuple[tuple[frozenset[str], ...], int]:
         """The requests before each message (and the current one), and where the last is: a
         user message that is no notice of brim's and says something, or at least answers no

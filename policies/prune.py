@@ -52,7 +52,6 @@ from brim.policies.conversation import (
     Goal,
     Meter,
     ToolResult,
-    Unit,
     archive_key,
     text_tokens_taking,
 )
@@ -667,18 +666,14 @@ def _task_terms(known: Facts) -> Callable[[int], frozenset[str]]:
     fetched for and of the calls of their unit — worked out once a message, and the same set
     for every result of it and both lossy steps (its hash, part of the caches' keys, is then
     computed once)."""
-    unit_of: dict[int, Unit] = {}
     found: dict[int, frozenset[str]] = {}
 
     def terms(index: int) -> frozenset[str]:
         known_terms = found.get(index)
         if known_terms is None:
-            if not unit_of:
-                unit_of.update(
-                    (i, unit) for unit in known.units if unit.kind == "tools" for i in unit.indices
-                )
-            unit = unit_of.get(index)
-            call_terms = known.call_terms(unit) if unit else frozenset()
+            unit = known.unit_of.get(index)
+            tools = unit if unit is not None and unit.kind == "tools" else None
+            call_terms = known.call_terms(tools) if tools is not None else frozenset()
             known_terms = found[index] = known.requests[index] | call_terms
         return known_terms
 
