@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator, Sequence
+from typing import NamedTuple
 
 from brim.policies.conversation import Meter
 from brim.policies.information import LineStats, scores_of, words
@@ -30,6 +31,15 @@ FEW_ANOMALIES = 3  # a digest keeps this many anomaly lines wherever they fit
 MIN_LINES = 8  # fewer lines than this: cut by tokens, not by lines
 
 
+class Middle(NamedTuple):
+    """The middle `cut_middle` takes out, and what stays around it."""
+
+    removed: int  # tokens
+    text: str  # what went
+    head: str
+    tail: str
+
+
 def cut_middle(
     text: str,
     keep_tokens: int,
@@ -37,11 +47,11 @@ def cut_middle(
     head_share: float = 1 / 3,
     *,
     tokens: Sequence[int] | None = None,
-    marker: Callable[[int], str] | None = None,
+    marker: Callable[[Middle], str] | None = None,
 ) -> tuple[str, int]:
     """`text` with its middle replaced by a marker so about `keep_tokens` remain, cut at line
     ends where there are any (`tokens`: the text's own, when the caller has them already;
-    `marker`: what the marker says, given the tokens removed). Returns the new text and how
+    `marker`: what the marker says, given the middle that went). Returns the new text and how
     many tokens were removed."""
     if tokens is None:
         tokens = meter.tokens(text)
@@ -56,7 +66,13 @@ def cut_middle(
     if "\n" in tail[: len(tail) // 2]:
         tail = tail[tail.index("\n") + 1 :]
     removed = len(tokens) - len(meter.tokens(head)) - len(meter.tokens(tail))
-    said = marker(removed) if marker else f"\n[… {removed} tokens cut from the middle by brim …]\n"
+    if marker is None:
+        said = f"\n[… {removed} tokens cut from the middle by brim …]\n"
+    else:
+        end = len(text) - len(tail)
+        exact = text.startswith(head) and text.endswith(tail) and len(head) <= end
+        middle = text[len(head) : end] if exact else meter.decode(tokens[head_n:-tail_n])
+        said = marker(Middle(removed, middle, head, tail))
     return head.rstrip("\n") + said + tail.lstrip("\n"), removed
 
 

@@ -2,24 +2,29 @@
 
 Head and tail are kept (a third and two thirds: the end of a log is where the error is), with a
 marker saying how many tokens went and naming the key of the whole text (`marker`), which the
-record keeps as its original. The largest text goes first, then the next, until the request
-fits the budget itself (`Goal.limit`, not the low-water mark: this cut destroys text, so it goes
-no further than the budget needs, and only in compress's last-resort pass) or no text is left to
-cut. The newest turn (the newest message, or a tool call with all its results) and the last user
-message (`last_request`) are cut only after every other message has been, and only if the
-request still does not fit (a system message after the newest turn does not make that turn
-older); system and developer messages in the conversation (Chat's system, Responses' developer
-and system items — Codex sends its instructions so) only after everything else, and only once
-evict's notice is gone: brim's own words go before the client's instructions are cut (the
-evicted messages stay in the archive, though the request no longer names their key). Instructions
-outside it (Anthropic's `system`, Gemini's `systemInstruction`) are fixed cost: never cut.
-Tool-call arguments are never cut (they must stay valid JSON); nor are the messages a wire's
-dialect offers no text of (thinking turns, Anthropic's system messages).
+record keeps as its original; under it, as a cleared result's placeholder lists them, the names the
+middle printed that head and tail do not show (ids, paths, names: `policies.information.names`), in
+up to `names_share` of the characters that went and `names_of_kept` of those that stay — a number a
+file states once in its middle is still in the request (a text cut to its floor, `min_keep_tokens`,
+goes without them). The largest text goes first, then the next, until the request fits the budget
+itself (`Goal.limit`, not the low-water mark: this cut destroys text, so it goes no further than
+the budget needs, and only in compress's last-resort pass) or no text is left to cut. The newest
+turn (the newest message, or a tool call with all its results) and the last user message
+(`last_request`) are cut only after every other message has been, and only if the request still
+does not fit (a system message after the newest turn does not make that turn older); system and
+developer messages in the conversation (Chat's system, Responses' developer and system items —
+Codex sends its instructions so) only after everything else, and only once evict's notice is gone:
+brim's own words go before the client's instructions are cut (the evicted messages stay in the
+archive, though the request no longer names their key). Instructions outside it (Anthropic's
+`system`, Gemini's `systemInstruction`) are fixed cost: never cut. Tool-call arguments are never
+cut (they must stay valid JSON); nor are the messages a wire's dialect offers no text of (thinking
+turns, Anthropic's system messages).
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -32,22 +37,53 @@ from brim.policies.conversation import (
     text_tokens_taking,
 )
 from brim.policies.facts import facts, last_request
-from brim.policies.lines import cut_middle
+from brim.policies.information import names
+from brim.policies.lines import Middle, cut_middle
+from brim.policies.text import NAMES_LABEL
 from brim.policies.wires.base import is_notice
 
 MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split
+CUT_ATTEMPTS = 4  # measured cuts of one text: the first by estimate, the others by what it took
 
 
-def marker(removed: int, key: str) -> str:
+def marker(removed: int, key: str, named: Sequence[str] = ()) -> str:
     """What takes the place of a cut text's middle: how many tokens went, and the key of the
-    whole text, as `prune` names the whole of what it shortens."""
-    return f"\n[… {removed} tokens cut from the middle by brim; the whole is sha256:{key[:16]} …]\n"
+    whole text, as `prune` names the whole of what it shortens; then, if any, the names that
+    went (`named`), as a cleared result's placeholder lists them."""
+    said = f"\n[… {removed} tokens cut from the middle by brim; the whole is sha256:{key[:16]} …]\n"
+    return f"{said}{NAMES_LABEL}{', '.join(named)}\n" if named else said
+
+
+class _Marker:
+    """The marker of one text's cut, its names given `room` characters: those the middle of the
+    first cut printed that its head and tail do not (`policies.information.names`). A later,
+    deeper cut of the same text keeps them (each is still in what went), so the marker does
+    not grow as the cut is made to fit."""
+
+    def __init__(self, key: str, room: int) -> None:
+        self._key, self._room = key, room
+        self._named: tuple[str, ...] | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names listed, once the first cut chose them."""
+        return self._named or ()
+
+    def __call__(self, middle: Middle) -> str:
+        if self._named is None:
+            skip = (middle.head, middle.tail)
+            self._named = names(middle.text, self._room, skip) if self._room > 0 else ()
+        return marker(middle.removed, self._key, self._named)
 
 
 class TruncateSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     min_keep_tokens: int = Field(256, ge=16)  # what is left of a message at least
+    # The names of what went, in at most this share of its characters (as clear's placeholder
+    # lists a result's) and this share of what stays of the text
+    names_share: float = Field(0.15, ge=0, le=0.3)
+    names_of_kept: float = Field(0.5, ge=0, le=1)
 
 
 def _without_notices(conversation: Conversation) -> Conversation:
@@ -127,25 +163,40 @@ class Truncate:
                 text=len(tokens),
                 meter=meter,
             )
-            # The marker's own tokens (with a count as long as it can get) are cut too.
+            # The marker's own tokens (with a count as long as it can get) are cut too; and the
+            # names of what went, in a room sized by this first estimate of the cut, chosen
+            # from the middle it takes out, are cut by what they take on the next attempt.
             allowance = meter.text_tokens(marker(len(tokens), key)) + MARKER_SLACK
             removing = text_tokens(excess) + allowance
+            chars = len(text) / len(tokens)
+            room = int(
+                min(
+                    self.settings.names_share * removing * chars,
+                    self.settings.names_of_kept * max(0, len(tokens) - removing) * chars,
+                )
+            ) - len(NAMES_LABEL)
+            said = _Marker(key, room)
             cut, removed, updated, size = text, 0, message, conversation.sizes[index]
-            for _ in range(3):  # where the middle takes fewer tokens than the whole, again
+            # Again where the middle took fewer tokens than the whole, or the names took room; a
+            # cut moves by whole lines, so each retry goes a little further.
+            for attempt in range(CUT_ATTEMPTS):
                 keep = max(self.settings.min_keep_tokens, len(tokens) - removing)
                 if keep >= len(tokens):
                     break
-                cut, removed = cut_middle(
-                    text, keep, meter, tokens=tokens, marker=functools.partial(marker, key=key)
-                )
+                cut, removed = cut_middle(text, keep, meter, tokens=tokens, marker=said)
                 if not removed:
                     break
                 updated = dialect.with_largest_text(message, cut)
                 size = meter.message(updated)
                 over = excess - (conversation.sizes[index] - size)
-                if over <= 0 or keep == self.settings.min_keep_tokens:
+                if over <= 0:
                     break
-                removing += text_tokens(over)
+                if keep == self.settings.min_keep_tokens:
+                    if not said.names:
+                        break
+                    said = _Marker(key, 0)  # at its floor, the text goes without the names
+                    continue
+                removing += text_tokens(over) + MARKER_SLACK * attempt
             if not removed or size >= conversation.sizes[index]:
                 continue
             result = next((r for r in known.results[index] if r.text == text), None)

@@ -878,6 +878,47 @@ def escaped_note(step: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def long_numbered_note(step: int) -> str:
+    """Big file `step` (`note`), its rows three and a half times over, larger than what any window
+    here leaves for it, with its constant (`deadline`) in the middle."""
+    first, *rows, end, _ = note(step).split("\n")
+    rows = (rows * 4)[:700]
+    rows.insert(350, f"DEADLINE_MS_{step} = {deadline(step)}  # of notes file {step}")
+    return "\n".join([first, *rows, end]) + "\n"
+
+
+CUT_NAMES = re.compile(
+    r"tokens cut from the middle by brim; the whole is sha256:[0-9a-f]{16} …\]\n"
+    + re.escape(NAMES_LABEL)
+    + r"(.*)\n"
+)
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_a_file_cut_in_the_middle_lists_the_names_that_went(drive: Drive, cli: Cli) -> None:
+    # Every file is larger than the room the window leaves, its constant in the middle: the
+    # newest one is cut in the middle, and the marker lists the names the middle printed — the
+    # constant among them (a planted number in a Read alone over the budget was lost with its
+    # middle). Codex is not in it: its exec_command keeps a long output's head and tail itself,
+    # so the middle never reaches brim.
+    run = drive(cli, notes=long_numbered_note)
+    check_run(cli, run, FINAL)
+    report = run.report()
+    cuts = [
+        (text, found.split(", "))
+        for call in run.fake.main_calls
+        for text in strings_of(call.body)
+        for found in CUT_NAMES.findall(text)
+    ]
+    assert cuts, report
+    for text, listed in cuts:
+        step = int(re.findall(r"MARKER-(\d+)", text)[0])  # the file whose head it is
+        assert deadline(step) in listed and deadline(step) not in CUT_NAMES.sub("", text)
+        files = {int(m[1] or m[2] or m[3]) for m in map(FILE_NAME.fullmatch, listed) if m}
+        assert files <= {step}, (listed, report)  # none of another file
+        assert all(name in long_numbered_note(step) for name in listed), (listed, report)
+
+
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
 def test_a_cut_into_escaped_text_uses_the_budget(drive: Drive, cli: Cli) -> None:
     # Every file is larger than the room the window leaves: each newest one is cut into (Codex

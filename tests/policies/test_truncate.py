@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from brim.policies.conversation import Conversation, Goal, archive_key
+from brim.policies.text import NAMES_LABEL
 from brim.policies.tokens import CounterMeter
 from brim.policies.truncate import Truncate
 from brim.policies.wires import WIRES
@@ -50,6 +51,44 @@ def test_the_marker_names_the_key_of_the_whole_text_its_record_keeps(api: str) -
     assert record.archive_key == archive_key(LOG) and shown == record.archive_key[:16]
     assert record.detail == "tool_result:c1"
     assert cut.startswith(LOG[:40]) and cut.endswith(LOG[-40:])
+
+
+def source_file(lines: int, deadline_at: int) -> str:
+    """A module as a Read prints it: one `value_N = compute_N(row)` line each, and one
+    constant with a long number (`DEADLINE = 482913`) at `deadline_at`."""
+    rows = [f"{n:6}\t    value_{n} = compute_{n}(row)" for n in range(1, lines + 1)]
+    rows[deadline_at] = f"{deadline_at + 1:6}\t    DEADLINE = 482913  # the one id it prints"
+    return "\n".join(rows)
+
+
+LISTED = re.compile(rf"…\]\n{re.escape(NAMES_LABEL)}(.*)\n")
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_the_marker_lists_the_names_of_what_went(api: str) -> None:
+    """A file cut in the middle says which names went with its middle, as a cleared result's
+    placeholder does: its one id among them (a planted number in a 22 K-token Read, the
+    newest turn, alone over the budget, was lost with the middle), none that head or tail
+    still shows, none it did not print — and the request still fits its budget."""
+    wire = BUILDERS[api]
+    text = source_file(600, deadline_at=300)
+    messages = [*LEADING.get(api, []), wire.user("read it")]
+    messages += wire.turn("c0", "Read", {"file_path": "/src/values.py"}, text)
+    before = wire.conversation(messages)
+    limit = before.total // 2
+    after, records = Truncate().apply(before, Goal(target=limit, limit=limit), wire.meter)
+    assert len(records) == 1 and limit * 0.97 - 30 <= after.total <= limit
+    cut = result_of(after, "c0")
+    (listed,) = LISTED.findall(cut)
+    named = listed.split(", ")
+    head, _, rest = SHOWN.split(cut)  # the key between them
+    tail = rest.split("\n", 1)[1]  # after the names line
+    assert "482913" in named and len(named) > 20
+    middle = text.removeprefix(head.rstrip("\n")).removesuffix(tail.lstrip("\n"))
+    assert all(re.search(rf"\b{re.escape(name)}\b", middle) for name in named)
+    kept = set(re.findall(r"\w+", head + tail))
+    assert "row" in kept and not kept & set(named)
+    assert not kept & (set(named) - {"row"})  # row: in every line, listed as what went most
 
 
 def test_the_same_text_is_cut_to_the_same_bytes(wire: Builder) -> None:
