@@ -29,6 +29,7 @@ MARKER_TOKENS = 20  # what one "[… N lines … omitted by brim …]" line cost
 DIGEST_MARKER_TOKENS = 12  # …and one "[… N lines omitted by brim …]", a digest's
 FEW_ANOMALIES = 3  # a digest keeps this many anomaly lines wherever they fit
 MIN_LINES = 8  # fewer lines than this: cut by tokens, not by lines
+LINE_END_SHARE = 0.1  # a cut in the middle stops at a line end within this share of what it keeps
 
 
 class Middle(NamedTuple):
@@ -61,9 +62,11 @@ def cut_middle(
     tail_n = max(1, keep_tokens - head_n)
     head = meter.decode(tokens[:head_n])
     tail = meter.decode(tokens[-tail_n:])
-    if "\n" in head[len(head) // 2 :]:
+    # At a line end where one is near (a text of a few long lines would lose up to half of
+    # what it keeps, and the request go out far below its budget), else where the tokens end.
+    if "\n" in head[len(head) - _line_end_reach(head) :]:
         head = head[: head.rindex("\n") + 1]
-    if "\n" in tail[: len(tail) // 2]:
+    if "\n" in tail[: _line_end_reach(tail)]:
         tail = tail[tail.index("\n") + 1 :]
     removed = len(tokens) - len(meter.tokens(head)) - len(meter.tokens(tail))
     if marker is None:
@@ -74,6 +77,11 @@ def cut_middle(
         middle = text[len(head) : end] if exact else meter.decode(tokens[head_n:-tail_n])
         said = marker(Middle(removed, middle, head, tail))
     return head.rstrip("\n") + said + tail.lstrip("\n"), removed
+
+
+def _line_end_reach(kept: str) -> int:
+    """How far back (in characters) a cut keeping `kept` looks for a line end to stop at."""
+    return int(len(kept) * LINE_END_SHARE)
 
 
 def _line_marker(omitted: int, telling: int, brief: bool = False) -> str:
