@@ -54,7 +54,10 @@ the lines and the ids line halve together: the slack a coarse rung leaves under 
 the next turns fit without another re-cut. If the protected units alone are over the limit, the
 notice's quoted lines go first, then the protected units are released oldest first (never a
 system message or the last user message) — after which the lines take what room the release left
-under the limit — and the notice itself goes if it is what does not fit.
+under the limit — and the notice itself goes if it is what does not fit. Where the request is
+over the limit even without it (the newest turn alone takes the budget) and text is cut next
+(compress's last-resort pass), the notice keeps its ids line: `truncate` cuts the newest turn
+before brim's notice, so the ids of the older results stay beside it.
 
 A notice evict wrote earlier in the same request (compress's first pass, before its last
 resorts) stands for what it removed (`_Notices`, in the conversation's memo): when the last
@@ -821,6 +824,11 @@ class Evict:
             without, smaller = total_without(removed, False)
             if smaller <= goal.limit:
                 result, total = without, smaller
+            elif goal.cuts_text and not quoting:
+                # Over the limit whatever the notice says: text is cut next (truncate, the
+                # newest turn at last). The ids line keeps its share — beside a turn that takes
+                # the whole budget, the one trace of what the older results printed.
+                result, total = total_without(removed, True, True, (0.0, 1.0))
 
         # what the notice as built stands for (worked out already where it was built)
         standing = head_of(removed)[0] if self.settings.notice and removed else None

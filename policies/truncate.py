@@ -11,7 +11,8 @@ itself (`Goal.limit`, not the low-water mark: this cut destroys text, so it goes
 the budget needs, and only in compress's last-resort pass) or no text is left to cut. The newest
 turn (the newest message, or a tool call with all its results) and the last user message
 (`last_request`) are cut only after every other message has been, and only if the request still
-does not fit (a system message after the newest turn does not make that turn older); system and
+does not fit (a system message after the newest turn does not make that turn older); evict's notice
+after them (brim's own words, its ids line the one trace of the results it removed); system and
 developer messages in the conversation (Chat's system, Responses' developer and system items —
 Codex sends its instructions so) only after everything else, and only once evict's notice is gone:
 brim's own words go before the client's instructions are cut (the evicted messages stay in the
@@ -86,15 +87,20 @@ class TruncateSettings(BaseModel):
     names_of_kept: float = Field(0.5, ge=0, le=1)
 
 
-def _without_notices(conversation: Conversation) -> Conversation:
-    """The conversation without evict's notices (brim's own messages, naming what was
-    removed), where it pairs validly without them; else as it is."""
-    dialect = conversation.dialect
-    notices = {
+def _notices(conversation: Conversation) -> set[int]:
+    """Where evict's notices are (brim's own messages, naming what was removed)."""
+    return {
         i
         for i, origin in enumerate(conversation.origin)
-        if origin == -1 and is_notice(dialect, conversation.messages[i])
+        if origin == -1 and is_notice(conversation.dialect, conversation.messages[i])
     }
+
+
+def _without_notices(conversation: Conversation) -> Conversation:
+    """The conversation without evict's notices, where it pairs validly without them; else as
+    it is."""
+    dialect = conversation.dialect
+    notices = _notices(conversation)
     if not notices:
         return conversation
     without = conversation.keep(lambda i: i not in notices, {})
@@ -139,9 +145,10 @@ class Truncate:
         spared = {len(conversation.messages) - 1, last_request(conversation)}
         spared |= set(newest.indices) if newest is not None else set()
         instructions = {i for u in known.units if u.kind == "system" for i in u.indices}
+        notices = _notices(conversation)  # after those: the one trace of what evict removed
         order = sorted(
             (i for i in range(len(conversation.messages)) if (i in instructions) == system),
-            key=lambda i: (i in spared, -conversation.sizes[i], i),
+            key=lambda i: (i in notices, i in spared, -conversation.sizes[i], i),
         )
         for index in order:
             excess = conversation.total - goal.limit

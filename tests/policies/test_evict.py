@@ -770,3 +770,30 @@ def test_an_older_copy_goes_back_only_with_the_result_it_points_to(wire: Builder
     assert '"c3"' in gone and '"c0"' in gone
     assert '"c1"' not in gone and '"c2"' not in gone  # those went back
     assert after.total <= goal.target
+
+
+def test_beside_a_newest_turn_over_the_budget_the_notice_keeps_its_ids(wire: Builder) -> None:
+    """Where the newest turn alone takes more than the budget (a whole long file read last),
+    evict removes every older turn and truncate cuts the newest: the notice still lists the
+    ids the older results printed, in its own share, and truncate cuts the newest turn rather
+    than brim's notice — the one trace of those results. (The notice was bare, and a Claude Code
+    session cut to 5× kept none of the 12 facts its older results held.)"""
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    printed = {n: [f"TIMEOUT_{k}_MS = {48000 + 100 * n + k}" for k in range(30)] for n in range(6)}
+    for n, lines in printed.items():
+        messages += wire.turn(f"c{n}", "read_file", {"p": n}, "\n".join([*lines, *["ok"] * 200]))
+    messages += wire.turn("last", "read_file", {"p": "big"}, LOG * 2)
+    dialect = WIRES[wire.api].dialect
+    limit = wire.conversation(messages[-2:]).total * 2 // 3  # the newest turn alone is over it
+    policies = build_policies(["evict", "truncate"], {})
+    out = compress(dialect, messages, 3, wire.meter, policies, limit=limit, low_water=0.85)
+    assert out.fits and out.tokens_out <= limit
+    after = wire.conversation(list(out.messages))
+    notice = notice_of(after)
+    *_, ids = quoted_lines(notice)
+    listed = ids.removeprefix(IDS_LABEL).split(", ")
+    assert wire.meter.text_tokens(ids) > 300  # more than truncate leaves of a message it cuts
+    newest = {line.split(" = ")[1] for line in printed[5]}  # the newest removed result's first
+    assert len(newest & set(listed)) >= 29
+    assert "tokens cut from the middle by brim" in result_of(after, "last")
+    assert "tokens cut from the middle by brim" not in notice
