@@ -924,6 +924,31 @@ def test_a_file_cut_in_the_middle_lists_the_names_that_went(drive: Drive, cli: C
         assert all(deadline(k) in sent for k in range(1, step)), (step, report)
 
 
+def test_codex_beside_an_output_over_the_budget_still_shows_the_earlier_constants(
+    drive: Drive,
+) -> None:
+    # Codex keeps a long output's head and tail itself (about 4K tokens): at a 9K window, its
+    # instructions and one output are over the budget, so each request cuts the newest output
+    # and evicts every file before it. The notice still lists the constants those files
+    # printed (each file's `deadline`, on its second line): before, beside a turn over the
+    # budget, it was bare.
+    cli = CODEX.at_window(9_000)
+    run = drive(cli, notes=numbered_note)
+    check_run(cli, run, FINAL)
+    report = run.report()
+    sent = ["\n".join(strings_of(call.body)) for call in run.fake.main_calls]
+    newest = [max(map(int, re.findall(r"MARKER-(\d+)", text)), default=0) for text in sent]
+    cut = [
+        (text, step)
+        for text, step in zip(sent, newest, strict=True)
+        if step > 1 and "tokens cut from the middle by brim" in text
+    ]
+    assert len(cut) >= 4, report
+    for text, step in cut:
+        assert all(deadline(k) in text for k in range(1, step)), (step, report)
+        assert re.search(rf"{re.escape(IDS_LABEL)}.*\b{deadline(step - 1)}\b", text), report
+
+
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
 def test_a_cut_into_escaped_text_uses_the_budget(drive: Drive, cli: Cli) -> None:
     # Every file is larger than the room the window leaves: each newest one is cut into (Codex
