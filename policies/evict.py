@@ -55,9 +55,10 @@ the next turns fit without another re-cut. If the protected units alone are over
 notice's quoted lines go first, then the protected units are released oldest first (never a
 system message or the last user message) — after which the lines take what room the release left
 under the limit — and the notice itself goes if it is what does not fit. Where the request is
-over the limit even without it (the newest turn alone takes the budget) and text is cut next
-(compress's last-resort pass), the notice keeps its ids line: `truncate` cuts the newest turn
-before brim's notice, so the ids of the older results stay beside it.
+over the limit even without it (the recent turns, or the newest alone, take the budget) and text
+may be cut (`Goal.text_cuts`: in compress's last-resort pass, which follows a reversible pass
+over the limit), the notice keeps its ids line: the cuts into text make room for it, and
+`truncate` cuts the newest turn before brim's notice, so the ids of the older results stay.
 
 A notice evict wrote earlier in the same request (compress's first pass, before its last
 resorts) stands for what it removed (`_Notices`, in the conversation's memo): when the last
@@ -828,9 +829,10 @@ class Evict:
             without, smaller = total_without(removed, False)
             if smaller <= goal.limit:
                 result, total = without, smaller
-            elif goal.cuts_text and not quoting:
-                # Over the limit whatever the notice says: text is cut next (truncate, the
-                # newest turn at last). The ids line keeps its share — beside a turn that takes
+            elif goal.text_cuts and not quoting:
+                # Over the limit whatever the notice says: text is cut next (in this pass, or
+                # in the last-resort pass that follows a reversible one over the limit; the
+                # newest turn at last). The ids line keeps its share — beside turns that take
                 # the whole budget, the one trace of what the older results printed.
                 result, total = total_without(removed, True, True, (0.0, 1.0))
 

@@ -797,3 +797,30 @@ def test_beside_a_newest_turn_over_the_budget_the_notice_keeps_its_ids(wire: Bui
     assert len(newest & set(listed)) >= 29
     assert "tokens cut from the middle by brim" in result_of(after, "last")
     assert "tokens cut from the middle by brim" not in notice
+
+
+def test_beside_recent_turns_over_the_budget_the_notice_keeps_its_ids(wire: Builder) -> None:
+    """Where the recent turns evict keeps are over the budget together (though the newest fits),
+    compress's reversible pass ends over it and its last resorts digest those results: the
+    notice the reversible pass wrote keeps its ids line, and the digests make room for it.
+    (It was bare: a Codex session on flask cut to 5× kept none of the 7 facts of its older
+    results; with the ids line, 4.)"""
+    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
+    printed = {n: [f"TIMEOUT_{k}_MS = {48000 + 100 * n + k}" for k in range(5)] for n in range(6)}
+    for n, lines in printed.items():
+        messages += wire.turn(f"c{n}", "read_file", {"p": n}, "\n".join([*lines, *["ok"] * 200]))
+    messages += wire.turn("r1", "read_file", {"p": "log1"}, LOG)
+    messages += wire.turn("r2", "read_file", {"p": "log2"}, LOG.replace("INFO", "DEBUG"))
+    dialect = WIRES[wire.api].dialect
+    newest = wire.conversation(messages[-2:]).total
+    limit = newest * 3 // 2  # the newest fits; the last two turns together do not
+    settings = {"evict": EvictSettings(keep_recent_turns=4)}
+    policies = build_policies(["prune_tool_results", "evict", "truncate"], settings)
+    out = compress(dialect, messages, 3, wire.meter, policies, limit=limit, low_water=0.85)
+    assert out.fits and out.tokens_out <= limit
+    after = wire.conversation(list(out.messages))
+    *_, ids = quoted_lines(notice_of(after))
+    listed = ids.removeprefix(IDS_LABEL).split(", ")
+    # c0 to c3 went (c4 and c5 are among the recent turns kept); each one's first line is its
+    # gist, whose ids the ids line leaves out
+    assert all(str(48000 + 100 * n + k) in listed for n in range(4) for k in range(1, 5))
