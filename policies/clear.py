@@ -48,7 +48,7 @@ from brim.policies.conversation import (
 from brim.policies.facts import STALE, Facts, ResultKey, facts, last_use, result_values
 from brim.policies.information import CutFrom, cut_from, gist, names
 from brim.policies.remembered import Remembered
-from brim.policies.text import NAMES_LABEL, is_placeholder
+from brim.policies.text import NAMES_LABEL, is_placeholder, names_line
 
 
 class ClearSettings(BaseModel):
@@ -82,7 +82,7 @@ def placeholder(
     if quoted:
         lines += [f"> {line}" for line in quoted]
     if named:
-        lines.append(f"{NAMES_LABEL}{', '.join(named)}")
+        lines.append(names_line(named))
     return "\n".join(lines)
 
 

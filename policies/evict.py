@@ -103,7 +103,7 @@ from brim.policies.information import (
     name_counts,
     ranked_names,
 )
-from brim.policies.text import NAMES_LABEL, is_placeholder
+from brim.policies.text import NAMES_LABEL, is_placeholder, names_line
 from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests;
@@ -216,7 +216,7 @@ class _Said:
         """Its line in the notice, listing `named` (in the order printed)."""
         said = self.line
         if named:
-            listed = NAMES_LABEL + ", ".join(sorted(named, key=self.order.__getitem__))
+            listed = names_line(sorted(named, key=self.order.__getitem__))
             said = f"{said} · {listed}" if said else listed
         return f"> {self.tool}: {said}"
 

@@ -13,7 +13,7 @@ import operator
 import re
 import threading
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -80,6 +80,12 @@ STOP_WORDS = frozenset(_STOP_WORDS.split())
 # and its length, as in `policies.conversation.archive_key`.
 _TEXT_FACTS: Remembered[tuple[int, int], _TextFacts] = Remembered(maxsize=8_192)
 _CACHE_LOCK = threading.Lock()
+
+
+def names_line(named: Sequence[str]) -> str:
+    """The line listing the names a stand-in keeps of what it replaced (a cleared result's
+    placeholder, a notice's quoted line, truncate's marker): `NAMES_LABEL`, then the names."""
+    return NAMES_LABEL + ", ".join(named)
 
 
 def is_placeholder(text: str) -> bool:

@@ -40,7 +40,7 @@ from brim.policies.conversation import (
 from brim.policies.facts import facts, last_request
 from brim.policies.information import names
 from brim.policies.lines import Middle, cut_middle
-from brim.policies.text import NAMES_LABEL
+from brim.policies.text import NAMES_LABEL, names_line
 from brim.policies.wires.base import is_notice
 
 MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split
@@ -52,7 +52,7 @@ def marker(removed: int, key: str, named: Sequence[str] = ()) -> str:
     whole text, as `prune` names the whole of what it shortens; then, if any, the names that
     went (`named`), as a cleared result's placeholder lists them."""
     said = f"\n[… {removed} tokens cut from the middle by brim; the whole is sha256:{key[:16]} …]\n"
-    return f"{said}{NAMES_LABEL}{', '.join(named)}\n" if named else said
+    return f"{said}{names_line(named)}\n" if named else said
 
 
 class _Marker:
