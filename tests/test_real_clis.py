@@ -899,28 +899,30 @@ def test_a_file_cut_in_the_middle_lists_the_names_that_went(drive: Drive, cli: C
     # Every file is larger than the room the window leaves, its constant in the middle: the
     # newest one is cut in the middle, and the marker lists the names the middle printed — the
     # constant among them (a planted number in a Read alone over the budget was lost with its
-    # middle) — and the request still shows the constants of the files before it. Codex is not in it: its exec_command keeps a long output's head and tail itself,
-    # so the middle never reaches brim.
+    # middle) — and the request still shows the constants of the files before it. Codex is not
+    # in it: its exec_command keeps a long output's head and tail itself, so the middle never
+    # reaches brim.
     run = drive(cli, notes=long_numbered_note)
     check_run(cli, run, FINAL)
     report = run.report()
-    cuts = [
-        (text, found.split(", "), call)
-        for call in run.fake.main_calls
-        for text in strings_of(call.body)
-        for found in CUT_NAMES.findall(text)
-    ]
-    assert cuts, report
-    for text, listed, call in cuts:
-        step = int(re.findall(r"MARKER-(\d+)", text)[0])  # the file whose head it is
+    cuts: list[tuple[int, str, list[str], str]] = []  # file, its text, names listed, request
+    for call in run.fake.main_calls:
+        texts = strings_of(call.body)
+        sent = "\n".join(texts)
+        for text in texts:
+            for found in CUT_NAMES.findall(text):
+                step = int(re.findall(r"MARKER-(\d+)", text)[0])  # the file whose head it is
+                cuts.append((step, text, found.split(", "), sent))
+    assert max((step for step, *_ in cuts), default=0) > 1, report  # files came before a cut
+    for step, text, listed, sent in cuts:
         assert deadline(step) in listed and deadline(step) not in CUT_NAMES.sub("", text)
         files = {int(m[1] or m[2] or m[3]) for m in map(FILE_NAME.fullmatch, listed) if m}
         assert files <= {step}, (listed, report)  # none of another file
-        assert all(name in long_numbered_note(step) for name in listed), (listed, report)
+        printed = long_numbered_note(step)
+        assert all(name in printed for name in listed), (listed, report)
         # The files read before it, which the request no longer carries whole, still show
         # their constants: in a placeholder, or in the notice's ids line beside a file that
         # takes the whole budget.
-        sent = "\n".join(strings_of(call.body))
         assert all(deadline(k) in sent for k in range(1, step)), (step, report)
 
 
