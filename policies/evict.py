@@ -43,7 +43,10 @@ the rest of it lists more of their names, past `NAMES_QUOTED`: the newest result
 in `ids_share` of the budget of its own (and no more than a tenth of what was removed), one line
 lists the ids (`is_id`: long numbers, names with one in them) that every removed result printed
 and nothing above lists or the request carries — those of results too old to get a line
-included — the newest result's first as far as they fit, shown in conversation order. The
+included: a quarter of its room for the newest results' ids in the order printed, the rest for
+the cheapest ids of all the others (by size: a bare number before a long path), shown
+in conversation order. Names on every line are listed with a space between two, not a comma
+(`NAMES_SEPARATOR`): a token less each. The
 notice is a function of the removed messages and the budget alone, so the same removed set gives
 the same bytes on every turn — but where every other unit is gone and the quoted lines would take
 the request over the limit: then they take the largest rung of a ladder that fits under it (the
@@ -75,6 +78,7 @@ turns on average — and every one of them reuses the provider's prompt cache.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -103,7 +107,13 @@ from brim.policies.information import (
     name_counts,
     ranked_names,
 )
-from brim.policies.text import NAMES_LABEL, is_placeholder, names_line
+from brim.policies.text import (
+    NAMES_LABEL,
+    NAMES_SEPARATOR,
+    is_placeholder,
+    listed_names,
+    names_line,
+)
 from brim.policies.wires.base import NOTICE_PREFIX, is_notice
 
 # Value classes, lowest first: stale tool groups and orphans, chatter, evidence, user requests;
@@ -116,6 +126,7 @@ GISTS_HEADER = "What the latest removed tool results said (the most informative 
 _REMOVED_SHARE = 4  # the quoted lines take at most a quarter of the tokens removed
 IDS_LABEL = "Ids they also printed: "
 _REMOVED_IDS_SHARE = 10  # the ids line takes at most a tenth of the tokens removed
+NEWEST_IDS_SHARE = 0.25  # of the ids line's room: the newest results' ids, in order (`_ids_line`)
 _PUT_BACK_ROUNDS = 3  # removed units put back where there is room: the notice shrinks each time
 
 
@@ -195,13 +206,15 @@ class _Said:
     """What one removed result can say in the notice: its tool, its most informative line (or
     the one its placeholder quotes) and the names it printed, in `ranked_names` order (or those
     its placeholder lists), with where each first appears, and every id among them (`is_id`),
-    in the order printed."""
+    in the order printed — and again by size (`ids_by_size`: a third of its characters,
+    rounded up, as o200k takes digits three to a token; each size's in the order printed)."""
 
     tool: str
     line: str
     ranked: tuple[str, ...]
     order: Mapping[str, int]
     ids: tuple[str, ...]
+    ids_by_size: Mapping[int, list[str]]
 
     def quoted(self, shown: set[str]) -> tuple[str, list[str]] | None:
         """Its line in the notice — the line, then as many of its names as fit `NAMES_QUOTED`
@@ -324,7 +337,14 @@ class _Gists:
                     order = {name: n for n, name in enumerate(counts)}
                     ids = tuple(name for name in counts if is_id(name))
                 if line or ranked:
-                    yield _Said(result.tool, line, ranked[:NAMES_RANKED], order, ids)
+                    by_size: dict[int, list[str]] = {}
+                    for name in ids:
+                        by_size.setdefault(-(-len(name) // 3), []).append(name)
+                    yield _Said(result.tool, line, ranked[:NAMES_RANKED], order, ids, by_size)
+
+    def _listed_cost(self, name: str) -> int:
+        """The tokens `name` adds to a names line (with its separator)."""
+        return self._cost(NAMES_SEPARATOR + name) - 1
 
     def _cost(self, line: str) -> int:
         found = self._costs.get(line)
@@ -383,31 +403,59 @@ class _Gists:
         return picked[::-1]
 
     def _ids_line(self, removed: Sequence[Unit], room: int, shown: set[str]) -> str | None:
-        """The notice's last line: the ids every removed result printed (`_Said.ids`: quoted
-        or not, cleared or whole) that `shown` lacks, the newest result's first, each result's
-        in the order printed, until one does not fit `room`; listed in conversation order.
-        None when there are none. An id is a fact a result states once and that nothing else
-        in the request stands in for, and it is cheap (a few tokens): a quoted line has room
-        for a result's first few, and the older removed results get no line at all. The ids
-        of a result's own line (its gist) are not among them, quoted or not: listing those of
-        the lines not quoted kept fewer facts at 2.5–10× (80.3 against 81.6 % at 2.5–5×) and
-        no more evidence (bench.fidelity, 2026-12-07): the room went to lines' ids ahead of
-        the others."""
+        """The notice's last line: ids the removed results printed (`_Said.ids`: quoted or not,
+        cleared or whole) that `shown` lacks, listed in conversation order; None when there are
+        none. An id is a fact a result states once and that nothing else in the request stands
+        in for. `NEWEST_IDS_SHARE` of `room` goes to the newest results' ids, the newest
+        result's first, each result's in the order printed, until one does not fit: what the
+        next turns most likely act on. The rest goes to the cheapest ids of all the others,
+        smallest first (`_Said.ids_by_size`; the newer result's first among equals): a bare
+        number costs three tokens, a path with a version in it a dozen, and every id is one
+        fact. Listed newest first alone, the line held the ids of the last few results and left
+        a long session's older ones out whole (bench.fidelity, 2026-12-07: facts kept at 5–10×
+        26.9 → 74.2 % in the default run, next-action evidence 82.0 → 82.9 %). The ids of a
+        result's own line (its gist) are not among them, quoted or not: listing those of the
+        lines not quoted kept fewer facts at 2.5–10× and no more evidence (bench.fidelity,
+        2026-12-07): the room went to lines' ids ahead of the others."""
         room -= self._cost(IDS_LABEL)
-        listed: list[list[str]] = []  # per result, newest first
-        for said in self._newest_first(removed):
-            own: list[str] = []
-            listed.append(own)
-            for name in said.ids:
-                if name in shown:
+        said = list(self._newest_first(removed))
+        listed: dict[str, tuple[int, int]] = {}  # id: its result (newest 0), where it appears
+        newest_room = int(room * NEWEST_IDS_SHARE)
+        newest = ((result, each, name) for result, each in enumerate(said) for name in each.ids)
+        for result, each, name in newest:  # the newest result's first, in the order printed
+            if name in shown or name in listed:
+                continue
+            cost = self._listed_cost(name)
+            if cost > newest_room:
+                break
+            listed[name] = (result, each.order[name])
+            newest_room -= cost
+            room -= cost
+        # The rest, cheapest first — by size, which stands in for the tokens (those of a number
+        # exactly, of a path or a hash within a token or two; counting every id's tokens took
+        # seconds in a session of a hundred thousand ids) — the newer result's first among
+        # equals; each measured once its turn comes.
+        sizes = sorted({size for each in said for size in each.ids_by_size})
+        for size, (result, each) in itertools.product(sizes, enumerate(said)):
+            for name in each.ids_by_size.get(size, ()):
+                if name in shown or name in listed:
                     continue
-                cost = self._cost(", " + name) - 1
+                cost = self._listed_cost(name)
                 if cost > room:
-                    return _ids_listed(listed)
-                own.append(name)
-                shown.add(name)
+                    return self._listed_ids(listed, shown)
+                listed[name] = (result, each.order[name])
                 room -= cost
-        return _ids_listed(listed)
+        return self._listed_ids(listed, shown)
+
+    @staticmethod
+    def _listed_ids(listed: dict[str, tuple[int, int]], shown: set[str]) -> str | None:
+        """The ids line of the ids `listed` (each with its result, newest 0, and its place), in
+        conversation order; None when there are none. Adds them to `shown`."""
+        shown.update(listed)
+        if not listed:
+            return None
+        in_order = sorted(listed, key=lambda name: (-listed[name][0], listed[name][1]))
+        return IDS_LABEL + NAMES_SEPARATOR.join(in_order)
 
     def _more_names(
         self, quoted_by: list[tuple[_Said, list[str]]], shown: set[str], room: int
@@ -420,7 +468,7 @@ class _Gists:
         grown: list[int] = []
         for at, (said, named) in enumerate(quoted_by):
             for name in (name for name in said.ranked if name not in shown):
-                cost = self._cost(", " + name) - 1
+                cost = self._listed_cost(name)
                 if cost > room:
                     return grown
                 if not grown or grown[-1] != at:
@@ -429,13 +477,6 @@ class _Gists:
                 shown.add(name)
                 room -= cost
         return grown
-
-
-def _ids_listed(listed: list[list[str]]) -> str | None:
-    """The ids line listing each result's ids (`listed` newest result first) in conversation
-    order; None if there are none."""
-    ids = [name for own in reversed(listed) for name in own]
-    return IDS_LABEL + ", ".join(ids) if ids else None
 
 
 def _quoted(placeholder: str) -> str | None:
@@ -448,7 +489,7 @@ def _named(placeholder: str) -> tuple[str, ...]:
     last = placeholder.rsplit("\n", 1)[-1]
     if not last.startswith(NAMES_LABEL):
         return ()
-    return tuple(last.removeprefix(NAMES_LABEL).split(", "))
+    return tuple(listed_names(last.removeprefix(NAMES_LABEL)))
 
 
 def _quote(text: str) -> str:

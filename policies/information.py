@@ -32,6 +32,7 @@ from brim.policies.conversation import Conversation
 from brim.policies.facts import ResultKey
 from brim.policies.remembered import Remembered
 from brim.policies.text import (
+    NAMES_SEPARATOR,
     identifier_counts,
     identifiers,
     identifiers_among,
@@ -478,14 +479,14 @@ def names(text: str, width: int, skip: Sequence[str] = ()) -> tuple[str, ...]:
 
 def fitting(ranked: Iterable[str], width: int, shown: Container[str] = ()) -> list[str]:
     """The first of `ranked` names, in its order, while they fit `width` characters (each with
-    a `, ` separator), passing over those `shown` already."""
+    a separator, `NAMES_SEPARATOR`), passing over those `shown` already."""
     chosen: list[str] = []
     used = 0
     for name in ranked:
         if name in shown:
             continue
-        if used + len(name) + 2 > width:
+        if used + len(name) + len(NAMES_SEPARATOR) > width:
             break
         chosen.append(name)
-        used += len(name) + 2
+        used += len(name) + len(NAMES_SEPARATOR)
     return chosen

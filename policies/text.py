@@ -21,6 +21,7 @@ import orjson
 from brim.policies.remembered import Remembered
 
 NAMES_LABEL = "Names in it: "  # the last line of a cleared result's placeholder: what it named
+NAMES_SEPARATOR = " "  # between the names a line lists (`names_line`): no name holds a space
 NO_RESULT = "[no result was recorded for this tool call]"  # what repair answers a lost call with
 SAME_AS_PREFIX = "[brim: same content as "  # an older copy `prune_tool_results` points onward
 _PLACEHOLDER_PREFIXES = ("[brim", NO_RESULT)  # brim's own stand-ins, and repair's
@@ -84,8 +85,16 @@ _CACHE_LOCK = threading.Lock()
 
 def names_line(named: Sequence[str]) -> str:
     """The line listing the names a stand-in keeps of what it replaced (a cleared result's
-    placeholder, a notice's quoted line, truncate's marker): `NAMES_LABEL`, then the names."""
-    return NAMES_LABEL + ", ".join(named)
+    placeholder, a notice's quoted line, truncate's marker): `NAMES_LABEL`, then the names,
+    a space between two (`NAMES_SEPARATOR`): a comma would cost a token more per name, a quarter
+    of a number's, so a line would list fewer in the same room."""
+    return NAMES_LABEL + NAMES_SEPARATOR.join(named)
+
+
+def listed_names(listing: str) -> list[str]:
+    """The names a names line lists (what follows `NAMES_LABEL`), in its order; a line written
+    with commas between them (brim before 2026-12-07) reads the same."""
+    return [name.rstrip(",") for name in listing.split()]
 
 
 def is_placeholder(text: str) -> bool:

@@ -46,7 +46,7 @@ import brim.proxy.app
 from brim.middleware.stages.restore import RESTORE_TOOL
 from brim.policies.evict import GISTS_HEADER, IDS_LABEL, NAMES_QUOTED
 from brim.policies.information import is_long_number
-from brim.policies.text import NAMES_LABEL, strings_of
+from brim.policies.text import NAMES_LABEL, NAMES_SEPARATOR, listed_names, strings_of
 from brim.policies.wires.base import NOTICE_PREFIX
 from brim.proxy.app import bound_port, start
 from brim.proxy.config import BrimConfig
@@ -63,7 +63,7 @@ pytestmark = pytest.mark.timeout(600)
 
 CLI_TIMEOUT_S = 60
 ADMIN = "real-clis-admin-key-0123456789"
-NAMES_LISTED = re.escape(NAMES_LABEL) + r"([\w./\-]+(?:, [\w./\-]+)*)"  # in a body's JSON
+NAMES_LISTED = re.escape(NAMES_LABEL) + r"([\w./\-]+(?: [\w./\-]+)*)"  # in a body's JSON
 # A name only notes file N prints: `result_N_M`, `item-N-M`, `MARKER-N`.
 FILE_NAME = re.compile(r"result_(\d+)_\d+|item-(\d+)-\d+|MARKER-(\d+)")
 READS = 6  # big files the fake has the CLI read: far more than the window holds
@@ -532,7 +532,7 @@ def restores_counted(metrics: str) -> dict[str, float]:
 def names_listed(run: Run) -> list[list[str]]:
     """The names lists (`NAMES_LABEL`) in the requests the provider received."""
     return [
-        found.split(", ")
+        listed_names(found)
         for call in run.fake.main_calls
         for found in re.findall(NAMES_LISTED, orjson.dumps(call.body).decode())
     ]
@@ -550,7 +550,7 @@ def long_number_printed(name: str, step: int) -> bool:
 
 def notice_names(run: Run) -> list[tuple[str, list[str]]]:
     """The quoted lines of evict's notices in the requests the provider received that list
-    names (`> tool: line · Names in it: a, b`): each line, and the names a removed result
+    names (`> tool: line · Names in it: a b`): each line, and the names a removed result
     printed."""
     found = []
     for call in run.fake.main_calls:
@@ -559,7 +559,7 @@ def notice_names(run: Run) -> list[tuple[str, list[str]]]:
                 for line in text.split(GISTS_HEADER, 1)[1].split("\n"):
                     said, label, named = line.partition(f" · {NAMES_LABEL}")
                     if label:
-                        found.append((said, named.split(", ")))
+                        found.append((said, listed_names(named)))
     return found
 
 
@@ -752,7 +752,7 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
         assert all(long_number_printed(name, step) for name in listed), (listed, report)
     # The notice's share has room left once each removed file has its line: the lines list
     # more of each file's names than `NAMES_QUOTED` characters hold.
-    assert any(len(", ".join(listed)) > NAMES_QUOTED for _, listed in quoted), report
+    assert any(len(NAMES_SEPARATOR.join(listed)) > NAMES_QUOTED for _, listed in quoted), report
 
 
 def notices_and_files_gone(run: Run) -> Iterator[tuple[str, list[int]]]:
@@ -767,34 +767,74 @@ def notices_and_files_gone(run: Run) -> Iterator[tuple[str, list[int]]]:
             yield notice, [n for n in range(1, reads + 1) if f"MARKER-{n}:" not in kept]
 
 
+def notices_with_few_lines(
+    drive: Drive, cli: Cli, notes: Callable[[int], str]
+) -> tuple[str, list[tuple[str, list[int], list[str]]]]:
+    """The sessions at 6 000 tokens more than the CLI's window, with the notice's quoted lines
+    held to one or none (`gist_share` 0.003): the run's report, and each notice the provider
+    received with the notes files its request no longer carries and the names its ids line
+    lists — only names the CLI sent."""
+    cli = cli.at_window(cli.window + 6_000)
+    guard = {"policies": ["evict", "truncate"], "evict": {"gist_share": 0.003}}
+    run = drive(cli, notes=notes, guard=guard)
+    check_run(cli, run, FINAL)
+    report = run.report()
+    sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
+    found = []
+    for notice, removed in notices_and_files_gone(run):
+        assert removed, report
+        last = notice.split("\n")[-1]
+        listed = listed_names(last.removeprefix(IDS_LABEL)) if last.startswith(IDS_LABEL) else []
+        assert all(name in sent for name in listed), (listed, report)
+        found.append((notice, removed, listed))
+    return report, found
+
+
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
 def test_an_evicted_file_with_no_line_of_its_own_is_named_by_its_ids(
     drive: Drive, cli: Cli
 ) -> None:
-    # The same sessions, with the notice's quoted lines held to one or none (`gist_share` 0.003):
-    # the removed files that get no line are still named by the ids they printed. Every notice
-    # the provider received names the constant (`deadline`) of each file its request no longer
-    # carries, on a quoted line or on the ids line, and the ids line lists only names the CLI
-    # sent.
-    cli = cli.at_window(cli.window + 6_000)
-    guard = {"policies": ["evict", "truncate"], "evict": {"gist_share": 0.003}}
-    run = drive(cli, notes=numbered_note, guard=guard)
-    check_run(cli, run, FINAL)
-    report = run.report()
-    sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
+    # The same sessions, with the notice's quoted lines held to one or none: the removed files
+    # that get no line are still named by the ids they printed. Every notice the provider
+    # received names the constant (`deadline`) of each file its request no longer carries, on a
+    # quoted line or on the ids line.
+    report, found = notices_with_few_lines(drive, cli, numbered_note)
     only_by_id = 0
-    for notice, removed in notices_and_files_gone(run):
-        assert removed, report
-        lines = notice.split("\n")
-        last = lines[-1]
-        listed = last.removeprefix(IDS_LABEL).split(", ") if last.startswith(IDS_LABEL) else []
-        assert all(name in sent for name in listed), (listed, report)
+    for notice, removed, listed in found:
+        quoted = notice.split("\n")[:-1]
         for n in removed:
             assert deadline(n) in notice, (n, notice, report)
-            only_by_id += deadline(n) in listed and not any(
-                deadline(n) in line for line in lines[:-1]
-            )
+            only_by_id += deadline(n) in listed and not any(deadline(n) in line for line in quoted)
     assert only_by_id, report
+
+
+def artifacts_note(step: int) -> str:
+    """`numbered_note(step)` that also lists 30 build artifacts, each a long path with a number
+    in it (an id of a dozen tokens, where the file's constant takes three)."""
+    first, rest = numbered_note(step).split("\n", 1)
+    built = [f"artifact {i}: {artifact(step, i)}" for i in range(30)]
+    return "\n".join([first, *built, rest])
+
+
+def artifact(step: int, i: int) -> str:
+    return f"dist/releases/build_{step}{i:03d}/notes-{step}.{i}.tar.gz"
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_an_evicted_file_is_named_by_its_constant_beside_longer_ids(drive: Drive, cli: Cli) -> None:
+    # As above, with each file also printing 30 long artifact paths: the ids line gives the
+    # newest removed file's ids a quarter of its room, and the rest to the cheapest ids of all
+    # the others — every older file's constant (three tokens) before their paths (a dozen).
+    # Every notice names the constant of each file its request no longer carries; listed newest
+    # first alone, the newest files' paths filled the line and the older constants went.
+    report, found = notices_with_few_lines(drive, cli, artifacts_note)
+    for notice, removed, _ in found:
+        assert all(deadline(n) in notice for n in removed), (removed, notice, report)
+    older_paths_left = sum(
+        any(artifact(n, i) not in notice for n in removed[:-1] for i in range(30))
+        for notice, removed, _ in found
+    )
+    assert older_paths_left, report  # the line had no room for every path
 
 
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
@@ -912,7 +952,7 @@ def test_a_file_cut_in_the_middle_lists_the_names_that_went(drive: Drive, cli: C
         for text in texts:
             for found in CUT_NAMES.findall(text):
                 step = int(re.findall(r"MARKER-(\d+)", text)[0])  # the file whose head it is
-                cuts.append((step, text, found.split(", "), sent))
+                cuts.append((step, text, listed_names(found), sent))
     assert max((step for step, *_ in cuts), default=0) > 1, report  # files came before a cut
     for step, text, listed, sent in cuts:
         assert deadline(step) in listed and deadline(step) not in CUT_NAMES.sub("", text)

@@ -33,7 +33,7 @@ from brim.policies.prune import (
     matched_terms,
     shortened,
 )
-from brim.policies.text import NAMES_LABEL, keys_of
+from brim.policies.text import NAMES_LABEL, keys_of, listed_names
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.wires import WIRES
 from brim.policies.wires.chat import CHAT
@@ -504,8 +504,8 @@ def test_a_placeholder_names_the_result_as_sent_whatever_prune_did_to_it_first(a
     listed, bare = sorted(heads, key=len, reverse=True)
     assert bare == placeholder("list_orders", before.sizes[2], archive_key(result))
     head, named = listed.split("\n")
-    assert head == bare and named.startswith(f"{NAMES_LABEL}ORD-0, ORD-1, ORD-2, ")
-    ids = named.removeprefix(NAMES_LABEL).split(", ")
+    assert head == bare and named.startswith(f"{NAMES_LABEL}ORD-0 ORD-1 ORD-2 ")
+    ids = listed_names(named.removeprefix(NAMES_LABEL))
     assert ids == [f"ORD-{n}" for n in range(len(ids))]  # as printed, each once
     assert 3 * len(listed) <= len(result_of(minified, "c1"))  # still saving two thirds
 
@@ -535,7 +535,7 @@ def test_a_placeholder_lists_long_numbers_in_turn_with_the_names(api: str) -> No
     after, _ = ClearToolResults(ClearSettings(keep=1)).apply(before, Goal(0, 0), builder.meter)
     named = result_of(after, "c1").split("\n")[-1]
     assert named.startswith(NAMES_LABEL)
-    listed = named.removeprefix(NAMES_LABEL).split(", ")
+    listed = listed_names(named.removeprefix(NAMES_LABEL))
     files = [name for name in listed if name.startswith("module_")]
     sizes = [name for name in listed if name.isdigit()]
     assert len(files) >= 10 and abs(len(files) - len(sizes)) <= 2, listed
@@ -572,7 +572,7 @@ def test_a_placeholder_lists_the_names_the_result_printed(api: str) -> None:
     cleared = result_of(after, "c1")
     named = cleared.split("\n")[-1]
     assert named.startswith(NAMES_LABEL)
-    listed = named.removeprefix(NAMES_LABEL).split(", ")
+    listed = listed_names(named.removeprefix(NAMES_LABEL))
     # the most repeated names first (the three files), then commits in the order printed
     quoted = "\n".join(cleared.split("\n")[1:-1])  # a name its gist quotes is not repeated
     for path in (f"src/itsdangerous/{w}_signer.py" for w in ("timed", "url", "json")):

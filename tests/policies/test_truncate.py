@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from brim.policies.conversation import Conversation, Goal, archive_key
-from brim.policies.text import NAMES_LABEL
+from brim.policies.text import NAMES_LABEL, listed_names
 from brim.policies.tokens import CounterMeter
 from brim.policies.truncate import Truncate
 from brim.policies.wires import WIRES
@@ -80,7 +80,7 @@ def test_the_marker_lists_the_names_of_what_went(api: str) -> None:
     assert len(records) == 1 and limit * 0.97 - 30 <= after.total <= limit
     cut = result_of(after, "c0")
     (listed,) = LISTED.findall(cut)
-    named = listed.split(", ")
+    named = listed_names(listed)
     head, _, rest = SHOWN.split(cut)  # the key between them
     tail = rest.split("\n", 1)[1]  # after the names line
     assert "482913" in named and len(named) > 20
