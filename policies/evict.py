@@ -206,8 +206,8 @@ class _Said:
     """What one removed result can say in the notice: its tool, its most informative line (or
     the one its placeholder quotes) and the names it printed, in `ranked_names` order (or those
     its placeholder lists), with where each first appears, and every id among them (`is_id`),
-    in the order printed — and again by size (`ids_by_size`: a third of its characters,
-    rounded up, as o200k takes digits three to a token; each size's in the order printed)."""
+    in the order printed — and again by size (`ids_by_size`, `_size`: each size's in the order
+    printed)."""
 
     tool: str
     line: str
@@ -339,7 +339,7 @@ class _Gists:
                 if line or ranked:
                     by_size: dict[int, list[str]] = {}
                     for name in ids:
-                        by_size.setdefault(-(-len(name) // 3), []).append(name)
+                        by_size.setdefault(_size(name), []).append(name)
                     yield _Said(result.tool, line, ranked[:NAMES_RANKED], order, ids, by_size)
 
     def _listed_cost(self, name: str) -> int:
@@ -449,8 +449,8 @@ class _Gists:
 
     @staticmethod
     def _listed_ids(listed: dict[str, tuple[int, int]], shown: set[str]) -> str | None:
-        """The ids line of the ids `listed` (each with its result, newest 0, and its place), in
-        conversation order; None when there are none. Adds them to `shown`."""
+        """The ids line of the ids `listed` (each with its result, newest 0, and where it appears
+        in it), in conversation order; None when there are none. Adds them to `shown`."""
         shown.update(listed)
         if not listed:
             return None
@@ -477,6 +477,13 @@ class _Gists:
                 shown.add(name)
                 room -= cost
         return grown
+
+
+def _size(name: str) -> int:
+    """A third of a name's characters, rounded up: its tokens in o200k where it is a number
+    (digits go three to a token), within a token or two for a path or a hash — a rank that
+    costs no encoding (`_Gists._ids_line`)."""
+    return -(-len(name) // 3)
 
 
 def _quoted(placeholder: str) -> str | None:

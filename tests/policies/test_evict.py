@@ -778,7 +778,7 @@ def test_past_the_newest_results_the_ids_line_lists_the_cheapest_ids_first(wire:
     older result's bare numbers (three tokens each) before newer results' long versioned paths
     (a dozen), so a long session's older results keep their ids rather than the newest few
     filling the line. (Newest first alone, facts kept at 5–10× were 26.9 % in bench.fidelity's
-    default run; 75.2 % with the cheapest first, 2026-12-07.)"""
+    default run; 74.2 % with the cheapest first, 2026-12-07.)"""
     messages = [*LEADING.get(wire.api, []), wire.user("first task")]
     numbers = {n: [str(51000 + 100 * n + k) for k in range(25)] for n in range(4)}
     for n, printed in numbers.items():  # older: each prints 25 bare numbers
