@@ -81,7 +81,7 @@ import bisect
 import itertools
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import orjson
@@ -214,7 +214,13 @@ class _Said:
     ranked: tuple[str, ...]
     order: Mapping[str, int]
     ids: tuple[str, ...]
-    ids_by_size: Mapping[int, list[str]]
+    ids_by_size: Mapping[int, list[str]] = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        by_size: dict[int, list[str]] = {}
+        for name in self.ids:
+            by_size.setdefault(_size(name), []).append(name)
+        object.__setattr__(self, "ids_by_size", by_size)  # frozen: derived once, here
 
     def quoted(self, shown: set[str]) -> tuple[str, list[str]] | None:
         """Its line in the notice — the line, then as many of its names as fit `NAMES_QUOTED`
@@ -337,10 +343,7 @@ class _Gists:
                     order = {name: n for n, name in enumerate(counts)}
                     ids = tuple(name for name in counts if is_id(name))
                 if line or ranked:
-                    by_size: dict[int, list[str]] = {}
-                    for name in ids:
-                        by_size.setdefault(_size(name), []).append(name)
-                    yield _Said(result.tool, line, ranked[:NAMES_RANKED], order, ids, by_size)
+                    yield _Said(result.tool, line, ranked[:NAMES_RANKED], order, ids)
 
     def _listed_cost(self, name: str) -> int:
         """The tokens `name` adds to a names line (with its separator)."""
