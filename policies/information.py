@@ -472,9 +472,15 @@ def names(text: str, width: int, skip: Sequence[str] = ()) -> tuple[str, ...]:
     """The names `text` printed (`name_counts`) as many as fit `width` characters (each with a
     separator), in the order `ranked_names` gives; listed in the order they first appear; none
     of those in the lines `skip` (its quoted gist). A pure function of the text."""
+    return names_fitting(text, width, skip)[0]
+
+
+def names_fitting(text: str, width: int, skip: Sequence[str] = ()) -> tuple[tuple[str, ...], bool]:
+    """`names`, and whether they are all the names `text` printed (but those `skip` quotes):
+    then any wider `width` lists the same."""
     counts = name_counts(text, skip)
     chosen = set(fitting(ranked_names(counts), width))
-    return tuple(token for token in counts if token in chosen)
+    return tuple(token for token in counts if token in chosen), len(chosen) == len(counts)
 
 
 def fitting(ranked: Iterable[str], width: int, shown: Container[str] = ()) -> list[str]:

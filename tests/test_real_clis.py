@@ -700,28 +700,64 @@ def test_a_fallback_that_holds_the_session_takes_it_whole(drive: Drive, cli: Cli
 # The same sessions, in which the model fetches back a file that brim cut.
 
 
-@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
-def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> None:
-    # Only the newest result kept whole (`keep = 1`, none spared as `recent`), so the older
-    # files are cleared (not all evicted): each placeholder the provider received lists
-    # identifiers of its own file (the notes' `compute_N`, `result_N_M`, `item-N-M`), and no
-    # name the CLI never sent.
-    # Each file's one long number (`deadline`) is listed too, and no long number the file did
-    # not print (not Codex's chunk id or token count). (The files have about 200 lines: the CLIs' own line
-    # numbers stay under four digits; tests/policies/test_information.py checks that a read's
-    # line numbers are never listed.)
-    run = drive(cli, notes=numbered_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
-    check_run(cli, run, FINAL)
+def cleared_names_shares(cli: Cli, run: Run) -> list[float]:
+    """The names lists of the placeholders the provider received, each checked to be of one
+    file's own names (`compute_N`, `result_N_M`, `item-N-M`), all sent by the CLI, the file's
+    one long number (`deadline`) among them and no long number it did not print (not Codex's
+    chunk id or token count); each list's share of that file's result as the CLI sent it."""
     report = run.report()
     sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
+    as_sent = {
+        n: use.result
+        for seen in run.received
+        if seen.body
+        for use in tool_uses(cli.api, orjson.loads(seen.body), cli.tool)
+        for n in range(1, READS + 1)
+        if use.arguments == cli.arguments(run.work, n) and use.result
+    }
     lists = names_listed(run)
     assert lists, report
+    shares = []
     for listed in lists:
         assert all(name in sent for name in listed), (listed, report)
         files = [int(m[1] or m[2] or m[3]) for m in map(FILE_NAME.fullmatch, listed) if m]
         assert len(files) >= 3 and len(set(files)) == 1, (listed, report)  # one file's own
         assert deadline(files[0]) in listed, (listed, report)
         assert all(long_number_printed(name, files[0]) for name in listed), (listed, report)
+        line = len(NAMES_LABEL + NAMES_SEPARATOR.join(listed))
+        shares.append(round(line / len(as_sent[files[0]]), 3))
+    return shares
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> None:
+    # Only the newest result kept whole (`keep = 1`, none spared as `recent`), so the older
+    # files are cleared (not all evicted): each placeholder the provider received lists
+    # identifiers of its own file and its long number (`cleared_names_shares`), in at most 30 %
+    # of its characters. (The files have about 200 lines: the CLIs' own line numbers stay
+    # under four digits; tests/policies/test_information.py checks that a read's line numbers
+    # are never listed.)
+    run = drive(cli, notes=numbered_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
+    check_run(cli, run, FINAL)
+    shares = cleared_names_shares(cli, run)
+    assert max(shares) <= 0.3, (shares, run.report())
+
+
+# Windows where the cuts are shallow: the files clearing takes reach the batch's grid point even
+# listing their names in 30 % of their characters.
+SHALLOW_WINDOWS = {"claude": 65_000, "codex": 24_000, "gemini": 40_000, "opencode": 43_000}
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_a_shallow_cut_lists_more_of_a_cleared_file_s_names(drive: Drive, cli: Cli) -> None:
+    # The session's cuts clear files whose placeholders, listing names in 30 % of their
+    # characters (`names_share_with_room`), still make all the room the batch needs: they list
+    # more than the 15 % (`names_share`) a deeper cut gives them.
+    cli = cli.at_window(SHALLOW_WINDOWS[cli.name])
+    run = drive(cli, notes=numbered_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
+    check_run(cli, run, FINAL)
+    shares = cleared_names_shares(cli, run)
+    assert 0.15 < max(shares) <= 0.3, (shares, run.report())
 
 
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from brim.policies.clear import ClearSettings, ClearToolResults, placeholder
-from brim.policies.conversation import Goal, archive_key
+from brim.policies.conversation import Conversation, Goal, archive_key
 from brim.policies.information import (
     SHORTENED,
     CutFrom,
@@ -582,4 +582,51 @@ def test_a_placeholder_lists_the_names_the_result_printed(api: str) -> None:
     assert clear.apply(before, Goal(0, 0), builder.meter)[0].messages == after.messages
     plain = ClearToolResults(ClearSettings(keep=1, names_share=0))
     assert NAMES_LABEL not in result_of(plain.apply(before, Goal(0, 0), builder.meter)[0], "c1")
+    assert valid(after)
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_where_the_same_results_still_make_the_room_they_list_more_names(api: str) -> None:
+    """A shallow cut has room for names: where the results clearing takes, listing their names
+    in `names_share_with_room` of their characters, still save all their batch reached (here,
+    with no batch grid, the room the pass needs), their placeholders list that many. Where they
+    would not, the same results are cleared with `names_share`: never one more result cleared
+    for the sake of names. (With a grid, the placeholders stay the same while a session grows
+    within a batch: `test_compress`'s prefix tests.)"""
+    builder = BUILDERS[api]
+
+    def log(call: str) -> str:
+        return "\n".join(
+            f"{n:>5}  {0xA1B2C3D + 4099 * n:07x} fix the signer in src/{call}/signer_{n}.py"
+            for n in range(80)
+        )
+
+    items = [
+        builder.user("which commit broke the signer?"),
+        *builder.turn("c1", "bash", {"command": "git log c1"}, log("c1")),
+        *builder.turn("c2", "bash", {"command": "git log c2"}, log("c2")),
+        *builder.turn("c3", "bash", {"command": "true"}, "ok"),
+    ]
+    before = builder.conversation(items)
+
+    def c1_cleared(share: float) -> Conversation:  # c1 alone, its names in `share` of it
+        alone = ClearSettings(keep=2, recent=0, names_share=share, names_share_with_room=share)
+        return ClearToolResults(alone).apply(before, Goal(0, 0), builder.meter)[0]
+
+    wide, narrow = c1_cleared(0.3), c1_cleared(0.15)
+    named = {
+        name: len(result_of(cleared, "c1").split("\n")[-1])
+        for name, cleared in [("wide", wide), ("narrow", narrow)]
+    }
+    assert 0.15 * len(log("c1")) < named["wide"] <= 0.3 * len(log("c1")), named
+    assert named["narrow"] <= 0.15 * len(log("c1")), named
+    clear = ClearToolResults(ClearSettings(keep=1, recent=0, clear_at_least=0, by_value=False))
+    # the room c1 makes listing more names is all the room needed: it lists them
+    after, _ = clear.apply(before, Goal(wide.total, wide.total), builder.meter)
+    assert result_of(after, "c1") == result_of(wide, "c1")
+    assert result_of(after, "c2") == log("c2") and after.total == wide.total
+    # a token more: c1 still makes it with fewer names, and goes so; c2 stays whole
+    after, _ = clear.apply(before, Goal(wide.total - 1, wide.total - 1), builder.meter)
+    assert result_of(after, "c1") == result_of(narrow, "c1")
+    assert result_of(after, "c2") == log("c2") and after.total == narrow.total
     assert valid(after)

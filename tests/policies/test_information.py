@@ -20,9 +20,9 @@ from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
 from brim.policies.conversation import Conversation, Goal, archive_key
 from brim.policies.evict import Evict, EvictSettings
 from brim.policies.facts import STALE, call_terms, requests, result_values, stale_results
-from brim.policies.information import gist, name_counts, ranked_names
+from brim.policies.information import gist, name_counts, names, names_fitting, ranked_names
 from brim.policies.prune import PruneSettings, PruneToolResults
-from brim.policies.text import SAME_AS_PREFIX, has_evidence, is_anomaly, terms_of
+from brim.policies.text import NAMES_SEPARATOR, SAME_AS_PREFIX, has_evidence, is_anomaly, terms_of
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.truncate import Truncate
 from brim.policies.wires import WIRES
@@ -298,6 +298,19 @@ def test_names_and_ids_are_ranked_in_turn() -> None:
     assert ranked_names(counts) == ["v2_x", "48213", "b.py", "JEP-4213", "c.py", "a.py", "d.py"]
     assert ranked_names({"7305": 1, "issues/1044": 4}) == ["7305", "issues/1044"]  # as printed
     assert ranked_names({}) == []
+
+
+def test_names_fitting_says_whether_every_name_fit() -> None:
+    """A width that holds every name the text printed says so: any wider lists the same."""
+    text = "\n".join(f"wrote build/pkg_{n}/out.tar.gz" for n in range(20))
+    every = name_counts(text)
+    assert len(every) == 20
+    wide = sum(len(name) + len(NAMES_SEPARATOR) for name in every)
+    assert names_fitting(text, wide) == (tuple(every), True)
+    assert names_fitting(text, wide * 2) == (tuple(every), True)
+    some, complete = names_fitting(text, wide - 1)
+    assert len(some) == 19 and not complete
+    assert names(text, wide - 1) == some
 
 
 def test_call_arguments_and_task_terms_on_every_wire(wire: Builder) -> None:

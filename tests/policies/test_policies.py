@@ -147,9 +147,11 @@ def test_clear_remembers_each_placeholder_by_what_it_depends_on() -> None:
     made: list[str] = []
     placeholder = policy._placeholder
 
-    def counted(tool: str, tokens: int, key: str, text: str, whole: str) -> str:
+    def counted(
+        tool: str, tokens: int, key: str, text: str, whole: str, share: float
+    ) -> tuple[str, bool]:
         made.append(tool)
-        return placeholder(tool, tokens, key, text, whole)
+        return placeholder(tool, tokens, key, text, whole, share)
 
     policy._placeholder = counted  # type: ignore[method-assign]
     first, _ = policy.apply(before, Goal(0, 0), METER)
