@@ -174,8 +174,7 @@ class ClearToolResults:
         if 0 < share < wide_share and (
             wide := _still_enough(taken, enough, wide_share, candidate_of)
         ):
-            share, taken = wide_share, wide
-            made, remaining = wide, iter(())  # the room is made: no last resort follows
+            taken = wide  # they save all that was needed: the last resort below never follows
         over = conversation.total - sum(candidate.saving for candidate in taken) - goal.limit
         if over > 0 and not goal.reversible_only:  # last resort: the recent, as needed
             later: list[_Candidate] = []
