@@ -707,13 +707,13 @@ def cleared_names_shares(cli: Cli, run: Run) -> list[float]:
     chunk id or token count); each list's share of that file's result as the CLI sent it."""
     report = run.report()
     sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
+    read = {orjson.dumps(cli.arguments(run.work, n)): n for n in range(1, READS + 1)}
     as_sent = {
-        n: use.result
+        read[called]: use.result
         for seen in run.received
         if seen.body
         for use in tool_uses(cli.api, orjson.loads(seen.body), cli.tool)
-        for n in range(1, READS + 1)
-        if use.arguments == cli.arguments(run.work, n) and use.result
+        if use.result and (called := orjson.dumps(use.arguments)) in read
     }
     lists = names_listed(run)
     assert lists, report
@@ -751,7 +751,7 @@ SHALLOW_WINDOWS = {"claude": 65_000, "codex": 24_000, "gemini": 40_000, "opencod
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
 def test_a_shallow_cut_lists_more_of_a_cleared_file_s_names(drive: Drive, cli: Cli) -> None:
     # The session's cuts clear files whose placeholders, listing names in 30 % of their
-    # characters (`names_share_with_room`), still make all the room the batch needs: they list
+    # characters (`names_share_with_room`), still save all that their batch reached: they list
     # more than the 15 % (`names_share`) a deeper cut gives them.
     cli = cli.at_window(SHALLOW_WINDOWS[cli.name])
     run = drive(cli, notes=numbered_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
