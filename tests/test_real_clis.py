@@ -820,7 +820,7 @@ def notices_with_few_lines(
     for notice, removed in notices_and_files_gone(run):
         assert removed, report
         last = notice.split("\n")[-1]
-        listed = listed_names(last.removeprefix(IDS_LABEL)) if last.startswith(IDS_LABEL) else []
+        listed = ungrouped(last.removeprefix(IDS_LABEL)) if last.startswith(IDS_LABEL) else []
         assert all(name in sent for name in listed), (listed, report)
         found.append((notice, removed, listed))
     return report, found
@@ -842,6 +842,19 @@ def test_an_evicted_file_with_no_line_of_its_own_is_named_by_its_ids(
             assert deadline(n) in notice, (n, notice, report)
             only_by_id += deadline(n) in listed and not any(deadline(n) in line for line in quoted)
     assert only_by_id, report
+
+
+def ungrouped(line: str) -> list[str]:
+    """The ids an ids line lists, those written under a shared path (`head/{a,b}`) spelled
+    out."""
+    found = []
+    for name in listed_names(line):
+        head, brace, tails = name.partition("/{")
+        if brace and tails.endswith("}"):
+            found += [f"{head}/{tail}" for tail in tails.removesuffix("}").split(",")]
+        else:
+            found.append(name)
+    return found
 
 
 def artifacts_note(step: int) -> str:
@@ -871,6 +884,32 @@ def test_an_evicted_file_is_named_by_its_constant_beside_longer_ids(drive: Drive
         for notice, removed, _ in found
     )
     assert older_paths_left, report  # the line had no room for every path
+
+
+def links_note(step: int) -> str:
+    """`numbered_note(step)` that also lists 30 merged pull requests, each a link under the
+    same path (`https://github.com/acme/notes/pull/N`)."""
+    first, rest = numbered_note(step).split("\n", 1)
+    merged = [f"merged {PULLS}{step}{i:03d}" for i in range(30)]
+    return "\n".join([first, *merged, rest])
+
+
+PULLS = "https://github.com/acme/notes/pull/"
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_an_evicted_file_s_links_are_listed_under_their_shared_path(drive: Drive, cli: Cli) -> None:
+    # Each file also prints 30 links under one path: the ids line writes the path once and the
+    # numbers under it (`github.com/acme/notes/pull/{1000,1001}`), every number one the CLI
+    # sent; and it still names the constant of every file its request no longer carries.
+    report, found = notices_with_few_lines(drive, cli, links_note)
+    shared = PULLS.removeprefix("https://")
+    groups = [n for notice, _, _ in found if f"{shared}{{" in (n := notice.split("\n")[-1])]
+    assert groups, report
+    for notice, removed, _ in found:
+        assert all(deadline(n) in notice for n in removed), (removed, notice, report)
+    most = max(sum(name.startswith(shared) for name in listed) for _, _, listed in found)
+    assert most >= 10, (most, report)
 
 
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
