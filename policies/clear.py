@@ -2,24 +2,25 @@
 
 The placeholder's one line names the tool, the original size in tokens and the sha256 key of the
 original (under which the archive keeps it); under it, quoted, the result's gist: its `gist_lines`
-most informative lines (`policies.information.gist`; of the whole result, where
-`prune_tool_results` cut it), as many as still save two thirds of the result; then the names it
-printed — paths, dotted and snake_case names, hashes and ids (`policies.information.names`) — in up
-to `names_share` of the result's characters: what an agent's next steps act on, so a cleared result
-still says which files, commits and functions it was about. Where the same results, listing their
-names in `names_share_with_room` of their characters, still save all that their batch reached (the
-grid point, below), they list that many: a shallow cut has the room, and spends it on names; a
-deeper one, which would clear more results or evict for it, keeps `names_share`. The call and its
-pairing stay; a result cleared already stays as it is. The most recent `keep` tool results are
-never cleared, nor is a result whose placeholder would not save two thirds of it (a small result is
-worth its tokens: it goes whole, with its turn, if anything). The `recent` results before those are
-a last resort, as evict's recent turns are: cleared only in compress's last-resort pass, after
+most informative lines (`policies.information.gist`; of the whole result, where `prune_tool_results`
+cut it), as many as still save two thirds of the result; then the names it printed — paths, dotted
+and snake_case names, hashes and ids (`policies.information.names`) — in up to `names_share` of the
+result's characters (ids under one path written under it once, as a shell writes them:
+`github.com/o/r/pull/{2385,2390}`, `policies.text.grouped`): what an agent's next steps act on, so a
+cleared result still says which files, commits and functions it was about. Where the same results,
+listing their names in `names_share_with_room` of their characters, still save all that their batch
+reached (the grid point, below), they list that many: a shallow cut has the room, and spends it on
+names; a deeper one, which would clear more results or evict for it, keeps `names_share`. The call
+and its pairing stay; a result cleared already stays as it is. The most recent `keep` tool results
+are never cleared, nor is a result whose placeholder would not save two thirds of it (a small result
+is worth its tokens: it goes whole, with its turn, if anything). The `recent` results before those
+are a last resort, as evict's recent turns are: cleared only in compress's last-resort pass, after
 every older one, and only as far as the budget itself needs (`Goal.limit`): the room below the
-budget that a batch leaves for later turns comes from older content, never from the results the
-next step works from. Results are cleared lowest value first — exact copies and superseded reads of
-a later result, then results that mention no term of the user's request (the first and the last
-user message before them) and report no anomaly, then the ones that hold evidence — least recently
-used first within each class: a result is as recent as the last assistant turn that acted on an
+budget that a batch leaves for later turns comes from older content, never from the results the next
+step works from. Results are cleared lowest value first — exact copies and superseded reads of a
+later result, then results that mention no term of the user's request (the first and the last user
+message before them) and report no anomaly, then the ones that hold evidence — least recently used
+first within each class: a result is as recent as the last assistant turn that acted on an
 identifier it printed (a path, a name, a number: `policies.facts.last_use`), else as its own place,
 so what the agent keeps working from stays longest; in batches of at least `clear_at_least` tokens,
 so consecutive turns clear the same results and the request prefix changes rarely.

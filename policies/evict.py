@@ -44,7 +44,7 @@ more than a tenth of what was removed), one line lists the ids (`is_id`: long nu
 one in them) that every removed result printed and nothing above lists or the request carries —
 those of results too old to get a line included: a quarter of its room for the newest results' ids
 in the order printed, the rest for the cheapest ids of all the others (by size: a bare number before
-a long path), shown in conversation order, those that share a path written under it once
+a long path), shown in conversation order, those under one path written under it once
 (`…/pull/{2385,2390}`). Names on every line are listed with a space between two, not a comma
 (`NAMES_SEPARATOR`): a token less each. The notice is a function of the removed messages and the
 budget alone, so the same removed set gives the same bytes on every turn — but where every other
@@ -102,13 +102,15 @@ from brim.policies.information import (
     cut_from,
     fitting,
     gist,
-    is_id,
     name_counts,
     ranked_names,
 )
 from brim.policies.text import (
     NAMES_LABEL,
     NAMES_SEPARATOR,
+    grouped,
+    id_under_path,
+    is_id,
     is_placeholder,
     listed_names,
     names_line,
@@ -418,8 +420,8 @@ class _Gists:
         26.9 → 74.2 % in the default run, next-action evidence 82.0 → 82.9 %). The ids of a
         result's own line (its gist) are not among them, quoted or not: listing those of the
         lines not quoted kept fewer facts at 2.5–10× and no more evidence (bench.fidelity,
-        2026-12-07): the room went to lines' ids ahead of the others. Ids that share a path are
-        written under it once (`_grouped`: `…/pull/{2385,2390}`), ranked by their whole size as
+        2026-12-07): the room went to lines' ids ahead of the others. Ids under one path are
+        written under it once (`grouped`: `…/pull/{2385,2390}`), ranked by their whole size as
         before, a path's second id charged its own part and the braces, the next ones their own
         part: grouping only adds ids (a fresh set's facts at ≤ 2.5× 90.3 → 91.9 %). Ranked by
         their own part, grouped paths took the room of bare numbers (facts at 5–10× on a fresh
@@ -444,14 +446,14 @@ class _Gists:
         # seconds in a session of a hundred thousand ids) — the newer result's first among
         # equals; each measured once its turn comes.
         sizes = sorted({size for each in said for size in each.ids_by_size})
-        # Ids that share a path are written under it once (`_grouped`): the first costs what
+        # Ids under one path are written under it once (`grouped`): the first costs what
         # it costs alone, the second its own part and the braces, the next their own part.
-        heads = Counter(parts[0] for name in listed if (parts := _path_parts(name)))
+        heads = Counter(parts[0] for name in listed if (parts := id_under_path(name)))
         for size, (result, each) in itertools.product(sizes, enumerate(said)):
             for name in each.ids_by_size.get(size, ()):
                 if name in shown or name in listed:
                     continue
-                parts = _path_parts(name)
+                parts = id_under_path(name)
                 whole = self._listed_cost(name)
                 if parts and heads[parts[0]]:
                     own = self._listed_cost(parts[1]) + (2 if heads[parts[0]] == 1 else 0)
@@ -469,13 +471,13 @@ class _Gists:
     @staticmethod
     def _listed_ids(listed: dict[str, tuple[int, int]], shown: set[str]) -> str | None:
         """The ids line of the ids `listed` (each with its result, newest 0, and where it appears
-        in it), in conversation order, those that share a path under it once; None when there
+        in it), in conversation order, those under one path under it once; None when there
         are none. Adds them to `shown`."""
         shown.update(listed)
         if not listed:
             return None
         in_order = sorted(listed, key=lambda name: (-listed[name][0], listed[name][1]))
-        return IDS_LABEL + NAMES_SEPARATOR.join(_grouped(in_order))
+        return IDS_LABEL + NAMES_SEPARATOR.join(grouped(in_order))
 
     def _more_names(
         self, quoted_by: list[tuple[_Said, list[str]]], shown: set[str], room: int
@@ -945,30 +947,3 @@ class Evict:
             known |= {result.dialect.text(result.messages[i]): entry for i in written}
             result.memo[_NOTICES] = _Notices(known)
         return result, records
-
-
-def _path_parts(name: str) -> tuple[str, str] | None:
-    """`name` split at its last `/`, where both sides are something: (path, own part)."""
-    head, _, tail = name.rpartition("/")
-    return (head, tail) if head and tail else None
-
-
-def _grouped(names: Sequence[str]) -> list[str]:
-    """`names` with those that share a path up to their last `/` written once, as a shell
-    writes them — `github.com/o/r/pull/{2385,2390}` — where the first of them stood."""
-    ends: dict[tuple[str, bool], list[str]] = {}
-    for name in names:
-        parts = _path_parts(name)
-        if parts:
-            ends.setdefault((parts[0], True), []).append(parts[1])
-        else:
-            ends.setdefault((name, False), [])
-    written: list[str] = []
-    for (head, path), tails in ends.items():
-        if not path:
-            written.append(head)
-        elif len(tails) >= 2:
-            written.append(head + "/{" + ",".join(tails) + "}")
-        else:
-            written.append(f"{head}/{tails[0]}")
-    return written

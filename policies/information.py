@@ -32,23 +32,21 @@ from brim.policies.conversation import Conversation
 from brim.policies.facts import ResultKey
 from brim.policies.remembered import Remembered
 from brim.policies.text import (
+    LONG_NUMBER_DIGITS,
     NAMES_SEPARATOR,
+    id_under_path,
     identifier_counts,
     identifiers,
     identifiers_among,
     identifiers_of,
+    is_id,
     strings_of,
 )
 
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
 _NUMBER = re.compile(r"[\d.,:]+")  # a line number, a count, a version: a name only if long
-# A number that starts with this many digits or more is listed with a result's names: an id, a
-# constant, a port, a size, a timestamp — a fact the result states once and no later turn can
-# work out again. Shorter numbers are mostly counts and line numbers. (Real Claude Code
-# sessions whose next turn wrote the ioctl constants and ids it read earlier: issue 35.)
-LONG_NUMBER_DIGITS = 4
-_LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")
+_LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")  # `LONG_NUMBER_DIGITS`: in text.py
 # The line number a file read prints before each line (`    12\t`, `  12→`, `00012| `,
 # `12:`): where the line is, not what it says.
 _GUTTER = re.compile(r"^[ \t]*(\d+)(?=[\t→|:]| {2})", re.MULTILINE)
@@ -445,12 +443,6 @@ def is_long_number(token: str) -> bool:
     return bool(_NUMBER.fullmatch(token) and _LONG_DIGITS.match(token))
 
 
-def is_id(name: str) -> bool:
-    """Whether a name (`name_counts`) is an id: one with a long number in it (`48213`,
-    `JEP-4213`, `2018-10-26`, `issues/2817`)."""
-    return bool(_LONG_DIGITS.search(name))
-
-
 def ranked_names(counts: dict[str, int]) -> list[str]:
     """The names of `counts` (`name_counts`) in the order they are worth listing: the most
     repeated name first, then the first id printed (`is_id`), then the next name, the next id,
@@ -485,14 +477,23 @@ def names_fitting(text: str, width: int, skip: Sequence[str] = ()) -> tuple[tupl
 
 def fitting(ranked: Iterable[str], width: int, shown: Container[str] = ()) -> list[str]:
     """The first of `ranked` names, in its order, while they fit `width` characters (each with
-    a separator, `NAMES_SEPARATOR`), passing over those `shown` already."""
+    a separator, `NAMES_SEPARATOR`), passing over those `shown` already — as `names_line`
+    writes them: ids under one path (`id_under_path`) under it once, the first whole, the
+    second its own part and the braces, the next ones their own part."""
     chosen: list[str] = []
+    under: Counter[str] = Counter()  # ids chosen under each path
     used = 0
     for name in ranked:
         if name in shown:
             continue
-        if used + len(name) + len(NAMES_SEPARATOR) > width:
+        cost = len(name) + len(NAMES_SEPARATOR)
+        parts = id_under_path(name)
+        if parts and under[parts[0]]:
+            cost = len(parts[1]) + len(NAMES_SEPARATOR) + (2 if under[parts[0]] == 1 else 0)
+        if used + cost > width:
             break
         chosen.append(name)
-        used += len(name) + len(NAMES_SEPARATOR)
+        used += cost
+        if parts:
+            under[parts[0]] += 1
     return chosen

@@ -27,6 +27,12 @@ SAME_AS_PREFIX = "[brim: same content as "  # an older copy `prune_tool_results`
 _PLACEHOLDER_PREFIXES = ("[brim", NO_RESULT)  # brim's own stand-ins, and repair's
 _TERM_SOURCE_CHARS = 4_000  # of each text the task terms are read from
 
+# A number that starts with this many digits or more is listed with a result's names: an id, a
+# constant, a port, a size, a timestamp — a fact the result states once and no later turn can
+# work out again. Shorter numbers are mostly counts and line numbers. (Real Claude Code
+# sessions whose next turn wrote the ioctl constants and ids it read earlier: issue 35.)
+LONG_NUMBER_DIGITS = 4
+_LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")
 _TOKEN = re.compile(r"[\w][\w.\-/]*")
 _PIECES = re.compile(r"[/.\-_]+")
 POINTER = re.compile(
@@ -87,14 +93,55 @@ def names_line(named: Sequence[str]) -> str:
     """The line listing the names a stand-in keeps of what it replaced (a cleared result's
     placeholder, a notice's quoted line, truncate's marker): `NAMES_LABEL`, then the names,
     a space between two (`NAMES_SEPARATOR`): a comma would cost a token more per name, a quarter
-    of a number's, so a line would list fewer in the same room."""
-    return NAMES_LABEL + NAMES_SEPARATOR.join(named)
+    of a number's, so a line would list fewer in the same room. Ids under one path are written
+    under it once (`grouped`)."""
+    return NAMES_LABEL + NAMES_SEPARATOR.join(grouped(named))
 
 
 def listed_names(listing: str) -> list[str]:
-    """The names a names line lists (what follows `NAMES_LABEL`), in its order; a line written
-    with commas between them (brim before 2026-12-07) reads the same."""
-    return [name.rstrip(",") for name in listing.split()]
+    """The names a names line lists (what follows `NAMES_LABEL`), in its order, those written
+    under a shared path (`grouped`) spelled out; a line written with commas between them (brim
+    before 2026-12-07) reads the same."""
+    found: list[str] = []
+    for name in (name.rstrip(",") for name in listing.split()):
+        path, brace, own = name.partition("/{")
+        if brace and own.endswith("}"):
+            found += [f"{path}/{each}" for each in own.removesuffix("}").split(",")]
+        else:
+            found.append(name)
+    return found
+
+
+def is_id(name: str) -> bool:
+    """Whether a name is an id: one with a long number in it (`48213`, `JEP-4213`,
+    `2018-10-26`, `issues/2817`)."""
+    return bool(_LONG_DIGITS.search(name))
+
+
+def id_under_path(name: str) -> tuple[str, str] | None:
+    """(its path, its own part) of a name whose own part — after its last `/` — is an id (a
+    pull request's link, a numbered file); None for any other name."""
+    path, _, own = name.rpartition("/")
+    return (path, own) if path and is_id(own) else None
+
+
+def grouped(names: Sequence[str]) -> list[str]:
+    """`names`, those ids that share a path (`id_under_path`) written under it once, as a shell
+    writes them — `github.com/o/r/pull/{2385,2390}` — where the first of them stood; a path's
+    one id, and every other name, as it is. Names hold no braces or commas (`identifiers`), so
+    `listed_names` reads them back."""
+    under: dict[str, list[str]] = {}
+    for name in names:
+        if parts := id_under_path(name):
+            under.setdefault(parts[0], []).append(parts[1])
+    written: list[str] = []
+    for name in names:
+        parts = id_under_path(name)
+        if parts is None:
+            written.append(name)
+        elif (owns := under.pop(parts[0], None)) is not None:  # where its path's first stood
+            written.append(name if len(owns) == 1 else f"{parts[0]}/{{{','.join(owns)}}}")
+    return written
 
 
 def is_placeholder(text: str) -> bool:

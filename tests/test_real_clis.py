@@ -44,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import brim.proxy.app
 from brim.middleware.stages.restore import RESTORE_TOOL
+from brim.policies.clear import CLEARED_PREFIX
 from brim.policies.evict import GISTS_HEADER, IDS_LABEL, NAMES_QUOTED
 from brim.policies.information import is_long_number
 from brim.policies.text import NAMES_LABEL, NAMES_SEPARATOR, listed_names, strings_of
@@ -63,7 +64,8 @@ pytestmark = pytest.mark.timeout(600)
 
 CLI_TIMEOUT_S = 60
 ADMIN = "real-clis-admin-key-0123456789"
-NAMES_LISTED = re.escape(NAMES_LABEL) + r"([\w./\-]+(?: [\w./\-]+)*)"  # in a body's JSON
+# in a body's JSON; ids under one path written once (`…/pull/{1000,1001}`)
+NAMES_LISTED = re.escape(NAMES_LABEL) + r"([\w./\-{},]+(?: [\w./\-{},]+)*)"
 # A name only notes file N prints: `result_N_M`, `item-N-M`, `MARKER-N`.
 FILE_NAME = re.compile(r"result_(\d+)_\d+|item-(\d+)-\d+|MARKER-(\d+)")
 READS = 6  # big files the fake has the CLI read: far more than the window holds
@@ -700,6 +702,20 @@ def test_a_fallback_that_holds_the_session_takes_it_whole(drive: Drive, cli: Cli
 # The same sessions, in which the model fetches back a file that brim cut.
 
 
+def results_as_sent(cli: Cli, run: Run) -> dict[int, str]:
+    """Each notes file's result as the CLI sent it (whole, before brim cut it), by file."""
+    read = {orjson.dumps(cli.arguments(run.work, n)): n for n in range(1, READS + 1)}
+    return {
+        read[called]: use.result
+        for seen in run.received
+        if seen.body
+        for use in tool_uses(cli.api, orjson.loads(seen.body), cli.tool)
+        if use.result
+        and not use.result.startswith(CLEARED_PREFIX)
+        and (called := orjson.dumps(use.arguments)) in read
+    }
+
+
 def cleared_names_shares(cli: Cli, run: Run) -> list[float]:
     """The names lists of the placeholders the provider received, each checked to be of one
     file's own names (`compute_N`, `result_N_M`, `item-N-M`), all sent by the CLI, the file's
@@ -707,14 +723,7 @@ def cleared_names_shares(cli: Cli, run: Run) -> list[float]:
     chunk id or token count); each list's share of that file's result as the CLI sent it."""
     report = run.report()
     sent = "\n".join(seen.body.decode(errors="replace") for seen in run.received if seen.body)
-    read = {orjson.dumps(cli.arguments(run.work, n)): n for n in range(1, READS + 1)}
-    as_sent = {
-        read[called]: use.result
-        for seen in run.received
-        if seen.body
-        for use in tool_uses(cli.api, orjson.loads(seen.body), cli.tool)
-        if use.result and (called := orjson.dumps(use.arguments)) in read
-    }
+    as_sent = results_as_sent(cli, run)
     lists = names_listed(run)
     assert lists, report
     shares = []
@@ -820,7 +829,7 @@ def notices_with_few_lines(
     for notice, removed in notices_and_files_gone(run):
         assert removed, report
         last = notice.split("\n")[-1]
-        listed = ungrouped(last.removeprefix(IDS_LABEL)) if last.startswith(IDS_LABEL) else []
+        listed = listed_names(last.removeprefix(IDS_LABEL)) if last.startswith(IDS_LABEL) else []
         assert all(name in sent for name in listed), (listed, report)
         found.append((notice, removed, listed))
     return report, found
@@ -842,19 +851,6 @@ def test_an_evicted_file_with_no_line_of_its_own_is_named_by_its_ids(
             assert deadline(n) in notice, (n, notice, report)
             only_by_id += deadline(n) in listed and not any(deadline(n) in line for line in quoted)
     assert only_by_id, report
-
-
-def ungrouped(line: str) -> list[str]:
-    """The ids an ids line lists, those written under a shared path (`head/{a,b}`) spelled
-    out."""
-    found = []
-    for name in listed_names(line):
-        head, brace, tails = name.partition("/{")
-        if brace and tails.endswith("}"):
-            found += [f"{head}/{tail}" for tail in tails.removesuffix("}").split(",")]
-        else:
-            found.append(name)
-    return found
 
 
 def artifacts_note(step: int) -> str:
@@ -895,6 +891,51 @@ def links_note(step: int) -> str:
 
 
 PULLS = "https://github.com/acme/notes/pull/"
+
+
+def many_links_note(step: int) -> str:
+    """`numbered_note(step)` with 120 merged pull requests under its constant, each a link
+    under the same path: written whole, they would take a third of the file."""
+    first, constant, rest = numbered_note(step).split("\n", 2)
+    merged = [f"merged {PULLS}{step}{i:03d}" for i in range(120)]
+    return "\n".join([first, constant, *merged, rest])
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_a_cleared_file_lists_its_links_under_their_shared_path(drive: Drive, cli: Cli) -> None:
+    # Each file prints 120 links under one path (4 000 characters whole, more than the 15 % of
+    # the file a placeholder's names take): a cleared file's placeholder writes the path once
+    # and the numbers under it (`github.com/acme/notes/pull/{1000,1001,…}`), in the order the
+    # result as the CLI sent it printed them (Codex cuts a long output's middle), beside the
+    # file's constant and its own names — more links than its whole names line could hold
+    # written out.
+    run = drive(cli, notes=many_links_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
+    check_run(cli, run, FINAL)
+    report = run.report()
+    shared = PULLS.removeprefix("https://")
+    placeholders = {
+        text
+        for call in run.fake.main_calls
+        for text in strings_of(call.body)
+        if text.startswith(CLEARED_PREFIX)
+    }
+    assert placeholders, report
+    as_sent = results_as_sent(cli, run)
+    for placeholder in placeholders:
+        *_, last = placeholder.split("\n")
+        assert last.startswith(NAMES_LABEL) and f" {shared}{{" in last, (placeholder, report)
+        listed = listed_names(last.removeprefix(NAMES_LABEL))
+        (step,) = {int(m[1] or m[2] or m[3]) for m in map(FILE_NAME.fullmatch, listed) if m}
+        assert deadline(step) in listed, (placeholder, report)
+        printed = as_sent[step]
+        links = [f"{shared}{step}{i:03d}" for i in range(120) if f"{step}{i:03d}" in printed]
+        assert len(links) >= 40, (printed, report)
+        quoted = [link for link in links if link in placeholder.split(NAMES_LABEL)[0]]
+        got = [name for name in listed if name.startswith(shared)]
+        assert got == [link for link in links if link not in quoted][: len(got)], report
+        assert len(quoted) <= 1, (placeholder, report)
+        # more links than the whole names line could hold written whole
+        assert len(got) * len(NAMES_SEPARATOR + links[0]) > len(last), (placeholder, report)
 
 
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)

@@ -586,6 +586,34 @@ def test_a_placeholder_lists_the_names_the_result_printed(api: str) -> None:
 
 
 @pytest.mark.parametrize("api", sorted(WIRES))
+def test_a_placeholder_lists_ids_under_one_path_once(api: str) -> None:
+    """A changelog's pull-request links: written whole, a dozen tokens each, 15 % of the result
+    holds a third of them; under their path, every one (and the names beside them)."""
+    builder = BUILDERS[api]
+    links = [f"https://github.com/acme/widgets/pull/{4100 + 7 * n}" for n in range(150)]
+    log = "\n".join(
+        f"- fixed the {word} parser when a value is empty ({link})"
+        for word, link in zip(["csv", "json", "toml"] * 50, links, strict=True)
+    )
+    items = [
+        builder.user("which change broke the parser?"),
+        *builder.turn("c1", "read_file", {"path": "CHANGELOG.md"}, log),
+        *builder.turn("c2", "bash", {"command": "true"}, "ok"),
+    ]
+    before = builder.conversation(items)
+    after, _ = ClearToolResults(ClearSettings(keep=1)).apply(before, Goal(0, 0), builder.meter)
+    cleared = result_of(after, "c1")
+    *_, line = cleared.split("\n")
+    assert line.startswith(NAMES_LABEL) and " github.com/acme/widgets/pull/{" in line
+    listed = listed_names(line.removeprefix(NAMES_LABEL))
+    ids = [link.removeprefix("https://") for link in links if link not in cleared[: -len(line)]]
+    assert [name for name in listed if name.startswith("github.com")] == ids  # all, in order
+    assert len(line) <= len(log) * ClearSettings().names_share
+    assert sum(len(name) + 1 for name in ids) > 2 * len(line)  # whole, they take far more
+    assert valid(after)
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
 def test_where_the_same_results_still_make_the_room_they_list_more_names(api: str) -> None:
     """A shallow cut has room for names: where the results clearing takes, listing their names
     in `names_share_with_room` of their characters, still save all their batch reached (here,

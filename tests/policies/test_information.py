@@ -20,9 +20,24 @@ from brim.policies.compress import DEFAULT_ORDER, build_policies, compress
 from brim.policies.conversation import Conversation, Goal, archive_key
 from brim.policies.evict import Evict, EvictSettings
 from brim.policies.facts import STALE, call_terms, requests, result_values, stale_results
-from brim.policies.information import gist, name_counts, names, names_fitting, ranked_names
+from brim.policies.information import (
+    fitting,
+    gist,
+    name_counts,
+    names,
+    names_fitting,
+    ranked_names,
+)
 from brim.policies.prune import PruneSettings, PruneToolResults
-from brim.policies.text import NAMES_SEPARATOR, SAME_AS_PREFIX, has_evidence, is_anomaly, terms_of
+from brim.policies.text import (
+    NAMES_LABEL,
+    NAMES_SEPARATOR,
+    SAME_AS_PREFIX,
+    has_evidence,
+    is_anomaly,
+    names_line,
+    terms_of,
+)
 from brim.policies.tokens import CounterMeter, TokenCounter
 from brim.policies.truncate import Truncate
 from brim.policies.wires import WIRES
@@ -311,6 +326,44 @@ def test_names_fitting_says_whether_every_name_fit() -> None:
     some, complete = names_fitting(text, wide - 1)
     assert len(some) == 19 and not complete
     assert names(text, wide - 1) == some
+
+
+@given(
+    st.lists(
+        st.from_regex(r"[a-z_]{1,12}(\.py)?", fullmatch=True)
+        | st.builds(
+            lambda path, n: f"{path}/{n}",
+            st.sampled_from(["github.com/o/r/pull", "github.com/o/r/issues", "out"]),
+            st.integers(1000, 999_999),
+        ),
+        unique=True,
+        max_size=60,
+    ),
+    st.integers(0, 600),
+)
+def test_fitting_counts_names_as_the_line_writes_them(ranked: list[str], width: int) -> None:
+    """`fitting` charges ids under one path what `names_line` writes for them (the first whole,
+    the second its own part and the braces, the next their own part): the line it chooses
+    fits `width`, and it stops only where the next name would not."""
+
+    def taken(named: list[str]) -> int:  # the characters a line's names take, separators in
+        return len(names_line(named)) - len(NAMES_LABEL) + len(NAMES_SEPARATOR) if named else 0
+
+    chosen = fitting(ranked, width)
+    assert chosen == ranked[: len(chosen)]
+    assert taken(chosen) <= width
+    if len(chosen) < len(ranked):
+        assert taken(ranked[: len(chosen) + 1]) > width
+
+
+def test_ids_under_one_path_fit_many_more_in_a_width() -> None:
+    """120 pull-request links take 4 000 characters written whole; under their path, 600."""
+    text = "\n".join(f"merged https://github.com/acme/notes/pull/{7000 + n}" for n in range(120))
+    every = name_counts(text)
+    assert len(every) == 120
+    listed = names(text, 700)
+    assert listed == tuple(every)
+    assert sum(len(name) + 1 for name in every) > 3_500
 
 
 def test_call_arguments_and_task_terms_on_every_wire(wire: Builder) -> None:

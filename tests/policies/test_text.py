@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from brim.policies.information import name_counts
-from brim.policies.text import NAMES_LABEL, listed_names, names_line
+from brim.policies.text import NAMES_LABEL, grouped, id_under_path, listed_names, names_line
 from brim.policies.tokens import TokenCounter
 from brim.proxy.resources import use_bundled_tiktoken_files
 
@@ -15,12 +15,63 @@ COUNTER = TokenCounter()
 NAME = st.from_regex(r"[A-Za-z_][\w./\-]{0,30}|[0-9]{4,9}", fullmatch=True)
 
 
-@given(st.lists(NAME, min_size=1, max_size=30, unique=True))
+LINK = st.builds(
+    lambda path, n: f"{path}/{n}",
+    st.sampled_from(["gh.com/o/r/pull", "a/b"]),
+    st.integers(1000, 99999),
+)
+
+
+@given(st.lists(NAME | LINK, min_size=1, max_size=30, unique=True))
 def test_a_names_line_reads_back_as_the_names_it_lists(named: list[str]) -> None:
+    """Read back, a line lists the names it was given: those under one path (`grouped`) where
+    the first of them stood, every other one in its place."""
     line = names_line(named)
     assert line.startswith(NAMES_LABEL)
-    assert listed_names(line.removeprefix(NAMES_LABEL)) == named
+    back = listed_names(line.removeprefix(NAMES_LABEL))
+    assert sorted(back) == sorted(named)
+    alone = [name for name in named if id_under_path(name) is None]
+    assert [name for name in back if id_under_path(name) is None] == alone
     assert listed_names(", ".join(named)) == named  # as brim wrote it before 2026-12-07
+
+
+def test_ids_under_one_path_are_written_under_it_once() -> None:
+    """A project's pull-request links, a directory's numbered files: the path once and the ids
+    under it, as a shell writes them, where the first stood. A path's one id, a path whose own
+    part is not an id (`src/a/b.py`, `build/1234/x.py`) and every other name stay whole: an
+    agent's next step names a file by its whole path."""
+    named = [
+        "github.com/o/r/pull/2385",
+        "src/app.py",
+        "github.com/o/r/pull/2390",
+        "github.com/o/r/issues/4077",
+        "src/a/b.py",
+        "src/a/c.py",
+        "build/1234/x.py",
+        "github.com/o/r/pull/2401",
+        "48213",
+    ]
+    line = names_line(named)
+    assert line == NAMES_LABEL + " ".join(
+        [
+            "github.com/o/r/pull/{2385,2390,2401}",
+            "src/app.py",
+            "github.com/o/r/issues/4077",
+            "src/a/b.py",
+            "src/a/c.py",
+            "build/1234/x.py",
+            "48213",
+        ]
+    )
+    assert grouped(["a/1234"]) == ["a/1234"]
+    assert listed_names(line.removeprefix(NAMES_LABEL)) == [
+        "github.com/o/r/pull/2385",
+        "github.com/o/r/pull/2390",
+        "github.com/o/r/pull/2401",
+        *named[1:2],
+        *named[3:7],
+        "48213",
+    ]
 
 
 def test_each_listed_number_costs_its_own_tokens_and_one_more() -> None:
