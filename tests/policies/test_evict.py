@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -813,26 +814,37 @@ def test_past_the_newest_results_the_ids_line_lists_the_cheapest_ids_first(wire:
     assert not {path for n in paths if n != newest for path in paths[n]} & set(listed)
 
 
-def test_ids_that_share_a_path_are_listed_under_it_once(wire: Builder) -> None:
-    """Ids that share everything up to their last `/` (a project's pull-request links, one
-    directory's files) are written as the shell writes them, `…/pull/{2385,2390}`: the shared
-    part once, so the line holds more of them than written whole (a link costs a dozen tokens,
-    its number three). Ranked as before: by their whole size."""
+def ids_line_of(
+    wire: Builder, printed: Mapping[int, list[str]], row: str, padding: int
+) -> tuple[Goal, str]:
+    """The ids line of evict's notice (in 5 % of the budget, no quoted lines) where the results
+    that printed `printed` (each name on a `row`, then `padding` lines of "ok") are removed to
+    a quarter of the request; and the goal."""
     messages = [*LEADING.get(wire.api, []), wire.user("first task")]
-    links = {
-        n: [f"https://github.com/acme/widgets/pull/{230000 + 100 * n + k}" for k in range(30)]
-        for n in range(5)
-    }
-    for n, printed in links.items():
-        rows = [f"* fixed the parser in {link}" for link in printed]
-        messages += wire.turn(f"c{n}", "read_file", {"p": n}, "\n".join([*rows, *["ok"] * 200]))
+    for n, names in printed.items():
+        rows = [row.format(name) for name in names]
+        messages += wire.turn(f"c{n}", "bash", {"p": n}, "\n".join([*rows, *["ok"] * padding]))
     messages += wire.turn("last", "grep", {"p": "x"}, "nothing found")
     messages.append(wire.user("final question"))
     before = wire.conversation(messages)
     goal = Goal(target=before.total // 4, limit=before.total // 3)
     settings = EvictSettings(evict_at_least=0, keep_recent_turns=1, gist_share=0, ids_share=0.05)
     after, _ = Evict(settings).apply(before, goal, wire.meter)
+    assert after.total <= goal.target
     *_, ids = quoted_lines(notice_of(after))
+    return goal, ids
+
+
+def test_ids_that_share_a_path_are_listed_under_it_once(wire: Builder) -> None:
+    """Ids that share everything up to their last `/` (a project's pull-request links, one
+    directory's files) are written as the shell writes them, `…/pull/{2385,2390}`: the shared
+    part once, so the line holds more of them than written whole (a link costs a dozen tokens,
+    its number three). Ranked as before: by their whole size."""
+    links = {
+        n: [f"https://github.com/acme/widgets/pull/{230000 + 100 * n + k}" for k in range(30)]
+        for n in range(5)
+    }
+    _, ids = ids_line_of(wire, links, "* fixed the parser in {}", 200)
     written = ids.removeprefix(IDS_LABEL).split(NAMES_SEPARATOR)
     head = "github.com/acme/widgets/pull/"  # as an id: without its scheme
     (group,) = [name for name in written if name.startswith(head + "{")]
@@ -851,26 +863,15 @@ def test_ids_under_paths_of_their_own_fill_the_line_as_written_whole(wire: Build
     a directory of its own) the line lists as many as fit written whole, its room used up to
     less than one id. (Charged to every path's first id, fewer fit where paths are distinct:
     held-out facts at 5–10× 72.4 → 67.9 %, bench.fidelity, 2026-12-07.)"""
-    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
     paths = {
         n: [f"dist/build_{7000 + 40 * n + k}/pkg-{n}.{k}.tar.gz" for k in range(40)]
         for n in range(5)
     }
-    for n, printed in paths.items():
-        rows = [f"wrote {path}" for path in printed]
-        messages += wire.turn(f"c{n}", "bash", {"p": n}, "\n".join([*rows, *["ok"] * 400]))
-    messages += wire.turn("last", "grep", {"p": "x"}, "nothing found")
-    messages.append(wire.user("final question"))
-    before = wire.conversation(messages)
-    goal = Goal(target=before.total // 4, limit=before.total // 3)
-    settings = EvictSettings(evict_at_least=0, keep_recent_turns=1, gist_share=0, ids_share=0.05)
-    after, _ = Evict(settings).apply(before, goal, wire.meter)
-    assert after.total <= goal.target
-    *_, ids = quoted_lines(notice_of(after))
+    goal, ids = ids_line_of(wire, paths, "wrote {}", 400)
     written = listed_names(ids.removeprefix(IDS_LABEL))
     every = {path for printed in paths.values() for path in printed}
     assert set(written) <= every and len(written) < len(every)  # no braces; not room for all
-    room = int(goal.limit * settings.ids_share)
+    room = int(goal.limit * 0.05)  # `ids_share`
     largest = max(wire.meter.text_tokens(NAMES_SEPARATOR + path) for path in every)
     assert room - largest < wire.meter.text_tokens(ids) <= room
 
