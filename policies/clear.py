@@ -13,17 +13,20 @@ reached (the grid point, below), they list that many: a shallow cut has the room
 names; a deeper one, which would clear more results or evict for it, keeps `names_share`. The call
 and its pairing stay; a result cleared already stays as it is. The most recent `keep` tool results
 are never cleared, nor is a result whose placeholder would not save two thirds of it (a small result
-is worth its tokens: it goes whole, with its turn, if anything). The `recent` results before those
-are a last resort, as evict's recent turns are: cleared only in compress's last-resort pass, after
-every older one, and only as far as the budget itself needs (`Goal.limit`): the room below the
-budget that a batch leaves for later turns comes from older content, never from the results the next
-step works from. Results are cleared lowest value first — exact copies and superseded reads of a
-later result, then results that mention no term of the user's request (the first and the last user
-message before them) and report no anomaly, then the ones that hold evidence — least recently used
-first within each class: a result is as recent as the last assistant turn that acted on an
-identifier it printed (a path, a name, a number: `policies.facts.last_use`), else as its own place,
-so what the agent keeps working from stays longest; in batches of at least `clear_at_least` tokens,
-so consecutive turns clear the same results and the request prefix changes rarely.
+is worth its tokens: it goes whole, with its turn, if anything), nor a small one whose placeholder,
+saving two thirds, has less room for names than `names_share` gives and could not list every name it
+printed (a file of pins: names are what the next step acts on, and it holds them densely). The
+`recent` results before those are a last resort, as evict's recent turns are: cleared only in
+compress's last-resort pass, after every older one, and only as far as the budget itself needs
+(`Goal.limit`): the room below the budget that a batch leaves for later turns comes from older
+content, never from the results the next step works from. Results are cleared lowest value first —
+exact copies and superseded reads of a later result, then results that mention no term of the user's
+request (the first and the last user message before them) and report no anomaly, then the ones that
+hold evidence — least recently used first within each class: a result is as recent as the last
+assistant turn that acted on an identifier it printed (a path, a name, a number:
+`policies.facts.last_use`), else as its own place, so what the agent keeps working from stays
+longest; in batches of at least `clear_at_least` tokens, so consecutive turns clear the same results
+and the request prefix changes rarely.
 
 Older copies that `prune_tool_results` pointed onward to a result are cleared with it, in the
 same step and with the same placeholder (same content, same sha256): a pointer never names a
@@ -122,7 +125,7 @@ class ClearToolResults:
         # names' share) → (the whole's archive key, the placeholder): `_placeholder` depends on
         # nothing else.
         self._placeholders: Remembered[
-            tuple[str, int, int, int, bool, float], tuple[str, str, bool]
+            tuple[str, int, int, int, bool, float], tuple[str, str | None, bool]
         ] = Remembered(maxsize=20_000)
         self._lock = threading.Lock()
 
@@ -223,7 +226,11 @@ class ClearToolResults:
             if result.text.startswith(CLEARED_PREFIX):  # cleared already (a retry's cut)
                 continue
             whole = before_cut.texts.get((index, result.call_id), result.text)
-            key, text, listed = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+            key, made, listed = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+            if made is None:  # too small to say what it named: worth its tokens
+                every_name = False
+                continue
+            text = made
             if 3 * len(text) > len(result.text):  # a result prune cut: without the names?
                 text, listed = text.split(f"\n{NAMES_LABEL}", 1)[0], False
             every_name = every_name and listed
@@ -238,10 +245,10 @@ class ClearToolResults:
 
     def _placeholder_of(
         self, tool: str, tokens: int, text: str, whole: str, share: float
-    ) -> tuple[str, str, bool]:
-        """The archive key of the `whole` result, the placeholder of `text` and whether it lists
-        every name (`_placeholder`), remembered: the same results are cleared again every
-        turn."""
+    ) -> tuple[str, str | None, bool]:
+        """The archive key of the `whole` result, the placeholder of `text` (None: not to be
+        cleared) and whether it lists every name (`_placeholder`), remembered: the same results
+        are cleared again every turn."""
         # Python's own string hash (cached on the string) and the length, as in tokens.py.
         cache_key = (tool, tokens, len(whole), hash(whole), is_placeholder(text), share)
         with self._lock:
@@ -255,7 +262,7 @@ class ClearToolResults:
 
     def _placeholder(
         self, tool: str, tokens: int, key: str, text: str, whole: str, share: float
-    ) -> tuple[str, bool]:
+    ) -> tuple[str | None, bool]:
         """The placeholder of `text` with the gist of the `whole` result (before any cut), where
         that still saves two thirds of the whole (else the bare placeholder), and the names the
         whole printed, in what room is left of `share` of it: a pure function of the result and
@@ -275,6 +282,12 @@ class ClearToolResults:
             int(len(whole) * share),
         ) - len(NAMES_LABEL)
         named, every = names_fitting(whole, room, skip=quoted) if room > 0 else ((), False)
+        if not every and room < int(len(whole) * share) - len(NAMES_LABEL):
+            # Saving two thirds leaves the names less room than the share: a small result, and
+            # its placeholder would not say all it named. It is worth its tokens (`None`: not
+            # cleared): names are what the next step acts on, and a small result holds them
+            # densely.
+            return None, False
         return placeholder(tool, tokens, key, quoted, named), every
 
     @staticmethod

@@ -477,7 +477,9 @@ def names_fitting(text: str, width: int, skip: Sequence[str] = ()) -> tuple[tupl
 
 def fitting(ranked: Iterable[str], width: int, shown: Container[str] = ()) -> list[str]:
     """The first of `ranked` names, in its order, while they fit `width` characters (each with
-    a separator, `NAMES_SEPARATOR`), passing over those `shown` already — as `names_line`
+    a separator, `NAMES_SEPARATOR`), passing over those `shown` already and any first ones
+    longer than the whole width (a long absolute path named most often would leave the line
+    empty) — as `names_line`
     writes them: ids under one path (`id_under_path`) under it once, the first whole, the
     second its own part and the braces, the next ones their own part."""
     chosen: list[str] = []
@@ -491,7 +493,9 @@ def fitting(ranked: Iterable[str], width: int, shown: Container[str] = ()) -> li
         if parts and under[parts[0]]:
             cost = len(parts[1]) + len(NAMES_SEPARATOR) + (2 if under[parts[0]] == 1 else 0)
         if used + cost > width:
-            break
+            if chosen:
+                break
+            continue  # a first name longer than the whole width: the next ones, not none
         chosen.append(name)
         used += cost
         if parts:

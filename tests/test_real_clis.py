@@ -757,6 +757,48 @@ def test_a_cleared_file_keeps_the_names_it_printed(drive: Drive, cli: Cli) -> No
 SHALLOW_WINDOWS = {"claude": 65_000, "codex": 24_000, "gemini": 40_000, "opencode": 43_000}
 
 
+SMALL_NOTES = (2, 4)  # `mixed_note`: these notes files are a few lines long
+
+
+def mixed_note(step: int) -> str:
+    """`numbered_note(step)`, but for `SMALL_NOTES`: eight short lines, with its constant."""
+    if step not in SMALL_NOTES:
+        return numbered_note(step)
+    rows = [f"item-{step}-{i} = {100 + 37 * i}  # row {i} of the small file" for i in range(5)]
+    return "\n".join(
+        [
+            f"# MARKER-{step}: notes file {step}",
+            f"DEADLINE_MS_{step} = {deadline(step)}  # of notes file {step}",
+            *rows,
+            f"# END-{step}: end of notes file {step}",
+        ]
+    )
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_a_small_file_too_small_to_name_what_it_printed_is_not_cleared(
+    drive: Drive, cli: Cli
+) -> None:
+    # Two of the six files are a few lines long: where a placeholder saving two thirds of one
+    # has no room for the names it printed, it is worth its tokens — every request that carries
+    # it carries it whole, or (a CLI whose read wraps the file in more) cleared with its names,
+    # its constant among them; the long files around it are cleared.
+    run = drive(cli, notes=mixed_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
+    check_run(cli, run, FINAL)
+    report = run.report()
+    read = {orjson.dumps(cli.arguments(run.work, n)): n for n in range(1, READS + 1)}
+    sent = [
+        (read[called], use.result or "")
+        for call in run.fake.main_calls
+        for use in tool_uses(cli.api, call.body, cli.tool)
+        if (called := orjson.dumps(use.arguments)) in read
+    ]
+    assert {step for step, _ in sent} >= set(SMALL_NOTES), report
+    small = [(step, text) for step, text in sent if step in SMALL_NOTES]
+    assert all(whole(step, text) or deadline(step) in text for step, text in small), report
+    assert any(CLEARED_PREFIX in text for step, text in sent if step not in SMALL_NOTES), report
+
+
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
 def test_a_shallow_cut_lists_more_of_a_cleared_file_s_names(drive: Drive, cli: Cli) -> None:
     # The session's cuts clear files whose placeholders, listing names in 30 % of their

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from brim.policies.clear import ClearSettings, ClearToolResults, placeholder
+from brim.policies.clear import CLEARED_PREFIX, ClearSettings, ClearToolResults, placeholder
 from brim.policies.conversation import Conversation, Goal, archive_key
 from brim.policies.information import (
     SHORTENED,
@@ -231,9 +231,8 @@ def test_a_gist_shrinks_to_fewer_lines_where_more_would_not_save_two_thirds() ->
         *builder.turn("c3", "bash", {"command": "true"}, "ok"),
     ]
     before = builder.conversation(items)
-    after, _ = ClearToolResults(ClearSettings(keep=1, gist_lines=12)).apply(
-        before, Goal(0, 0), builder.meter
-    )
+    settings = ClearSettings(keep=1, gist_lines=12, names_share=0)  # the gist alone
+    after, _ = ClearToolResults(settings).apply(before, Goal(0, 0), builder.meter)
     cleared = result_of(after, "c1")
     first, *quoted = cleared.split("\n")
     quoted = [line for line in quoted if not line.startswith(NAMES_LABEL)]  # then its names
@@ -244,6 +243,44 @@ def test_a_gist_shrinks_to_fewer_lines_where_more_would_not_save_two_thirds() ->
     assert quoted == [f"> {line}" for line in gist(larger, len(quoted))]
     # A result too small for its placeholder to save two thirds is worth its tokens: kept.
     assert result_of(after, "c2") == small
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_a_result_too_small_to_list_its_names_is_not_cleared(api: str) -> None:
+    """Where saving two thirds leaves a result's names less room than `names_share` (a small
+    result: its placeholder's head alone is a sizeable part of it), it is cleared only if its
+    placeholder still lists every name it printed; else it is worth its tokens, kept whole:
+    a small file of pins is dense in what the next step acts on."""
+    builder = BUILDERS[api]
+    pins = "\n".join(
+        [
+            "-e .[socks]  # the package itself, with its optional proxies",
+            "pytest>=2.8.0,<10  # the runner the whole suite is written for",
+            "pytest-cov>=4.1.0  # coverage, reported in the nightly job",
+            "pytest_httpbin==2.1.0  # a local httpbin for the adapters",
+            "trustme_pinned<808348  # certificates for the TLS tests",
+            "wheel_builder>=0.43.0  # to build the wheel that is tested",
+            "requests_toolbelt_extra>=1.0.0  # multipart helpers",
+            "charset_normalizer_extra>=3.3.2  # encoding detection",
+        ]
+    )
+    prose = " ".join(["the nightly job passed on every platform again"] * 11) + " (run 808348)"
+    assert 400 < len(pins) < 600 and 400 < len(prose) < 600
+    items = [
+        builder.user("which pins does the test suite use?"),
+        *builder.turn("c1", "read_file", {"path": "requirements-dev.txt"}, pins),
+        *builder.turn("c2", "bash", {"command": "ci status"}, prose),
+        *builder.turn("c3", "bash", {"command": "true"}, "ok"),
+    ]
+    before = builder.conversation(items)
+    after, _ = ClearToolResults(ClearSettings(keep=1)).apply(before, Goal(0, 0), builder.meter)
+    assert result_of(after, "c1") == pins  # its names would not fit: kept
+    cleared = result_of(after, "c2")  # its one name fits: cleared, and listed
+    assert cleared.startswith(CLEARED_PREFIX) and 3 * len(cleared) <= len(prose)
+    assert cleared.split("\n")[-1] == NAMES_LABEL + "808348"
+    wider = ClearToolResults(ClearSettings(keep=1, names_share=0))  # no names wanted: cleared
+    assert result_of(wider.apply(before, Goal(0, 0), builder.meter)[0], "c1") != pins
+    assert valid(after)
 
 
 # ---- step 4 through the policies, on every wire -------------------------------------------------

@@ -350,10 +350,21 @@ def test_fitting_counts_names_as_the_line_writes_them(ranked: list[str], width: 
         return len(names_line(named)) - len(NAMES_LABEL) + len(NAMES_SEPARATOR) if named else 0
 
     chosen = fitting(ranked, width)
-    assert chosen == ranked[: len(chosen)]
+    lead = next((n for n, name in enumerate(ranked) if taken([name]) <= width), len(ranked))
+    assert chosen == ranked[lead : lead + len(chosen)]  # past the first ones too long alone
     assert taken(chosen) <= width
-    if len(chosen) < len(ranked):
-        assert taken(ranked[: len(chosen) + 1]) > width
+    if lead + len(chosen) < len(ranked):
+        assert taken(ranked[lead : lead + len(chosen) + 1]) > width
+
+
+def test_a_first_name_longer_than_the_width_leaves_room_for_the_next() -> None:
+    """The name a result prints most may be a long absolute path (a CLI's read of a file in a
+    temporary checkout): longer than a small result's whole room, it is passed over, and the
+    names after it are listed rather than none."""
+    path = "/tmp/brim-capture-1jxzkd4n/real-cli-opencode-requests/checkout/requirements-dev.txt"
+    text = "\n".join([f"<path>{path}</path>", f"{path}: pytest_httpbin trustme_pinned 808348"])
+    assert names(text, 40) == ("pytest_httpbin", "trustme_pinned", "808348")
+    assert names(text, 200)[0] == path.lstrip("/")  # (as a name: without its first slash)
 
 
 def test_ids_under_one_path_fit_many_more_in_a_width() -> None:
