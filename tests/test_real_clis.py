@@ -31,7 +31,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -702,18 +702,22 @@ def test_a_fallback_that_holds_the_session_takes_it_whole(drive: Drive, cli: Cli
 # The same sessions, in which the model fetches back a file that brim cut.
 
 
+def file_reads(cli: Cli, run: Run, bodies: Iterable[Any]) -> list[tuple[int, str]]:
+    """Each read of a notes file in `bodies` (requests): the file, and its result as the
+    request carried it."""
+    read = {orjson.dumps(cli.arguments(run.work, n)): n for n in range(1, READS + 1)}
+    return [
+        (read[called], use.result or "")
+        for body in bodies
+        for use in tool_uses(cli.api, body, cli.tool)
+        if (called := orjson.dumps(use.arguments)) in read
+    ]
+
+
 def results_as_sent(cli: Cli, run: Run) -> dict[int, str]:
     """Each notes file's result as the CLI sent it (whole, before brim cut it), by file."""
-    read = {orjson.dumps(cli.arguments(run.work, n)): n for n in range(1, READS + 1)}
-    return {
-        read[called]: use.result
-        for seen in run.received
-        if seen.body
-        for use in tool_uses(cli.api, orjson.loads(seen.body), cli.tool)
-        if use.result
-        and not use.result.startswith(CLEARED_PREFIX)
-        and (called := orjson.dumps(use.arguments)) in read
-    }
+    bodies = (orjson.loads(seen.body) for seen in run.received if seen.body)
+    return {step: text for step, text in file_reads(cli, run, bodies) if text}
 
 
 def cleared_names_shares(cli: Cli, run: Run) -> list[float]:
@@ -776,7 +780,7 @@ def mixed_note(step: int) -> str:
 
 
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
-def test_a_small_file_too_small_to_name_what_it_printed_is_not_cleared(
+def test_a_small_file_stays_whole_unless_its_placeholder_lists_its_names(
     drive: Drive, cli: Cli
 ) -> None:
     # Two of the six files are a few lines long: where a placeholder saving two thirds of one
@@ -786,13 +790,7 @@ def test_a_small_file_too_small_to_name_what_it_printed_is_not_cleared(
     run = drive(cli, notes=mixed_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
     check_run(cli, run, FINAL)
     report = run.report()
-    read = {orjson.dumps(cli.arguments(run.work, n)): n for n in range(1, READS + 1)}
-    sent = [
-        (read[called], use.result or "")
-        for call in run.fake.main_calls
-        for use in tool_uses(cli.api, call.body, cli.tool)
-        if (called := orjson.dumps(use.arguments)) in read
-    ]
+    sent = file_reads(cli, run, (call.body for call in run.fake.main_calls))
     assert {step for step, _ in sent} >= set(SMALL_NOTES), report
     small = [(step, text) for step, text in sent if step in SMALL_NOTES]
     assert all(whole(step, text) or deadline(step) in text for step, text in small), report
