@@ -267,7 +267,8 @@ class ClearToolResults:
         that still saves two thirds of the whole (else the bare placeholder), and the names the
         whole printed, in what room is left of `share` of it: a pure function of the result and
         the share, the same every turn whether or not it was cut first; and whether it lists
-        every name (with a wider share, the same)."""
+        every name (with a wider share, the same). None where the result is too small for that
+        room to hold all its names: it stays whole."""
         bare = placeholder(tool, tokens, key)
         if is_placeholder(text):
             return bare, True
