@@ -109,6 +109,7 @@ from brim.policies.text import (
     NAMES_LABEL,
     NAMES_SEPARATOR,
     grouped,
+    grouped_cost,
     id_under_path,
     is_id,
     is_placeholder,
@@ -453,14 +454,8 @@ class _Gists:
             for name in each.ids_by_size.get(size, ()):
                 if name in shown or name in listed:
                     continue
-                parts = id_under_path(name)
-                whole = self._listed_cost(name)
-                if parts and heads[parts[0]]:
-                    own = self._listed_cost(parts[1]) + (2 if heads[parts[0]] == 1 else 0)
-                    cost = min(whole, own)
-                else:
-                    cost = whole
-                if parts:
+                cost = grouped_cost(name, heads, self._listed_cost)
+                if parts := id_under_path(name):
                     heads[parts[0]] += 1
                 if cost > room:
                     return self._listed_ids(listed, shown)

@@ -32,8 +32,9 @@ from brim.policies.conversation import Conversation
 from brim.policies.facts import ResultKey
 from brim.policies.remembered import Remembered
 from brim.policies.text import (
-    LONG_NUMBER_DIGITS,
+    LONG_DIGITS,
     NAMES_SEPARATOR,
+    grouped_cost,
     id_under_path,
     identifier_counts,
     identifiers,
@@ -46,7 +47,6 @@ from brim.policies.text import (
 _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
 _NUMBER = re.compile(r"[\d.,:]+")  # a line number, a count, a version: a name only if long
-_LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")  # `LONG_NUMBER_DIGITS`: in text.py
 # The line number a file read prints before each line (`    12\t`, `  12→`, `00012| `,
 # `12:`): where the line is, not what it says.
 _GUTTER = re.compile(r"^[ \t]*(\d+)(?=[\t→|:]| {2})", re.MULTILINE)
@@ -440,7 +440,7 @@ def is_long_number(token: str) -> bool:
     """Whether `token` is a number that starts with `LONG_NUMBER_DIGITS` digits or more
     (`48213`, `2024.01`): one that names a thing rather than counts it. A version, a time of
     day, a step label or a fraction (`2.14.0`, `12:30:45`, `3.119`, `0.0000`) is not."""
-    return bool(_NUMBER.fullmatch(token) and _LONG_DIGITS.match(token))
+    return bool(_NUMBER.fullmatch(token) and LONG_DIGITS.match(token))
 
 
 def ranked_names(counts: dict[str, int]) -> list[str]:
@@ -475,6 +475,11 @@ def names_fitting(text: str, width: int, skip: Sequence[str] = ()) -> tuple[tupl
     return tuple(token for token in counts if token in chosen), len(chosen) == len(counts)
 
 
+def _written_length(name: str) -> int:
+    """The characters `name` adds to a names line written alone: itself and a separator."""
+    return len(name) + len(NAMES_SEPARATOR)
+
+
 def fitting(ranked: Iterable[str], width: int, shown: Container[str] = ()) -> list[str]:
     """The first of `ranked` names, in its order, while they fit `width` characters (each with
     a separator, `NAMES_SEPARATOR`), passing over those `shown` already and any first ones
@@ -488,16 +493,13 @@ def fitting(ranked: Iterable[str], width: int, shown: Container[str] = ()) -> li
     for name in ranked:
         if name in shown:
             continue
-        cost = len(name) + len(NAMES_SEPARATOR)
-        parts = id_under_path(name)
-        if parts and under[parts[0]]:
-            cost = len(parts[1]) + len(NAMES_SEPARATOR) + (2 if under[parts[0]] == 1 else 0)
+        cost = grouped_cost(name, under, _written_length)
         if used + cost > width:
             if chosen:
                 break
             continue  # a first name longer than the whole width: the next ones, not none
         chosen.append(name)
         used += cost
-        if parts:
+        if parts := id_under_path(name):
             under[parts[0]] += 1
     return chosen

@@ -13,7 +13,7 @@ import operator
 import re
 import threading
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import orjson
@@ -32,7 +32,7 @@ _TERM_SOURCE_CHARS = 4_000  # of each text the task terms are read from
 # work out again. Shorter numbers are mostly counts and line numbers. (Real Claude Code
 # sessions whose next turn wrote the ioctl constants and ids it read earlier: issue 35.)
 LONG_NUMBER_DIGITS = 4
-_LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")
+LONG_DIGITS = re.compile(rf"\d{{{LONG_NUMBER_DIGITS},}}")
 _TOKEN = re.compile(r"[\w][\w.\-/]*")
 _PIECES = re.compile(r"[/.\-_]+")
 POINTER = re.compile(
@@ -115,7 +115,7 @@ def listed_names(listing: str) -> list[str]:
 def is_id(name: str) -> bool:
     """Whether a name is an id: one with a long number in it (`48213`, `JEP-4213`,
     `2018-10-26`, `issues/2817`)."""
-    return bool(_LONG_DIGITS.search(name))
+    return bool(LONG_DIGITS.search(name))
 
 
 def id_under_path(name: str) -> tuple[str, str] | None:
@@ -130,18 +130,31 @@ def grouped(names: Sequence[str]) -> list[str]:
     writes them — `github.com/o/r/pull/{2385,2390}` — where the first of them stood; a path's
     one id, and every other name, as it is. Names hold no braces or commas (`identifiers`), so
     `listed_names` reads them back."""
+    split = [(name, id_under_path(name)) for name in names]
     under: dict[str, list[str]] = {}
-    for name in names:
-        if parts := id_under_path(name):
+    for _, parts in split:
+        if parts:
             under.setdefault(parts[0], []).append(parts[1])
     written: list[str] = []
-    for name in names:
-        parts = id_under_path(name)
+    for name, parts in split:
         if parts is None:
             written.append(name)
         elif (owns := under.pop(parts[0], None)) is not None:  # where its path's first stood
             written.append(name if len(owns) == 1 else f"{parts[0]}/{{{','.join(owns)}}}")
     return written
+
+
+def grouped_cost(name: str, under: Mapping[str, int], cost: Callable[[str], int]) -> int:
+    """What `name` adds to a names line (`grouped`) that lists `under[path]` ids under each
+    path already, `cost` being what a name adds written alone: an id under a path listed
+    already adds its own part (and the braces, for the path's second), else itself. The one
+    rule `fitting` (in characters) and evict's ids line (in tokens) count by."""
+    whole = cost(name)
+    parts = id_under_path(name)
+    listed = under.get(parts[0], 0) if parts else 0
+    if not parts or not listed:
+        return whole
+    return min(whole, cost(parts[1]) + (2 if listed == 1 else 0))
 
 
 def is_placeholder(text: str) -> bool:
