@@ -226,11 +226,10 @@ class ClearToolResults:
             if result.text.startswith(CLEARED_PREFIX):  # cleared already (a retry's cut)
                 continue
             whole = before_cut.texts.get((index, result.call_id), result.text)
-            key, made, listed = self._placeholder_of(result.tool, tokens, result.text, whole, share)
-            if made is None:  # too small to say what it named: worth its tokens
+            key, text, listed = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+            if text is None:  # too small to say what it named: worth its tokens
                 every_name = False
                 continue
-            text = made
             if 3 * len(text) > len(result.text):  # a result prune cut: without the names?
                 text, listed = text.split(f"\n{NAMES_LABEL}", 1)[0], False
             every_name = every_name and listed
@@ -277,13 +276,11 @@ class ClearToolResults:
             if 3 * len(placeholder(tool, tokens, key, lines := gist(whole, count))) <= len(whole):
                 quoted = lines
                 break
-        with_gist = placeholder(tool, tokens, key, quoted)
-        room = min(
-            len(whole) // 3 - len(with_gist),  # still saving two thirds
-            int(len(whole) * share),
-        ) - len(NAMES_LABEL)
+        shared = int(len(whole) * share)  # the names' room, before saving two thirds
+        third = len(whole) // 3 - len(placeholder(tool, tokens, key, quoted))
+        room = min(third, shared) - len(NAMES_LABEL)
         named, every = names_fitting(whole, room, skip=quoted) if room > 0 else ((), False)
-        if not every and room < int(len(whole) * share) - len(NAMES_LABEL):
+        if not every and third < shared:
             # Saving two thirds leaves the names less room than the share: a small result, and
             # its placeholder would not say all it named. It is worth its tokens (`None`: not
             # cleared): names are what the next step acts on, and a small result holds them
