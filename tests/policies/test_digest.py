@@ -278,8 +278,8 @@ def test_a_result_too_small_to_list_its_names_is_not_cleared(api: str) -> None:
     cleared = result_of(after, "c2")  # its one name fits: cleared, and listed
     assert cleared.startswith(CLEARED_PREFIX) and 3 * len(cleared) <= len(prose)
     assert cleared.split("\n")[-1] == NAMES_LABEL + "808348"
-    wider = ClearToolResults(ClearSettings(keep=1, names_share=0))  # no names wanted: cleared
-    assert result_of(wider.apply(before, Goal(0, 0), builder.meter)[0], "c1") != pins
+    nameless = ClearToolResults(ClearSettings(keep=1, names_share=0))  # no names: cleared
+    assert result_of(nameless.apply(before, Goal(0, 0), builder.meter)[0], "c1") != pins
     assert valid(after)
 
 

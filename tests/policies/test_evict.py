@@ -782,28 +782,21 @@ def test_past_the_newest_results_the_ids_line_lists_the_cheapest_ids_first(wire:
     (a dozen), so a long session's older results keep their ids rather than the newest few
     filling the line. (Newest first alone, facts kept at 5–10× were 26.9 % in bench.fidelity's
     default run; 74.2 % with the cheapest first, 2026-12-07.)"""
-    messages = [*LEADING.get(wire.api, []), wire.user("first task")]
     numbers = {n: [str(51000 + 100 * n + k) for k in range(25)] for n in range(4)}
-    for n, printed in numbers.items():  # older: each prints 25 bare numbers
-        rows = [f"row {k}: total {number}" for k, number in enumerate(printed)]
-        messages += wire.turn(f"old{n}", "read_file", {"p": n}, "\n".join([*rows, *["ok"] * 200]))
     paths = {
         n: [f"dist/releases/build_{7000 + 10 * n + k}/pkg-{n}.{k}.tar.gz" for k in range(8)]
         for n in range(4)
     }
-    for n, printed in paths.items():  # newer: each prints 8 long paths with a number in them
-        rows = [f"wrote {path}" for path in printed]
-        messages += wire.turn(f"new{n}", "bash", {"p": n}, "\n".join([*rows, *["ok"] * 200]))
-    messages += wire.turn("last", "grep", {"p": "x"}, "nothing found")
-    messages.append(wire.user("final question"))
-    before = wire.conversation(messages)
-    goal = Goal(target=before.total // 4, limit=before.total // 3)
-    settings = EvictSettings(evict_at_least=0, keep_recent_turns=1, gist_share=0, ids_share=0.15)
-    after, records = Evict(settings).apply(before, goal, wire.meter)
-    assert after.total <= goal.target
+    results = {  # older: each prints 25 bare numbers; newer: 8 long paths with a number in them
+        **{
+            f"old{n}": [f"row {k}: total {x}" for k, x in enumerate(xs)]
+            for n, xs in numbers.items()
+        },
+        **{f"new{n}": [f"wrote {path}" for path in printed] for n, printed in paths.items()},
+    }
+    _, ids, records = ids_line_of(wire, results, 200, ids_share=0.15)
     gone = "".join(record.original or "" for record in records if record.action == "evicted")
     newest = max(n for n in paths if f'"new{n}"' in gone)  # the newest removed result
-    *_, ids = quoted_lines(notice_of(after))
     listed = listed_names(ids.removeprefix(IDS_LABEL))
     own = [name for name in listed if name in paths[newest]]  # the newest's first, in order
     assert len(own) >= 3 and own == paths[newest][1 : len(own) + 1]  # (the first: its gist's)
@@ -815,24 +808,25 @@ def test_past_the_newest_results_the_ids_line_lists_the_cheapest_ids_first(wire:
 
 
 def ids_line_of(
-    wire: Builder, printed: Mapping[int, list[str]], row: str, padding: int
-) -> tuple[Goal, str]:
-    """The ids line of evict's notice (in 5 % of the budget, no quoted lines) where the results
-    that printed `printed` (each name on a `row`, then `padding` lines of "ok") are removed to
-    a quarter of the request; and the goal."""
+    wire: Builder, results: Mapping[str, list[str]], padding: int, ids_share: float = 0.05
+) -> tuple[Goal, str, list[FidelityRecord]]:
+    """The ids line of evict's notice (in `ids_share` of the budget, no quoted lines) where
+    `results` (each call's rows, then `padding` lines of "ok"), in order, are removed to a
+    quarter of the request; the goal, and evict's records."""
     messages = [*LEADING.get(wire.api, []), wire.user("first task")]
-    for n, names in printed.items():
-        rows = [row.format(name) for name in names]
-        messages += wire.turn(f"c{n}", "bash", {"p": n}, "\n".join([*rows, *["ok"] * padding]))
+    for call, rows in results.items():
+        messages += wire.turn(call, "bash", {"p": call}, "\n".join([*rows, *["ok"] * padding]))
     messages += wire.turn("last", "grep", {"p": "x"}, "nothing found")
     messages.append(wire.user("final question"))
     before = wire.conversation(messages)
     goal = Goal(target=before.total // 4, limit=before.total // 3)
-    settings = EvictSettings(evict_at_least=0, keep_recent_turns=1, gist_share=0, ids_share=0.05)
-    after, _ = Evict(settings).apply(before, goal, wire.meter)
+    settings = EvictSettings(
+        evict_at_least=0, keep_recent_turns=1, gist_share=0, ids_share=ids_share
+    )
+    after, records = Evict(settings).apply(before, goal, wire.meter)
     assert after.total <= goal.target
     *_, ids = quoted_lines(notice_of(after))
-    return goal, ids
+    return goal, ids, records
 
 
 def test_ids_that_share_a_path_are_listed_under_it_once(wire: Builder) -> None:
@@ -844,7 +838,10 @@ def test_ids_that_share_a_path_are_listed_under_it_once(wire: Builder) -> None:
         n: [f"https://github.com/acme/widgets/pull/{230000 + 100 * n + k}" for k in range(30)]
         for n in range(5)
     }
-    _, ids = ids_line_of(wire, links, "* fixed the parser in {}", 200)
+    rows = {
+        f"c{n}": [f"* fixed the parser in {link}" for link in each] for n, each in links.items()
+    }
+    _, ids, _ = ids_line_of(wire, rows, 200)
     written = ids.removeprefix(IDS_LABEL).split(NAMES_SEPARATOR)
     head = "github.com/acme/widgets/pull/"  # as an id: without its scheme
     (group,) = [name for name in written if name.startswith(head + "{")]
@@ -867,7 +864,8 @@ def test_ids_under_paths_of_their_own_fill_the_line_as_written_whole(wire: Build
         n: [f"dist/build_{7000 + 40 * n + k}/pkg-{n}.{k}.tar.gz" for k in range(40)]
         for n in range(5)
     }
-    goal, ids = ids_line_of(wire, paths, "wrote {}", 400)
+    rows = {f"c{n}": [f"wrote {path}" for path in each] for n, each in paths.items()}
+    goal, ids, _ = ids_line_of(wire, rows, 400)
     written = listed_names(ids.removeprefix(IDS_LABEL))
     every = {path for printed in paths.values() for path in printed}
     assert set(written) <= every and len(written) < len(every)  # no braces; not room for all
