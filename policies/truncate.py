@@ -144,8 +144,13 @@ class Truncate:
         # of it), the last message, the last user message.
         spared = {len(conversation.messages) - 1, last_request(conversation)}
         spared |= set(newest.indices) if newest is not None else set()
-        instructions = {i for u in known.units if u.kind == "system" for i in u.indices}
-        notices = _notices(conversation)  # after those: the one trace of what evict removed
+        # After those: the one trace of what evict removed. Cut with the turns, not with the
+        # client's instructions, though on Chat and Responses it is a system message: else a
+        # request a few tokens over after the turns' cuts went without it whole.
+        notices = _notices(conversation)
+        instructions = {
+            i for u in known.units if u.kind == "system" for i in u.indices if i not in notices
+        }
         order = sorted(
             (i for i in range(len(conversation.messages)) if (i in instructions) == system),
             key=lambda i: (i in notices, i in spared, -conversation.sizes[i], i),

@@ -4,6 +4,7 @@ still stays within the budget — on every wire API."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 import re
 from typing import Any
@@ -13,10 +14,12 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from brim.policies.conversation import Conversation, Goal, archive_key
-from brim.policies.text import NAMES_LABEL, listed_names
+from brim.policies.evict import GISTS_HEADER, IDS_LABEL
+from brim.policies.text import NAMES_LABEL, NAMES_SEPARATOR, listed_names
 from brim.policies.tokens import CounterMeter
 from brim.policies.truncate import Truncate
 from brim.policies.wires import WIRES
+from brim.policies.wires.base import NOTICE_PREFIX
 from tests.policies.test_digest import read_output
 from tests.policies.test_evict import LEADING
 from tests.policies.test_information import BUILDERS, COUNTER, Builder, result_of
@@ -187,3 +190,37 @@ def test_a_huge_escaped_result_is_cut_to_the_budget(api: str, over: float) -> No
     after, records = Truncate().apply(before, Goal(target=limit, limit=limit), wire.meter)
     assert len(records) == 1
     assert limit * 0.98 - 30 <= after.total <= limit
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_the_notice_is_cut_before_it_is_dropped(api: str) -> None:
+    """Where what truncate may cut of the client's turns leaves a request a few tokens over,
+    evict's notice — brim's own words, the one trace of what evict removed — gives those tokens
+    from its middle, its head line and its ids kept; it goes whole only where it cannot give
+    them. (On Chat and Responses, where the notice is a system message, it went whole: a Claude
+    Code session on rich cut to 5× went out 3 tokens short of fitting its 772-token notice,
+    without the 26 facts it listed.)"""
+    wire = BUILDERS[api]
+    dialect = WIRES[api].dialect
+    quoted = [f"> line {n}: status of job {n} is done in {n * 3} s" for n in range(40)]
+    ids = IDS_LABEL + NAMES_SEPARATOR.join(str(480_000 + 37 * n) for n in range(40))
+    head = f"{NOTICE_PREFIX}12 earlier messages (9000 tokens) to fit the context window]"
+    notice_text = "\n".join([head, GISTS_HEADER, *quoted, ids])
+    leading = [*LEADING.get(api, []), wire.user("first task")]
+    newest = wire.turn("last", "read_file", {"p": "a.txt"}, "short file\n" * 20)
+    messages = [*leading, dialect.notice(notice_text), *newest]
+    at = len(leading)
+    before = dataclasses.replace(
+        wire.conversation(messages),
+        origin=tuple(-1 if i == at else i for i in range(len(messages))),
+    )
+    limit = before.total - 40
+    after, records = Truncate().apply(before, Goal(target=limit, limit=limit), wire.meter)
+    assert after.total <= limit
+    texts = [dialect.text(m) for m in after.messages]
+    (kept,) = [text for text in texts if text.startswith(NOTICE_PREFIX)]
+    assert kept.startswith(head + "\n") and kept.endswith(ids)  # the head and the ids stay
+    assert "tokens cut from the middle by brim" in kept
+    (record,) = records
+    assert record.index == -1 and record.original == notice_text
+    assert texts[at + 1 :] == [dialect.text(m) for m in newest]  # the newest turn as it was
