@@ -44,7 +44,10 @@ from brim.policies.text import NAMES_LABEL, names_line
 from brim.policies.wires.base import is_notice
 
 MARKER_SLACK = 10  # tokens: where head, marker and tail meet, their tokens may merge or split
-CUT_ATTEMPTS = 4  # measured cuts of one text: the first by estimate, the others by what it took
+# Measured cuts of one text: the first by estimate, the others by what it took. Four left a text
+# of long lines (a README of badge links) a few tokens over at one budget in eight: the names
+# under the marker fill their room as the middle grows, and a cut moves by whole lines.
+CUT_ATTEMPTS = 8
 
 
 def marker(removed: int, key: str, named: Sequence[str] = ()) -> str:
@@ -189,9 +192,12 @@ class Truncate:
             ) - len(NAMES_LABEL)
             said = _Marker(key, room)
             cut, removed, updated, size = text, 0, message, conversation.sizes[index]
+            step = 0
             # Again where the middle took fewer tokens than the whole, or the names took room; a
-            # cut moves by whole lines, so each retry goes a little further.
+            # cut moves by whole lines, so each retry goes a little further — twice as far as
+            # the last where that one ended at the line end before it did (a text of long lines).
             for attempt in range(CUT_ATTEMPTS):
+                removed_before = removed
                 keep = max(self.settings.min_keep_tokens, len(tokens) - removing)
                 if keep >= len(tokens):
                     break
@@ -208,7 +214,9 @@ class Truncate:
                         break
                     said = _Marker(key, 0)  # at its floor, the text goes without the names
                     continue
-                removing += text_tokens(over) + MARKER_SLACK * attempt
+                further = text_tokens(over) + MARKER_SLACK * attempt
+                step = max(further, 2 * step) if removed == removed_before else further
+                removing += step
             if not removed or size >= conversation.sizes[index]:
                 continue
             result = next((r for r in known.results[index] if r.text == text), None)

@@ -224,3 +224,46 @@ def test_the_notice_is_cut_before_it_is_dropped(api: str) -> None:
     (record,) = records
     assert record.index == -1 and record.original == notice_text
     assert texts[at + 1 :] == [dialect.text(m) for m in newest]  # the newest turn as it was
+
+
+def badges_page(seed: int) -> str:
+    """A README as a Read prints it: 120 numbered lines, some of one badge link, some of twenty
+    (a few thousand characters), each link with its own numbers."""
+    rng = random.Random(seed)
+
+    def badge(n: int) -> str:
+        version, project = rng.randint(1_000, 99_999), rng.randint(10, 99_999)
+        return (
+            f"[![badge {n}](https://img.shields.io/pypi/v{version}/rich)]"
+            f"(https://pypi.org/project/rich{project}/)"
+        )
+
+    return "\n".join(
+        f"{n}\t" + " ".join(badge(n) for _ in range(rng.choice([1, 1, 2, 8, 20])))
+        for n in range(1, 121)
+    )
+
+
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_a_text_of_long_lines_is_cut_to_the_budget_before_the_instructions(api: str) -> None:
+    """A cut ends at line ends, and the names under its marker fill their room as the middle it
+    takes grows: on a text of long lines the first attempts end a little over the budget, and
+    two may end at the same line end. The cut goes on — twice as far where an attempt ended
+    where the last one did — until the request fits, at any budget: the client's instructions
+    (a system or developer message on Chat and Responses) are never cut for the few tokens left
+    over, nor does the request go out over its budget. (With four attempts and no doubling,
+    one budget in eight of such a sweep cut Chat's system prompt.)"""
+    wire = BUILDERS[api]
+    instructions = copy.deepcopy(LEADING.get(api, []))
+    for message in instructions:
+        message["content"] = "You are a careful agent; read before you write. " * 40
+    page = badges_page(1)
+    messages = [*instructions, wire.user("read the readme")]
+    messages += wire.turn("c1", "Read", {"file_path": "/src/README.md"}, page)
+    before = wire.conversation(messages)
+    for limit in range(before.total // 3, before.total - 50, before.total // 60):
+        after, records = Truncate().apply(before, Goal(limit, limit), wire.meter)
+        assert limit * 0.9 <= after.total <= limit, limit
+        (record,) = records  # the Read's result alone, the last message: all else as sent
+        assert record.original == page and list(after.messages[:-1]) == messages[:-1], limit
+        assert "tokens cut from the middle by brim" in result_of(after, "c1")
