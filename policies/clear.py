@@ -15,7 +15,9 @@ and its pairing stay; a result cleared already stays as it is. The most recent `
 are never cleared, nor is a result whose placeholder would not save two thirds of it (a small result
 is worth its tokens: it goes whole, with its turn, if anything), nor a small one whose placeholder,
 saving two thirds, has less room for names than `names_share` gives and could not list every name it
-printed (a file of pins: names are what the next step acts on, and it holds them densely). The
+printed (a file of pins: names are what the next step acts on, and it holds them densely) — while
+such small results kept whole take at most `small_whole_share` of the budget together, the most
+valuable first; past it they are cleared as any result is. The
 `recent` results before those are a last resort, as evict's recent turns are: cleared only in
 compress's last-resort pass, after every older one, and only as far as the budget itself needs
 (`Goal.limit`): the room below the budget that a batch leaves for later turns comes from older
@@ -37,7 +39,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,6 +78,11 @@ class ClearSettings(BaseModel):
     # 90.5 → 90.7 %; on a fresh set, facts 89.5 → 90.3 %; nothing deeper changed:
     # bench.fidelity, 2026-12-07)
     names_share_with_room: float = Field(0.3, ge=0, le=0.5)
+    # Small results kept whole (their placeholder could not list their names) take at most this
+    # share of the budget, the most valuable first; the others are cleared as any result is
+    # (0.2 against no bound: facts kept at 5–10× 71.1 → 73.8 %, next-action evidence 84.4 →
+    # 84.3 %; on a fresh set 57.5 → 58.2 % and 84.7 → 84.5 %: bench.fidelity, 2026-12-08)
+    small_whole_share: float = Field(0.2, ge=0, le=1)
 
 
 CLEARED_PREFIX = "[brim cleared this "
@@ -122,10 +129,10 @@ class ClearToolResults:
     def __init__(self, settings: ClearSettings | None = None) -> None:
         self.settings = settings or ClearSettings()
         # (tool, tokens, the whole's length and hash, whether the text is a placeholder, the
-        # names' share) → (the whole's archive key, the placeholder): `_placeholder` depends on
-        # nothing else.
+        # names' share, whether a small result is cleared as any) → (the whole's archive key,
+        # the placeholder): `_placeholder` depends on nothing else.
         self._placeholders: Remembered[
-            tuple[str, int, int, int, bool, float], tuple[str, str | None, bool]
+            tuple[str, int, int, int, bool, float, bool], tuple[str, str | None, bool]
         ] = Remembered(maxsize=20_000)
         self._lock = threading.Lock()
 
@@ -151,9 +158,13 @@ class ClearToolResults:
             recent.sort(key=value)
 
         rewritten = _Rewritten(conversation, meter)
+        room = int(goal.limit * self.settings.small_whole_share)
+        cleared_anyway = self._small_past(conversation, known, before_cut, [*older, *recent], room)
 
         def candidate_of(index: int, share: float) -> _Candidate | None:
-            return self._candidate(conversation, known, before_cut, index, rewritten, share)
+            return self._candidate(
+                conversation, known, before_cut, index, rewritten, share, cleared_anyway
+            )
 
         def candidates(indices: list[int], share: float) -> Iterator[_Candidate]:  # as taken
             for index in indices:
@@ -216,8 +227,10 @@ class ClearToolResults:
         index: int,
         rewritten: _Rewritten,
         share: float,
+        cleared_anyway: Container[ResultKey],
     ) -> _Candidate | None:
-        """The results of message `index` cleared, with what that saves; None if nothing would."""
+        """The results of message `index` cleared, with what that saves; None if nothing would.
+        A small result stays whole unless it is one of `cleared_anyway` (`_small_past`)."""
         # The message it is in, before any cut: near enough, free, and the same every turn.
         tokens = before_cut.sizes.get(index, conversation.sizes[index])
         edits: dict[ResultKey, _Cleared] = {}
@@ -226,7 +239,10 @@ class ClearToolResults:
             if result.text.startswith(CLEARED_PREFIX):  # cleared already (a retry's cut)
                 continue
             whole = before_cut.texts.get((index, result.call_id), result.text)
-            key, text, listed = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+            small_as_any = (index, result.call_id) in cleared_anyway
+            key, text, listed = self._placeholder_of(
+                result.tool, tokens, result.text, whole, share, small_as_any
+            )
             if text is None:  # too small to say what it named: worth its tokens
                 every_name = False
                 continue
@@ -242,32 +258,85 @@ class ClearToolResults:
         saving = sum(conversation.sizes[i] - size for i, (_, size) in rewritten(edits).items())
         return _Candidate(index, edits, saving, every_name)
 
+    def _small_past(
+        self,
+        conversation: Conversation,
+        known: Facts,
+        before_cut: CutFrom,
+        eligible: Sequence[int],
+        room: int,
+    ) -> set[ResultKey]:
+        """The small results (`_placeholder` gives None) past the `room` that small results
+        kept whole may take: taken from the most valuable (the last of `eligible`, which is in
+        the order they are cleared) while they fit; those left are cleared as any result is. Kept
+        without a bound, they took the room that deep cuts then freed by evicting larger results,
+        whose ids only evict's notice keeps."""
+        past: set[ResultKey] = set()
+        share = self.settings.names_share
+        for index in reversed(eligible):
+            tokens = before_cut.sizes.get(index, conversation.sizes[index])
+            for result in known.editable[index]:
+                whole = before_cut.texts.get((index, result.call_id), result.text)
+                _, made, _ = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+                if made is not None:
+                    continue
+                # Its share of its message: near enough, and free.
+                size = conversation.sizes[index] * len(result.text) // max(1, len(whole))
+                if size > room:
+                    past.add((index, result.call_id))
+                else:
+                    room -= size
+        return past
+
     def _placeholder_of(
-        self, tool: str, tokens: int, text: str, whole: str, share: float
+        self,
+        tool: str,
+        tokens: int,
+        text: str,
+        whole: str,
+        share: float,
+        small_as_any: bool = False,
     ) -> tuple[str, str | None, bool]:
         """The archive key of the `whole` result, the placeholder of `text` (None: not to be
-        cleared) and whether it lists every name (`_placeholder`), remembered: the same results
-        are cleared again every turn."""
+        cleared; with `small_as_any`, never None) and whether it lists every name
+        (`_placeholder`), remembered: the same results are cleared again every turn."""
         # Python's own string hash (cached on the string) and the length, as in tokens.py.
-        cache_key = (tool, tokens, len(whole), hash(whole), is_placeholder(text), share)
+        cache_key = (
+            tool,
+            tokens,
+            len(whole),
+            hash(whole),
+            is_placeholder(text),
+            share,
+            small_as_any,
+        )
         with self._lock:
             known = self._placeholders.get(cache_key)
         if known is None:
             key = archive_key(whole)
-            known = (key, *self._placeholder(tool, tokens, key, text, whole, share))
+            made = self._placeholder(tool, tokens, key, text, whole, share, small_as_any)
+            known = (key, *made)
             with self._lock:
                 self._placeholders[cache_key] = known
         return known
 
     def _placeholder(
-        self, tool: str, tokens: int, key: str, text: str, whole: str, share: float
+        self,
+        tool: str,
+        tokens: int,
+        key: str,
+        text: str,
+        whole: str,
+        share: float,
+        small_as_any: bool = False,
     ) -> tuple[str | None, bool]:
         """The placeholder of `text` with the gist of the `whole` result (before any cut), where
         that still saves two thirds of the whole (else the bare placeholder), and the names the
         whole printed, in what room is left of `share` of it: a pure function of the result and
         the share, the same every turn whether or not it was cut first; and whether it lists
         every name (with a wider share, the same). None where the result is too small for that
-        room to hold all its names: it stays whole."""
+        room to hold all its names: it stays whole (with `small_as_any`, it is cleared as any
+        is)."""
         bare = placeholder(tool, tokens, key)
         if is_placeholder(text):
             return bare, True
@@ -280,7 +349,7 @@ class ClearToolResults:
         third = len(whole) // 3 - len(placeholder(tool, tokens, key, quoted))
         room = min(third, shared) - len(NAMES_LABEL)
         named, every = names_fitting(whole, room, skip=quoted) if room > 0 else ((), False)
-        if not every and third < shared:
+        if not every and third < shared and not small_as_any:
             # Saving two thirds leaves the names less room than the share: a small result, and
             # its placeholder would not say all it named. It is worth its tokens (`None`: not
             # cleared): names are what the next step acts on, and a small result holds them

@@ -798,6 +798,25 @@ def test_a_small_file_stays_whole_unless_its_placeholder_lists_its_names(
 
 
 @pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+def test_small_files_past_their_share_of_the_budget_are_cleared(drive: Drive, cli: Cli) -> None:
+    # The same session where small results kept whole may take none of the budget
+    # (`small_whole_share = 0`): the small files are cleared as any result is, where their
+    # placeholder saves two thirds (a few lines: its head and gist, no room for names).
+    guard = {"clear_tool_results": {"keep": 1, "recent": 0, "small_whole_share": 0}}
+    run = drive(cli, notes=mixed_note, guard=guard)
+    check_run(cli, run, FINAL)
+    report = run.report()
+    read = {orjson.dumps(cli.arguments(run.work, n)): n for n in range(1, READS + 1)}
+    small = [
+        use.result or ""
+        for call in run.fake.main_calls
+        for use in tool_uses(cli.api, call.body, cli.tool)
+        if read.get(orjson.dumps(use.arguments)) in SMALL_NOTES
+    ]
+    assert small and any(CLEARED_PREFIX in text for text in small), report
+
+
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
 def test_a_shallow_cut_lists_more_of_a_cleared_file_s_names(drive: Drive, cli: Cli) -> None:
     # The session's cuts clear files whose placeholders, listing names in 30 % of their
     # characters (`names_share_with_room`), still save all that their batch reached: they list

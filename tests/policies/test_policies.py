@@ -148,10 +148,16 @@ def test_clear_remembers_each_placeholder_by_what_it_depends_on() -> None:
     placeholder = policy._placeholder
 
     def counted(
-        tool: str, tokens: int, key: str, text: str, whole: str, share: float
-    ) -> tuple[str, bool]:
+        tool: str,
+        tokens: int,
+        key: str,
+        text: str,
+        whole: str,
+        share: float,
+        small_as_any: bool = False,
+    ) -> tuple[str | None, bool]:
         made.append(tool)
-        return placeholder(tool, tokens, key, text, whole, share)
+        return placeholder(tool, tokens, key, text, whole, share, small_as_any)
 
     policy._placeholder = counted  # type: ignore[method-assign]
     first, _ = policy.apply(before, Goal(0, 0), METER)
