@@ -275,13 +275,15 @@ class ClearToolResults:
         share = self.settings.names_share
         for index in reversed(eligible):
             tokens = before_cut.sizes.get(index, conversation.sizes[index])
-            for result in known.editable[index]:
+            results = known.editable[index]
+            texts = max(1, sum(len(result.text) for result in results))
+            for result in results:
                 whole = before_cut.texts.get((index, result.call_id), result.text)
                 _, made, _ = self._placeholder_of(result.tool, tokens, result.text, whole, share)
                 if made is not None:
                     continue
-                # Its share of its message: near enough, and free.
-                size = conversation.sizes[index] * len(result.text) // max(1, len(whole))
+                # Its share of its message (by characters): near enough, and free.
+                size = conversation.sizes[index] * len(result.text) // texts
                 if size > room:
                     past.add((index, result.call_id))
                 else:

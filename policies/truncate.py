@@ -194,8 +194,9 @@ class Truncate:
             cut, removed, updated, size = text, 0, message, conversation.sizes[index]
             step = 0
             # Again where the middle took fewer tokens than the whole, or the names took room; a
-            # cut moves by whole lines, so each retry goes a little further — twice as far as
-            # the last where that one ended at the line end before it did (a text of long lines).
+            # cut moves by whole lines, so each retry goes a little further — twice the last
+            # step where an attempt ended at the same line end as the one before it (a text of
+            # long lines).
             for attempt in range(CUT_ATTEMPTS):
                 removed_before = removed
                 keep = max(self.settings.min_keep_tokens, len(tokens) - removing)

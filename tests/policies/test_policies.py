@@ -147,17 +147,9 @@ def test_clear_remembers_each_placeholder_by_what_it_depends_on() -> None:
     made: list[str] = []
     placeholder = policy._placeholder
 
-    def counted(
-        tool: str,
-        tokens: int,
-        key: str,
-        text: str,
-        whole: str,
-        share: float,
-        small_as_any: bool = False,
-    ) -> tuple[str | None, bool]:
+    def counted(tool: str, *rest: Any) -> tuple[str | None, bool]:
         made.append(tool)
-        return placeholder(tool, tokens, key, text, whole, share, small_as_any)
+        return placeholder(tool, *rest)
 
     policy._placeholder = counted  # type: ignore[method-assign]
     first, _ = policy.apply(before, Goal(0, 0), METER)
