@@ -80,8 +80,9 @@ class ClearSettings(BaseModel):
     names_share_with_room: float = Field(0.3, ge=0, le=0.5)
     # Small results kept whole (their placeholder could not list their names) take at most this
     # share of the budget, the most valuable first; the others are cleared as any result is
-    # (0.2 against no bound: facts kept at 5–10× 71.1 → 73.8 %, next-action evidence 84.4 →
-    # 84.3 %; on a fresh set 57.5 → 58.2 % and 84.7 → 84.5 %: bench.fidelity, 2026-12-08)
+    # (0.2 against no bound: facts kept at 5–10× 71.1 → 74.1 %, next-action evidence 84.4 →
+    # 84.2 %; on a fresh set 57.5 → 58.3 % and 84.7 → 84.5 %; held out 60.1 → 65.3 % and
+    # 86.5 → 86.6 %: bench.fidelity, 2026-12-08)
     small_whole_share: float = Field(0.2, ge=0, le=1)
 
 
