@@ -41,7 +41,7 @@ import itertools
 import threading
 from collections.abc import Callable, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -116,6 +116,12 @@ class _Cleared:
     pointed_to: str | None = None
 
 
+class _Placeholder(NamedTuple):
+    text: str
+    every: bool  # it lists every name the result printed
+    small: bool  # the result is too small for it to: kept whole, within `small_whole_share`
+
+
 @dataclass(slots=True)
 class _Candidate:
     index: int  # the message whose results are cleared
@@ -130,10 +136,10 @@ class ClearToolResults:
     def __init__(self, settings: ClearSettings | None = None) -> None:
         self.settings = settings or ClearSettings()
         # (tool, tokens, the whole's length and hash, whether the text is a placeholder, the
-        # names' share, whether a small result is cleared as any) → (the whole's archive key,
-        # the placeholder): `_placeholder` depends on nothing else.
+        # names' share) → (the whole's archive key, the placeholder): `_placeholder` depends on
+        # nothing else.
         self._placeholders: Remembered[
-            tuple[str, int, int, int, bool, float, bool], tuple[str, str | None, bool]
+            tuple[str, int, int, int, bool, float], tuple[str, _Placeholder]
         ] = Remembered(maxsize=20_000)
         self._lock = threading.Lock()
 
@@ -240,13 +246,11 @@ class ClearToolResults:
             if result.text.startswith(CLEARED_PREFIX):  # cleared already (a retry's cut)
                 continue
             whole = before_cut.texts.get((index, result.call_id), result.text)
-            small_as_any = (index, result.call_id) in cleared_anyway
-            key, text, listed = self._placeholder_of(
-                result.tool, tokens, result.text, whole, share, small_as_any
-            )
-            if text is None:  # too small to say what it named: worth its tokens
-                every_name = False
+            key, made = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+            if made.small and (index, result.call_id) not in cleared_anyway:
+                every_name = False  # too small to say what it named: worth its tokens
                 continue
+            text, listed = made.text, made.every
             if 3 * len(text) > len(result.text):  # a result prune cut: without the names?
                 text, listed = text.split(f"\n{NAMES_LABEL}", 1)[0], False
             every_name = every_name and listed
@@ -267,7 +271,7 @@ class ClearToolResults:
         eligible: Sequence[int],
         room: int,
     ) -> set[ResultKey]:
-        """The small results (`_placeholder` gives None) past the `room` that small results
+        """The small results (`_Placeholder.small`) past the `room` that small results
         kept whole may take: taken from the most valuable (the last of `eligible`, which is in
         the order they are cleared) while they fit; those left are cleared as any result is. Kept
         without a bound, they took the room that deep cuts then freed by evicting larger results,
@@ -280,8 +284,8 @@ class ClearToolResults:
             texts = max(1, sum(len(result.text) for result in results))
             for result in results:
                 whole = before_cut.texts.get((index, result.call_id), result.text)
-                _, made, _ = self._placeholder_of(result.tool, tokens, result.text, whole, share)
-                if made is not None:
+                _, made = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+                if not made.small:
                     continue
                 # Its share of its message (by characters): near enough, and free.
                 size = conversation.sizes[index] * len(result.text) // texts
@@ -292,57 +296,34 @@ class ClearToolResults:
         return past
 
     def _placeholder_of(
-        self,
-        tool: str,
-        tokens: int,
-        text: str,
-        whole: str,
-        share: float,
-        small_as_any: bool = False,
-    ) -> tuple[str, str | None, bool]:
-        """The archive key of the `whole` result, the placeholder of `text` (None: not to be
-        cleared; with `small_as_any`, never None) and whether it lists every name
+        self, tool: str, tokens: int, text: str, whole: str, share: float
+    ) -> tuple[str, _Placeholder]:
+        """The archive key of the `whole` result and the placeholder of `text`
         (`_placeholder`), remembered: the same results are cleared again every turn."""
         # Python's own string hash (cached on the string) and the length, as in tokens.py.
-        cache_key = (
-            tool,
-            tokens,
-            len(whole),
-            hash(whole),
-            is_placeholder(text),
-            share,
-            small_as_any,
-        )
+        cache_key = (tool, tokens, len(whole), hash(whole), is_placeholder(text), share)
         with self._lock:
             known = self._placeholders.get(cache_key)
         if known is None:
             key = archive_key(whole)
-            made = self._placeholder(tool, tokens, key, text, whole, share, small_as_any)
-            known = (key, *made)
+            known = (key, self._placeholder(tool, tokens, key, text, whole, share))
             with self._lock:
                 self._placeholders[cache_key] = known
         return known
 
     def _placeholder(
-        self,
-        tool: str,
-        tokens: int,
-        key: str,
-        text: str,
-        whole: str,
-        share: float,
-        small_as_any: bool = False,
-    ) -> tuple[str | None, bool]:
+        self, tool: str, tokens: int, key: str, text: str, whole: str, share: float
+    ) -> _Placeholder:
         """The placeholder of `text` with the gist of the `whole` result (before any cut), where
         that still saves two thirds of the whole (else the bare placeholder), and the names the
         whole printed, in what room is left of `share` of it: a pure function of the result and
         the share, the same every turn whether or not it was cut first; and whether it lists
-        every name (with a wider share, the same). None where the result is too small for that
-        room to hold all its names: it stays whole (with `small_as_any`, it is cleared as any
-        is)."""
+        every name (with a wider share, the same); and whether the result is small — too small
+        for that room to hold all its names, so worth its tokens whole (`_small_past` bounds how
+        many stay so)."""
         bare = placeholder(tool, tokens, key)
         if is_placeholder(text):
-            return bare, True
+            return _Placeholder(bare, True, False)
         quoted: tuple[str, ...] = ()
         for count in range(self.settings.gist_lines, 0, -1):  # fewer where more would not do
             if 3 * len(placeholder(tool, tokens, key, lines := gist(whole, count))) <= len(whole):
@@ -352,13 +333,11 @@ class ClearToolResults:
         third = len(whole) // 3 - len(placeholder(tool, tokens, key, quoted))
         room = min(third, shared) - len(NAMES_LABEL)
         named, every = names_fitting(whole, room, skip=quoted) if room > 0 else ((), False)
-        if not every and third < shared and not small_as_any:
-            # Saving two thirds leaves the names less room than the share: a small result, and
-            # its placeholder would not say all it named. It is worth its tokens (`None`: not
-            # cleared): names are what the next step acts on, and a small result holds them
-            # densely.
-            return None, False
-        return placeholder(tool, tokens, key, quoted, named), every
+        # Saving two thirds leaves the names less room than the share, and the placeholder would
+        # not say all it named: a small result, worth its tokens — names are what the next step
+        # acts on, and a small result holds them densely.
+        small = not every and third < shared
+        return _Placeholder(placeholder(tool, tokens, key, quoted, named), every, small)
 
     @staticmethod
     def _with_pointers(

@@ -147,7 +147,7 @@ def test_clear_remembers_each_placeholder_by_what_it_depends_on() -> None:
     made: list[str] = []
     placeholder = policy._placeholder
 
-    def counted(tool: str, *rest: Any) -> tuple[str | None, bool]:
+    def counted(tool: str, *rest: Any) -> Any:
         made.append(tool)
         return placeholder(tool, *rest)
 
