@@ -797,22 +797,20 @@ def test_a_small_file_stays_whole_unless_its_placeholder_lists_its_names(
     assert any(CLEARED_PREFIX in text for step, text in sent if step not in SMALL_NOTES), report
 
 
-@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI, OPENCODE], ids=lambda cli: cli.name)
+# Not opencode: its read wraps a file in more (a header, a gutter), so a small notes file's
+# placeholder lists every name it printed — not a small result, cleared at any share.
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX, GEMINI], ids=lambda cli: cli.name)
 def test_small_files_past_their_share_of_the_budget_are_cleared(drive: Drive, cli: Cli) -> None:
     # The same session where small results kept whole may take none of the budget
     # (`small_whole_share = 0`): the small files are cleared as any result is, where their
-    # placeholder saves two thirds (a few lines: its head and gist, no room for names).
+    # placeholder saves two thirds (a few lines: its head and gist, no room for names). Kept
+    # whole without the bound (fails on the code before it).
     guard = {"clear_tool_results": {"keep": 1, "recent": 0, "small_whole_share": 0}}
     run = drive(cli, notes=mixed_note, guard=guard)
     check_run(cli, run, FINAL)
     report = run.report()
-    read = {orjson.dumps(cli.arguments(run.work, n)): n for n in range(1, READS + 1)}
-    small = [
-        use.result or ""
-        for call in run.fake.main_calls
-        for use in tool_uses(cli.api, call.body, cli.tool)
-        if read.get(orjson.dumps(use.arguments)) in SMALL_NOTES
-    ]
+    sent = file_reads(cli, run, (call.body for call in run.fake.main_calls))
+    small = [text for step, text in sent if step in SMALL_NOTES]
     assert small and any(CLEARED_PREFIX in text for text in small), report
 
 
