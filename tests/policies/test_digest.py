@@ -303,7 +303,7 @@ def test_small_results_kept_whole_take_at_most_their_share_of_the_budget(api: st
     the budget, the most valuable (here the most recent) first; the others are cleared as any
     result is, their placeholders listing what names fit. (Kept without a bound, they took the
     room that deep cuts then freed by evicting larger results, whose ids only evict's notice
-    keeps: facts kept at 5–10× 73.8 → 71.1 %, bench.fidelity, 2026-12-08.)"""
+    keeps: facts kept at 5–10× 74.1 → 71.1 %, bench.fidelity, 2026-12-08.)"""
     builder = BUILDERS[api]
     items = [builder.user("which pins do the runs use?")]
     for n in range(1, 7):

@@ -28,10 +28,15 @@ def test_a_names_line_reads_back_as_the_names_it_lists(named: list[str]) -> None
     the first of them stood, every other one in its place."""
     line = names_line(named)
     assert line.startswith(NAMES_LABEL)
-    back = listed_names(line.removeprefix(NAMES_LABEL))
-    assert sorted(back) == sorted(named)
-    alone = [name for name in named if id_under_path(name) is None]
-    assert [name for name in back if id_under_path(name) is None] == alone
+    # Each name where it stood, but an id under a path listed already: after its path's others.
+    paths = [parts[0] if (parts := id_under_path(name)) else None for name in named]
+    expected: list[str] = []
+    for at, (name, path) in enumerate(zip(named, paths, strict=True)):
+        if path is None:
+            expected.append(name)
+        elif path not in paths[:at]:
+            expected += [other for other, under in zip(named, paths, strict=True) if under == path]
+    assert listed_names(line.removeprefix(NAMES_LABEL)) == expected
     assert listed_names(", ".join(named)) == named  # as brim wrote it before 2026-12-07
 
 
