@@ -48,8 +48,9 @@ _HEX_WORD = re.compile(r"\b[0-9a-f]*\d[0-9a-f]*\b")  # a number, a hash, a key
 _DIGITS = re.compile(r"\d+")
 _NUMBER = re.compile(r"[\d.,:]+")  # a line number, a count, a version: a name only if long
 # The line number a file read prints before each line (`    12\t`, `  12→`, `00012| `,
-# `12:`): where the line is, not what it says.
-_GUTTER = re.compile(r"^[ \t]*(\d+)(?=[\t→|:]| {2})", re.MULTILINE)
+# `12:`), and grep's or ripgrep's before a context line (`12-`, not a date's `2024-11`), with
+# the mark after it: where the line is, not what it says.
+_GUTTER = re.compile(r"^([ \t]*)\d+(?:[\t→|:]| {2}|-(?!\d))", re.MULTILINE)
 _WORD = re.compile(r"\w*[^\W\d_]\w*")  # a word with a letter in it
 # The envelope Codex's exec_command puts around what a command printed: a chunk id, the wall
 # time, the exit code and the output's size, then "Output:" (and, where Codex cut the output,
@@ -420,20 +421,19 @@ def _log(known: dict[str, float], term: str, whole: int, counts: Counter[str]) -
 def name_counts(text: str, skip: Sequence[str] = ()) -> dict[str, int]:
     """The names `text` printed — its identifiers (`identifiers`: paths, dotted, snake_case and
     CamelCase names, hashes and ids) that are not bare numbers, and its long numbers
-    (`is_long_number`) but for the line numbers a file read prints before its lines — each with
-    how often, in the order they first appear; none of those in the lines `skip`. Read from
-    what the result printed (`printed`: not a CLI's envelope around it)."""
-    text = printed(text)
+    (`is_long_number`) but for the line numbers a file read or a grep prints before its lines
+    (its context lines' too) — each with how often, in the order they first appear; none of
+    those in the lines `skip`. Read from what the result printed (`printed`: not a CLI's
+    envelope around it)."""
+    # Without its lines' numbers: a context line's dash would glue one to the line's first
+    # name (`1004-result_2`).
+    text = _GUTTER.sub(r"\1", printed(text))
     quoted = identifiers("\n".join(skip))
-    counts = {
+    return {
         token: n
         for token, n in identifier_counts(text).items()  # in order of first appearance
         if token not in quoted and (not _NUMBER.fullmatch(token) or is_long_number(token))
     }
-    if any(map(is_long_number, counts)):
-        for gutter in set(_GUTTER.findall(text)):
-            counts.pop(gutter, None)
-    return counts
 
 
 def is_long_number(token: str) -> bool:

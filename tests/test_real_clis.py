@@ -857,6 +857,64 @@ def test_an_evicted_file_is_quoted_with_the_names_it_printed(drive: Drive, cli: 
     assert any(len(NAMES_SEPARATOR.join(listed)) > NAMES_QUOTED for _, listed in quoted), report
 
 
+GREP_FROM = 1_000  # `grepped_note`'s rows start past this line: four-digit line numbers
+# Every fifth row and the constant, with a line of context either side (`-n -C 1`).
+GREP_PATTERN = r"DEADLINE|row [0-9]*[05]$"
+GREPS = {
+    "claude": (
+        "Grep",
+        lambda work, step: {
+            "pattern": GREP_PATTERN,
+            "path": str(work / f"notes_{step}.txt"),
+            "output_mode": "content",
+            "-n": True,
+            "-C": 1,
+        },
+    ),
+    "codex": (
+        "exec_command",
+        lambda work, step: {"cmd": f"grep -n -C 1 -E '{GREP_PATTERN}' notes_{step}.txt"},
+    ),
+}
+
+
+def grepped_note(step: int) -> str:
+    """`numbered_note(step)` after `GREP_FROM` short lines the grep does not print."""
+    return "".join(f"# {n}\n" for n in range(GREP_FROM)) + numbered_note(step)
+
+
+# Claude Code's Grep and Codex's shell print grep's context lines; Gemini CLI's and opencode's
+# search tools print matches alone (`L12:`, `Line 12:`).
+@pytest.mark.parametrize("cli", [CLAUDE, CODEX], ids=lambda cli: cli.name)
+def test_a_cleared_grep_lists_no_line_numbers(drive: Drive, cli: Cli) -> None:
+    # The CLI greps each notes file with a line of context either side: every line it prints
+    # starts with its line number, four digits, then a colon (a match) or a dash (context).
+    # Each placeholder lists its file's names and constant, and no line number (before, the
+    # context lines' numbers filled the list: every number it had room for).
+    tool, arguments = GREPS[cli.name]
+    command = cli.command
+
+    def allowing_grep(*args: Any) -> tuple[list[str], dict[str, str]]:
+        argv, env = command(*args)  # Claude Code's tools allowed: its Grep too
+        return [f"Read,{tool}" if arg == "Read" else arg for arg in argv], env
+
+    cli = dataclasses.replace(cli, tool=tool, arguments=arguments, command=allowing_grep)
+    run = drive(cli, notes=grepped_note, guard={"clear_tool_results": {"keep": 1, "recent": 0}})
+    check_run(cli, run, FINAL)
+    report = run.report()
+    sent = results_as_sent(cli, run)
+    assert any(f"\n{GREP_FROM + 4}-" in text for text in sent.values()), report  # context
+    lists = names_listed(run)
+    assert lists, report
+    for listed in lists:
+        files = [int(m[1] or m[2] or m[3]) for m in map(FILE_NAME.fullmatch, listed) if m]
+        assert files and len(set(files)) == 1, (listed, report)
+        step = files[0]
+        assert deadline(step) in listed, (listed, report)
+        assert all(long_number_printed(name, step) for name in listed), (listed, report)
+        assert not any(re.match(r"\d+-", name) for name in listed), (listed, report)
+
+
 def notices_and_files_gone(run: Run) -> Iterator[tuple[str, list[int]]]:
     """Each evict notice the provider received, with the notes files its request no longer
     carries (by their first line), in order: call k of the session carries files 1 to k."""

@@ -282,6 +282,21 @@ def test_a_long_number_is_a_name_and_a_line_number_is_not() -> None:
         assert not any(name.isdigit() for name in name_counts(read)), gutter
 
 
+def test_a_grep_s_context_line_numbers_are_not_names() -> None:
+    """`grep -n -C` and ripgrep print a match's line number before a colon and its context
+    lines' before a dash: neither is a name, while a date at the start of a line is not a line
+    number and its parts stay as printed."""
+    rows = []
+    for n in range(13_350, 13_390):
+        sep = ":" if n % 10 == 4 else "-"
+        rows.append(f'{n}{sep}        "max_tokens_{n % 3}": {64_000 + n % 2},')
+    rows.append("2024-11-11  released with ticket 48213")
+    rows.append("13391-DEADLINE_MS = 52000")  # a context line that starts with a name
+    counts = name_counts("\n".join(rows))
+    assert not any(str(n) in name for n in range(13_350, 13_392) for name in counts), counts
+    assert {"64000", "64001", "48213", "2024-11-11", "DEADLINE_MS", "52000"} <= set(counts)
+
+
 def test_a_codex_envelope_is_neither_a_gist_nor_a_name() -> None:
     """Codex's exec_command puts a chunk id, the wall time, the exit code and the output's size
     (and its warning, where it cut the output) around what a command printed: the gist and the
