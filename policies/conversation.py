@@ -300,10 +300,13 @@ def snapped_count(savings: Iterable[int], needed: int, step: int, whole: int = 0
     """How many items (in their fixed order) to take so their savings reach `needed`, rounded up
     to the next grid point — where the running sum crosses a multiple of `step` — so that as a
     session grows, the number taken (and so the request prefix) changes only now and then.
-    Where the items run out before such a point, all are taken — or, with `whole`, a multiple of
-    `whole` items (when there are that many): the rest is left to the next policy, since a count
-    that grows with the session would change the prefix every turn. `savings` may be a
-    generator: it is read no further than the items taken."""
+    Where the items run out before such a point, all are taken — or, with `whole`, where all
+    together save less than `needed`, a multiple of `whole` items (when there are that many):
+    the rest is left to the next policy, since a count that grows with the session would change
+    the prefix every turn. Where all together reach `needed` they are all taken: rounded down,
+    they would leave a few tokens to the next policy, which removes a batch of its own for them
+    (clear, then evict: a session's planted facts at ≤ 2.5× lost to one, bench.fidelity,
+    2026-12-08). `savings` may be a generator: it is read no further than the items taken."""
     if needed <= 0:
         return 0
     running = taken = 0
@@ -314,7 +317,7 @@ def snapped_count(savings: Iterable[int], needed: int, step: int, whole: int = 0
         reached = reached or running >= needed
         if reached and (step <= 0 or running // step > before // step):
             return taken
-    if whole > 0 and taken >= whole:
+    if whole > 0 and taken >= whole and not reached:
         return taken - taken % whole
     return taken
 

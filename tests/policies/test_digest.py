@@ -325,6 +325,31 @@ def test_small_results_kept_whole_take_at_most_their_share_of_the_budget(api: st
     assert all(result_of(kept_all, f"c{n}") == pins_file(n) for n in range(1, 7))
 
 
+@pytest.mark.parametrize("api", sorted(WIRES))
+def test_where_every_older_result_cleared_reaches_the_target_all_are_cleared(api: str) -> None:
+    """Twelve older results: eight cleared do not reach the low-water mark, all twelve do, and
+    no grid point lies past it. All twelve are cleared and the request is at the mark — not
+    eight (a multiple of eight, as where even all would not do), which left the rest to evict,
+    and evict removed a whole batch of turns for it (the facts they printed with them)."""
+    builder = BUILDERS[api]
+    items = [builder.user("why does the nightly build fail?")]
+    for n in range(12):
+        log = repetitive_log(120, unusual_at=10 + n).replace("tuesdays", f"night {n}")
+        items += builder.turn(f"c{n}", "bash", {"command": f"make step{n}"}, log)
+    items += builder.turn("c12", "bash", {"command": "true"}, "ok")
+    before = builder.conversation(items)
+    policy = ClearToolResults(ClearSettings(keep=1, recent=0))
+    # With no room at all every older result is cleared (the last resort takes the rest):
+    # what clearing all twelve saves.
+    _, every = policy.apply(before, Goal(0, 0), builder.meter)
+    assert len(every) == 12
+    saved = sum(record.tokens_before - record.tokens_after for record in every)
+    target = before.total - saved
+    goal = Goal(target, limit=before.total, grid=10 * saved)
+    after, records = policy.apply(before, goal, builder.meter)
+    assert len(records) == 12 and after.total <= target and valid(after)
+
+
 # ---- step 4 through the policies, on every wire -------------------------------------------------
 
 

@@ -65,7 +65,10 @@ def test_snapped_count_takes_whole_multiples_where_the_items_run_out() -> None:
     # 27 items of 100 cannot save 10 000: all would be taken, one more every turn the session
     # grows; with `whole`, a multiple of 8 — the rest left to the next policy.
     assert snapped_count([100] * 27, 10_000, 500, whole=8) == 24
-    assert snapped_count([100] * 27, 2_650, 500, whole=8) == 24  # reached, but off the grid
+    # …but where all of them reach what is needed, off the grid, all are taken: 24 would leave
+    # 250 tokens to the next policy, which would remove a batch of its own for them
+    assert snapped_count([100] * 27, 2_650, 500, whole=8) == 27
+    assert snapped_count([100] * 27, 2_701, 500, whole=8) == 24  # not reached: as before
     assert snapped_count([100] * 27, 400, 500, whole=8) == 5  # on the grid: as without
     assert snapped_count([100] * 6, 10_000, 500, whole=8) == 6  # fewer than 8: all
     assert [snapped_count([100] * n, 10_000, 500, whole=8) for n in range(24, 33)] == [24] * 8 + [
