@@ -50,7 +50,7 @@ _NUMBER = re.compile(r"[\d.,:]+")  # a line number, a count, a version: a name o
 # The line number a file read prints before each line (`    12\t`, `  12→`, `00012| `,
 # `12:`), and grep's or ripgrep's before a context line (`12-`, not a date's `2024-11`), with
 # the mark after it: where the line is, not what it says.
-_GUTTER = re.compile(r"^([ \t]*)\d+(?:[\t→|:]| {2}|-(?!\d))", re.MULTILINE)
+_GUTTER = re.compile(r"^([ \t]*)(\d+)(?:[\t→|:]| {2}|-(?!\d))", re.MULTILINE)
 _WORD = re.compile(r"\w*[^\W\d_]\w*")  # a word with a letter in it
 # The envelope Codex's exec_command puts around what a command printed: a chunk id, the wall
 # time, the exit code and the output's size, then "Output:" (and, where Codex cut the output,
@@ -425,14 +425,22 @@ def name_counts(text: str, skip: Sequence[str] = ()) -> dict[str, int]:
     (its context lines' too) — each with how often, in the order they first appear; none of
     those in the lines `skip`. Read from what the result printed (`printed`: not a CLI's
     envelope around it)."""
-    # Without its lines' numbers: a context line's dash would glue one to the line's first
-    # name (`1004-result_2`).
-    text = _GUTTER.sub(r"\1", printed(text))
+    # Read without its lines' numbers (a context line's dash would glue one to the line's
+    # first name: `1004-result_2`), and none of those numbers a name where printed elsewhere.
+    gutters: set[str] = set()
+
+    def unnumbered(line: re.Match[str]) -> str:
+        gutters.add(line[2])
+        return line[1]
+
+    text = _GUTTER.sub(unnumbered, printed(text))
     quoted = identifiers("\n".join(skip))
     return {
         token: n
         for token, n in identifier_counts(text).items()  # in order of first appearance
-        if token not in quoted and (not _NUMBER.fullmatch(token) or is_long_number(token))
+        if token not in quoted
+        and token not in gutters
+        and (not _NUMBER.fullmatch(token) or is_long_number(token))
     }
 
 
