@@ -889,8 +889,8 @@ def grepped_note(step: int) -> str:
 def test_a_cleared_grep_lists_no_line_numbers(drive: Drive, cli: Cli) -> None:
     # The CLI greps each notes file with a line of context either side: every line it prints
     # starts with its line number, four digits, then a colon (a match) or a dash (context).
-    # Each placeholder lists its file's names and constant, and no line number (before, the
-    # context lines' numbers filled the list: every number it had room for).
+    # Each placeholder lists its file's names and constant, and no line number (before, a
+    # context line's number was listed, alone or glued to its row's name: `1004-result_2_1`).
     tool, arguments = GREPS[cli.name]
     command = cli.command
 
