@@ -50,14 +50,23 @@ def test_the_audit_log_and_its_rotations_are_private(brim: BrimFactory, tmp_path
             f"{base}/v1/chat/completions", json={"model": "small", "messages": big_session()}
         )
         assert reply.status_code == 200 and "clear" in reply.headers["x-brim-actions"]
+
     # The last line is written just after its reply went out (Observe publishes on the event
-    # loop's next turn), so this process may look a moment before it is there.
+    # loop's next turn), so this process may look a moment before it is there — and the file
+    # it goes to is rotated in first: three rotations may be on disk before the third line.
+    def written() -> tuple[list[Path], list[str]]:
+        rotated = sorted(log.parent.glob("brim.jsonl.*"))
+        try:
+            return rotated, [ln for path in [log, *rotated] for ln in path.read_text().splitlines()]
+        except FileNotFoundError:  # rotated while read
+            return rotated, []
+
     deadline = time.monotonic() + 5
-    while len(list(log.parent.glob("brim.jsonl.*"))) < 3 and time.monotonic() < deadline:
+    rotated, lines = written()
+    while (len(rotated) < 3 or len(lines) < 3) and time.monotonic() < deadline:
         time.sleep(0.01)
-    rotated = sorted(log.parent.glob("brim.jsonl.*"))
+        rotated, lines = written()
     assert [path.name for path in rotated] == ["brim.jsonl.1", "brim.jsonl.2", "brim.jsonl.3"]
-    lines = [line for path in [log, *rotated] for line in path.read_text().splitlines()]
     assert [json.loads(line)["outcome"] for line in lines] == ["compressed"] * 3
     assert {path.name: mode(path) for path in [log, *rotated]} == {
         "brim.jsonl": 0o600,
