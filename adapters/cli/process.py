@@ -174,10 +174,16 @@ class Run:
             kill_group(process.pid)
             self._writer.cancel()
             self._drain.cancel()
-            with contextlib.suppress(TimeoutError, ProcessLookupError):
+            await asyncio.gather(self._writer, self._drain, return_exceptions=True)
+            # Reaped, and its pipes read to their end: asyncio closes a subprocess's transport
+            # once both have happened. Left to the garbage collector, it was closed after its
+            # event loop (a timed-out run at shutdown: "Event loop is closed").
+            with contextlib.suppress(TimeoutError, ProcessLookupError, OSError, ValueError):
                 async with asyncio.timeout(KILL_WAIT_S):
                     await process.wait()
-            await asyncio.gather(self._writer, self._drain, return_exceptions=True)
+                    for stream in (process.stdout, process.stderr):
+                        while stream is not None and await stream.read(65536):
+                            pass
         finally:
             self.adapter.running.discard(process.pid)
             self.adapter.slots.release()
