@@ -177,8 +177,11 @@ class Run:
             await asyncio.gather(self._writer, self._drain, return_exceptions=True)
             # Reaped, and its pipes read to their end: asyncio closes a subprocess's transport
             # once both have happened. Left to the garbage collector, it was closed after its
-            # event loop (a timed-out run at shutdown: "Event loop is closed").
-            with contextlib.suppress(TimeoutError, ProcessLookupError, OSError, ValueError):
+            # event loop (a timed-out run at shutdown: "Event loop is closed"). A read still
+            # waiting elsewhere (RuntimeError) leaves the pipe to it.
+            with contextlib.suppress(
+                TimeoutError, ProcessLookupError, OSError, ValueError, RuntimeError
+            ):
                 async with asyncio.timeout(KILL_WAIT_S):
                     await process.wait()
                     for stream in (process.stdout, process.stderr):
