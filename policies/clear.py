@@ -50,6 +50,7 @@ from brim.policies.conversation import (
     FidelityRecord,
     Goal,
     Meter,
+    ToolResult,
     archive_key,
     snapped_count,
 )
@@ -238,15 +239,11 @@ class ClearToolResults:
     ) -> _Candidate | None:
         """The results of message `index` cleared, with what that saves; None if nothing would.
         A small result stays whole unless it is one of `cleared_anyway` (`_small_past`)."""
-        # The message it is in, before any cut: near enough, free, and the same every turn.
-        tokens = before_cut.sizes.get(index, conversation.sizes[index])
         edits: dict[ResultKey, _Cleared] = {}
         every_name = True
-        for result in known.editable[index]:
-            if result.text.startswith(CLEARED_PREFIX):  # cleared already (a retry's cut)
-                continue
-            whole = before_cut.texts.get((index, result.call_id), result.text)
-            key, made = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+        for result, whole, key, made in self._placeholders_in(
+            conversation, known, before_cut, index, share
+        ):
             if made.small and (index, result.call_id) not in cleared_anyway:
                 every_name = False  # too small to say what it named: worth its tokens
                 continue
@@ -279,12 +276,10 @@ class ClearToolResults:
         past: set[ResultKey] = set()
         share = self.settings.names_share
         for index in reversed(eligible):
-            tokens = before_cut.sizes.get(index, conversation.sizes[index])
-            results = known.editable[index]
-            texts = max(1, sum(len(result.text) for result in results))
-            for result in results:
-                whole = before_cut.texts.get((index, result.call_id), result.text)
-                _, made = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+            texts = max(1, sum(len(result.text) for result in known.editable[index]))
+            for result, _, _, made in self._placeholders_in(
+                conversation, known, before_cut, index, share
+            ):
                 if not made.small:
                     continue
                 # Its share of its message (by characters): near enough, and free.
@@ -294,6 +289,25 @@ class ClearToolResults:
                 else:
                     room -= size
         return past
+
+    def _placeholders_in(
+        self,
+        conversation: Conversation,
+        known: Facts,
+        before_cut: CutFrom,
+        index: int,
+        share: float,
+    ) -> Iterator[tuple[ToolResult, str, str, _Placeholder]]:
+        """Each result of message `index` not cleared already, with the whole it stands for
+        (before any cut), the whole's archive key and its placeholder at `share`."""
+        # The message it is in, before any cut: near enough, free, and the same every turn.
+        tokens = before_cut.sizes.get(index, conversation.sizes[index])
+        for result in known.editable[index]:
+            if result.text.startswith(CLEARED_PREFIX):  # cleared already (a retry's cut)
+                continue
+            whole = before_cut.texts.get((index, result.call_id), result.text)
+            key, made = self._placeholder_of(result.tool, tokens, result.text, whole, share)
+            yield result, whole, key, made
 
     def _placeholder_of(
         self, tool: str, tokens: int, text: str, whole: str, share: float
